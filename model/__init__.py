@@ -1,0 +1,8 @@
+"""The network: a GPT of causal multi-head self-attention blocks, its config, and generation."""
+
+from model.config import GPTConfig
+from model.generate import generate, sample_next
+from model.gpt import GPT
+from model.kv_cache import KVCache
+
+__all__ = ["GPT", "GPTConfig", "KVCache", "generate", "sample_next"]

@@ -1,0 +1,91 @@
+"""The shape and options of a GPT, and the checks that say which field is wrong.
+
+`GPTConfig` is a plain dataclass: the model section of a training config (see `tinygpt/config.py`),
+stored as YAML beside every checkpoint. The defaults describe a GPT-2 style network (learned positions,
+LayerNorm, GELU MLP, tied LM head); every other option is off unless a config turns it on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal, Optional
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: Optional[int] = None  # null in a training config: taken from the dataset
+    block_size: int = 256  # context length: the most tokens one forward pass attends over
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384  # d_model; each head has size n_embd // n_head
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear layers and LayerNorm, as GPT-2
+    # --- options (all off in GPT-2 compatible configs) ---
+    n_kv_head: Optional[int] = None  # grouped-query attention: heads sharing keys/values; None = n_head
+    pos_emb: Literal["learned", "rope"] = "learned"
+    rope_base: float = 10000.0
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    qk_norm: bool = False  # RMS-normalise queries and keys per head before the dot product
+    mlp: bool = True  # false: attention-only transformer (the circuits papers' toy models)
+    activation: Literal["gelu", "relu2", "swiglu"] = "gelu"
+    mlp_ratio: float = 4.0  # hidden width / n_embd (swiglu uses 2/3 of it per branch, same params)
+    tie_embeddings: bool = True  # LM head shares the token embedding matrix
+    window: Optional[int] = None  # sliding-window attention: each query sees its last `window` keys
+    zero_init_proj: bool = False  # W_O and the MLP output start at zero (blocks start as identity)
+    logit_softcap: Optional[float] = None  # cap * tanh(logits / cap), as Gemma 2 / nanochat
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def mlp_hidden(self) -> int:
+        hidden = int(self.mlp_ratio * self.n_embd)
+        return int(2 * hidden / 3) if self.activation == "swiglu" else hidden
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, message) for every impossible value; empty when the config can build a model."""
+        out: list[tuple[str, str]] = []
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                out.append((name, f"must be a positive integer, got {getattr(self, name)}"))
+        if out:
+            return out
+        if self.n_embd % self.n_head:
+            out.append(("n_embd", f"{self.n_embd} is not divisible by n_head={self.n_head}; "
+                        f"heads have size n_embd/n_head (try n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))})"))
+        elif self.pos_emb == "rope" and self.head_dim % 2:
+            out.append(("n_embd", f"rotary embeddings need an even head size, got n_embd/n_head={self.head_dim}"))
+        if not 0.0 <= self.dropout < 1.0:
+            out.append(("dropout", f"must be in [0, 1), got {self.dropout}"))
+        if self.n_kv_head is not None and (self.n_kv_head <= 0 or self.n_head % self.n_kv_head):
+            out.append(("n_kv_head", f"must be a positive divisor of n_head={self.n_head}, got {self.n_kv_head}"))
+        if self.window is not None and self.window <= 0:
+            out.append(("window", f"must be a positive number of tokens or null, got {self.window}"))
+        if self.mlp_ratio <= 0:
+            out.append(("mlp_ratio", f"must be positive, got {self.mlp_ratio}"))
+        if self.logit_softcap is not None and self.logit_softcap <= 0:
+            out.append(("logit_softcap", f"must be positive or null, got {self.logit_softcap}"))
+        if self.rope_base <= 0:
+            out.append(("rope_base", f"must be positive, got {self.rope_base}"))
+        return out
+
+    def validate(self) -> None:
+        problems = self.problems()
+        if self.vocab_size is None:
+            problems.insert(0, ("vocab_size", "is not set (a training config takes it from the dataset)"))
+        if problems:
+            name, msg = problems[0]
+            raise ValueError(f"model.{name}: {msg}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GPTConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown model config field(s): {', '.join(unknown)}")
+        return cls(**d)

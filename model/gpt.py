@@ -1,0 +1,256 @@
+"""A decoder-only transformer (GPT), read top to bottom.
+
+tokens -> token embedding (+ learned positions) -> n_layer x [pre-norm causal multi-head self-attention,
+pre-norm MLP, each added to the residual stream] -> final norm -> LM head (tied to the token embedding).
+
+Notable:
+- Attention runs through `F.scaled_dot_product_attention` (flash kernels on CPU and GPU). `attention_weights()`
+  takes an explicit path instead that materialises softmax(Q K^T / sqrt(d_head) + causal mask) per head, so
+  the weights can be inspected (heads.py) and checked against the fast path (tests/test_model.py).
+- Each head has size d_head = n_embd / n_head. With grouped-query attention (`n_kv_head`), groups of query heads
+  share one key/value head; with a sliding `window`, query i sees keys i-window+1 .. i only.
+- Options from `GPTConfig` (rotary positions, RMSNorm, QK-norm, ReLU^2 / SwiGLU MLP, untied head, no biases,
+  zero-init output projections, logit soft-capping) are all off in the GPT-2 compatible defaults.
+- GPT-2 initialisation: N(0, 0.02), with the residual projections (W_O, MLP output) scaled by 1/sqrt(2 n_layer).
+- `kv_cache` (model/kv_cache.py) lets generation encode a prompt once, then run one token per step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.config import GPTConfig
+from model.kv_cache import KVCache
+
+
+def make_norm(cfg: GPTConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.n_embd)
+    return nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+
+
+def rotary_tables(block_size: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * frequency, each (block_size, head_dim // 2)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = torch.outer(torch.arange(block_size, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x_i, x_{i+d/2}) of x (B, H, T, d) by the angles of their positions."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
+def causal_mask(n_queries: int, n_keys: int, window: Optional[int], device: torch.device) -> torch.Tensor:
+    """Boolean (n_queries, n_keys) mask, True where attention is allowed.
+
+    The queries are the last n_queries of the n_keys positions: query i sits at position n_keys - n_queries + i
+    and may attend to keys at or before it (and, with a window, not further back than window - 1 tokens).
+    """
+    q_pos = torch.arange(n_keys - n_queries, n_keys, device=device)[:, None]
+    k_pos = torch.arange(n_keys, device=device)[None, :]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= k_pos > q_pos - window
+    return allowed
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        self.W_QKV = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim, bias=cfg.bias)
+        self.W_O = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.qk_norm = cfg.qk_norm
+        self.window = cfg.window
+        self.attn_dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, rotary: Optional[tuple[torch.Tensor, torch.Tensor]],
+                kv_cache: Optional[KVCache], return_weights: bool = False):
+        B, T, C = x.shape
+        H, H_kv, d = self.n_head, self.n_kv_head, self.head_dim
+        queries, keys, values = self.W_QKV(x).split([H * d, H_kv * d, H_kv * d], dim=-1)
+        queries = queries.view(B, T, H, d).transpose(1, 2)  # (B, H, T, d)
+        keys = keys.view(B, T, H_kv, d).transpose(1, 2)  # (B, H_kv, T, d)
+        values = values.view(B, T, H_kv, d).transpose(1, 2)
+        if self.qk_norm:
+            queries, keys = F.rms_norm(queries, (d,)), F.rms_norm(keys, (d,))
+        start = kv_cache.pos if kv_cache is not None else 0
+        if rotary is not None:
+            cos, sin = rotary[0][start:start + T], rotary[1][start:start + T]
+            queries, keys = apply_rotary(queries, cos, sin), apply_rotary(keys, cos, sin)
+        if kv_cache is not None:
+            keys, values = kv_cache.update(self.layer_idx, keys, values)  # all positions so far
+        if H_kv != H:  # grouped-query attention: each key/value head serves H / H_kv query heads
+            keys = keys.repeat_interleave(H // H_kv, dim=1)
+            values = values.repeat_interleave(H // H_kv, dim=1)
+        n_keys = keys.size(2)
+
+        weights = None
+        if return_weights:
+            scores = (queries @ keys.transpose(-2, -1)) / math.sqrt(d)
+            scores = scores.masked_fill(~causal_mask(T, n_keys, self.window, x.device), float("-inf"))
+            weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+            weights = weights.type_as(queries)
+            y = F.dropout(weights, self.attn_dropout, self.training) @ values
+        else:
+            dropout = self.attn_dropout if self.training else 0.0
+            if self.window is None and T == n_keys:
+                y = F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout, is_causal=True)
+            elif self.window is None and T == 1:  # one new query sees every cached key
+                y = F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout)
+            else:
+                mask = causal_mask(T, n_keys, self.window, x.device)
+                y = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # concatenate the heads
+        return self.resid_dropout(self.W_O(y)), weights
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        hidden = cfg.mlp_hidden
+        self.activation = cfg.activation
+        self.W_in = nn.Linear(cfg.n_embd, 2 * hidden if cfg.activation == "swiglu" else hidden, bias=cfg.bias)
+        self.W_out = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.W_in(x)
+        if self.activation == "gelu":
+            h = F.gelu(h)
+        elif self.activation == "relu2":
+            h = F.relu(h).square()
+        else:  # swiglu
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        return self.dropout(self.W_out(h))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.norm1 = make_norm(cfg)
+        self.attn = CausalSelfAttention(cfg, layer_idx)
+        self.norm2 = make_norm(cfg) if cfg.mlp else None
+        self.mlp = MLP(cfg) if cfg.mlp else None
+
+    def forward(self, x, rotary, kv_cache, return_weights=False):
+        a, weights = self.attn(self.norm1(x), rotary, kv_cache, return_weights)
+        x = x + a
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm2(x))
+        return x, weights
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        cfg.validate()
+        self.config = cfg
+        self.token_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.pos_emb == "learned" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.norm_f = make_norm(cfg)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.token_emb.weight
+        if cfg.pos_emb == "rope":
+            cos, sin = rotary_tables(cfg.block_size, cfg.head_dim, cfg.rope_base)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation, with residual projections scaled down by depth (or zeroed)."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for block in self.blocks:
+            for proj in (block.attn.W_O, block.mlp.W_out if block.mlp is not None else None):
+                if proj is None:
+                    continue
+                if self.config.zero_init_proj:
+                    nn.init.zeros_(proj.weight)
+                else:
+                    nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; by default without the position embedding (and the token embedding
+        when the LM head does not share it), as nanoGPT reports it."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            if self.pos_emb is not None:
+                n -= self.pos_emb.weight.numel()
+            if not self.config.tie_embeddings:
+                n -= self.token_emb.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward) as nanoGPT and PaLM (appendix B) count them:
+        6 per weight used in a matrix product, plus 12 * n_layer * n_embd * (attended span) for
+        Q K^T and weights @ V (the span limited by the window; causal masking not discounted)."""
+        cfg = self.config
+        span = min(seq_len, cfg.window) if cfg.window else seq_len
+        return 6 * self.num_params(non_embedding=True) + 12 * cfg.n_layer * cfg.n_embd * span
+
+    def _rotary(self):
+        return (self.rope_cos, self.rope_sin) if self.pos_emb is None else None
+
+    def _embed(self, idx: torch.Tensor, start: int) -> torch.Tensor:
+        T = idx.size(1)
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}")
+        x = self.token_emb(idx)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
+        return self.drop(x)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(self.norm_f(x))
+        cap = self.config.logit_softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                kv_cache: Optional[KVCache] = None, last_only: bool = False):
+        """idx (B, T) token ids -> (logits (B, T, vocab), mean cross-entropy against targets or None).
+
+        With `last_only` the logits are computed for the last position alone (generation); with a
+        `kv_cache` the tokens continue the cached sequence and their keys and values are appended to it.
+        Targets of -1 are ignored by the loss.
+        """
+        rotary = self._rotary()
+        x = self._embed(idx, kv_cache.pos if kv_cache is not None else 0)
+        for block in self.blocks:
+            x, _ = block(x, rotary, kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(idx.size(1))
+        logits = self._logits(x[:, -1:] if last_only else x)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def attention_weights(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Forward through the explicit attention path: (logits (B, T, vocab), one (B, n_head, T, T)
+        tensor of attention weights per layer; row q holds how query q distributes over the keys)."""
+        rotary = self._rotary()
+        x = self._embed(idx, 0)
+        weights = []
+        for block in self.blocks:
+            x, w = block(x, rotary, None, return_weights=True)
+            weights.append(w)
+        return self._logits(x), weights

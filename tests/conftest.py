@@ -1,0 +1,55 @@
+"""Shared test set-up: offline tokenizer cache, offline wandb, tiny prepared datasets, subprocess runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_CACHE = ROOT.parent / "shared" / "tiktoken-cache"
+if "TIKTOKEN_CACHE_DIR" not in os.environ and SHARED_CACHE.is_dir():
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED_CACHE)
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def run_script(*args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None = None,
+               check: bool = False) -> subprocess.CompletedProcess:
+    """Run one of the project's scripts (train.py, sample.py, ...) as a user would."""
+    result = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, **(env or {})})
+    if check and result.returncode != 0:
+        raise AssertionError(f"{args} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> Path:
+    """A data folder with shakespeare_char prepared (shared by the tests that train)."""
+    from data.prepare import RECIPES, prepare
+
+    d = tmp_path_factory.mktemp("data")
+    prepare("shakespeare_char", RECIPES["shakespeare_char"], d, workers=1)
+    return d
+
+
+TINY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "train.batch_size=8",
+        "train.eval_iters=4", "optim.warmup_iters=5"]
+
+
+def train(data_dir: Path, out: Path, *extra: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    """python train.py on the default config, shrunk to TINY, with the given overrides."""
+    return run_script("train.py", "configs/shakespeare_char.yaml", f"data.dir={data_dir}", f"train.out_dir={out}",
+                      *TINY, *extra, check=check, **kw)
+
+
+@pytest.fixture(scope="session")
+def run(data_dir: Path, tmp_path_factory) -> Path:
+    """The out_dir of one short real training run (60 iterations, evals at 0, 30, 60)."""
+    out = tmp_path_factory.mktemp("run") / "out"
+    train(data_dir, out, "train.max_iters=60", "train.eval_interval=30")
+    return out

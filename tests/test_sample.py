@@ -1,0 +1,81 @@
+"""Sampling: the rules (greedy, top-k, top-p, seeds) and sample.py as a user runs it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_script
+from model import sample_next
+
+
+def test_temperature_zero_is_argmax():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [5.0, 0.0, 4.9]])
+    assert sample_next(logits, temperature=0).tolist() == [1, 0]
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+    gen = torch.Generator().manual_seed(0)
+    top_k = {int(sample_next(logits, 1.0, top_k=2, generator=gen)) for _ in range(300)}
+    assert top_k == {0, 1}
+    # nucleus of mass 0.75: 0.4 + 0.3 = 0.7 < 0.75, so the third token (0.2) is needed too
+    top_p = {int(sample_next(logits, 1.0, top_p=0.75, generator=gen)) for _ in range(300)}
+    assert top_p == {0, 1, 2}
+    only_first = {int(sample_next(logits, 1.0, top_p=0.3, generator=gen)) for _ in range(50)}
+    assert only_first == {0}
+
+
+def test_sampling_frequencies_follow_temperature():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]])).repeat(20000, 1)
+    counts = torch.bincount(sample_next(logits, 1.0, generator=torch.Generator().manual_seed(1)), minlength=3)
+    assert abs(counts[0].item() / 20000 - 0.5) < 0.02
+    sharp = torch.bincount(sample_next(logits, 0.5, generator=torch.Generator().manual_seed(1)), minlength=3)
+    assert abs(sharp[0].item() / 20000 - 2 / 3) < 0.02  # p^2 renormalised: .25/(.25+.0625+.0625)
+
+
+def test_sample_cli_is_reproducible_and_streams_the_prompt(run: Path):
+    args = ("sample.py", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "100", "--seed", "1")
+    first, second = run_script(*args, check=True), run_script(*args, check=True)
+    assert first.stdout == second.stdout and first.stdout.startswith("ROMEO:")
+    assert len(first.stdout) == len("ROMEO:") + 100 + 1  # one character per token, then a newline
+    other = run_script("sample.py", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "100", "--seed", "2",
+                       check=True)
+    assert other.stdout != first.stdout
+    greedy = run_script("sample.py", str(run), "--temperature", "0", "--max-new-tokens", "40", "--num-samples", "2",
+                        check=True)
+    a, b = greedy.stdout.split("\n---------------\n")
+    assert a == b.rstrip("\n")  # greedy decoding ignores the seed stream
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompt", "héllo ☃"], "the prompt has 2 character(s) not in the vocabulary: 'é', '☃'"),
+    (["--temperature", "-1"], "--temperature must be 0 (greedy) or positive"),
+    (["--top-k", "0"], "--top-k must be between 1 and the vocabulary size 65"),
+    (["--top-k", "66"], "--top-k must be between 1 and the vocabulary size 65"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["--prompt", "a" * 33], "the prompt is 33 tokens, longer than the model's context of 32"),
+    (["--prompt-file", "/no/such/file"], "prompt file /no/such/file not found"),
+])
+def test_bad_sampling_input_is_one_line(run: Path, args, message):
+    result = run_script("sample.py", str(run), *args)
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_missing_and_damaged_checkpoints(run: Path, tmp_path: Path):
+    result = run_script("sample.py", str(tmp_path / "nowhere"))
+    assert result.returncode == 2 and "no checkpoint at" in result.stderr and "Traceback" not in result.stderr
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for f in (run / "last").iterdir():
+        (damaged / f.name).write_bytes(f.read_bytes())
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    result = run_script("sample.py", str(damaged))
+    assert result.returncode == 2 and "model.safetensors is damaged" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,117 @@
+"""train.py for real: short runs as subprocesses, checkpoints, metrics, determinism, resume, wandb."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ROOT, TINY, train
+from model import GPT
+from tinygpt import checkpoint
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_short_run_writes_checkpoints_and_metrics(run: Path):
+    for name in ("last", "best"):
+        files = sorted(p.name for p in (run / name).iterdir())
+        assert files == ["config.yaml", "model.safetensors", "state.pt", "tokenizer.json"]
+    rows = metrics(run)
+    assert [r["iter"] for r in rows] == [0, 30, 60]
+    for r in rows:
+        assert {"iter", "train_loss", "val_loss", "lr", "tokens", "elapsed_s"} <= set(r)
+    assert rows[-1]["tokens"] == 60 * 8 * 32 and rows[-1]["elapsed_s"] > rows[0]["elapsed_s"]
+    assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.5  # it learned something
+    weights = load_file(str(run / "last" / "model.safetensors"))
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in weights)
+    assert "lm_head.weight" not in weights  # tied to token_emb.weight
+    state = torch.load(run / "last" / "state.pt", weights_only=True)
+    assert state["iter"] == 60 and abs(state["best_val_loss"] - min(r["val_loss"] for r in rows)) < 1e-4
+
+
+def test_checkpoint_load_gives_the_same_model(run: Path):
+    model, cfg, tok_meta, ckpt = checkpoint.load_model(run / "last")
+    saved = load_file(str(run / "last" / "model.safetensors"))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, saved["token_emb.weight" if name == "lm_head.weight" else name])
+    assert model.lm_head.weight is model.token_emb.weight
+    assert cfg.model.n_layer == 2 and tok_meta["kind"] == "char" and ckpt == run / "last"
+
+
+def test_save_load_round_trip_in_process(tmp_path: Path):
+    from tinygpt.config import load_config
+
+    cfg, _ = load_config(None, ["model.vocab_size=30", "model.n_layer=1", "model.n_embd=16", "model.n_head=2",
+                                "model.block_size=8", "model.tie_embeddings=false"])
+    torch.manual_seed(0)
+    m = GPT(cfg.model)
+    checkpoint.save(tmp_path, "last", checkpoint.model_state(torch.compile(m)), cfg, {"kind": "char", "chars": ["a"]})
+    loaded, *_ = checkpoint.load_model(tmp_path)
+    x = torch.randint(0, 30, (2, 8))
+    assert torch.equal(loaded(x)[0], m.eval()(x)[0])
+
+
+def interrupt(data_dir: Path, out: Path, *args: str, after: str, sig: int = signal.SIGINT) -> subprocess.CompletedProcess:
+    """Start a run, send `sig` once stdout shows the line starting with `after`, and wait for it to stop."""
+    cmd = [sys.executable, "train.py", "configs/shakespeare_char.yaml", f"data.dir={data_dir}",
+           f"train.out_dir={out}", *TINY, *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(after):
+            proc.send_signal(sig)
+            break
+    out_rest, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines) + out_rest, err)
+
+
+@pytest.mark.slow
+def test_same_seed_same_losses_and_interrupted_resume_is_exact(data_dir: Path, tmp_path: Path):
+    args = ("train.max_iters=400", "train.eval_interval=50", "model.dropout=0.1", "log.interval=7")
+    straight, again, split = tmp_path / "straight", tmp_path / "again", tmp_path / "split"
+    train(data_dir, straight, *args)
+    train(data_dir, again, *args)
+    stopped = interrupt(data_dir, split, *args, after="iter 100:")
+    assert stopped.returncode == 130, stopped.stderr
+    assert "checkpoint in" in stopped.stderr and "train.resume=true" in stopped.stderr
+    at = torch.load(split / "last" / "state.pt", weights_only=True)["iter"]
+    assert 100 <= at < 400
+    train(data_dir, split, *args, "train.resume=true")
+
+    def losses(rows):
+        return [(r["iter"], r["train_loss"], r["val_loss"], r["tokens"]) for r in rows]
+
+    assert losses(metrics(straight)) == losses(metrics(again))  # deterministic on CPU
+    assert losses(metrics(split)) == losses(metrics(straight))  # evals before and after the interruption
+    a = load_file(str(straight / "last" / "model.safetensors"))
+    b = load_file(str(split / "last" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_finished_run_is_not_overwritten_by_accident(run: Path, data_dir: Path):
+    before = (run / "last" / "model.safetensors").read_bytes()
+    result = train(data_dir, run, "train.max_iters=5", check=False)
+    assert result.returncode == 2 and "already holds a checkpoint; continue it with train.resume=true" in result.stderr
+    assert (run / "last" / "model.safetensors").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_files(data_dir: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    train(data_dir, out, "train.max_iters=10", "train.eval_interval=5", "log.wandb=true", "log.interval=5",
+          env={"WANDB_MODE": "offline"}, timeout=300)
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
+    assert metrics(out)[-1]["iter"] == 10

@@ -1,0 +1,230 @@
+"""Training configs: typed YAML with sections, `base:` inheritance and `section.key=value` overrides.
+
+The schema is a tree of dataclasses (OmegaConf structured configs), so an unknown key or a value of the
+wrong type is caught when a file or override is merged in. Sources merge in order: schema defaults <- the
+`base:` chain (a path relative to the file that names it) <- the file <- command-line overrides. Every
+error names the key, the closest valid key for a typo, and the file or override it came from.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from model.config import GPTConfig
+from tinygpt.errors import UserError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "shakespeare_char.yaml"
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "shakespeare_char"  # a folder under data.dir holding train.bin, val.bin and meta.json
+    dir: Optional[str] = None  # where prepared datasets live; null = the project's data/ folder
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = "out"
+    max_iters: int = 5000
+    max_time: Optional[float] = None  # seconds of training (evals excluded); the LR schedule follows it too
+    eval_interval: int = 250
+    eval_iters: int = 20  # batches per split at each eval
+    batch_size: int = 12  # sequences per micro-batch, per process
+    grad_accum: int = 1  # micro-batches per optimizer step, across all processes
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    compile: str = "auto"  # auto | true | false (auto: on for CUDA)
+    seed: int = 1337
+    resume: bool = False  # continue from out_dir's last checkpoint
+    overwrite: bool = False  # start afresh even if out_dir holds a checkpoint (deleting it)
+    save: bool = True  # write checkpoints (best and last) at each eval
+    threads: int = 0  # CPU threads for torch; 0 = one per physical core
+    parallel: Literal["ddp", "fsdp"] = "ddp"  # under torchrun
+    skip_nonfinite: int = 0  # steps with a non-finite loss to skip before stopping
+
+
+@dataclass
+class OptimConfig:
+    name: Literal["adamw", "muon"] = "adamw"  # muon: Muon for 2-D hidden weights, AdamW for the rest
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # the schedule's floor, as a fraction of lr
+    warmup_iters: int = 100
+    schedule: Literal["cosine", "wsd", "constant"] = "cosine"
+    decay_frac: float = 0.2  # wsd: final fraction of the run spent decaying
+    weight_decay: float = 0.1  # on 2-D weights only
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global gradient norm; 0 = off
+    impl: Literal["auto", "fused", "foreach", "forloop"] = "auto"  # AdamW kernel
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0
+
+
+@dataclass
+class LogConfig:
+    interval: int = 10  # iterations between progress updates
+    wandb: bool = False
+    wandb_project: str = "tinygpt"
+    wandb_run_name: Optional[str] = None
+    head_scores: bool = False  # score attention heads at each eval (heads.py)
+
+
+@dataclass
+class Config:
+    model: GPTConfig = field(default_factory=GPTConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+def _flatten(d: Any, prefix: str = "") -> list[str]:
+    if not isinstance(d, dict):
+        return [prefix[:-1]]
+    out = []
+    for k, v in d.items():
+        out += _flatten(v, f"{prefix}{k}.")
+    return out
+
+
+def _keys_under(schema: Any, dotted: str) -> list[str]:
+    """Valid keys of the section that `dotted` points into (for 'did you mean')."""
+    node = schema
+    for part in dotted.split(".")[:-1]:
+        node = getattr(node, part, None)
+    if node is None or not is_dataclass(node):
+        return []
+    return [f.name for f in fields(node)]
+
+
+def _explain(e: OmegaConfBaseException, source: str) -> UserError:
+    key = getattr(e, "full_key", None) or "?"
+    if isinstance(e, ConfigKeyError):
+        valid = _keys_under(Config(), key)
+        close = difflib.get_close_matches(key.split(".")[-1], valid, n=1, cutoff=0.6)
+        hint = f"did you mean {'.'.join(key.split('.')[:-1] + close[:1])}?" if close else \
+            f"valid keys here: {', '.join(valid)}"
+        return UserError(f"unknown config key {key} (in {source}); {hint}")
+    if isinstance(e, ValidationError):
+        msg = getattr(e, "msg", str(e)).splitlines()[0]
+        return UserError(f"{key}: {msg} (in {source})")
+    return UserError(f"{key}: {str(e).splitlines()[0]} (in {source})")
+
+
+def resolve_path(name: str) -> Path:
+    """A config file by path, or by name in configs/ ('shakespeare_char' -> configs/shakespeare_char.yaml)."""
+    for candidate in (Path(name), CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml"):
+        if candidate.is_file():
+            return candidate
+    available = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+    raise UserError(f"config file {name} not found; give a path or one of: {available}")
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as e:
+        line = e.problem_mark.line + 1 if e.problem_mark else "?"
+        raise UserError(f"{path} line {line}: bad YAML: {e.problem}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read config {path}: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must hold a mapping of sections (model:, data:, train:, ...), "
+                        f"not a {type(data).__name__}")
+    return data
+
+
+def _file_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, dict]]:
+    """[(source name, dict)] for the base chain of `path`, base first."""
+    path = path.resolve()
+    if path in seen:
+        raise UserError(f"config {path} is its own base (cycle: {' -> '.join(map(str, seen + (path,)))})")
+    data = _read_yaml(path)
+    base = data.pop("base", None)
+    chain: list[tuple[str, dict]] = []
+    if base is not None:
+        base_path = path.parent / str(base)
+        if not base_path.is_file():
+            raise UserError(f"{path}: base config {base} not found (looked for {base_path})")
+        chain = _file_chain(base_path, seen + (path,))
+    return chain + [(str(path), data)]
+
+
+def parse_override(item: str) -> dict:
+    if "=" not in item or item.startswith("=") or "." not in item.split("=", 1)[0]:
+        raise UserError(f"override {item!r} must look like section.key=value (e.g. train.max_iters=100)")
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist([item]))
+    except OmegaConfBaseException as e:
+        raise UserError(f"override {item!r} cannot be parsed: {str(e).splitlines()[0]}") from None
+
+
+def problems(cfg: Config) -> list[tuple[str, str]]:
+    """(dotted key, message) for each impossible value."""
+    out = [(f"model.{k}", m) for k, m in cfg.model.problems()]
+    t, o = cfg.train, cfg.optim
+    positive = [("train.eval_interval", t.eval_interval), ("train.eval_iters", t.eval_iters),
+                ("train.batch_size", t.batch_size), ("train.grad_accum", t.grad_accum),
+                ("optim.lr", o.lr), ("log.interval", cfg.log.interval)]
+    out += [(k, f"must be positive, got {v}") for k, v in positive if v <= 0]
+    non_negative = [("train.max_iters", t.max_iters), ("train.threads", t.threads),
+                    ("train.skip_nonfinite", t.skip_nonfinite), ("optim.warmup_iters", o.warmup_iters),
+                    ("optim.weight_decay", o.weight_decay), ("optim.grad_clip", o.grad_clip),
+                    ("optim.muon_lr", o.muon_lr), ("optim.muon_weight_decay", o.muon_weight_decay)]
+    out += [(k, f"must not be negative, got {v}") for k, v in non_negative if v < 0]
+    if t.max_time is not None and t.max_time <= 0:
+        out.append(("train.max_time", f"must be a positive number of seconds or null, got {t.max_time}"))
+    if str(t.compile).lower() not in ("auto", "true", "false"):
+        out.append(("train.compile", f"must be auto, true or false, got {t.compile}"))
+    if not 0.0 <= o.min_lr_ratio <= 1.0:
+        out.append(("optim.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}"))
+    if not 0.0 < o.decay_frac <= 1.0:
+        out.append(("optim.decay_frac", f"must be in (0, 1], got {o.decay_frac}"))
+    for k, v in (("optim.beta1", o.beta1), ("optim.beta2", o.beta2), ("optim.muon_momentum", o.muon_momentum)):
+        if not 0.0 <= v < 1.0:
+            out.append((k, f"must be in [0, 1), got {v}"))
+    if not cfg.data.dataset or "/" in cfg.data.dataset:
+        out.append(("data.dataset", f"must be a dataset folder name, got {cfg.data.dataset!r}"))
+    return out
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> tuple[Config, dict[str, str]]:
+    """The resolved Config, and for each dotted key the file or override that set it last."""
+    path = resolve_path(str(path)) if path is not None else DEFAULT_CONFIG
+    sources = _file_chain(path) + [(f"override {item}", parse_override(item)) for item in overrides]
+    merged = OmegaConf.structured(Config)
+    origins: dict[str, str] = {}
+    for name, data in sources:
+        try:
+            merged = OmegaConf.merge(merged, data)
+        except OmegaConfBaseException as e:
+            raise _explain(e, name) from None
+        origins.update({k: name for k in _flatten(data)})
+    cfg: Config = OmegaConf.to_object(merged)
+    found = problems(cfg)
+    if found:
+        key, msg = found[0]
+        where = origins.get(key, "the defaults")
+        raise UserError(f"{key}: {msg} (in {where})")
+    return cfg, origins
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: Config) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg))
+

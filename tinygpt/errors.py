@@ -1,0 +1,36 @@
+"""Errors meant for people: one line that says what is wrong and how to fix it, exit code 2.
+
+Code anywhere raises `UserError("what is wrong; how to fix it")`; an entry point wraps its `main` in
+`run_cli`, which prints `error: ...` on stderr and exits 2, or shows the traceback when `--debug` is on the
+command line or TINYGPT_DEBUG=1 is set.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+
+class UserError(Exception):
+    """A problem the user can fix (bad config, missing file, bad prompt...); its text is the whole message."""
+
+
+def debug_enabled(argv: list[str] | None = None) -> bool:
+    argv = sys.argv[1:] if argv is None else argv
+    return "--debug" in argv or os.environ.get("TINYGPT_DEBUG", "") not in ("", "0")
+
+
+def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
+    """Run main(argv) and exit with its code; a UserError becomes one line on stderr and exit 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    debug = debug_enabled(argv)
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        code = main(argv)
+    except UserError as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(code or 0)

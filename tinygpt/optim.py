@@ -1,0 +1,73 @@
+"""Optimisers and the learning-rate schedule.
+
+- AdamW with weight decay on 2-D weights only (matrices and embeddings; not biases or norm gains). The
+  kernel (`optim.impl`): fused where torch has it for the device (CPU included), else foreach; `forloop`
+  keeps nanoGPT's plain per-parameter loop reachable for comparisons.
+- Muon (`optim.name: muon`, torch >= 2.9): orthogonalised momentum for the 2-D weights inside the blocks;
+  embeddings, the LM head, biases and norms stay on AdamW (Muon is for hidden matrices only).
+- Schedule: lr x warmup(iter) x decay(progress), progress in [0, 1] being the larger of iter / max_iters and
+  elapsed / max_time, so a run with a time budget still ends with its learning rate decayed. Warmup rises
+  linearly over `warmup_iters`; decay is cosine to `min_lr_ratio`, warmup-stable-decay (flat, then linear
+  to the floor over the last `decay_frac`), or constant.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tinygpt.config import OptimConfig
+from tinygpt.errors import UserError
+
+
+def _adamw(groups: list[dict], cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    impl = cfg.impl
+    if impl == "auto":
+        impl = "fused" if device.type in ("cpu", "cuda", "mps") else "foreach"
+    kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kwargs)
+
+
+def make_optimizers(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> list[torch.optim.Optimizer]:
+    """The optimisers for model's parameters (one, or Muon + AdamW); each group remembers its base lr."""
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    muon_names: set[str] = set()
+    if cfg.name == "muon":
+        if not hasattr(torch.optim, "Muon"):
+            raise UserError(f"optim.name=muon needs torch >= 2.9 (this is {torch.__version__}); "
+                            "upgrade torch or use optim.name=adamw")
+        muon_names = {n for n, p in params.items() if p.dim() == 2 and n.startswith("blocks.")}
+    decay = [p for n, p in params.items() if p.dim() >= 2 and n not in muon_names]
+    no_decay = [p for n, p in params.items() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    optimizers: list[torch.optim.Optimizer] = [_adamw([g for g in groups if g["params"]], cfg, device)]
+    if muon_names:
+        muon = torch.optim.Muon([params[n] for n in sorted(muon_names)], lr=cfg.muon_lr,
+                                momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
+        optimizers.append(muon)
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["base_lr"] = group["lr"]
+    return optimizers
+
+
+def lr_factor(it: int, progress: float, cfg: OptimConfig) -> float:
+    """Multiplier on each group's base lr at iteration `it` with `progress` in [0, 1] of the run done."""
+    warmup = min(1.0, (it + 1) / cfg.warmup_iters) if cfg.warmup_iters > 0 else 1.0
+    p = min(max(progress, 0.0), 1.0)
+    floor = cfg.min_lr_ratio
+    if cfg.schedule == "cosine":
+        decay = floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * p))
+    elif cfg.schedule == "wsd":
+        start = 1.0 - cfg.decay_frac
+        decay = 1.0 if p <= start else 1.0 - (1.0 - floor) * (p - start) / cfg.decay_frac
+    else:
+        decay = 1.0
+    return warmup * decay
+
+
+def set_lr(optimizers: list[torch.optim.Optimizer], factor: float) -> None:
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["base_lr"] * factor

@@ -1,0 +1,124 @@
+"""Where and how training runs: the device, the numeric precision, threads, compile, and torchrun ranks.
+
+- device `auto`: CUDA, else Apple MPS, else CPU. Under torchrun each rank takes cuda:LOCAL_RANK.
+- precision `auto`: bf16 autocast on CUDA that supports it, fp16 autocast with a GradScaler on older CUDA,
+  fp32 on MPS; on a CPU, bf16 autocast where the model is wide enough for bf16 matrix units to pay for the
+  casts (see `cpu_auto_precision`), else fp32.
+- TF32 matmuls on CUDA; `train.threads` sets torch's CPU threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from tinygpt.errors import UserError
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    precision: str  # fp32 | bf16 | fp16
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def autocast_dtype(self) -> Optional[torch.dtype]:
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+
+    def autocast(self):
+        """Context for forward passes: autocast to the training precision (nothing in fp32)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
+
+
+def pick_device(setting: str, local_rank: int = 0) -> torch.device:
+    cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
+    if setting == "cuda" and not cuda:
+        raise UserError("train.device=cuda but no CUDA GPU is visible to PyTorch (is the CUDA build of torch "
+                        "installed?); use train.device=auto or cpu")
+    if setting == "mps" and not mps:
+        raise UserError("train.device=mps but Apple MPS is not available; use train.device=auto or cpu")
+    if setting == "cuda" or (setting == "auto" and cuda):
+        return torch.device("cuda", local_rank)
+    if setting == "mps" or (setting == "auto" and mps):
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """True on CPUs with bf16 matrix instructions (Intel AMX, AVX512-BF16)."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
+
+
+def cpu_auto_precision(n_embd: int) -> str:
+    """bf16 on a CPU with bf16 matrix units once the model is wide enough that the faster matrix products
+    outweigh the casts autocast adds around them; fp32 below that. The crossover is measured in
+    BENCHMARKS.md ("CPU precision")."""
+    return "bf16" if cpu_has_bf16_matmul() and n_embd >= CPU_BF16_MIN_WIDTH else "fp32"
+
+
+CPU_BF16_MIN_WIDTH = 1 << 30  # placeholder until measured; see BENCHMARKS.md
+
+
+def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:
+    if setting != "auto":
+        if setting == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise UserError("train.precision=bf16 but this GPU has no bf16 support; use fp16 or auto")
+        if setting == "fp16" and device.type == "cpu":
+            raise UserError("train.precision=fp16 is for GPUs; on a CPU use bf16 or fp32")
+        return setting
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if device.type == "cpu":
+        return cpu_auto_precision(n_embd)
+    return "fp32"
+
+
+def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int = 0) -> Runtime:
+    """Join the torchrun process group when launched by torchrun, then choose device and precision."""
+    rank, local_rank, world = (int(os.environ.get(k, d)) for k, d in
+                               (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
+    device = pick_device(device_setting, local_rank)
+    if world > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    if threads:
+        torch.set_num_threads(threads)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return Runtime(device, pick_precision(precision_setting, device, n_embd), rank, local_rank, world)
+
+
+def compile_enabled(setting: str, device: torch.device) -> bool:
+    """train.compile: auto turns torch.compile on for CUDA only (on a small CPU model it measured slower
+    than eager; see BENCHMARKS.md)."""
+    setting = str(setting).lower()
+    return device.type == "cuda" if setting == "auto" else setting == "true"

@@ -1,0 +1,300 @@
+"""Train a GPT.
+
+    python train.py                                   # configs/shakespeare_char.yaml
+    python train.py CONFIG [section.key=value ...]    # any config, any value overridden
+    python train.py CONFIG --print-config             # show the resolved config and stop
+    torchrun --nproc_per_node=N train.py CONFIG       # data parallel (train.parallel: ddp | fsdp)
+
+Each iteration runs train.grad_accum micro-batches of train.batch_size sequences, split across processes, then
+one optimizer step. Every train.eval_interval iterations (and at the end) it measures train and val loss on
+fixed batches, appends a line to OUT_DIR/metrics.jsonl, and writes OUT_DIR/last (and OUT_DIR/best when val
+improved). Ctrl-C or SIGTERM finishes the step, writes a checkpoint and says how to resume. Errors in the
+config, data or out_dir stop it before training with one line (--debug shows the traceback).
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import signal
+import sys
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from data.loader import TokenWindows
+from data.prepare import DATA_DIR, ensure_prepared, load_meta
+from model import GPT, GPTConfig
+from tinygpt import checkpoint, distributed
+from tinygpt.config import Config, load_config, to_dict, to_yaml
+from tinygpt.errors import UserError, run_cli
+from tinygpt.optim import lr_factor, make_optimizers, set_lr
+from tinygpt.runtime import Runtime, compile_enabled, setup
+from tinygpt.tracking import Tracker
+
+
+class StopRequest:
+    """SIGINT / SIGTERM: the first asks training to stop after the current step; a second exits at once."""
+
+    def __init__(self):
+        self.signum = 0
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.signum:
+            print("\nsecond interrupt: exiting now, without a checkpoint (the last one is intact)", file=sys.stderr)
+            sys.stderr.flush()
+            import os
+            os._exit(128 + signum)
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint "
+              "(interrupt again to exit at once)", file=sys.stderr)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
+    """Fail before training on an out_dir that cannot hold the checkpoints, or whose run would be lost."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write-test"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"train.out_dir {out_dir} is not writable ({e.strerror or e}); choose another "
+                        "train.out_dir or fix its permissions") from None
+    has_run = any((out_dir / n / checkpoint.WEIGHTS).is_file() for n in ("last", "best", ".last.old"))
+    if has_run and not cfg.train.resume:
+        if not cfg.train.overwrite:
+            raise UserError(f"{out_dir} already holds a checkpoint; continue it with train.resume=true, start "
+                            "over with train.overwrite=true (deletes it), or pick another train.out_dir")
+        for name in ("last", "best", ".last.old", ".best.old"):
+            shutil.rmtree(out_dir / name, ignore_errors=True)
+    need = n_params * 4 * 4 * 2  # weights + AdamW moments, fp32, in last/ and best/ while swapping
+    free = shutil.disk_usage(out_dir).free
+    if cfg.train.save and free < need:
+        raise UserError(f"{out_dir} has {free / 2**20:.0f} MiB free; checkpoints need about {need / 2**20:.0f} MiB. "
+                        "Free some space or choose another train.out_dir")
+
+
+def model_config(cfg: Config, meta: dict) -> GPTConfig:
+    mc = GPTConfig(**asdict(cfg.model))
+    if mc.vocab_size is None:
+        mc.vocab_size = meta["vocab_size"]
+    elif mc.vocab_size < meta["vocab_size"]:
+        raise UserError(f"model.vocab_size={mc.vocab_size} is smaller than the dataset's vocabulary "
+                        f"({meta['vocab_size']}); remove it to use the dataset's")
+    return mc
+
+
+def check_compatible(ckpt: Path, saved: Config, mc: GPTConfig, tokenizer_meta: dict) -> None:
+    """Refuse to resume from a checkpoint of another shape or tokenizer, naming the field that differs."""
+    for f in fields(GPTConfig):
+        a, b = getattr(saved.model, f.name), getattr(mc, f.name)
+        if a != b and f.name != "dropout":
+            raise UserError(f"checkpoint {ckpt} has model.{f.name}={a} but the config says {b}; resume with "
+                            "the config it was trained with, or start a new run in another train.out_dir")
+    theirs = checkpoint.load_tokenizer_meta(ckpt)
+    if theirs != tokenizer_meta:
+        diff = next(k for k in sorted(set(theirs) | set(tokenizer_meta)) if theirs.get(k) != tokenizer_meta.get(k))
+        raise UserError(f"checkpoint {ckpt} was trained with another tokenizer (its {diff} differs from the "
+                        "dataset's); resume on the dataset it was trained on")
+
+
+@torch.no_grad()
+def evaluate(model, splits: dict[str, TokenWindows], cfg: Config, rt: Runtime) -> dict[str, float]:
+    """Mean loss over the same train.eval_iters batches of each split at every eval, shared across ranks."""
+    model.eval()
+    out = {}
+    for name, data in splits.items():
+        total = torch.zeros(2, device=rt.device)
+        for key in range(rt.rank, cfg.train.eval_iters, rt.world_size):
+            x, y = data.batch(key, cfg.train.batch_size, stream=1)
+            with rt.autocast():
+                _, loss = model(x, y)
+            total += torch.stack([loss.float(), torch.ones((), device=rt.device)])
+        out[name] = (distributed.all_sum(total, rt)).tolist()
+        out[name] = out[name][0] / out[name][1]
+    model.train()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    flags = {a for a in argv if a.startswith("--")}
+    unknown = flags - {"--print-config"}
+    if unknown:
+        raise UserError(f"unknown option {sorted(unknown)[0]}; usage: python train.py [CONFIG] "
+                        "[section.key=value ...] [--print-config] [--debug]")
+    args = [a for a in argv if not a.startswith("--")]
+    config_path = args[0] if args and "=" not in args[0] else None
+    cfg, _ = load_config(config_path, args[1:] if config_path else args)
+    if "--print-config" in flags:
+        print(to_yaml(cfg), end="")
+        return 0
+
+    rt = setup(cfg.train.device, cfg.train.precision, cfg.model.n_embd, cfg.train.threads)
+    if cfg.train.grad_accum % rt.world_size:
+        raise UserError(f"train.grad_accum={cfg.train.grad_accum} (micro-batches per step, over all processes) "
+                        f"must be a multiple of the {rt.world_size} processes")
+    data_dir = Path(cfg.data.dir) if cfg.data.dir else DATA_DIR
+    if rt.is_main:
+        ensure_prepared(cfg.data.dataset, data_dir)
+    distributed.barrier(rt)
+    data_path = data_dir / cfg.data.dataset
+    meta = load_meta(data_path)
+    mc = model_config(cfg, meta)
+    cfg.model = mc
+    splits = {s: TokenWindows(data_path / f"{s}.bin", meta["dtype"], mc.block_size, rt.device, cfg.train.seed, s)
+              for s in ("train", "val")}
+
+    torch.manual_seed(cfg.train.seed)
+    model = GPT(mc).to(rt.device)
+    out_dir = Path(cfg.train.out_dir)
+    if rt.is_main:
+        check_out_dir(out_dir, cfg, model.num_params(non_embedding=False))
+    distributed.barrier(rt)
+
+    state = None
+    if cfg.train.resume:
+        ckpt = checkpoint.find(out_dir, prefer=("last",))
+        check_compatible(ckpt, checkpoint.load_config(ckpt), mc, meta["tokenizer"])
+        state = checkpoint.load_train_state(ckpt)
+        distributed.load_weights(model, ckpt, rt)
+    model, raw_model = distributed.wrap(model, cfg, rt)
+    optimizers = make_optimizers(raw_model, cfg.optim, rt.device)
+    scaler = torch.amp.GradScaler(rt.device.type) if rt.precision == "fp16" else None
+    start_iter, best_val, train_time, skipped = 0, float("inf"), 0.0, 0
+    if state is not None:
+        distributed.load_optimizers(optimizers, state, ckpt, rt)
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        start_iter, best_val, train_time = state["iter"], state["best_val_loss"], state["elapsed_s"]
+        skipped = state.get("skipped_steps", 0)
+        checkpoint.set_rng_state(state["rng"])
+    step_model = torch.compile(model) if compile_enabled(cfg.train.compile, rt.device) else model
+
+    micro_steps = cfg.train.grad_accum // rt.world_size
+    tokens_per_iter = cfg.train.batch_size * mc.block_size * cfg.train.grad_accum
+    if rt.is_main:
+        print(f"model: {raw_model.num_params() / 1e6:.2f}M parameters ({mc.n_layer} layers, {mc.n_head} heads of "
+              f"{mc.head_dim}, n_embd {mc.n_embd}, context {mc.block_size}); dataset {cfg.data.dataset}: "
+              f"{meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens")
+        print(f"device {rt.device}, precision {rt.precision}, compile {'on' if step_model is not model else 'off'}, "
+              f"{torch.get_num_threads()} threads; batch {cfg.train.batch_size} x {mc.block_size} tokens x "
+              f"{micro_steps} micro-step(s) x {rt.world_size} process(es) = {tokens_per_iter:,} tokens/iteration")
+    tracker = Tracker(out_dir, rt.is_main,
+                      {"project": cfg.log.wandb_project, "name": cfg.log.wandb_run_name, "config": to_dict(cfg)}
+                      if cfg.log.wandb else None, (state or {}).get("wandb_id"), fresh=state is None)
+    stop = StopRequest()
+    command = "python train.py " + shlex.join([a for a in argv if not a.startswith("train.resume=")] +
+                                              ["train.resume=true"])
+
+    def save(it: int, val_loss: float | None) -> Path:
+        train_state = {"iter": it, "best_val_loss": best_val, "elapsed_s": train_time, "skipped_steps": skipped,
+                       "tokens": it * tokens_per_iter, "rng": checkpoint.rng_state(), "wandb_id": tracker.wandb_id,
+                       "scaler": scaler.state_dict() if scaler is not None else None}
+        path = distributed.save_checkpoint(out_dir, "last", raw_model, optimizers, train_state, cfg,
+                                           meta["tokenizer"], rt)
+        if val_loss is not None and val_loss <= best_val and rt.is_main:
+            checkpoint.copy(out_dir, "last", "best")
+        return path
+
+    bar = tqdm(total=cfg.train.max_iters, initial=start_iter, disable=None if rt.is_main else True,
+               dynamic_ncols=True, unit="it")
+    it, loss_sum, last_log = start_iter, torch.zeros((), device=rt.device), (start_iter, time.perf_counter())
+    segment_start = time.perf_counter()
+    while True:
+        elapsed = train_time + time.perf_counter() - segment_start
+        out_of_time = cfg.train.max_time is not None and elapsed >= cfg.train.max_time
+        last = it >= cfg.train.max_iters or out_of_time
+        progress = max(it / max(cfg.train.max_iters, 1), elapsed / cfg.train.max_time if cfg.train.max_time else 0.0)
+        lr = cfg.optim.lr * lr_factor(it, progress, cfg.optim)
+        if (it % cfg.train.eval_interval == 0 or last) and not (state is not None and it == start_iter):
+            rt.synchronize()
+            train_time = elapsed
+            losses = evaluate(step_model, splits, cfg, rt)
+            best_val = min(best_val, losses["val"])
+            record = {"iter": it, "train_loss": round(losses["train"], 5), "val_loss": round(losses["val"], 5),
+                      "lr": lr, "tokens": it * tokens_per_iter, "elapsed_s": round(train_time, 3)}
+            tracker.eval(record)
+            if rt.is_main:
+                bar.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
+                          f"({train_time:.1f}s)")
+            if cfg.train.save:
+                save(it, losses["val"])
+            segment_start = time.perf_counter()
+        if distributed.any_flag(stop.signum != 0, rt):
+            train_time += time.perf_counter() - segment_start
+            path = save(it, None)
+            if rt.is_main:
+                bar.close()
+                print(f"stopped at iteration {it}; checkpoint in {path}\nresume with: {command}", file=sys.stderr)
+            tracker.finish()
+            distributed.shutdown(rt)
+            return stop.exit_code or 130
+        if last:
+            break
+
+        set_lr(optimizers, lr / cfg.optim.lr)
+        step_loss = torch.zeros((), device=rt.device)
+        for micro in range(micro_steps):
+            x, y = splits["train"].batch(it * cfg.train.grad_accum + micro * rt.world_size + rt.rank,
+                                         cfg.train.batch_size)
+            with distributed.sync_gradients(step_model, micro == micro_steps - 1, rt), rt.autocast():
+                _, loss = step_model(x, y)
+                loss = loss / micro_steps
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            step_loss += loss.detach()
+        if scaler is not None:
+            for opt in optimizers:
+                scaler.unscale_(opt)
+        grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.optim.grad_clip or float("inf"))
+        finite = torch.isfinite(step_loss) & (torch.isfinite(grad_norm) if scaler is None else True)
+        if not distributed.all_true(finite, rt):
+            skipped += 1
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+            if skipped > cfg.train.skip_nonfinite:
+                good = checkpoint.find(out_dir, prefer=("last",)) if rt.is_main and cfg.train.save and it > 0 else None
+                raise UserError(f"loss became {step_loss.item()} (not finite) at iteration {it}; stopped before "
+                                f"training on it. Last good checkpoint: {good or 'none'}. Lower optim.lr, raise "
+                                "optim.warmup_iters or set train.skip_nonfinite to skip such steps")
+            if rt.is_main:
+                bar.write(f"iteration {it}: non-finite loss, step skipped ({skipped}/{cfg.train.skip_nonfinite})")
+        else:
+            for opt in optimizers:
+                if scaler is not None:
+                    scaler.step(opt)
+                else:
+                    opt.step()
+                opt.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.update()
+        loss_sum += step_loss
+        it += 1
+        bar.update(1)
+        if it % cfg.log.interval == 0 or it == cfg.train.max_iters:
+            mean_loss = distributed.all_sum(loss_sum, rt).item() / (rt.world_size * (it - last_log[0]))
+            now = time.perf_counter()
+            tok_s = tokens_per_iter * (it - last_log[0]) / (now - last_log[1])
+            bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
+            tracker.step(it, {"train/loss": mean_loss, "lr": lr, "tokens_per_s": tok_s, "tokens": it * tokens_per_iter})
+            loss_sum.zero_()
+            last_log = (it, now)
+    bar.close()
+    if rt.is_main:
+        where = f"; checkpoints in {out_dir}" if cfg.train.save else ""
+        print(f"done: {it} iterations in {train_time:.1f}s of training, best val loss {best_val:.4f}{where}")
+    tracker.finish()
+    distributed.shutdown(rt)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
