@@ -14,6 +14,7 @@ config, data or out_dir stop it before training with one line (--debug shows the
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import signal
@@ -39,20 +40,22 @@ from tinygpt.tracking import Tracker
 class StopRequest:
     """SIGINT / SIGTERM: the first asks training to stop after the current step; a second exits at once."""
 
-    def __init__(self):
+    def __init__(self, verbose: bool = True):
         self.signum = 0
+        self.verbose = verbose
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
         if self.signum:
-            print("\nsecond interrupt: exiting now, without a checkpoint (the last one is intact)", file=sys.stderr)
-            sys.stderr.flush()
-            import os
+            if self.verbose:
+                print("\nsecond interrupt: exiting now, without a checkpoint (the last one is intact)",
+                      file=sys.stderr, flush=True)
             os._exit(128 + signum)
         self.signum = signum
-        print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint "
-              "(interrupt again to exit at once)", file=sys.stderr)
+        if self.verbose:
+            print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint "
+                  "(interrupt again to exit at once)", file=sys.stderr)
 
     @property
     def exit_code(self) -> int:
@@ -105,6 +108,12 @@ def check_compatible(ckpt: Path, saved: Config, mc: GPTConfig, tokenizer_meta: d
         diff = next(k for k in sorted(set(theirs) | set(tokenizer_meta)) if theirs.get(k) != tokenizer_meta.get(k))
         raise UserError(f"checkpoint {ckpt} was trained with another tokenizer (its {diff} differs from the "
                         "dataset's); resume on the dataset it was trained on")
+
+
+def resume_command(argv: list[str], rt: Runtime) -> str:
+    args = [a for a in argv if not a.startswith(("train.resume=", "train.overwrite="))] + ["train.resume=true"]
+    launcher = f"torchrun --nproc_per_node={rt.world_size}" if rt.distributed else "python"
+    return f"{launcher} train.py {shlex.join(args)}"
 
 
 @torch.no_grad()
@@ -191,9 +200,7 @@ def main(argv: list[str]) -> int:
     tracker = Tracker(out_dir, rt.is_main,
                       {"project": cfg.log.wandb_project, "name": cfg.log.wandb_run_name, "config": to_dict(cfg)}
                       if cfg.log.wandb else None, (state or {}).get("wandb_id"), fresh=state is None)
-    stop = StopRequest()
-    command = "python train.py " + shlex.join([a for a in argv if not a.startswith("train.resume=")] +
-                                              ["train.resume=true"])
+    stop = StopRequest(verbose=rt.is_main)
 
     def save(it: int, val_loss: float | None) -> Path:
         train_state = {"iter": it, "best_val_loss": best_val, "elapsed_s": train_time, "skipped_steps": skipped,
@@ -234,7 +241,8 @@ def main(argv: list[str]) -> int:
             path = save(it, None)
             if rt.is_main:
                 bar.close()
-                print(f"stopped at iteration {it}; checkpoint in {path}\nresume with: {command}", file=sys.stderr)
+                print(f"stopped at iteration {it}; checkpoint in {path}\nresume with: {resume_command(argv, rt)}",
+                      file=sys.stderr)
             tracker.finish()
             distributed.shutdown(rt)
             return stop.exit_code or 130
@@ -255,16 +263,18 @@ def main(argv: list[str]) -> int:
             for opt in optimizers:
                 scaler.unscale_(opt)
         grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.optim.grad_clip or float("inf"))
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
         finite = torch.isfinite(step_loss) & (torch.isfinite(grad_norm) if scaler is None else True)
         if not distributed.all_true(finite, rt):
             skipped += 1
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             if skipped > cfg.train.skip_nonfinite:
-                good = checkpoint.find(out_dir, prefer=("last",)) if rt.is_main and cfg.train.save and it > 0 else None
-                raise UserError(f"loss became {step_loss.item()} (not finite) at iteration {it}; stopped before "
-                                f"training on it. Last good checkpoint: {good or 'none'}. Lower optim.lr, raise "
-                                "optim.warmup_iters or set train.skip_nonfinite to skip such steps")
+                good = out_dir / "last" if (out_dir / "last").is_dir() else None
+                raise UserError(f"non-finite loss or gradient at iteration {it} (loss {step_loss.item():.4g}, "
+                                f"gradient norm {grad_norm.item():.4g}); stopped before applying it. Last good "
+                                f"checkpoint: {good or 'none'}. Lower optim.lr, raise optim.warmup_iters, or set "
+                                "train.skip_nonfinite=N to skip up to N such steps")
             if rt.is_main:
                 bar.write(f"iteration {it}: non-finite loss, step skipped ({skipped}/{cfg.train.skip_nonfinite})")
         else:

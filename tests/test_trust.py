@@ -1,0 +1,202 @@
+"""Trust: interruption, kill -9 during checkpoint writes, non-finite losses, out_dir problems, safe loading,
+mismatched checkpoints, and one clear line for every bad input."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY, run_script, train
+from tinygpt import checkpoint
+from tinygpt.errors import UserError
+
+
+def one_line_error(result: subprocess.CompletedProcess, message: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and message in lines[-1], result.stderr
+    assert result.stderr.count("error: ") == 1 and "Traceback" not in result.stderr
+
+
+def start(data_dir: Path, out: Path, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "train.py", "configs/shakespeare_char.yaml", f"data.dir={data_dir}",
+           f"train.out_dir={out}", *TINY, *args]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_sigterm_writes_a_checkpoint_and_says_how_to_resume(data_dir: Path, tmp_path: Path):
+    proc = start(data_dir, tmp_path / "out", "train.max_iters=100000", "train.eval_interval=1000")
+    for line in proc.stdout:
+        if line.startswith("iter 0:"):
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "SIGTERM: finishing this step" in err and "resume with: python train.py" in err
+    state = checkpoint.load_train_state(tmp_path / "out" / "last")
+    assert state["iter"] > 0
+
+
+def test_a_second_interrupt_exits_at_once(monkeypatch, capsys):
+    import train as train_module
+
+    exits = []
+    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    stop = train_module.StopRequest()
+    try:
+        stop._handle(signal.SIGINT, None)
+        assert stop.signum == signal.SIGINT and exits == []
+        stop._handle(signal.SIGINT, None)
+        assert exits == [130]
+        assert "second interrupt: exiting now" in capsys.readouterr().err
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_leaves_a_loadable_checkpoint(data_dir: Path, tmp_path: Path):
+    """A model big enough that writing its checkpoint takes a good share of each (frequent) eval, killed
+    again and again at random moments, resumed each time."""
+    out = tmp_path / "out"
+    rng = random.Random(0)
+    args = ["model.n_layer=4", "model.n_embd=256", "model.n_head=4", "train.eval_interval=2",
+            "train.eval_iters=1", "train.max_iters=100000"]
+    last_iter = -1
+    for attempt in range(8):
+        resume = ["train.resume=true"] if (out / "last").exists() or (out / ".last.old").exists() else []
+        proc = start(data_dir, out, *args, *resume)
+        for line in proc.stdout:  # wait until it trains, then kill at a random moment
+            if line.startswith("iter "):
+                break
+        time.sleep(rng.uniform(0.0, 1.5))
+        proc.kill()
+        proc.wait(timeout=60)
+        ckpt = checkpoint.find(out, prefer=("last",))
+        model, cfg, _, _ = checkpoint.load_model(ckpt)
+        state = checkpoint.load_train_state(ckpt)
+        assert state["iter"] >= last_iter, "a checkpoint went backwards"
+        last_iter = state["iter"]
+        assert torch.isfinite(model(torch.zeros(1, 4, dtype=torch.long))[0]).all()
+    assert last_iter > 0
+
+
+def test_non_finite_loss_stops_with_the_last_good_checkpoint(data_dir: Path, tmp_path: Path):
+    explode = ["optim.lr=1e4", "optim.grad_clip=0", "optim.warmup_iters=0", "train.max_iters=50"]
+    result = train(data_dir, tmp_path / "a", *explode, check=False)
+    one_line_error(result, "non-finite loss or gradient at iteration 1")
+    assert f"Last good checkpoint: {tmp_path / 'a' / 'last'}" in result.stderr
+    assert checkpoint.load_train_state(tmp_path / "a" / "last")["iter"] == 0  # written before the explosion
+    skipping = train(data_dir, tmp_path / "b", *explode, "train.skip_nonfinite=2", check=False)
+    assert skipping.stdout.count("step skipped") == 2
+    one_line_error(skipping, "non-finite loss or gradient at iteration 3")
+
+
+def test_unwritable_out_dir_is_reported_before_training(data_dir: Path, tmp_path: Path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    result = train(data_dir, blocker / "out", check=False)
+    one_line_error(result, f"train.out_dir {blocker / 'out'} is not writable")
+    assert "iter 0" not in result.stdout
+
+
+def test_too_little_disk_is_reported_before_training(monkeypatch, tmp_path: Path):
+    import shutil
+
+    import train as train_module
+    from tinygpt.config import load_config
+
+    cfg, _ = load_config(None)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(UserError, match="has 0 MiB free; checkpoints need about"):
+        train_module.check_out_dir(tmp_path / "out", cfg, n_params=10**6)
+
+
+def test_disk_full_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_path: Path, run: Path):
+    model, cfg, tok, _ = checkpoint.load_model(run / "last")
+    weights = checkpoint.model_state(model)
+    checkpoint.save(tmp_path, "last", weights, cfg, tok, {"iter": 1})
+    before = (tmp_path / "last" / "model.safetensors").read_bytes()
+
+    def full_disk(tensors, path, metadata=None):
+        Path(path).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save_file", full_disk)
+    with pytest.raises(UserError, match="No space left on device.*the previous one is untouched"):
+        checkpoint.save(tmp_path, "last", weights, cfg, tok, {"iter": 2})
+    assert (tmp_path / "last" / "model.safetensors").read_bytes() == before
+    assert checkpoint.load_train_state(tmp_path / "last")["iter"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]  # no temporary folder left behind
+
+
+class Payload:
+    """Unpickling this would create a file: the test checks it never appears."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_pickled_code_in_a_checkpoint_never_runs(run: Path, data_dir: Path, tmp_path: Path):
+    marker = tmp_path / "payload_ran"
+    out = tmp_path / "out"
+    train(data_dir, out, "train.max_iters=2", "train.eval_interval=1")
+    with open(out / "last" / "state.pt", "wb") as f:  # as torch.save would write it
+        torch.save({"iter": Payload(marker)}, f)
+    result = train(data_dir, out, "train.max_iters=4", "train.eval_interval=1", "train.resume=true", check=False)
+    one_line_error(result, "state.pt is damaged or holds something other than tensors and numbers")
+    with open(out / "last" / "model.safetensors", "wb") as f:
+        pickle.dump(Payload(marker), f)
+    result = run_script("sample.py", str(out / "last"), "--max-new-tokens", "5")
+    one_line_error(result, "model.safetensors is damaged or not a safetensors file")
+    assert not marker.exists()
+
+
+def test_resuming_a_different_model_or_tokenizer_is_refused(run: Path, data_dir: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    train(data_dir, out, "train.max_iters=2", "train.eval_interval=2")
+    result = train(data_dir, out, "train.max_iters=4", "train.resume=true", "model.n_layer=3", check=False)
+    one_line_error(result, "has model.n_layer=2 but the config says 3")
+    # same vocabulary size (65 characters), different characters
+    from data.prepare import Recipe, prepare
+    from data.sources import TextFile
+
+    text = "".join(chr(c) for c in range(0x100, 0x100 + 65)) * 200
+    (tmp_path / "other.txt").write_text(text, encoding="utf-8")
+    prepare("other", Recipe(TextFile(str(tmp_path / "other.txt")), "char"), data_dir, workers=1)
+    result = train(data_dir, out, "train.max_iters=4", "train.resume=true", "data.dataset=other", check=False)
+    one_line_error(result, "was trained with another tokenizer (its chars differs")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["data.dataset=nonexistent"], "dataset 'nonexistent' is not prepared in"),
+    (["model.block_size=200000"], "model.block_size=200000 needs windows of 200001 tokens, but the val split"),
+    (["data.dataset=empty"], "has only 0"),
+    (["train.grad_accum=0"], "train.grad_accum: must be positive, got 0"),
+    (["train.resume=true"], "no checkpoint in"),
+])
+def test_bad_training_input_is_one_line(data_dir: Path, tmp_path: Path, args, message):
+    empty = data_dir / "empty"
+    if not empty.exists():
+        empty.mkdir()
+        (empty / "train.bin").write_bytes(b"")
+        (empty / "val.bin").write_bytes(b"")
+        (empty / "meta.json").write_text((data_dir / "shakespeare_char" / "meta.json").read_text())
+    result = train(data_dir, tmp_path / "out", *args, check=False)
+    one_line_error(result, message)
+    assert not (tmp_path / "out" / "last").exists()
