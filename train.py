@@ -20,21 +20,19 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from data.loader import TokenWindows
-from data.prepare import DATA_DIR, ensure_prepared, load_meta
-from model import GPT, GPTConfig
+from model import GPT
 from tinygpt import checkpoint, distributed
 from tinygpt.config import Config, load_config, to_dict, to_yaml
 from tinygpt.errors import UserError, run_cli
-from tinygpt.optim import lr_factor, make_optimizers, set_lr
-from tinygpt.runtime import Runtime, compile_enabled, setup
+from tinygpt.optim import lr_factor, set_lr
+from tinygpt.runtime import Runtime, setup
 from tinygpt.tracking import Tracker
+from tinygpt.trainer import build, check_compatible, evaluate, load_dataset, train_step
 
 
 class StopRequest:
@@ -56,10 +54,6 @@ class StopRequest:
         if self.verbose:
             print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint "
                   "(interrupt again to exit at once)", file=sys.stderr)
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
 
 
 def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
@@ -86,52 +80,10 @@ def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
                         "Free some space or choose another train.out_dir")
 
 
-def model_config(cfg: Config, meta: dict) -> GPTConfig:
-    mc = GPTConfig(**asdict(cfg.model))
-    if mc.vocab_size is None:
-        mc.vocab_size = meta["vocab_size"]
-    elif mc.vocab_size < meta["vocab_size"]:
-        raise UserError(f"model.vocab_size={mc.vocab_size} is smaller than the dataset's vocabulary "
-                        f"({meta['vocab_size']}); remove it to use the dataset's")
-    return mc
-
-
-def check_compatible(ckpt: Path, saved: Config, mc: GPTConfig, tokenizer_meta: dict) -> None:
-    """Refuse to resume from a checkpoint of another shape or tokenizer, naming the field that differs."""
-    for f in fields(GPTConfig):
-        a, b = getattr(saved.model, f.name), getattr(mc, f.name)
-        if a != b and f.name != "dropout":
-            raise UserError(f"checkpoint {ckpt} has model.{f.name}={a} but the config says {b}; resume with "
-                            "the config it was trained with, or start a new run in another train.out_dir")
-    theirs = checkpoint.load_tokenizer_meta(ckpt)
-    if theirs != tokenizer_meta:
-        diff = next(k for k in sorted(set(theirs) | set(tokenizer_meta)) if theirs.get(k) != tokenizer_meta.get(k))
-        raise UserError(f"checkpoint {ckpt} was trained with another tokenizer (its {diff} differs from the "
-                        "dataset's); resume on the dataset it was trained on")
-
-
 def resume_command(argv: list[str], rt: Runtime) -> str:
     args = [a for a in argv if not a.startswith(("train.resume=", "train.overwrite="))] + ["train.resume=true"]
     launcher = f"torchrun --nproc_per_node={rt.world_size}" if rt.distributed else "python"
     return f"{launcher} train.py {shlex.join(args)}"
-
-
-@torch.no_grad()
-def evaluate(model, splits: dict[str, TokenWindows], cfg: Config, rt: Runtime) -> dict[str, float]:
-    """Mean loss over the same train.eval_iters batches of each split at every eval, shared across ranks."""
-    model.eval()
-    out = {}
-    for name, data in splits.items():
-        total = torch.zeros(2, device=rt.device)
-        for key in range(rt.rank, cfg.train.eval_iters, rt.world_size):
-            x, y = data.batch(key, cfg.train.batch_size, stream=1)
-            with rt.autocast():
-                _, loss = model(x, y)
-            total += torch.stack([loss.float(), torch.ones((), device=rt.device)])
-        out[name] = (distributed.all_sum(total, rt)).tolist()
-        out[name] = out[name][0] / out[name][1]
-    model.train()
-    return out
 
 
 def main(argv: list[str]) -> int:
@@ -148,55 +100,35 @@ def main(argv: list[str]) -> int:
         return 0
 
     rt = setup(cfg.train.device, cfg.train.precision, cfg.model.n_embd, cfg.train.threads)
-    if cfg.train.grad_accum % rt.world_size:
-        raise UserError(f"train.grad_accum={cfg.train.grad_accum} (micro-batches per step, over all processes) "
-                        f"must be a multiple of the {rt.world_size} processes")
-    data_dir = Path(cfg.data.dir) if cfg.data.dir else DATA_DIR
-    if rt.is_main:
-        ensure_prepared(cfg.data.dataset, data_dir)
-    distributed.barrier(rt)
-    data_path = data_dir / cfg.data.dataset
-    meta = load_meta(data_path)
-    mc = model_config(cfg, meta)
-    cfg.model = mc
-    splits = {s: TokenWindows(data_path / f"{s}.bin", meta["dtype"], mc.block_size, rt.device, cfg.train.seed, s)
-              for s in ("train", "val")}
-
-    torch.manual_seed(cfg.train.seed)
-    model = GPT(mc).to(rt.device)
+    meta, splits = load_dataset(cfg, rt)
     out_dir = Path(cfg.train.out_dir)
     if rt.is_main:
-        check_out_dir(out_dir, cfg, model.num_params(non_embedding=False))
+        with torch.device("meta"):  # shapes only, no memory
+            check_out_dir(out_dir, cfg, GPT(cfg.model).num_params(non_embedding=False))
     distributed.barrier(rt)
-
-    state = None
+    state, ckpt = None, None
     if cfg.train.resume:
         ckpt = checkpoint.find(out_dir, prefer=("last",))
-        check_compatible(ckpt, checkpoint.load_config(ckpt), mc, meta["tokenizer"])
+        check_compatible(ckpt, checkpoint.load_config(ckpt), cfg, meta["tokenizer"])
         state = checkpoint.load_train_state(ckpt)
-        distributed.load_weights(model, ckpt, rt)
-    model, raw_model = distributed.wrap(model, cfg, rt)
-    optimizers = make_optimizers(raw_model, cfg.optim, rt.device)
-    scaler = torch.amp.GradScaler(rt.device.type) if rt.precision == "fp16" else None
+    run = build(cfg, rt, meta, splits, weights_from=ckpt)
     start_iter, best_val, train_time, skipped = 0, float("inf"), 0.0, 0
     if state is not None:
-        distributed.load_optimizers(optimizers, state, ckpt, rt)
-        if scaler is not None and state.get("scaler"):
-            scaler.load_state_dict(state["scaler"])
+        distributed.load_optimizers(run.optimizers, state, ckpt, rt)
+        if run.scaler is not None and state.get("scaler"):
+            run.scaler.load_state_dict(state["scaler"])
         start_iter, best_val, train_time = state["iter"], state["best_val_loss"], state["elapsed_s"]
         skipped = state.get("skipped_steps", 0)
         checkpoint.set_rng_state(state["rng"])
-    step_model = torch.compile(model) if compile_enabled(cfg.train.compile, rt.device) else model
 
-    micro_steps = cfg.train.grad_accum // rt.world_size
-    tokens_per_iter = cfg.train.batch_size * mc.block_size * cfg.train.grad_accum
+    mc, tokens_per_iter = cfg.model, run.tokens_per_iter
     if rt.is_main:
-        print(f"model: {raw_model.num_params() / 1e6:.2f}M parameters ({mc.n_layer} layers, {mc.n_head} heads of "
-              f"{mc.head_dim}, n_embd {mc.n_embd}, context {mc.block_size}); dataset {cfg.data.dataset}: "
+        print(f"model: {run.raw_model.num_params() / 1e6:.2f}M parameters ({mc.n_layer} layers, {mc.n_head} heads "
+              f"of {mc.head_dim}, n_embd {mc.n_embd}, context {mc.block_size}); dataset {cfg.data.dataset}: "
               f"{meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens")
-        print(f"device {rt.device}, precision {rt.precision}, compile {'on' if step_model is not model else 'off'}, "
-              f"{torch.get_num_threads()} threads; batch {cfg.train.batch_size} x {mc.block_size} tokens x "
-              f"{micro_steps} micro-step(s) x {rt.world_size} process(es) = {tokens_per_iter:,} tokens/iteration")
+        print(f"device {rt.device}, precision {rt.precision}, compile {'on' if run.step_model is not run.model else 'off'}"
+              f", {torch.get_num_threads()} threads; batch {cfg.train.batch_size} x {mc.block_size} tokens x "
+              f"{run.micro_steps} micro-step(s) x {rt.world_size} process(es) = {tokens_per_iter:,} tokens/iteration")
     tracker = Tracker(out_dir, rt.is_main,
                       {"project": cfg.log.wandb_project, "name": cfg.log.wandb_run_name, "config": to_dict(cfg)}
                       if cfg.log.wandb else None, (state or {}).get("wandb_id"), fresh=state is None)
@@ -205,8 +137,8 @@ def main(argv: list[str]) -> int:
     def save(it: int, val_loss: float | None) -> Path:
         train_state = {"iter": it, "best_val_loss": best_val, "elapsed_s": train_time, "skipped_steps": skipped,
                        "tokens": it * tokens_per_iter, "rng": checkpoint.rng_state(), "wandb_id": tracker.wandb_id,
-                       "scaler": scaler.state_dict() if scaler is not None else None}
-        path = distributed.save_checkpoint(out_dir, "last", raw_model, optimizers, train_state, cfg,
+                       "scaler": run.scaler.state_dict() if run.scaler is not None else None}
+        path = distributed.save_checkpoint(out_dir, "last", run.raw_model, run.optimizers, train_state, cfg,
                                            meta["tokenizer"], rt)
         if val_loss is not None and val_loss <= best_val and rt.is_main:
             checkpoint.copy(out_dir, "last", "best")
@@ -217,15 +149,15 @@ def main(argv: list[str]) -> int:
     it, loss_sum, last_log = start_iter, torch.zeros((), device=rt.device), (start_iter, time.perf_counter())
     segment_start = time.perf_counter()
     while True:
-        elapsed = train_time + time.perf_counter() - segment_start
-        out_of_time = cfg.train.max_time is not None and elapsed >= cfg.train.max_time
-        last = it >= cfg.train.max_iters or out_of_time
+        # decided jointly by all ranks: whether to stop, and the elapsed time the schedule follows
+        stop_signal, elapsed = distributed.agree([stop.signum, train_time + time.perf_counter() - segment_start], rt)
+        last = it >= cfg.train.max_iters or (cfg.train.max_time is not None and elapsed >= cfg.train.max_time)
         progress = max(it / max(cfg.train.max_iters, 1), elapsed / cfg.train.max_time if cfg.train.max_time else 0.0)
         lr = cfg.optim.lr * lr_factor(it, progress, cfg.optim)
         if (it % cfg.train.eval_interval == 0 or last) and not (state is not None and it == start_iter):
             rt.synchronize()
-            train_time = elapsed
-            losses = evaluate(step_model, splits, cfg, rt)
+            eval_start, train_time = time.perf_counter(), elapsed
+            losses = evaluate(run)
             best_val = min(best_val, losses["val"])
             record = {"iter": it, "train_loss": round(losses["train"], 5), "val_loss": round(losses["val"], 5),
                       "lr": lr, "tokens": it * tokens_per_iter, "elapsed_s": round(train_time, 3)}
@@ -236,7 +168,8 @@ def main(argv: list[str]) -> int:
             if cfg.train.save:
                 save(it, losses["val"])
             segment_start = time.perf_counter()
-        if distributed.any_flag(stop.signum != 0, rt):
+            last_log = (last_log[0], last_log[1] + segment_start - eval_start)  # tokens/s without evals
+        if stop_signal:
             train_time += time.perf_counter() - segment_start
             path = save(it, None)
             if rt.is_main:
@@ -245,30 +178,14 @@ def main(argv: list[str]) -> int:
                       file=sys.stderr)
             tracker.finish()
             distributed.shutdown(rt)
-            return stop.exit_code or 130
+            return 128 + int(stop_signal)
         if last:
             break
 
-        set_lr(optimizers, lr / cfg.optim.lr)
-        step_loss = torch.zeros((), device=rt.device)
-        for micro in range(micro_steps):
-            x, y = splits["train"].batch(it * cfg.train.grad_accum + micro * rt.world_size + rt.rank,
-                                         cfg.train.batch_size)
-            with distributed.sync_gradients(step_model, micro == micro_steps - 1, rt), rt.autocast():
-                _, loss = step_model(x, y)
-                loss = loss / micro_steps
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            step_loss += loss.detach()
-        if scaler is not None:
-            for opt in optimizers:
-                scaler.unscale_(opt)
-        grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.optim.grad_clip or float("inf"))
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
-        finite = torch.isfinite(step_loss) & (torch.isfinite(grad_norm) if scaler is None else True)
-        if not distributed.all_true(finite, rt):
+        set_lr(run.optimizers, lr / cfg.optim.lr)
+        step_loss, grad_norm, applied = train_step(run, it)
+        if not applied:
             skipped += 1
-            for opt in optimizers:
-                opt.zero_grad(set_to_none=True)
             if skipped > cfg.train.skip_nonfinite:
                 good = out_dir / "last" if (out_dir / "last").is_dir() else None
                 raise UserError(f"non-finite loss or gradient at iteration {it} (loss {step_loss.item():.4g}, "
@@ -277,15 +194,6 @@ def main(argv: list[str]) -> int:
                                 "train.skip_nonfinite=N to skip up to N such steps")
             if rt.is_main:
                 bar.write(f"iteration {it}: non-finite loss, step skipped ({skipped}/{cfg.train.skip_nonfinite})")
-        else:
-            for opt in optimizers:
-                if scaler is not None:
-                    scaler.step(opt)
-                else:
-                    opt.step()
-                opt.zero_grad(set_to_none=True)
-            if scaler is not None:
-                scaler.update()
         loss_sum += step_loss
         it += 1
         bar.update(1)

@@ -37,13 +37,14 @@ def all_sum(t: torch.Tensor, rt) -> torch.Tensor:
     return t
 
 
-def any_flag(flag: bool, rt) -> bool:
-    """True on every rank if it is true on any (used so all ranks stop at the same step)."""
+def agree(values: list[float], rt) -> list[float]:
+    """The largest of each value over all ranks (one small all-reduce), so that every rank takes the same
+    decisions: stop on a signal any rank received, follow the slowest rank's clock."""
     if not rt.distributed:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=rt.device)
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=rt.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return t.tolist()
 
 
 def all_true(t: torch.Tensor, rt) -> bool:
