@@ -23,12 +23,19 @@ from tinygpt.errors import UserError, run_cli
 from tinygpt.runtime import pick_device
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python sample.py", description=__doc__.split("\n\n")[0])
+def checkpoint_and_prompt_parser(prog: str, description: str, prompt_help: str) -> argparse.ArgumentParser:
+    """The arguments sample.py and heads.py share: OUT_DIR and --prompt / --prompt-file."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("out_dir", help="a training run's out_dir, or one checkpoint folder in it")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", help="text to continue (default: a newline, or <|endoftext|> for BPE)")
+    src.add_argument("--prompt", help=prompt_help)
     src.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = checkpoint_and_prompt_parser("python sample.py", __doc__.split("\n\n")[0],
+                                     "text to continue (default: a newline, or <|endoftext|> for BPE)")
     p.add_argument("--max-new-tokens", type=int, default=500)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")

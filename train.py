@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from model import GPT
-from tinygpt import checkpoint, distributed
+from tinygpt import checkpoint, distributed, heads
 from tinygpt.config import Config, load_config, to_dict, to_yaml
 from tinygpt.errors import UserError, run_cli
 from tinygpt.optim import lr_factor, set_lr
@@ -161,10 +161,15 @@ def main(argv: list[str]) -> int:
             best_val = min(best_val, losses["val"])
             record = {"iter": it, "train_loss": round(losses["train"], 5), "val_loss": round(losses["val"], 5),
                       "lr": lr, "tokens": it * tokens_per_iter, "elapsed_s": round(train_time, 3)}
+            if cfg.log.head_scores and (rt.is_main or cfg.train.parallel == "fsdp"):  # FSDP: all ranks gather
+                record["heads"] = heads.training_scores(run.raw_model, splits["val"])
+                tracker.step(it, heads.flat_scores(record["heads"]))
             tracker.eval(record)
             if rt.is_main:
                 bar.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
                           f"({train_time:.1f}s)")
+                if "heads" in record:
+                    bar.write(f"  heads: {heads.strongest_heads(record['heads'])}")
             if cfg.train.save:
                 save(it, losses["val"])
             segment_start = time.perf_counter()
@@ -206,6 +211,8 @@ def main(argv: list[str]) -> int:
             loss_sum.zero_()
             last_log = (it, now)
     bar.close()
+    if rt.is_main and cfg.log.head_scores:
+        heads.plot_training(tracker.metrics_path, out_dir / "heads_training.png")
     if rt.is_main:
         where = f"; checkpoints in {out_dir}" if cfg.train.save else ""
         print(f"done: {it} iterations in {train_time:.1f}s of training, best val loss {best_val:.4f}{where}")

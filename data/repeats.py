@@ -1,11 +1,14 @@
 """A synthetic dataset for watching induction heads form: random segments that repeat.
 
-The text is a stream of random segments (characters drawn uniformly from `alphabet`, length uniform in
-[min_len, max_len]); each segment appears `min_repeats`..`max_repeats` times, separated by 0..`max_gap`
-random filler characters, so a repeat starts at a random distance. Predicting the second and later copies
-of a segment needs in-context copying: find the previous occurrence of the current character and predict
-what followed it (an induction head). With `shakespeare` > 0 that fraction of the stream is Shakespeare
-text instead (real language mixed with copying). Deterministic for a given seed and split.
+The text is a stream of chunks. A chunk is a random segment (length uniform in [min_len, max_len], its
+characters drawn uniformly from `alphabet`, all different when `distinct`) written `min_repeats` ..
+`max_repeats` times, each copy followed by 0 .. `max_gap` random filler characters (max_gap 0: the segment
+repeats periodically, back to back). The first copy of a segment is unpredictable; every later copy can be
+predicted by in-context copying: find the previous occurrence of the current character and predict what
+followed it, which is what an induction head does. The segment length varies, so no fixed attention
+offset can copy; the model has to match content. With `shakespeare` > 0 that fraction of the chunks are
+eight lines of Shakespeare instead (real language mixed with copying). Deterministic for a given seed and
+split; about half a second per million characters.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ class Repeats:
     alphabet: str = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
     min_len: int = 8
     max_len: int = 32
-    min_repeats: int = 2
-    max_repeats: int = 4
-    max_gap: int = 8
+    min_repeats: int = 3
+    max_repeats: int = 6
+    max_gap: int = 0
+    distinct: bool = True  # no character twice in a segment: every copy has one unambiguous continuation
     shakespeare: float = 0.0
     seed: int = 0
     separate_documents = False
@@ -39,13 +43,17 @@ class Repeats:
         return {"type": "repeats", **self.__dict__}
 
     def check(self) -> None:
-        if not (0 < self.min_len <= self.max_len and 1 <= self.min_repeats <= self.max_repeats and self.alphabet):
+        if not (0 < self.min_len <= self.max_len and 1 <= self.min_repeats <= self.max_repeats
+                and self.max_gap >= 0 and self.alphabet and 0.0 <= self.shakespeare <= 1.0):
             raise UserError(f"repeats dataset: impossible settings {self.describe()}")
+        if self.distinct and self.max_len > len(set(self.alphabet)):
+            raise UserError(f"repeats dataset: distinct segments of up to {self.max_len} characters need at "
+                            f"least that many different characters, the alphabet has {len(set(self.alphabet))}")
 
     def documents(self, split: str) -> Iterator[str]:
         rng = np.random.default_rng([self.seed, 0 if split == "train" else 1])
         total = self.train_chars if split == "train" else self.val_chars
-        letters = np.array(list(self.alphabet))
+        letters = np.array(list(dict.fromkeys(self.alphabet)))  # each character once
         lines = _shakespeare_lines() if self.shakespeare > 0 else []
         out, size, made = [], 0, 0
         while made < total:
@@ -53,12 +61,7 @@ class Repeats:
                 start = int(rng.integers(len(lines) - 8))
                 chunk = "".join(lines[start:start + 8])
             else:
-                segment = "".join(rng.choice(letters, int(rng.integers(self.min_len, self.max_len + 1))))
-                parts = []
-                for _ in range(int(rng.integers(self.min_repeats, self.max_repeats + 1))):
-                    parts.append(segment)
-                    parts.append("".join(rng.choice(letters, int(rng.integers(0, self.max_gap + 1)))))
-                chunk = "".join(parts)
+                chunk = "".join(self._chunk(rng, letters))
             chunk = chunk[:total - made]
             out.append(chunk)
             size += len(chunk)
@@ -68,6 +71,18 @@ class Repeats:
                 out, size = [], 0
         if out:
             yield "".join(out)
+
+    def _chunk(self, rng: np.random.Generator, letters: np.ndarray) -> list[str]:
+        length = int(rng.integers(self.min_len, self.max_len + 1))
+        segment = "".join(rng.choice(letters, length, replace=not self.distinct))
+        repeats = int(rng.integers(self.min_repeats, self.max_repeats + 1))
+        gaps = rng.integers(0, self.max_gap + 1, size=repeats)
+        filler = "".join(rng.choice(letters, int(gaps.sum())))
+        parts, used = [], 0
+        for gap in gaps:
+            parts += [segment, filler[used:used + gap]]
+            used += gap
+        return parts
 
 
 def _shakespeare_lines() -> list[str]:

@@ -42,8 +42,9 @@ class Tracker:
             return
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.run is not None:
-            self.run.log({f"eval/{k}": v for k, v in record.items() if k != "iter"}, step=record["iter"])
+        if self.run is not None:  # the scalars (head scores go through step() as a few flat values)
+            self.run.log({f"eval/{k}": v for k, v in record.items() if k != "iter" and isinstance(v, (int, float))},
+                         step=record["iter"])
 
     def finish(self) -> None:
         if self.run is not None:

@@ -1,0 +1,246 @@
+"""Measure training and sampling speed, memory and MFU for a config.
+
+    python bench.py [CONFIG] [section.key=value ...]                      # one setup
+    python bench.py [CONFIG] [k=v ...] --compare [CONFIG2] [k=v ...]       # two setups, alternately
+    options: --steps N --rounds R --warmup W --only train,sample,memory --sample-tokens N --json PATH
+
+Training: the real train step (tinygpt/trainer.py) on the config's dataset: median ms/iteration and tokens/s
+over rounds x steps after warm-up, MFU against the machine's peak (a GPU table, or this CPU's measured matmul
+peak at the precision in use), and peak memory (CUDA: allocator peak; CPU: resident memory a fresh process
+adds during its first steps). --compare runs the two setups in one process, alternating rounds, so their
+ratio holds on a noisy machine; B defaults to A's config plus B's overrides.
+Sampling: tokens/s generating --sample-tokens tokens with the KV cache and with a full forward per token.
+Memory: peak training memory at batch size 1 as the context grows (T = 512 ... 4096).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from model import generate
+from tinygpt.config import Config, load_config
+from tinygpt.errors import UserError, run_cli
+from tinygpt.hardware import peak_flops
+from tinygpt.optim import set_lr
+from tinygpt.runtime import Runtime, setup
+from tinygpt.trainer import Run, build, load_dataset, train_step
+
+CONTEXTS = (512, 1024, 2048, 4096)
+
+
+@dataclass
+class Setup:
+    label: str
+    config: str | None
+    overrides: list[str]
+    cfg: Config = None
+    rt: Runtime = None
+    run: Run = None
+    threads: int = 0
+    times: list[float] = field(default_factory=list)
+    it: int = 0
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str | None, list[str]]]]:
+    options = {"--steps", "--rounds", "--warmup", "--only", "--sample-tokens", "--json"}
+    groups, current, flags = [[]], [], []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--compare":
+            groups.append([])
+        elif a in options:
+            flags += [a, argv[i + 1] if i + 1 < len(argv) else ""]
+            i += 1
+        elif a.startswith("--"):
+            flags.append(a)
+        else:
+            groups[-1].append(a)
+        i += 1
+    p = argparse.ArgumentParser(prog="python bench.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=10, help="timed steps per round (default 10)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds; setups alternate each round (default 5)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compile happens here)")
+    p.add_argument("--only", default="train,sample,memory", help="which measurements (default: all)")
+    p.add_argument("--sample-tokens", type=int, default=1000)
+    p.add_argument("--json", default="bench/last.json", help="where to write the results (default %(default)s)")
+    args = p.parse_args(flags)
+    setups = []
+    for k, g in enumerate(groups):
+        config = g[0] if g and "=" not in g[0] else None
+        overrides = g[1:] if config else g
+        if k == 1 and config is None:  # B: A's config and overrides, then B's
+            config, overrides = setups[0][0], setups[0][1] + overrides
+        setups.append((config, overrides))
+    return args, setups
+
+
+def prepare(s: Setup, main_threads: int) -> None:
+    s.cfg, _ = load_config(s.config, s.overrides)
+    s.rt = setup(s.cfg.train.device, s.cfg.train.precision, s.cfg.model.n_embd, s.cfg.train.threads)
+    s.threads = torch.get_num_threads()
+    torch.set_num_threads(main_threads)
+    meta, splits = load_dataset(s.cfg, s.rt)
+    s.run = build(s.cfg, s.rt, meta, splits)
+    set_lr(s.run.optimizers, 1.0)
+
+
+def timed_steps(s: Setup, n: int, record: bool) -> None:
+    torch.set_num_threads(s.threads)
+    for _ in range(n):
+        start = time.perf_counter()
+        train_step(s.run, s.it)
+        s.rt.synchronize()
+        if record:
+            s.times.append(time.perf_counter() - start)
+        s.it += 1
+
+
+def train_result(s: Setup) -> dict:
+    run, rt = s.run, s.rt
+    ms = statistics.median(s.times) * 1e3
+    tok_s = run.tokens_per_iter / (ms / 1e3)
+    flops = run.raw_model.flops_per_token(s.cfg.model.block_size) * tok_s
+    torch.set_num_threads(s.threads)
+    peak = peak_flops(rt.device, rt.precision)
+    if rt.device.type == "cuda":
+        memory = torch.cuda.max_memory_allocated(rt.device) / 2**20
+    else:
+        memory = peak_memory_mb(s.config, s.overrides)
+    return {"setup": s.label, "params_M": round(run.raw_model.num_params() / 1e6, 3),
+            "tokens_per_iter": run.tokens_per_iter, "ms_per_iter": round(ms, 2), "tokens_per_s": round(tok_s),
+            "mfu": round(flops / peak, 4) if peak else None, "peak_mem_MB": round(memory, 1),
+            "precision": rt.precision, "compile": run.step_model is not run.model, "threads": s.threads,
+            "device": str(rt.device), "steps_timed": len(s.times)}
+
+
+def _memory_probe(config: str | None, overrides: list[str]) -> float:
+    """In a fresh process: resident memory added by the first training steps (activations, gradients,
+    optimizer state), in MB."""
+    cfg, _ = load_config(config, overrides)
+    rt = setup(cfg.train.device, cfg.train.precision, cfg.model.n_embd, cfg.train.threads)
+    meta, splits = load_dataset(cfg, rt)
+    run = build(cfg, rt, meta, splits)
+    set_lr(run.optimizers, 1.0)
+    with open("/proc/self/clear_refs", "w") as f:  # reset the peak resident size (VmHWM) to the current one
+        f.write("5")
+    before = _status_mb("VmRSS")
+    for it in range(2):
+        train_step(run, it)
+    return _status_mb("VmHWM") - before
+
+
+def _status_mb(field: str) -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise UserError(f"/proc/self/status has no {field}: CPU memory measurement needs Linux")
+
+
+def peak_memory_mb(config: str | None, overrides: list[str]) -> float:
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_memory_probe, (config, overrides))
+
+
+def memory_scaling(s: Setup) -> list[dict]:
+    rows = []
+    for T in CONTEXTS:
+        overrides = s.overrides + [f"model.block_size={T}", "train.batch_size=1", "train.grad_accum=1"]
+        if s.rt.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(s.rt.device)
+            cfg, _ = load_config(s.config, overrides)
+            meta, splits = load_dataset(cfg, s.rt)
+            run = build(cfg, s.rt, meta, splits)
+            base = torch.cuda.memory_allocated(s.rt.device)
+            for it in range(2):
+                train_step(run, it)
+            mb = (torch.cuda.max_memory_allocated(s.rt.device) - base) / 2**20
+            del run
+        else:
+            mb = peak_memory_mb(s.config, overrides)
+        rows.append({"setup": s.label, "context": T, "peak_train_mem_MB": round(mb, 1)})
+    for a, b in zip(rows, rows[1:]):
+        b["growth_vs_previous"] = round(b["peak_train_mem_MB"] / a["peak_train_mem_MB"], 2)
+    return rows
+
+
+def sampling(s: Setup, n_tokens: int) -> dict:
+    model = s.run.raw_model.eval()
+    torch.set_num_threads(s.threads)
+    prompt = torch.zeros((1, 1), dtype=torch.long, device=s.rt.device)
+    out = {"setup": s.label, "new_tokens": n_tokens, "context": s.cfg.model.block_size}
+    with s.rt.autocast():  # warm up both paths
+        for use_cache in (True, False):
+            for _ in generate(model, prompt, 8, 1.0, None, None, None, use_cache=use_cache):
+                pass
+    for use_cache in (True, False):
+        gen = torch.Generator(device=s.rt.device).manual_seed(0)
+        start = time.perf_counter()
+        with s.rt.autocast():
+            for _ in generate(model, prompt, n_tokens, 1.0, None, None, gen, use_cache=use_cache):
+                pass
+        s.rt.synchronize()
+        out["kv_cache_tok_s" if use_cache else "full_recompute_tok_s"] = round(n_tokens / (time.perf_counter() - start), 1)
+    out["speedup"] = round(out["kv_cache_tok_s"] / out["full_recompute_tok_s"], 2)
+    model.train()
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    cells = [[str(r.get(k, "")) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    line = "  ".join(k.ljust(w) for k, w in zip(keys, widths))
+    return "\n".join([line, "-" * len(line)] + ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells])
+
+
+def main(argv: list[str]) -> int:
+    args, groups = parse(argv)
+    only = set(args.only.split(","))
+    if not only <= {"train", "sample", "memory"}:
+        raise UserError(f"--only takes train, sample and/or memory, got {args.only}")
+    main_threads = torch.get_num_threads()
+    setups = [Setup("AB"[i] if len(groups) > 1 else "A", c, o) for i, (c, o) in enumerate(groups)]
+    for s in setups:
+        prepare(s, main_threads)
+        print(f"{s.label}: {s.config or 'default config'} {' '.join(s.overrides)} "
+              f"[{s.rt.device}, {s.rt.precision}, {s.threads} threads]", file=sys.stderr)
+    results: dict = {"command": "python bench.py " + " ".join(argv), "date": time.strftime("%Y-%m-%d %H:%M"),
+                     "torch": torch.__version__}
+    if "train" in only:
+        for s in setups:
+            timed_steps(s, args.warmup, record=False)
+        for _ in range(args.rounds):  # alternate, so slow spells of a shared machine hit every setup
+            for s in setups:
+                timed_steps(s, args.steps, record=True)
+        results["train"] = [train_result(s) for s in setups]
+        if len(setups) == 2:
+            a, b = results["train"]
+            results["ratio_B_over_A_tokens_per_s"] = round(b["tokens_per_s"] / a["tokens_per_s"], 3)
+        print(table(results["train"]))
+        if "ratio_B_over_A_tokens_per_s" in results:
+            print(f"B / A training tokens/s: {results['ratio_B_over_A_tokens_per_s']}")
+    if "sample" in only:
+        results["sample"] = [sampling(s, args.sample_tokens) for s in setups]
+        print(table(results["sample"]))
+    if "memory" in only:
+        results["memory"] = [row for s in setups for row in memory_scaling(s)]
+        print(table(results["memory"]))
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=1))
+    print(f"results in {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,96 @@
+"""Optimisers and schedules: parameter groups, Muon, the schedule shapes, and the wall-time budget."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import train
+from model import GPT, GPTConfig
+from tinygpt.config import OptimConfig
+from tinygpt.optim import lr_factor, make_optimizers, set_lr
+
+
+def tiny_model(**kw) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32, **kw))
+
+
+def test_weight_decay_only_on_matrices_and_embeddings():
+    m = tiny_model()
+    (opt,) = make_optimizers(m, OptimConfig(weight_decay=0.1), torch.device("cpu"))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == sum(p.numel() for p in m.parameters())
+    assert opt.defaults["fused"] is True  # fused AdamW on the CPU too
+    (loop,) = make_optimizers(m, OptimConfig(impl="forloop"), torch.device("cpu"))
+    assert not loop.defaults["fused"] and loop.defaults["foreach"] is False
+
+
+def test_the_adamw_kernels_agree():
+    updates = []
+    for impl in ("fused", "foreach", "forloop"):
+        m = tiny_model()
+        (opt,) = make_optimizers(m, OptimConfig(impl=impl, lr=1e-2), torch.device("cpu"))
+        for step in range(3):
+            x = torch.randint(0, 40, (4, 16), generator=torch.Generator().manual_seed(step))
+            m(x, x)[1].backward()
+            opt.step()
+            opt.zero_grad()
+        updates.append(m.blocks[0].attn.W_QKV.weight.detach().clone())
+    torch.testing.assert_close(updates[0], updates[1])
+    torch.testing.assert_close(updates[0], updates[2])
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")
+def test_muon_takes_the_hidden_matrices_and_trains():
+    m = tiny_model(tie_embeddings=False)
+    adamw, muon = make_optimizers(m, OptimConfig(name="muon", lr=3e-3, muon_lr=0.02), torch.device("cpu"))
+    names = {id(p): n for n, p in m.named_parameters()}
+    muon_names = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    assert muon_names == {n for n, p in m.named_parameters() if p.dim() == 2 and n.startswith("blocks.")}
+    adam_names = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
+    assert {"token_emb.weight", "lm_head.weight", "pos_emb.weight"} <= adam_names and not adam_names & muon_names
+    x = torch.randint(0, 40, (8, 16), generator=torch.Generator().manual_seed(0))
+    y = torch.roll(x, -1, 1)
+    first = None
+    for _ in range(60):
+        loss = m(x, y)[1]
+        first = first or loss.item()
+        loss.backward()
+        for opt in (adamw, muon):
+            opt.step()
+            opt.zero_grad()
+    assert loss.item() < first / 3
+
+
+def test_schedules():
+    cos = OptimConfig(schedule="cosine", warmup_iters=10, min_lr_ratio=0.1)
+    assert lr_factor(0, 0.0, cos) == pytest.approx(0.1)  # warmup: (it + 1) / warmup_iters
+    assert lr_factor(9, 0.0, cos) == pytest.approx(1.0)
+    assert lr_factor(100, 0.5, cos) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr_factor(100, 1.0, cos) == pytest.approx(0.1)
+    wsd = OptimConfig(schedule="wsd", warmup_iters=0, min_lr_ratio=0.0, decay_frac=0.2)
+    assert [lr_factor(0, p, wsd) for p in (0.0, 0.5, 0.8, 0.9, 1.0)] == pytest.approx([1, 1, 1, 0.5, 0])
+    const = OptimConfig(schedule="constant", warmup_iters=0)
+    assert lr_factor(5, 0.99, const) == 1.0
+    m = tiny_model()
+    opts = make_optimizers(m, OptimConfig(lr=2e-3), torch.device("cpu"))
+    set_lr(opts, 0.25)
+    assert all(g["lr"] == pytest.approx(5e-4) for g in opts[0].param_groups)
+
+
+@pytest.mark.slow
+def test_a_time_budget_ends_with_the_lr_decayed_and_a_final_eval(data_dir: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    train(data_dir, out, "train.max_iters=1000000", "train.max_time=4", "train.eval_interval=100000",
+          "optim.min_lr_ratio=0.1", "optim.lr=1e-3")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["iter"] == 0 and rows[-1]["iter"] > 0
+    assert 4.0 <= rows[-1]["elapsed_s"] < 6.0
+    assert rows[-1]["lr"] == pytest.approx(1e-4, rel=1e-6)  # the floor: the schedule followed the clock

@@ -1,0 +1,202 @@
+"""Attention-head roles: scores that say what each head attends to, and the hooks train.py calls at each eval.
+
+Every role score of a head is a mean of its attention weights over chosen (query, key) pairs, so it lies in
+[0, 1]; 1 means the head puts all of its attention on the role's key for every query scored.
+
+Real text (validation windows of block_size tokens, queries q = 1 .. T-1; query 0 sees only itself):
+- previous-token  mean attention on key q-1
+- first-token     mean attention on key 0 (the "resting" position many heads park attention on)
+- current-token   mean attention on key q
+
+Repeated random tokens [R, R]: R is n = min(block_size // 2, vocab_size) token ids drawn uniformly *without
+repeats* from the model's vocabulary, so every token of the second half has exactly one earlier occurrence
+(query q, n <= q < 2n, holds the token of position q - n). Scores average over the second-half queries and
+over several such sequences:
+- duplicate-token  mean attention on key q - n, the earlier occurrence of the current token
+- induction        mean attention on key q - n + 1, the token that followed the earlier occurrence: the head
+                   that, with a previous-token head in an earlier layer, copies what came next last time
+                   (Olsson et al. 2022, "In-context Learning and Induction Heads")
+A head attending uniformly to the q + 1 keys it can see scores mean(1 / (q + 1)) over the queries scored.
+
+Model-level numbers:
+- repeated-sequence loss  mean cross-entropy on [R, R] of the predictions of tokens 1 .. n-1 (first half:
+  nothing to copy, about ln(vocab_size) at best) and of tokens n+1 .. 2n-1 (second half: the copy); a model
+  with induction heads predicts the second half far better. The prediction of token n (R's first token
+  again) is left out: nothing before it says the copy starts.
+- in-context learning score  (Olsson et al.) the loss of the prediction made at context position
+  late = block_size - 1 (the full context) minus that at early = block_size // 10 - 1 (a tenth of it, the
+  paper's 500th vs 50th token), averaged over validation windows; negative when later tokens, which see
+  more context, are predicted better.
+
+heads.py calls `score_heads`; train.py, with log.head_scores: true, calls `training_scores` at each eval,
+prints `strongest_heads`, logs `flat_scores` and draws `plot_training` at the end. Attention weights are
+materialised a chunk of windows at a time (ATTENTION_BYTES), so a GPT-2-sized model can be scored too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from data.loader import TokenWindows
+from model import GPT
+
+ROLES = ("induction", "previous_token", "duplicate_token", "first_token", "current_token")
+TEXT_ROLES = ("previous_token", "first_token", "current_token")
+THRESHOLD = 0.4  # a head "has" a role when it scores at least this
+ATTENTION_BYTES = 1 << 30  # attention weights held at once while scoring (float32, all layers)
+
+
+def role_name(role: str) -> str:
+    return role.replace("_", "-")
+
+
+def text_scores(weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Previous-, first- and current-token scores, each (B, n_head), from one layer's (B, n_head, T, T)
+    attention weights on real text: per window, the mean over queries 1 .. T-1."""
+    return {"previous_token": weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=-1),
+            "first_token": weights[..., 1:, 0].mean(dim=-1),
+            "current_token": weights.diagonal(dim1=-2, dim2=-1)[..., 1:].mean(dim=-1)}
+
+
+def repeat_scores(weights: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
+    """Duplicate-token and induction scores, each (B, n_head), from one layer's (B, n_head, 2n, 2n) attention
+    weights on [R, R] sequences with len(R) = n: per sequence, the mean over queries n .. 2n-1."""
+    return {"duplicate_token": weights.diagonal(offset=-n, dim1=-2, dim2=-1).mean(dim=-1),
+            "induction": weights.diagonal(offset=1 - n, dim1=-2, dim2=-1)[..., 1:].mean(dim=-1)}
+
+
+def repeated_tokens(vocab_size: int, n: int, count: int, seed: int) -> torch.Tensor:
+    """(count, 2n) sequences [R, R], each R n distinct ids drawn uniformly from the vocabulary."""
+    rng = np.random.default_rng(seed)
+    halves = np.stack([rng.choice(vocab_size, n, replace=False) for _ in range(count)])
+    return torch.from_numpy(np.concatenate([halves, halves], axis=1))
+
+
+def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy, (B, T)."""
+    return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+
+
+def repeat_losses(logits: torch.Tensor, tokens: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sequence (B,), the mean loss on the first and on the second half of [R, R] (see the docstring)."""
+    losses = token_losses(logits[:, :-1], tokens[:, 1:])  # column p: the prediction of token p + 1
+    return losses[:, :n - 1].mean(dim=1), losses[:, n:].mean(dim=1)
+
+
+def icl_positions(block_size: int) -> tuple[int, int]:
+    """(early, late) context positions of the in-context learning score."""
+    return max(block_size // 10 - 1, 0), block_size - 1
+
+
+def icl_differences(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per window (B,), the loss at the late context position minus the loss at the early one."""
+    early, late = icl_positions(logits.size(1))
+    losses = token_losses(logits[:, [early, late]], targets[:, [early, late]])
+    return losses[:, 1] - losses[:, 0]
+
+
+def _passes(model: GPT, idx: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor, list[torch.Tensor]]]:
+    """(rows, logits, attention weights per layer) of idx through the explicit attention path, in chunks of
+    rows small enough that every layer's weights fit in about ATTENTION_BYTES."""
+    cfg = model.config
+    size = max(1, ATTENTION_BYTES // (4 * cfg.n_layer * cfg.n_head * idx.size(1) ** 2))
+    for start in range(0, idx.size(0), size):
+        logits, weights = model.attention_weights(idx[start:start + size])
+        yield slice(start, start + size), logits, [w.float() for w in weights]
+
+
+def _mean(parts: list[torch.Tensor]) -> float:
+    return round(torch.cat(parts).mean().item(), 4)
+
+
+def _table(parts: list[list[dict[str, torch.Tensor]]], role: str) -> list[list[float]]:
+    """n_layer x n_head means over every row of every chunk."""
+    layers = [torch.cat([chunk[layer][role] for chunk in parts]).mean(dim=0) for layer in range(len(parts[0]))]
+    return [[round(float(v), 4) for v in layer] for layer in layers]
+
+
+@torch.no_grad()
+def score_heads(model: GPT, val: TokenWindows, seed: int = 0, *, sequences: int = 16,
+                windows: Optional[int] = None) -> dict:
+    """Every head's role scores (n_layer x n_head lists), the ICL score and the repeated-sequence losses.
+
+    `windows` validation windows (default: about 8k tokens' worth) come from `val`'s stream 2; `sequences`
+    [R, R] sequences from `seed`. Runs in eval mode without gradients and puts the model back in the mode
+    it was in; the global random generators are not touched.
+    """
+    cfg = model.config
+    device = next(model.parameters()).device
+    windows = windows or max(16, 8192 // cfg.block_size)
+    n = min(cfg.block_size // 2, cfg.vocab_size)
+    if n < 2:
+        raise ValueError(f"block_size={cfg.block_size} is too short for [R, R] sequences")
+    x, y = (t.to(device) for t in val.batch(0, windows, stream=2))
+    tokens = repeated_tokens(cfg.vocab_size, n, sequences, seed).to(device)
+    text, rep, icl, first, second = [], [], [], [], []
+    was_training = model.training
+    model.eval()
+    try:
+        for rows, logits, weights in _passes(model, x):
+            text.append([text_scores(w) for w in weights])
+            icl.append(icl_differences(logits, y[rows]))
+        for rows, logits, weights in _passes(model, tokens):
+            rep.append([repeat_scores(w, n) for w in weights])
+            halves = repeat_losses(logits, tokens[rows], n)
+            first.append(halves[0])
+            second.append(halves[1])
+    finally:
+        model.train(was_training)
+    scores = {role: _table(text if role in TEXT_ROLES else rep, role) for role in ROLES}
+    return {**scores, "icl_score": _mean(icl), "repeat_loss_first_half": _mean(first),
+            "repeat_loss_second_half": _mean(second), "repeat_length": n,
+            "icl_positions": list(icl_positions(cfg.block_size))}
+
+
+def training_scores(model: GPT, val: TokenWindows, seed: int = 0) -> dict:
+    """The scores train.py records at each eval (log.head_scores: true): `score_heads` at its defaults,
+    about 0.1 s for the 2-layer induction model, 2-3 s for 6 x 384 with a 256 context on a CPU. Pass the
+    unwrapped model (not the DDP or compiled one)."""
+    return score_heads(model, val, seed)
+
+
+def strongest(table: list[list[float]]) -> tuple[int, int, float]:
+    """(layer, head, score) of the highest score in an n_layer x n_head table."""
+    layer, head = divmod(int(np.argmax(table)), len(table[0]))
+    return layer, head, table[layer][head]
+
+
+def strongest_heads(scores: dict) -> str:
+    """One line: the strongest head of each role, then the ICL score and the repeated-sequence losses."""
+    parts = []
+    for role in ROLES:
+        layer, head, value = strongest(scores[role])
+        parts.append(f"{role_name(role)} L{layer}H{head} {value:.2f}")
+    parts.append(f"ICL {scores['icl_score']:+.2f}")
+    parts.append(f"repeat loss {scores['repeat_loss_first_half']:.2f} -> {scores['repeat_loss_second_half']:.2f}")
+    return " | ".join(parts)
+
+
+def flat_scores(scores: dict) -> dict[str, float]:
+    """A few scalars for wandb: the best score of each role, the ICL score, the repeated-sequence losses."""
+    out = {f"heads/{role}_max": strongest(scores[role])[2] for role in ROLES}
+    for key in ("icl_score", "repeat_loss_first_half", "repeat_loss_second_half"):
+        out[f"heads/{key}"] = scores[key]
+    return out
+
+
+def read_metrics(metrics_path: Path) -> list[dict]:
+    """The records of OUT_DIR/metrics.jsonl, one per eval."""
+    return [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
+
+
+def plot_training(metrics_path: Path, out_png: Path) -> None:
+    """Loss curves next to the best score of each role and the in-context numbers, against iteration."""
+    from tinygpt.heads_plot import plot_training_curves  # matplotlib only when plotting
+
+    plot_training_curves(read_metrics(metrics_path), Path(out_png))

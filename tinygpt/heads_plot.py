@@ -1,0 +1,110 @@
+"""Pictures of attention heads: attention maps (a grid per layer, one head enlarged), the role-score heatmap,
+and role scores against training iteration next to the loss curves.
+
+Drawn with matplotlib's object API onto its Agg canvas (no pyplot, no display needed). Attention maps put
+queries on the rows and keys on the columns; the masked future (keys after the query) is left white, and the
+colour scale is the square root of the weight so that diffuse attention stays visible.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import matplotlib
+import numpy as np
+from matplotlib.colors import PowerNorm
+from matplotlib.figure import Figure
+
+from tinygpt.heads import ROLES, role_name, strongest
+
+MAX_LABELS = 48  # token labels on the axes of prompts up to this many tokens
+CMAP = matplotlib.colormaps["viridis"].with_extremes(bad="white")
+
+
+def _draw_map(ax, weights: np.ndarray, labels: Optional[list[str]], title: str, fontsize: float):
+    T = weights.shape[0]
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)
+    image = ax.imshow(np.ma.masked_where(future, weights), cmap=CMAP, norm=PowerNorm(0.5, vmin=0.0, vmax=1.0),
+                      interpolation="nearest")
+    ax.set_title(title, fontsize=fontsize + 2)
+    if labels is not None and T <= MAX_LABELS:
+        ax.set_xticks(range(T), labels, rotation=90, fontsize=fontsize, fontfamily="monospace")
+        ax.set_yticks(range(T), labels, fontsize=fontsize, fontfamily="monospace")
+    ax.set_xlabel("key (attended to)", fontsize=fontsize + 1)
+    ax.set_ylabel("query (attending)", fontsize=fontsize + 1)
+    return image
+
+
+def plot_layer(weights: np.ndarray, labels: Optional[list[str]], layer: int, path: Path) -> None:
+    """Every head of one layer: weights (n_head, T, T), one panel per head."""
+    n_head = weights.shape[0]
+    cols = math.ceil(math.sqrt(n_head))
+    rows = math.ceil(n_head / cols)
+    fig = Figure(figsize=(4.2 * cols, 4.2 * rows + 0.6), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for h in range(n_head):
+        image = _draw_map(axes[h], weights[h], labels, f"L{layer}H{h}", fontsize=5)
+    for ax in axes[n_head:]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes.tolist(), shrink=0.6, label="attention weight")
+    fig.suptitle(f"layer {layer}: attention weights of each head (rows: queries, columns: keys)")
+    fig.savefig(path, dpi=110)
+
+
+def plot_head(weights: np.ndarray, labels: Optional[list[str]], layer: int, head: int, path: Path) -> None:
+    """One head enlarged: weights (T, T)."""
+    fig = Figure(figsize=(8, 7.4), layout="constrained")
+    ax = fig.subplots()
+    image = _draw_map(ax, weights, labels, f"layer {layer}, head {head}: attention weights", fontsize=8)
+    fig.colorbar(image, ax=ax, shrink=0.8, label="attention weight")
+    fig.savefig(path, dpi=110)
+
+
+def plot_scores(scores: dict, path: Path) -> None:
+    """One layer x head heatmap per role, values written in the cells."""
+    n_layer, n_head = len(scores[ROLES[0]]), len(scores[ROLES[0]][0])
+    fig = Figure(figsize=(2.2 + len(ROLES) * max(2.4, 0.45 * n_head), 1.6 + 0.45 * n_layer), layout="constrained")
+    axes = fig.subplots(1, len(ROLES), squeeze=False).ravel()
+    for ax, role in zip(axes, ROLES):
+        table = np.array(scores[role])
+        image = ax.imshow(table, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_title(role_name(role), fontsize=10)
+        ax.set_xticks(range(n_head), [f"H{h}" for h in range(n_head)], fontsize=7)
+        ax.set_yticks(range(n_layer), [f"L{layer}" for layer in range(n_layer)], fontsize=7)
+        if n_layer * n_head <= 64:
+            for (layer, head), value in np.ndenumerate(table):
+                ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                        color="black" if value > 0.6 else "white")
+    fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label="score")
+    fig.suptitle(f"head role scores | ICL score {scores['icl_score']:+.2f} | repeated-sequence loss "
+                 f"{scores['repeat_loss_first_half']:.2f} (first half) -> {scores['repeat_loss_second_half']:.2f} "
+                 "(second half)", fontsize=10)
+    fig.savefig(path, dpi=110)
+
+
+def plot_training_curves(records: list[dict], path: Path) -> None:
+    """Loss, the best score of each role, and the in-context numbers against iteration."""
+    scored = [r for r in records if "heads" in r]
+    fig = Figure(figsize=(16, 4.4) if scored else (6, 4.4), layout="constrained")
+    axes = fig.subplots(1, 3 if scored else 1, squeeze=False).ravel()
+    its = [r["iter"] for r in records]
+    axes[0].plot(its, [r["train_loss"] for r in records], label="train")
+    axes[0].plot(its, [r["val_loss"] for r in records], label="val")
+    axes[0].set(title="loss", xlabel="iteration", ylabel="cross-entropy")
+    if scored:
+        its = [r["iter"] for r in scored]
+        for role in ROLES:
+            axes[1].plot(its, [strongest(r["heads"][role])[2] for r in scored], marker=".", label=role_name(role))
+        axes[1].set(title="best head of each role", xlabel="iteration", ylabel="score", ylim=(0, 1.02))
+        for key, label in (("repeat_loss_first_half", "repeated sequence, first half"),
+                           ("repeat_loss_second_half", "repeated sequence, second half"),
+                           ("icl_score", "in-context learning score")):
+            axes[2].plot(its, [r["heads"][key] for r in scored], marker=".", label=label)
+        axes[2].axhline(0.0, color="grey", linewidth=0.5)
+        axes[2].set(title="in-context learning", xlabel="iteration", ylabel="loss (nats)")
+    for ax in axes:
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=100)
