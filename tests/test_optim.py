@@ -47,7 +47,27 @@ def test_the_adamw_kernels_agree():
     torch.testing.assert_close(updates[0], updates[2])
 
 
-@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="the reference, torch.optim.Muon, needs torch >= 2.9")
+def test_batched_muon_matches_torch_muon():
+    from tinygpt.muon import Muon
+
+    torch.manual_seed(0)
+    shapes = [(96, 32), (32, 32), (128, 32), (32, 128), (48, 64)]  # tall, square, wide: padded batches
+    ours = [torch.nn.Parameter(torch.randn(s) * 0.02) for s in shapes]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    a = Muon(ours, lr=0.02, momentum=0.95, weight_decay=0.1)
+    b = torch.optim.Muon(theirs, lr=0.02, momentum=0.95, weight_decay=0.1)
+    for step in range(3):
+        for p, q in zip(ours, theirs):
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(step))
+            q.grad = p.grad.clone()
+        a.step()
+        b.step()
+    for p, q in zip(ours, theirs):  # bf16 Newton-Schulz: agreement to bf16 precision
+        torch.testing.assert_close(p, q, atol=2e-3, rtol=0)
+        assert (p - q).abs().max() < 0.05 * (q.detach() - torch.zeros_like(q)).abs().max()
+
+
 def test_muon_takes_the_hidden_matrices_and_trains():
     m = tiny_model(tie_embeddings=False)
     adamw, muon = make_optimizers(m, OptimConfig(name="muon", lr=3e-3, muon_lr=0.02), torch.device("cpu"))

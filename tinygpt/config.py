@@ -42,6 +42,7 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: str = "auto"  # auto | true | false (auto: on for CUDA)
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"  # reduce-overhead: CUDA graphs
     seed: int = 1337
     resume: bool = False  # continue from out_dir's last checkpoint
     overwrite: bool = False  # start afresh even if out_dir holds a checkpoint (deleting it)

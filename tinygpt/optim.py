@@ -3,8 +3,9 @@
 - AdamW with weight decay on 2-D weights only (matrices and embeddings; not biases or norm gains). The
   kernel (`optim.impl`): fused where torch has it for the device (CPU included), else foreach; `forloop`
   keeps nanoGPT's plain per-parameter loop reachable for comparisons.
-- Muon (`optim.name: muon`, torch >= 2.9): orthogonalised momentum for the 2-D weights inside the blocks;
-  embeddings, the LM head, biases and norms stay on AdamW (Muon is for hidden matrices only).
+- Muon (`optim.name: muon`): orthogonalised momentum for the 2-D weights inside the blocks; embeddings, the
+  LM head, biases and norms stay on AdamW (Muon is for hidden matrices only). tinygpt/muon.py computes
+  torch.optim.Muon's update batched over matrices, which is what makes it affordable on a CPU.
 - Schedule: lr x warmup(iter) x decay(progress), progress in [0, 1] being the larger of iter / max_iters and
   elapsed / max_time, so a run with a time budget still ends with its learning rate decayed. Warmup rises
   linearly over `warmup_iters`; decay is cosine to `min_lr_ratio`, warmup-stable-decay (flat, then linear
@@ -19,6 +20,7 @@ import torch
 
 from tinygpt.config import OptimConfig
 from tinygpt.errors import UserError
+from tinygpt.muon import Muon
 
 
 def _adamw(groups: list[dict], cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
@@ -34,17 +36,17 @@ def make_optimizers(model: torch.nn.Module, cfg: OptimConfig, device: torch.devi
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     muon_names: set[str] = set()
     if cfg.name == "muon":
-        if not hasattr(torch.optim, "Muon"):
-            raise UserError(f"optim.name=muon needs torch >= 2.9 (this is {torch.__version__}); "
-                            "upgrade torch or use optim.name=adamw")
+        if any(type(p).__name__ == "DTensor" for p in params.values()):
+            raise UserError("optim.name=muon needs whole matrices and cannot run on FSDP shards; "
+                            "use train.parallel=ddp or optim.name=adamw")
         muon_names = {n for n, p in params.items() if p.dim() == 2 and n.startswith("blocks.")}
     decay = [p for n, p in params.items() if p.dim() >= 2 and n not in muon_names]
     no_decay = [p for n, p in params.items() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     optimizers: list[torch.optim.Optimizer] = [_adamw([g for g in groups if g["params"]], cfg, device)]
     if muon_names:
-        muon = torch.optim.Muon([params[n] for n in sorted(muon_names)], lr=cfg.muon_lr,
-                                momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
+        muon = Muon([params[n] for n in sorted(muon_names)], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
+                    weight_decay=cfg.muon_weight_decay)
         optimizers.append(muon)
     for opt in optimizers:
         for group in opt.param_groups:

@@ -83,7 +83,7 @@ def cpu_auto_precision(n_embd: int) -> str:
     return "bf16" if cpu_has_bf16_matmul() and n_embd >= CPU_BF16_MIN_WIDTH else "fp32"
 
 
-CPU_BF16_MIN_WIDTH = 1 << 30  # placeholder until measured; see BENCHMARKS.md
+CPU_BF16_MIN_WIDTH = 128  # measured crossover: fp32 wins at 64, even at 96, bf16 1.24x at 128 (BENCHMARKS.md)
 
 
 def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:

@@ -82,7 +82,8 @@ def build(cfg: Config, rt: Runtime, meta: dict, splits: dict[str, TokenWindows],
     model, raw = distributed.wrap(raw, cfg, rt)
     optimizers = make_optimizers(raw, cfg.optim, rt.device)
     scaler = torch.amp.GradScaler(rt.device.type) if rt.precision == "fp16" else None
-    step_model = torch.compile(model) if compile_enabled(cfg.train.compile, rt.device) else model
+    compiled = compile_enabled(cfg.train.compile, rt.device)
+    step_model = torch.compile(model, mode=cfg.train.compile_mode) if compiled else model
     return Run(cfg, rt, meta, splits, raw, model, step_model, optimizers, scaler)
 
 

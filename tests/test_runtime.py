@@ -1,0 +1,49 @@
+"""Device and precision choices, and bf16 autocast on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from tinygpt import runtime
+from tinygpt.errors import UserError
+
+
+def test_cpu_precision_auto_follows_the_measured_crossover(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(runtime, "cpu_has_bf16_matmul", lambda: True)
+    assert runtime.pick_precision("auto", cpu, 64) == "fp32"
+    assert runtime.pick_precision("auto", cpu, runtime.CPU_BF16_MIN_WIDTH) == "bf16"
+    monkeypatch.setattr(runtime, "cpu_has_bf16_matmul", lambda: False)
+    assert runtime.pick_precision("auto", cpu, 768) == "fp32"
+    assert runtime.pick_precision("bf16", cpu, 64) == "bf16"  # an explicit choice is kept
+    with pytest.raises(UserError, match="fp16 is for GPUs"):
+        runtime.pick_precision("fp16", cpu, 64)
+
+
+def test_explicit_devices_that_are_missing_are_reported(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match="train.device=cuda but no CUDA GPU is visible"):
+        runtime.pick_device("cuda")
+    assert runtime.pick_device("cpu").type == "cpu"
+
+
+def test_compile_auto_is_for_cuda_only():
+    assert runtime.compile_enabled("auto", torch.device("cuda", 0))
+    assert not runtime.compile_enabled("auto", torch.device("cpu"))
+    assert runtime.compile_enabled("True", torch.device("cpu")) and not runtime.compile_enabled("false", torch.device("cuda"))
+
+
+@pytest.mark.parametrize("options", [{}, {"window": 6, "n_kv_head": 2, "pos_emb": "rope"}])
+def test_bf16_autocast_on_cpu_matches_fp32_and_keeps_gradients(options):
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=64, **options))
+    x = torch.randint(0, 50, (4, 32))
+    ref, ref_loss = m(x, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, loss = m(x, x)
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max() < 0.1 and abs(loss.item() - ref_loss.item()) < 0.02
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
