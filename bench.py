@@ -9,7 +9,9 @@ over rounds x steps after warm-up, MFU against the machine's peak (a GPU table, 
 peak at the precision in use), and peak memory (CUDA: allocator peak; CPU: resident memory a fresh process
 adds during its first steps). --compare runs the two setups in one process, alternating rounds, so their
 ratio holds on a noisy machine; B defaults to A's config plus B's overrides.
-Sampling: tokens/s generating --sample-tokens tokens with the KV cache and with a full forward per token.
+Sampling: tokens/s generating --sample-tokens tokens in fp32 (as sample.py does) with the KV cache, with a full
+forward per token over the same windows, and with nanoGPT's generator (a full forward over the last block_size
+tokens per token).
 Memory: peak training memory at batch size 1 as the context grows (T = 512 ... 4096).
 """
 
@@ -21,12 +23,13 @@ import multiprocessing as mp
 import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from model import generate
+from model import generate, sample_next
 from tinygpt.config import Config, load_config
 from tinygpt.errors import UserError, run_cli
 from tinygpt.hardware import peak_flops
@@ -174,24 +177,36 @@ def memory_scaling(s: Setup) -> list[dict]:
     return rows
 
 
+def nanogpt_generate(model: torch.nn.Module, idx: torch.Tensor, n_tokens: int, generator: torch.Generator) -> None:
+    """nanoGPT's generator, for comparison: crop to the last block_size tokens, one full forward per token."""
+    for _ in range(n_tokens):
+        logits, _ = model(idx[:, -model.config.block_size:], last_only=True)
+        idx = torch.cat([idx, sample_next(logits[:, -1], 1.0, None, None, generator)[:, None]], dim=1)
+
+
 def sampling(s: Setup, n_tokens: int) -> dict:
+    """Tokens/s generating n_tokens at temperature 1 from a one-token prompt, in fp32 as sample.py generates:
+    with the KV cache, with a full forward per token over the same windows, and with nanoGPT's generator (a
+    full forward over the last block_size tokens per token)."""
     model = s.run.raw_model.eval()
     torch.set_num_threads(s.threads)
     prompt = torch.zeros((1, 1), dtype=torch.long, device=s.rt.device)
     out = {"setup": s.label, "new_tokens": n_tokens, "context": s.cfg.model.block_size}
-    with s.rt.autocast():  # warm up both paths
-        for use_cache in (True, False):
-            for _ in generate(model, prompt, 8, 1.0, None, None, None, use_cache=use_cache):
-                pass
-    for use_cache in (True, False):
-        gen = torch.Generator(device=s.rt.device).manual_seed(0)
-        start = time.perf_counter()
-        with s.rt.autocast():
-            for _ in generate(model, prompt, n_tokens, 1.0, None, None, gen, use_cache=use_cache):
-                pass
-        s.rt.synchronize()
-        out["kv_cache_tok_s" if use_cache else "full_recompute_tok_s"] = round(n_tokens / (time.perf_counter() - start), 1)
+    runs = {"kv_cache_tok_s": lambda gen: deque(generate(model, prompt, n_tokens, 1.0, None, None, gen), 0),
+            "full_recompute_tok_s": lambda gen: deque(generate(model, prompt, n_tokens, 1.0, None, None, gen,
+                                                               use_cache=False), 0),
+            "nanogpt_tok_s": lambda gen: nanogpt_generate(model, prompt, n_tokens, gen)}
+    with torch.no_grad():
+        for use_cache in (True, False):  # warm up
+            deque(generate(model, prompt, 8, 1.0, None, None, None, use_cache=use_cache), 0)
+        for key, fn in runs.items():
+            gen = torch.Generator(device=s.rt.device).manual_seed(0)
+            start = time.perf_counter()
+            fn(gen)
+            s.rt.synchronize()
+            out[key] = round(n_tokens / (time.perf_counter() - start), 1)
     out["speedup"] = round(out["kv_cache_tok_s"] / out["full_recompute_tok_s"], 2)
+    out["speedup_vs_nanogpt"] = round(out["kv_cache_tok_s"] / out["nanogpt_tok_s"], 2)
     model.train()
     return out
 

@@ -107,7 +107,7 @@ class CausalSelfAttention(nn.Module):
             dtype = queries.dtype
             upcast = dtype == torch.bfloat16 and x.device.type == "cpu"
             if upcast:
-                # PyTorch's CPU flash kernel is several times slower in bf16 than in fp32 (8.2 vs 1.3 ms
+                # PyTorch's CPU flash kernel is several times slower in bf16 than in fp32 (6.8 vs 1.0 ms
                 # forward + backward at B=12, H=4, T=64, d=32; BENCHMARKS.md): attend in fp32 there,
                 # outside autocast, which would cast back to bf16.
                 queries, keys, values = queries.float(), keys.float(), values.float()

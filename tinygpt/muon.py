@@ -3,7 +3,8 @@
 Muon (Jordan et al. 2024) replaces each 2-D weight's momentum update by its nearest semi-orthogonal matrix,
 found with five Newton-Schulz iterations in bf16. torch.optim.Muon (torch >= 2.9) runs them matrix by matrix;
 for the small matrices of a small GPT that is a long chain of tiny matrix products, and on a CPU the optimizer
-step cost more than half a forward-backward pass (17 ms vs 10 ms here for 4 layers x 128; BENCHMARKS.md).
+step took 18-25 ms for the 16 hidden matrices of a 4 x 128 model, about half a whole training step. Batched,
+it takes 11-14 ms (BENCHMARKS.md).
 
 This version computes the same update (same coefficients, Nesterov momentum, learning rate scaled by
 sqrt(max(1, rows / cols)), decoupled weight decay) but orthogonalises all matrices that share their short

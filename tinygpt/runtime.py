@@ -78,12 +78,12 @@ def cpu_has_bf16_matmul() -> bool:
 
 def cpu_auto_precision(n_embd: int) -> str:
     """bf16 on a CPU with bf16 matrix units once the model is wide enough that the faster matrix products
-    outweigh the casts autocast adds around them; fp32 below that. The crossover is measured in
-    BENCHMARKS.md ("CPU precision")."""
+    clearly outweigh the casts autocast adds around them; fp32 below that. The crossover is measured in
+    BENCHMARKS.md ("bf16 autocast: where it pays")."""
     return "bf16" if cpu_has_bf16_matmul() and n_embd >= CPU_BF16_MIN_WIDTH else "fp32"
 
 
-CPU_BF16_MIN_WIDTH = 128  # measured crossover: fp32 wins at 64, even at 96, bf16 1.24x at 128 (BENCHMARKS.md)
+CPU_BF16_MIN_WIDTH = 128  # bf16 gains 0-10% (within noise) at 64 and 96 wide, 1.25x at 128, 1.8x at 256
 
 
 def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:
