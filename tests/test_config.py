@@ -51,6 +51,7 @@ def test_configs_are_found_by_name():
     (["model.n_layer=-2"], "model.n_layer: must be a positive integer, got -2"),
     (["optim.lr=-1"], "optim.lr: must be positive"),
     (["train.max_iters"], "override 'train.max_iters' must look like section.key=value"),
+    (["optim.name=muon", "train.parallel=fsdp"], "optim.name: muon needs whole matrices and cannot run on FSDP"),
 ])
 def test_bad_values_name_the_key_and_source(overrides, message):
     with pytest.raises(UserError) as e:

@@ -196,6 +196,9 @@ def problems(cfg: Config) -> list[tuple[str, str]]:
     for k, v in (("optim.beta1", o.beta1), ("optim.beta2", o.beta2), ("optim.muon_momentum", o.muon_momentum)):
         if not 0.0 <= v < 1.0:
             out.append((k, f"must be in [0, 1), got {v}"))
+    if o.name == "muon" and t.parallel == "fsdp":
+        out.append(("optim.name", "muon needs whole matrices and cannot run on FSDP shards; use "
+                                  "train.parallel=ddp or optim.name=adamw"))
     if not cfg.data.dataset or "/" in cfg.data.dataset:
         out.append(("data.dataset", f"must be a dataset folder name, got {cfg.data.dataset!r}"))
     return out

@@ -19,7 +19,6 @@ import math
 import torch
 
 from tinygpt.config import OptimConfig
-from tinygpt.errors import UserError
 from tinygpt.muon import Muon
 
 
@@ -36,9 +35,6 @@ def make_optimizers(model: torch.nn.Module, cfg: OptimConfig, device: torch.devi
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     muon_names: set[str] = set()
     if cfg.name == "muon":
-        if any(type(p).__name__ == "DTensor" for p in params.values()):
-            raise UserError("optim.name=muon needs whole matrices and cannot run on FSDP shards; "
-                            "use train.parallel=ddp or optim.name=adamw")
         muon_names = {n for n, p in params.items() if p.dim() == 2 and n.startswith("blocks.")}
     decay = [p for n, p in params.items() if p.dim() >= 2 and n not in muon_names]
     no_decay = [p for n, p in params.items() if p.dim() < 2]
