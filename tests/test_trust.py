@@ -35,16 +35,17 @@ def start(data_dir: Path, out: Path, *args: str) -> subprocess.Popen:
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def test_sigterm_writes_a_checkpoint_and_says_how_to_resume(data_dir: Path, tmp_path: Path):
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_writes_a_checkpoint_and_says_how_to_resume(data_dir: Path, tmp_path: Path, sig, code):
     proc = start(data_dir, tmp_path / "out", "train.max_iters=100000", "train.eval_interval=1000")
     for line in proc.stdout:
         if line.startswith("iter 0:"):
             time.sleep(0.5)
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(sig)
             break
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
-    assert "SIGTERM: finishing this step" in err and "resume with: python train.py" in err
+    assert proc.returncode == code, err
+    assert f"{sig.name}: finishing this step" in err and "resume with: python train.py" in err
     state = checkpoint.load_train_state(tmp_path / "out" / "last")
     assert state["iter"] > 0
 
