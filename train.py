@@ -162,7 +162,7 @@ def main(argv: list[str]) -> int:
             record = {"iter": it, "train_loss": round(losses["train"], 5), "val_loss": round(losses["val"], 5),
                       "lr": lr, "tokens": it * tokens_per_iter, "elapsed_s": round(train_time, 3)}
             if cfg.log.head_scores and (rt.is_main or cfg.train.parallel == "fsdp"):  # FSDP: all ranks gather
-                record["heads"] = heads.training_scores(run.raw_model, splits["val"])
+                record["heads"] = heads.score_heads(run.raw_model, splits["val"])
                 tracker.step(it, heads.flat_scores(record["heads"]))
             tracker.eval(record)
             if rt.is_main:

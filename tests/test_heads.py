@@ -19,7 +19,7 @@ from model import GPT, GPTConfig
 from tinygpt import checkpoint
 from tinygpt.errors import UserError
 from tinygpt.heads import (ROLES, flat_scores, icl_differences, icl_positions, plot_training, repeat_losses,
-                           repeat_scores, repeated_tokens, score_heads, strongest_heads, text_scores, training_scores)
+                           repeat_scores, repeated_tokens, score_heads, strongest_heads, text_scores)
 
 T, N = 10, 6  # real-text windows of T tokens; [R, R] sequences with len(R) = N
 
@@ -126,18 +126,18 @@ def val_windows(tmp_path: Path) -> TokenWindows:
     return TokenWindows(tmp_path / "val.bin", "uint16", 16, torch.device("cpu"), 0, "val")
 
 
-def test_training_scores_keep_the_mode_and_the_global_rng(val_windows: TokenWindows):
+def test_scores_keep_the_mode_and_the_global_rng(val_windows: TokenWindows):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=3, n_embd=24, dropout=0.1)).train()
     rng = torch.get_rng_state()
-    scores = training_scores(model, val_windows, seed=1)
+    scores = score_heads(model, val_windows, seed=1)
     assert model.training and torch.equal(torch.get_rng_state(), rng)
     for role in ROLES:
         assert np.array(scores[role]).shape == (2, 3) and 0.0 <= np.min(scores[role]) <= np.max(scores[role]) <= 1.0
     assert scores["repeat_length"] == 8 and scores["icl_positions"] == [0, 15]
     model.eval()
-    assert scores == training_scores(model, val_windows, seed=1) and not model.training  # dropout was off
-    assert scores["induction"] != training_scores(model, val_windows, seed=2)["induction"]
+    assert scores == score_heads(model, val_windows, seed=1) and not model.training  # dropout was off
+    assert scores["induction"] != score_heads(model, val_windows, seed=2)["induction"]
 
 
 def test_scores_of_a_large_model_are_computed_in_chunks(val_windows: TokenWindows, monkeypatch):
@@ -178,7 +178,7 @@ def train_induction(config: str, data_dir: Path, out: Path) -> dict:
     meta = load_meta(data_dir / "repeats")
     val = TokenWindows(data_dir / "repeats" / "val.bin", meta["dtype"], cfg.model.block_size, torch.device("cpu"),
                        cfg.train.seed, "val")
-    return training_scores(model, val)
+    return score_heads(model, val)
 
 
 @pytest.fixture(scope="module")

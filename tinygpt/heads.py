@@ -28,7 +28,8 @@ Model-level numbers:
   paper's 500th vs 50th token), averaged over validation windows; negative when later tokens, which see
   more context, are predicted better.
 
-heads.py calls `score_heads`; train.py, with log.head_scores: true, calls `training_scores` at each eval,
+heads.py calls `score_heads`; train.py, with log.head_scores: true, calls it at its defaults at each eval
+(about 0.1 s for the 2-layer induction model, 2-3 s for 6 x 384 with a 256 context on a CPU),
 prints `strongest_heads`, logs `flat_scores` and draws `plot_training` at the end. Attention weights are
 materialised a chunk of windows at a time (ATTENTION_BYTES), so a GPT-2-sized model can be scored too.
 """
@@ -128,7 +129,8 @@ def score_heads(model: GPT, val: TokenWindows, seed: int = 0, *, sequences: int 
 
     `windows` validation windows (default: about 8k tokens' worth) come from `val`'s stream 2; `sequences`
     [R, R] sequences from `seed`. Runs in eval mode without gradients and puts the model back in the mode
-    it was in; the global random generators are not touched.
+    it was in; the global random generators are not touched. Pass the unwrapped model (not the DDP or
+    compiled one).
     """
     cfg = model.config
     device = next(model.parameters()).device
@@ -156,13 +158,6 @@ def score_heads(model: GPT, val: TokenWindows, seed: int = 0, *, sequences: int 
     return {**scores, "icl_score": _mean(icl), "repeat_loss_first_half": _mean(first),
             "repeat_loss_second_half": _mean(second), "repeat_length": n,
             "icl_positions": list(icl_positions(cfg.block_size))}
-
-
-def training_scores(model: GPT, val: TokenWindows, seed: int = 0) -> dict:
-    """The scores train.py records at each eval (log.head_scores: true): `score_heads` at its defaults,
-    about 0.1 s for the 2-layer induction model, 2-3 s for 6 x 384 with a 256 context on a CPU. Pass the
-    unwrapped model (not the DDP or compiled one)."""
-    return score_heads(model, val, seed)
 
 
 def strongest(table: list[list[float]]) -> tuple[int, int, float]:
