@@ -4,20 +4,21 @@
     python bench.py [CONFIG] [k=v ...] --compare [CONFIG2] [k=v ...]       # two setups, alternately
     options: --steps N --rounds R --warmup W --only train,sample,memory --sample-tokens N --json PATH
 
-Training: the real train step (tinygpt/trainer.py) on the config's dataset: median ms/iteration and tokens/s
+Training: the real train step (training/trainer.py) on the config's dataset: median ms/iteration and tokens/s
 over rounds x steps after warm-up, MFU against the machine's peak (a GPU table, or this CPU's measured matmul
 peak at the precision in use), and peak memory (CUDA: allocator peak; CPU: resident memory a fresh process
 adds during its first steps). --compare runs the two setups in one process, alternating rounds, so their
 ratio holds on a noisy machine; B defaults to A's config plus B's overrides.
-Sampling: tokens/s generating --sample-tokens tokens in fp32 (as sample.py does) with the KV cache, with a full
-forward per token over the same windows, and with nanoGPT's generator (a full forward over the last block_size
-tokens per token).
+Sampling: tokens/s generating --sample-tokens tokens in fp32 (as sample.py does) with the KV cache, with a
+full forward per token over the same windows, and with nanoGPT's generator (a full forward over the last
+block_size tokens per token).
 Memory: peak training memory at batch size 1 as the context grows (T = 512 ... 4096).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing as mp
 import statistics
@@ -29,13 +30,13 @@ from pathlib import Path
 
 import torch
 
+from common.errors import UserError, run_cli
 from model import generate, sample_next
-from tinygpt.config import Config, load_config
-from tinygpt.errors import UserError, run_cli
-from tinygpt.hardware import peak_flops
-from tinygpt.optim import set_lr
-from tinygpt.runtime import Runtime, setup
-from tinygpt.trainer import Run, build, load_dataset, train_step
+from training.config import Config, load_config
+from training.hardware import peak_flops
+from training.optim import set_lr
+from training.runtime import Runtime, setup
+from training.trainer import Run, build, load_dataset, train_step
 
 CONTEXTS = (512, 1024, 2048, 4096)
 
@@ -55,7 +56,7 @@ class Setup:
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str | None, list[str]]]]:
     options = {"--steps", "--rounds", "--warmup", "--only", "--sample-tokens", "--json"}
-    groups, current, flags = [[]], [], []
+    groups, flags = [[]], []
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -75,7 +76,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str | None, l
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compile happens here)")
     p.add_argument("--only", default="train,sample,memory", help="which measurements (default: all)")
     p.add_argument("--sample-tokens", type=int, default=1000)
-    p.add_argument("--json", default="bench/last.json", help="where to write the results (default %(default)s)")
+    p.add_argument(
+        "--json", default="bench/last.json", help="where to write the results (default %(default)s)"
+    )
     args = p.parse_args(flags)
     setups = []
     for k, g in enumerate(groups):
@@ -119,11 +122,20 @@ def train_result(s: Setup) -> dict:
         memory = torch.cuda.max_memory_allocated(rt.device) / 2**20
     else:
         memory = peak_memory_mb(s.config, s.overrides)
-    return {"setup": s.label, "params_M": round(run.raw_model.num_params() / 1e6, 3),
-            "tokens_per_iter": run.tokens_per_iter, "ms_per_iter": round(ms, 2), "tokens_per_s": round(tok_s),
-            "mfu": round(flops / peak, 4) if peak else None, "peak_mem_MB": round(memory, 1),
-            "precision": rt.precision, "compile": run.step_model is not run.model, "threads": s.threads,
-            "device": str(rt.device), "steps_timed": len(s.times)}
+    return {
+        "setup": s.label,
+        "params_M": round(run.raw_model.num_params() / 1e6, 3),
+        "tokens_per_iter": run.tokens_per_iter,
+        "ms_per_iter": round(ms, 2),
+        "tokens_per_s": round(tok_s),
+        "mfu": round(flops / peak, 4) if peak else None,
+        "peak_mem_MB": round(memory, 1),
+        "precision": rt.precision,
+        "compile": run.step_model is not run.model,
+        "threads": s.threads,
+        "device": str(rt.device),
+        "steps_timed": len(s.times),
+    }
 
 
 def _memory_probe(config: str | None, overrides: list[str]) -> float:
@@ -143,9 +155,10 @@ def _memory_probe(config: str | None, overrides: list[str]) -> float:
 
 
 def _status_mb(field: str) -> float:
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
     raise UserError(f"/proc/self/status has no {field}: CPU memory measurement needs Linux")
 
 
@@ -172,15 +185,17 @@ def memory_scaling(s: Setup) -> list[dict]:
         else:
             mb = peak_memory_mb(s.config, overrides)
         rows.append({"setup": s.label, "context": T, "peak_train_mem_MB": round(mb, 1)})
-    for a, b in zip(rows, rows[1:]):
+    for a, b in itertools.pairwise(rows):
         b["growth_vs_previous"] = round(b["peak_train_mem_MB"] / a["peak_train_mem_MB"], 2)
     return rows
 
 
-def nanogpt_generate(model: torch.nn.Module, idx: torch.Tensor, n_tokens: int, generator: torch.Generator) -> None:
+def nanogpt_generate(
+    model: torch.nn.Module, idx: torch.Tensor, n_tokens: int, generator: torch.Generator
+) -> None:
     """nanoGPT's generator, for comparison: crop to the last block_size tokens, one full forward per token."""
     for _ in range(n_tokens):
-        logits, _ = model(idx[:, -model.config.block_size:], last_only=True)
+        logits, _ = model(idx[:, -model.config.block_size :], last_only=True)
         idx = torch.cat([idx, sample_next(logits[:, -1], 1.0, None, None, generator)[:, None]], dim=1)
 
 
@@ -192,10 +207,13 @@ def sampling(s: Setup, n_tokens: int) -> dict:
     torch.set_num_threads(s.threads)
     prompt = torch.zeros((1, 1), dtype=torch.long, device=s.rt.device)
     out = {"setup": s.label, "new_tokens": n_tokens, "context": s.cfg.model.block_size}
-    runs = {"kv_cache_tok_s": lambda gen: deque(generate(model, prompt, n_tokens, 1.0, None, None, gen), 0),
-            "full_recompute_tok_s": lambda gen: deque(generate(model, prompt, n_tokens, 1.0, None, None, gen,
-                                                               use_cache=False), 0),
-            "nanogpt_tok_s": lambda gen: nanogpt_generate(model, prompt, n_tokens, gen)}
+    runs = {
+        "kv_cache_tok_s": lambda gen: deque(generate(model, prompt, n_tokens, 1.0, None, None, gen), 0),
+        "full_recompute_tok_s": lambda gen: deque(
+            generate(model, prompt, n_tokens, 1.0, None, None, gen, use_cache=False), 0
+        ),
+        "nanogpt_tok_s": lambda gen: nanogpt_generate(model, prompt, n_tokens, gen),
+    }
     with torch.no_grad():
         for use_cache in (True, False):  # warm up
             deque(generate(model, prompt, 8, 1.0, None, None, None, use_cache=use_cache), 0)
@@ -216,7 +234,9 @@ def table(rows: list[dict]) -> str:
     cells = [[str(r.get(k, "")) for k in keys] for r in rows]
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
     line = "  ".join(k.ljust(w) for k, w in zip(keys, widths))
-    return "\n".join([line, "-" * len(line)] + ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells])
+    return "\n".join(
+        [line, "-" * len(line)] + ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -228,10 +248,16 @@ def main(argv: list[str]) -> int:
     setups = [Setup("AB"[i] if len(groups) > 1 else "A", c, o) for i, (c, o) in enumerate(groups)]
     for s in setups:
         prepare(s, main_threads)
-        print(f"{s.label}: {s.config or 'default config'} {' '.join(s.overrides)} "
-              f"[{s.rt.device}, {s.rt.precision}, {s.threads} threads]", file=sys.stderr)
-    results: dict = {"command": "python bench.py " + " ".join(argv), "date": time.strftime("%Y-%m-%d %H:%M"),
-                     "torch": torch.__version__}
+        print(
+            f"{s.label}: {s.config or 'default config'} {' '.join(s.overrides)} "
+            f"[{s.rt.device}, {s.rt.precision}, {s.threads} threads]",
+            file=sys.stderr,
+        )
+    results: dict = {
+        "command": "python bench.py " + " ".join(argv),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "torch": torch.__version__,
+    }
     if "train" in only:
         for s in setups:
             timed_steps(s, args.warmup, record=False)

@@ -10,7 +10,7 @@ pictures and scores go to the run's heads/ folder (or --out):
     attention_L{L}H{H}.png   one head enlarged, with --layer L --head H
     head_scores.json, .png   every head's previous-token, duplicate-token, induction, first-token and
                              current-token score, the in-context learning score and the repeated-sequence loss
-and the role tables are printed. The scores are defined in tinygpt/heads.py; the real-text ones use the
+and the role tables are printed. The scores are defined in interp/scores.py; the real-text ones use the
 validation split of the dataset the model was trained on. Without a prompt, the start of that split is used.
 """
 
@@ -24,29 +24,40 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.errors import UserError, run_cli
 from data.loader import TokenWindows
 from data.prepare import DATA_DIR, ensure_prepared, load_meta
+from data.prompts import checkpoint_and_prompt_parser, encode_prompt, read_prompt
 from data.tokenizers import from_meta
-from sample import checkpoint_and_prompt_parser, encode_prompt, read_prompt
-from tinygpt import checkpoint
-from tinygpt.errors import UserError, run_cli
-from tinygpt.heads import ROLES, THRESHOLD, role_name, score_heads
-from tinygpt.heads_plot import MAX_LABELS, plot_head, plot_layer, plot_scores
-from tinygpt.runtime import pick_device
+from interp.plots import MAX_LABELS, plot_head, plot_layer, plot_scores
+from interp.scores import ROLES, THRESHOLD, role_name, score_heads
+from training import checkpoint
+from training.runtime import pick_device
 
 DEFAULT_PROMPT_TOKENS = 40  # without --prompt: this many tokens from the start of the validation split
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = checkpoint_and_prompt_parser("python heads.py", __doc__.split("\n\n")[0],
-                                     "text whose attention maps to draw (default: the start of the val split)")
+    p = checkpoint_and_prompt_parser(
+        "python heads.py",
+        __doc__.split("\n\n")[0],
+        "text whose attention maps to draw (default: the start of the val split)",
+    )
     p.add_argument("--layer", type=int, help="with --head: also draw this head enlarged")
     p.add_argument("--head", type=int, help="with --layer: also draw this head enlarged")
     p.add_argument("--out", help="folder for the pictures and scores (default: OUT_DIR's heads/)")
-    p.add_argument("--sequences", type=int, default=16, help="[R, R] sequences for the duplicate and induction "
-                   "scores (default: %(default)s)")
-    p.add_argument("--windows", type=int, default=None, help="validation windows for the real-text scores "
-                   "(default: 8k tokens' worth, at least 16)")
+    p.add_argument(
+        "--sequences",
+        type=int,
+        default=16,
+        help="[R, R] sequences for the duplicate and induction scores (default: %(default)s)",
+    )
+    p.add_argument(
+        "--windows",
+        type=int,
+        default=None,
+        help="validation windows for the real-text scores (default: 8k tokens' worth, at least 16)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random sequences (default: %(default)s)")
     p.add_argument("--data-dir", help="where the training dataset is prepared (default: the run's data.dir)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
@@ -55,13 +66,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace, n_layer: int, n_head: int) -> None:
     if (args.layer is None) != (args.head is None):
-        raise UserError("give --layer and --head together to draw one head enlarged (e.g. --layer 1 --head 0)")
+        raise UserError(
+            "give --layer and --head together to draw one head enlarged (e.g. --layer 1 --head 0)"
+        )
     if args.layer is not None and not 0 <= args.layer < n_layer:
-        raise UserError(f"--layer must be between 0 and {n_layer - 1} (the model has {n_layer} layers), "
-                        f"got {args.layer}")
+        raise UserError(
+            f"--layer must be between 0 and {n_layer - 1} (the model has {n_layer} layers), got {args.layer}"
+        )
     if args.head is not None and not 0 <= args.head < n_head:
-        raise UserError(f"--head must be between 0 and {n_head - 1} (each layer has {n_head} heads), "
-                        f"got {args.head}")
+        raise UserError(
+            f"--head must be between 0 and {n_head - 1} (each layer has {n_head} heads), got {args.head}"
+        )
     for name in ("sequences", "windows"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}")
@@ -73,14 +88,16 @@ def validation_split(cfg, tok_meta: dict, data_dir: str | None, device: torch.de
     path = ensure_prepared(cfg.data.dataset, root)
     meta = load_meta(path)
     if meta["tokenizer"] != tok_meta:
-        raise UserError(f"the dataset in {path} has another tokenizer than the checkpoint; point --data-dir "
-                        "at the data the model was trained on")
+        raise UserError(
+            f"the dataset in {path} has another tokenizer than the checkpoint; point --data-dir "
+            "at the data the model was trained on"
+        )
     return TokenWindows(path / "val.bin", meta["dtype"], cfg.model.block_size, device, cfg.train.seed, "val")
 
 
 def default_prompt(val: TokenWindows, block_size: int) -> list[int]:
     data = np.memmap(val.path, dtype=val.dtype, mode="r")
-    return data[:min(block_size, DEFAULT_PROMPT_TOKENS)].astype(np.int64).tolist()
+    return data[: min(block_size, DEFAULT_PROMPT_TOKENS)].astype(np.int64).tolist()
 
 
 def token_labels(ids: list[int], tokenizer) -> list[str]:
@@ -100,14 +117,21 @@ def format_tables(scores: dict) -> str:
         lines.append(f"{role_name(role):<16}" + "".join(f"{'H' + str(h):>6}" for h in range(n_head)))
         for layer, row in enumerate(scores[role]):
             lines.append(f"  L{layer:<14}" + "".join(f"{v:6.2f}" for v in row))
-    roles = [f"L{layer}H{head} {role_name(role)} {v:.2f}" for role in ROLES
-             for layer, row in enumerate(scores[role]) for head, v in enumerate(row) if v >= THRESHOLD]
+    roles = [
+        f"L{layer}H{head} {role_name(role)} {v:.2f}"
+        for role in ROLES
+        for layer, row in enumerate(scores[role])
+        for head, v in enumerate(row)
+        if v >= THRESHOLD
+    ]
     early, late = scores["icl_positions"]
-    lines += [f"heads with a role (score >= {THRESHOLD}): {', '.join(roles) or 'none'}",
-              f"in-context learning score: {scores['icl_score']:+.3f} (loss at context position {late} minus "
-              f"at position {early}, validation windows)",
-              f"repeated-sequence loss: {scores['repeat_loss_first_half']:.3f} on the first half, "
-              f"{scores['repeat_loss_second_half']:.3f} on the second (R of {scores['repeat_length']} tokens)"]
+    lines += [
+        f"heads with a role (score >= {THRESHOLD}): {', '.join(roles) or 'none'}",
+        f"in-context learning score: {scores['icl_score']:+.3f} (loss at context position {late} minus "
+        f"at position {early}, validation windows)",
+        f"repeated-sequence loss: {scores['repeat_loss_first_half']:.3f} on the first half, "
+        f"{scores['repeat_loss_second_half']:.3f} on the second (R of {scores['repeat_length']} tokens)",
+    ]
     return "\n".join(lines)
 
 
@@ -127,8 +151,13 @@ def main(argv: list[str]) -> int:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UserError(f"cannot create {out} ({e.strerror or e}); choose another folder with --out") from None
-    print(f"heads of {ckpt}: {mc.n_layer} layers x {mc.n_head} heads; prompt of {len(ids)} tokens", file=sys.stderr)
+        raise UserError(
+            f"cannot create {out} ({e.strerror or e}); choose another folder with --out"
+        ) from None
+    print(
+        f"heads of {ckpt}: {mc.n_layer} layers x {mc.n_head} heads; prompt of {len(ids)} tokens",
+        file=sys.stderr,
+    )
 
     _, weights = model.attention_weights(torch.tensor([ids], dtype=torch.long, device=device))
     labels = token_labels(ids, tokenizer) if len(ids) <= MAX_LABELS else None
@@ -138,8 +167,13 @@ def main(argv: list[str]) -> int:
         plot_layer(w[0].float().cpu().numpy(), labels, layer, written[-1])
     if args.layer is not None:
         written.append(out / f"attention_L{args.layer}H{args.head}.png")
-        plot_head(weights[args.layer][0, args.head].float().cpu().numpy(), labels, args.layer, args.head,
-                  written[-1])
+        plot_head(
+            weights[args.layer][0, args.head].float().cpu().numpy(),
+            labels,
+            args.layer,
+            args.head,
+            written[-1],
+        )
 
     scores = score_heads(model, val, args.seed, sequences=args.sequences, windows=args.windows)
     print(format_tables(scores))

@@ -12,34 +12,29 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-from data.tokenizers import UnknownCharacters, from_meta
+from common.errors import UserError, run_cli
+from data.prompts import checkpoint_and_prompt_parser, encode_prompt, read_prompt
+from data.tokenizers import from_meta
 from model import generate
-from tinygpt import checkpoint
-from tinygpt.errors import UserError, run_cli
-from tinygpt.runtime import pick_device
-
-
-def checkpoint_and_prompt_parser(prog: str, description: str, prompt_help: str) -> argparse.ArgumentParser:
-    """The arguments sample.py and heads.py share: OUT_DIR and --prompt / --prompt-file."""
-    p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("out_dir", help="a training run's out_dir, or one checkpoint folder in it")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", help=prompt_help)
-    src.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
-    return p
+from training import checkpoint
+from training.runtime import pick_device
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = checkpoint_and_prompt_parser("python sample.py", __doc__.split("\n\n")[0],
-                                     "text to continue (default: a newline, or <|endoftext|> for BPE)")
+    p = checkpoint_and_prompt_parser(
+        "python sample.py",
+        __doc__.split("\n\n")[0],
+        "text to continue (default: a newline, or <|endoftext|> for BPE)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=500)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="sample among the most likely tokens holding mass p")
+    p.add_argument(
+        "--top-p", type=float, default=None, help="sample among the most likely tokens holding mass p"
+    )
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
@@ -59,39 +54,10 @@ def check_args(args: argparse.Namespace, vocab_size: int) -> None:
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
 
 
-def read_prompt(args: argparse.Namespace, tokenizer) -> str:
-    if args.prompt_file is not None:
-        try:
-            return Path(args.prompt_file).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise UserError(f"prompt file {args.prompt_file} not found") from None
-        except UnicodeDecodeError:
-            raise UserError(f"prompt file {args.prompt_file} is not UTF-8 text") from None
-    if args.prompt is not None:
-        return args.prompt
-    return "\n" if tokenizer.eot_token is None else ""
-
-
-def encode_prompt(text: str, tokenizer, block_size: int) -> list[int]:
-    if text == "" and tokenizer.eot_token is not None:
-        return [tokenizer.eot_token]
-    if text == "":
-        raise UserError("the prompt is empty; give some text with --prompt")
-    try:
-        ids = tokenizer.encode(text).tolist()
-    except UnknownCharacters as e:
-        raise UserError(f"the prompt has {e}; this model's vocabulary has only the characters of its "
-                        "training text") from None
-    if len(ids) > block_size:
-        raise UserError(f"the prompt is {len(ids)} tokens, longer than the model's context of {block_size}; "
-                        "shorten it")
-    return ids
-
-
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
-    model, cfg, tok_meta, ckpt = checkpoint.load_model(args.out_dir, device)
+    model, _, tok_meta, ckpt = checkpoint.load_model(args.out_dir, device)
     tokenizer = from_meta(tok_meta)
     check_args(args, model.config.vocab_size)
     ids = encode_prompt(read_prompt(args, tokenizer), tokenizer, model.config.block_size)
@@ -102,8 +68,9 @@ def main(argv: list[str]) -> int:
         decode = tokenizer.stream_decoder()
         if ids != [tokenizer.eot_token]:
             sys.stdout.write(decode(ids))
-        for token in generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                              generator):
+        for token in generate(
+            model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, generator
+        ):
             sys.stdout.write(decode(token.tolist()))
             sys.stdout.flush()
         sys.stdout.write("\n" if i == args.num_samples - 1 else "\n---------------\n")

@@ -18,21 +18,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tinygpt.errors import UserError
+from common.errors import UserError
 
 
 class TokenWindows:
-    def __init__(self, path: Path | str, dtype: str, block_size: int, device: torch.device, seed: int,
-                 split: str):
+    def __init__(
+        self, path: Path | str, dtype: str, block_size: int, device: torch.device, seed: int, split: str
+    ):
         self.path, self.dtype, self.block_size = str(path), np.dtype(dtype), block_size
         self.device, self.seed, self.split_id = device, seed, 0 if split == "train" else 1
         if not Path(self.path).is_file():
             raise UserError(f"{self.path} is missing; prepare the dataset again (python -m data.prepare ...)")
         self.n_tokens = Path(self.path).stat().st_size // self.dtype.itemsize
         if self.n_tokens < block_size + 1:
-            raise UserError(f"model.block_size={block_size} needs windows of {block_size + 1} tokens, but the "
-                            f"{split} split ({self.path}) has only {self.n_tokens}; lower model.block_size "
-                            "or use more text")
+            raise UserError(
+                f"model.block_size={block_size} needs windows of {block_size + 1} tokens, but the "
+                f"{split} split ({self.path}) has only {self.n_tokens}; lower model.block_size "
+                "or use more text"
+            )
         self._arange = np.arange(block_size + 1, dtype=np.int64)
 
     def batch(self, key: int, batch_size: int, stream: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,6 +48,8 @@ class TokenWindows:
         del data
         x, y = windows[:, :-1], windows[:, 1:]
         if self.device.type == "cuda":
-            return (x.pin_memory().to(self.device, non_blocking=True),
-                    y.pin_memory().to(self.device, non_blocking=True))
+            return (
+                x.pin_memory().to(self.device, non_blocking=True),
+                y.pin_memory().to(self.device, non_blocking=True),
+            )
         return x.contiguous().to(self.device), y.contiguous().to(self.device)

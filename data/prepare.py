@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a file: python data/prepare.py
 from data.repeats import Repeats
 from data.sources import HFText, TextFile
 from data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, from_meta
-from tinygpt.errors import UserError, run_cli
+from common.errors import UserError, run_cli
 
 DATA_DIR = Path(__file__).resolve().parent
 SHAKESPEARE = str(DATA_DIR / "tinyshakespeare.txt")

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
-from tinygpt.errors import UserError
+from common.errors import UserError
 
 PIECE = 1 << 16  # characters per yielded piece
 

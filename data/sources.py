@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from tinygpt.errors import UserError
+from common.errors import UserError
 
 BLOCK = 1 << 20  # bytes read at a time
 

@@ -13,7 +13,7 @@ from typing import Iterable, Protocol
 
 import numpy as np
 
-from tinygpt.errors import UserError
+from common.errors import UserError
 
 BPE_ALIASES = {"gpt2": "r50k_base"}
 

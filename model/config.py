@@ -1,6 +1,6 @@
 """The shape and options of a GPT, and the checks that say which field is wrong.
 
-`GPTConfig` is a plain dataclass: the model section of a training config (see `tinygpt/config.py`),
+`GPTConfig` is a plain dataclass: the model section of a training config (see `training/config.py`),
 stored as YAML beside every checkpoint. The defaults describe a GPT-2 style network (learned positions,
 LayerNorm, GELU MLP, tied LM head); every other option is off unless a config turns it on.
 """
@@ -56,14 +56,23 @@ class GPTConfig:
         if out:
             return out
         if self.n_embd % self.n_head:
-            out.append(("n_embd", f"{self.n_embd} is not divisible by n_head={self.n_head}; "
-                        f"heads have size n_embd/n_head (try n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))})"))
+            out.append(
+                (
+                    "n_embd",
+                    f"{self.n_embd} is not divisible by n_head={self.n_head}; heads have size "
+                    f"n_embd/n_head (try n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))})",
+                )
+            )
         elif self.pos_emb == "rope" and self.head_dim % 2:
-            out.append(("n_embd", f"rotary embeddings need an even head size, got n_embd/n_head={self.head_dim}"))
+            out.append(
+                ("n_embd", f"rotary embeddings need an even head size, got n_embd/n_head={self.head_dim}")
+            )
         if not 0.0 <= self.dropout < 1.0:
             out.append(("dropout", f"must be in [0, 1), got {self.dropout}"))
         if self.n_kv_head is not None and (self.n_kv_head <= 0 or self.n_head % self.n_kv_head):
-            out.append(("n_kv_head", f"must be a positive divisor of n_head={self.n_head}, got {self.n_kv_head}"))
+            out.append(
+                ("n_kv_head", f"must be a positive divisor of n_head={self.n_head}, got {self.n_kv_head}")
+            )
         if self.window is not None and self.window <= 0:
             out.append(("window", f"must be a positive number of tokens or null, got {self.window}"))
         if self.mlp_ratio <= 0:
@@ -83,7 +92,7 @@ class GPTConfig:
             raise ValueError(f"model.{name}: {msg}")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GPTConfig":
+    def from_dict(cls, d: dict) -> GPTConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

@@ -11,15 +11,21 @@ cached path is tested against, and the baseline bench.py measures the cache agai
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 import torch
 
 from model.kv_cache import KVCache
 
 
-def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
-                top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
     """Pick one token per row of logits (B, vocab) -> (B,). Temperature 0 is greedy (argmax)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -37,9 +43,16 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[
 
 
 @torch.no_grad()
-def generate(model: torch.nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: Optional[int] = None, top_p: Optional[float] = None,
-             generator: Optional[torch.Generator] = None, use_cache: bool = True) -> Iterator[torch.Tensor]:
+def generate(
+    model: torch.nn.Module,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    generator: Optional[torch.Generator] = None,
+    use_cache: bool = True,
+) -> Iterator[torch.Tensor]:
     """Continue idx (B, T) token ids, yielding each new column of tokens (B,) as soon as it is chosen."""
     block_size = model.config.block_size
     keep = max(1, block_size // 2)  # tokens kept when the window slides

@@ -4,20 +4,19 @@ tokens -> token embedding (+ learned positions) -> n_layer x [pre-norm causal mu
 pre-norm MLP, each added to the residual stream] -> final norm -> LM head (tied to the token embedding).
 
 Notable:
-- Attention runs through `F.scaled_dot_product_attention` (flash kernels on CPU and GPU). `attention_weights()`
-  takes an explicit path instead that materialises softmax(Q K^T / sqrt(d_head) + causal mask) per head, so
-  the weights can be inspected (heads.py) and checked against the fast path (tests/test_model.py).
-- Each head has size d_head = n_embd / n_head. With grouped-query attention (`n_kv_head`), groups of query heads
-  share one key/value head; with a sliding `window`, query i sees keys i-window+1 .. i only.
+- Attention runs through `F.scaled_dot_product_attention` (flash kernels on CPU and GPU; see `attend`).
+  `attention_weights()` takes an explicit path instead that materialises softmax(Q K^T / sqrt(d_head) + causal
+  mask) per head, so the weights can be inspected (heads.py) and checked against the fast path (tests).
+- Each head has size d_head = n_embd / n_head. With grouped-query attention (`n_kv_head`), groups of query
+  heads share one key/value head; with a sliding `window`, query i sees keys i-window+1 .. i only.
 - Options from `GPTConfig` (rotary positions, RMSNorm, QK-norm, ReLU^2 / SwiGLU MLP, untied head, no biases,
   zero-init output projections, logit soft-capping) are all off in the GPT-2 compatible defaults.
-- GPT-2 initialisation: N(0, 0.02), with the residual projections (W_O, MLP output) scaled by 1/sqrt(2 n_layer).
+- GPT-2 initialisation: N(0, 0.02), the residual projections (W_O, MLP output) scaled by 1/sqrt(2 n_layer).
 - `kv_cache` (model/kv_cache.py) lets generation encode a prompt once, then run one token per step.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Optional
 
@@ -51,8 +50,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 def causal_mask(n_queries: int, n_keys: int, window: Optional[int], device: torch.device) -> torch.Tensor:
     """Boolean (n_queries, n_keys) mask, True where attention is allowed.
 
-    The queries are the last n_queries of the n_keys positions: query i sits at position n_keys - n_queries + i
-    and may attend to keys at or before it (and, with a window, not further back than window - 1 tokens).
+    The queries are the last n_queries of the n_keys positions: query i sits at position n_keys - n_queries
+    + i and may attend to keys at or before it (and, with a window, not further back than window - 1 tokens).
     """
     q_pos = torch.arange(n_keys - n_queries, n_keys, device=device)[:, None]
     k_pos = torch.arange(n_keys, device=device)[None, :]
@@ -60,6 +59,40 @@ def causal_mask(n_queries: int, n_keys: int, window: Optional[int], device: torc
     if window is not None:
         allowed &= k_pos > q_pos - window
     return allowed
+
+
+def attend(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: Optional[int], dropout: float
+) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(d) + causal mask) V through F.scaled_dot_product_attention, which picks a flash
+    kernel. The queries are the last T of the keys' positions (T < n_keys when a KV cache holds the rest).
+
+    On a CPU, bf16 attention runs in fp32 outside autocast: PyTorch's CPU flash kernel is several times
+    slower in bf16 (6.8 vs 1.0 ms forward + backward at B=12, H=4, T=64, d=32; BENCHMARKS.md).
+    """
+    T, n_keys = queries.size(2), keys.size(2)
+    dtype = queries.dtype
+    if dtype == torch.bfloat16 and queries.device.type == "cpu":
+        with torch.autocast("cpu", enabled=False):
+            return attend(queries.float(), keys.float(), values.float(), window, dropout).to(dtype)
+    if window is None and n_keys == T:
+        return F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout, is_causal=True)
+    if window is None and T == 1:  # one new query sees every cached key
+        return F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout)
+    mask = causal_mask(T, n_keys, window, queries.device)
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout)
+
+
+def attend_explicitly(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: Optional[int], dropout: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same as `attend`, written out, also returning the attention weights (B, H, T, n_keys)."""
+    T, n_keys = queries.size(2), keys.size(2)
+    scores = (queries @ keys.transpose(-2, -1)) / math.sqrt(queries.size(-1))
+    scores = scores.masked_fill(~causal_mask(T, n_keys, window, queries.device), float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    weights = weights.type_as(queries)
+    return F.dropout(weights, dropout) @ values, weights
 
 
 class CausalSelfAttention(nn.Module):
@@ -74,8 +107,13 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, rotary: Optional[tuple[torch.Tensor, torch.Tensor]],
-                kv_cache: Optional[KVCache], return_weights: bool = False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        rotary: Optional[tuple[torch.Tensor, torch.Tensor]],
+        kv_cache: Optional[KVCache],
+        return_weights: bool = False,
+    ):
         B, T, C = x.shape
         H, H_kv, d = self.n_head, self.n_kv_head, self.head_dim
         queries, keys, values = self.W_QKV(x).split([H * d, H_kv * d, H_kv * d], dim=-1)
@@ -84,42 +122,20 @@ class CausalSelfAttention(nn.Module):
         values = values.view(B, T, H_kv, d).transpose(1, 2)
         if self.qk_norm:
             queries, keys = F.rms_norm(queries, (d,)), F.rms_norm(keys, (d,))
-        start = kv_cache.pos if kv_cache is not None else 0
         if rotary is not None:
-            cos, sin = rotary[0][start:start + T], rotary[1][start:start + T]
+            start = kv_cache.pos if kv_cache is not None else 0
+            cos, sin = rotary[0][start : start + T], rotary[1][start : start + T]
             queries, keys = apply_rotary(queries, cos, sin), apply_rotary(keys, cos, sin)
         if kv_cache is not None:
             keys, values = kv_cache.update(self.layer_idx, keys, values)  # all positions so far
         if H_kv != H:  # grouped-query attention: each key/value head serves H / H_kv query heads
             keys = keys.repeat_interleave(H // H_kv, dim=1)
             values = values.repeat_interleave(H // H_kv, dim=1)
-        n_keys = keys.size(2)
-
-        weights = None
+        dropout = self.attn_dropout if self.training else 0.0
         if return_weights:
-            scores = (queries @ keys.transpose(-2, -1)) / math.sqrt(d)
-            scores = scores.masked_fill(~causal_mask(T, n_keys, self.window, x.device), float("-inf"))
-            weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
-            weights = weights.type_as(queries)
-            y = F.dropout(weights, self.attn_dropout, self.training) @ values
+            y, weights = attend_explicitly(queries, keys, values, self.window, dropout)
         else:
-            dropout = self.attn_dropout if self.training else 0.0
-            dtype = queries.dtype
-            upcast = dtype == torch.bfloat16 and x.device.type == "cpu"
-            if upcast:
-                # PyTorch's CPU flash kernel is several times slower in bf16 than in fp32 (6.8 vs 1.0 ms
-                # forward + backward at B=12, H=4, T=64, d=32; BENCHMARKS.md): attend in fp32 there,
-                # outside autocast, which would cast back to bf16.
-                queries, keys, values = queries.float(), keys.float(), values.float()
-            with torch.autocast("cpu", enabled=False) if upcast else contextlib.nullcontext():
-                if self.window is None and T == n_keys:
-                    y = F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout, is_causal=True)
-                elif self.window is None and T == 1:  # one new query sees every cached key
-                    y = F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout)
-                else:
-                    mask = causal_mask(T, n_keys, self.window, x.device)
-                    y = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout)
-            y = y.to(dtype)
+            y, weights = attend(queries, keys, values, self.window, dropout), None
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # concatenate the heads
         return self.resid_dropout(self.W_O(y)), weights
 
@@ -222,7 +238,9 @@ class GPT(nn.Module):
     def _embed(self, idx: torch.Tensor, start: int) -> torch.Tensor:
         T = idx.size(1)
         if start + T > self.config.block_size:
-            raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}")
+            raise ValueError(
+                f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}"
+            )
         x = self.token_emb(idx)
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
@@ -233,8 +251,13 @@ class GPT(nn.Module):
         cap = self.config.logit_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
 
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
-                kv_cache: Optional[KVCache] = None, last_only: bool = False):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: Optional[torch.Tensor] = None,
+        kv_cache: Optional[KVCache] = None,
+        last_only: bool = False,
+    ):
         """idx (B, T) token ids -> (logits (B, T, vocab), mean cross-entropy against targets or None).
 
         With `last_only` the logits are computed for the last position alone (generation); with a

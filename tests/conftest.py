@@ -17,11 +17,18 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
-def run_script(*args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None = None,
-               check: bool = False) -> subprocess.CompletedProcess:
+def run_script(
+    *args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None = None, check: bool = False
+) -> subprocess.CompletedProcess:
     """Run one of the project's scripts (train.py, sample.py, ...) as a user would."""
-    result = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, **(env or {})})
+    result = subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"{args} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
@@ -37,14 +44,29 @@ def data_dir(tmp_path_factory) -> Path:
     return d
 
 
-TINY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "train.batch_size=8",
-        "train.eval_iters=4", "optim.warmup_iters=5"]
+TINY = [
+    "model.n_layer=2",
+    "model.n_head=2",
+    "model.n_embd=32",
+    "model.block_size=32",
+    "train.batch_size=8",
+    "train.eval_iters=4",
+    "optim.warmup_iters=5",
+]
 
 
 def train(data_dir: Path, out: Path, *extra: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
     """python train.py on the default config, shrunk to TINY, with the given overrides."""
-    return run_script("train.py", "configs/shakespeare_char.yaml", f"data.dir={data_dir}", f"train.out_dir={out}",
-                      *TINY, *extra, check=check, **kw)
+    return run_script(
+        "train.py",
+        "configs/shakespeare_char.yaml",
+        f"data.dir={data_dir}",
+        f"train.out_dir={out}",
+        *TINY,
+        *extra,
+        check=check,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY, run_script
 
 
@@ -14,15 +13,34 @@ from conftest import TINY, run_script
 def test_bench_compare_sample_and_memory(data_dir: Path, tmp_path: Path):
     out = tmp_path / "bench.json"
     common = ["configs/shakespeare_char.yaml", f"data.dir={data_dir}", *TINY]
-    result = run_script("bench.py", *common, "optim.impl=forloop", "--compare", "optim.impl=fused",
-                        "--steps", "3", "--rounds", "2", "--warmup", "1", "--sample-tokens", "80",
-                        "--json", str(out), timeout=600, check=True)
+    result = run_script(
+        "bench.py",
+        *common,
+        "optim.impl=forloop",
+        "--compare",
+        "optim.impl=fused",
+        "--steps",
+        "3",
+        "--rounds",
+        "2",
+        "--warmup",
+        "1",
+        "--sample-tokens",
+        "80",
+        "--json",
+        str(out),
+        timeout=600,
+        check=True,
+    )
     r = json.loads(out.read_text())
     a, b = r["train"]
     assert a["setup"] == "A" and b["setup"] == "B" and a["steps_timed"] == b["steps_timed"] == 6
     assert a["tokens_per_iter"] == 8 * 32 and a["tokens_per_s"] > 0 and 0 < a["mfu"] < 1
     assert r["ratio_B_over_A_tokens_per_s"] == round(b["tokens_per_s"] / a["tokens_per_s"], 3)
-    assert all(s["kv_cache_tok_s"] > 0 and s["full_recompute_tok_s"] > 0 and s["nanogpt_tok_s"] > 0 for s in r["sample"])
+    assert all(
+        s["kv_cache_tok_s"] > 0 and s["full_recompute_tok_s"] > 0 and s["nanogpt_tok_s"] > 0
+        for s in r["sample"]
+    )
     memory = [m for m in r["memory"] if m["setup"] == "A"]
     assert [m["context"] for m in memory] == [512, 1024, 2048, 4096]
     # flash attention: memory grows about linearly with the context, not quadratically

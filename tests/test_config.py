@@ -6,14 +6,28 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import run_script
-from tinygpt.config import CONFIG_DIR, load_config, to_yaml
-from tinygpt.errors import UserError
 
-REQUIRED = ["train.out_dir", "train.max_iters", "train.eval_interval", "train.eval_iters", "train.batch_size",
-            "train.device", "train.seed", "model.n_layer", "model.n_head", "model.n_embd", "model.block_size",
-            "model.dropout", "data.dataset", "optim.lr", "log.wandb"]
+from common.errors import UserError
+from training.config import CONFIG_DIR, load_config, to_yaml
+
+REQUIRED = [
+    "train.out_dir",
+    "train.max_iters",
+    "train.eval_interval",
+    "train.eval_iters",
+    "train.batch_size",
+    "train.device",
+    "train.seed",
+    "model.n_layer",
+    "model.n_head",
+    "model.n_embd",
+    "model.block_size",
+    "model.dropout",
+    "data.dataset",
+    "optim.lr",
+    "log.wandb",
+]
 
 
 def test_every_shipped_config_loads_and_has_the_cli_contract_keys():
@@ -41,18 +55,39 @@ def test_configs_are_found_by_name():
     assert cfg.train.out_dir == "out/shakespeare_char"
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["train.max_iter=5"], "unknown config key train.max_iter (in override train.max_iter=5); did you mean train.max_iters?"),
-    (["trian.max_iters=5"], "unknown config key trian (in override trian.max_iters=5); did you mean train?"),
-    (["train.batch_size=abc"], "train.batch_size: Value 'abc' of type 'str' could not be converted to Integer"),
-    (["train.device=tpu"], "train.device: Invalid value 'tpu', expected one of ['auto', 'cpu', 'cuda', 'mps']"),
-    (["model.n_embd=100", "model.n_head=3"], "model.n_embd: 100 is not divisible by n_head=3"),
-    (["train.batch_size=0"], "train.batch_size: must be positive, got 0 (in override train.batch_size=0)"),
-    (["model.n_layer=-2"], "model.n_layer: must be a positive integer, got -2"),
-    (["optim.lr=-1"], "optim.lr: must be positive"),
-    (["train.max_iters"], "override 'train.max_iters' must look like section.key=value"),
-    (["optim.name=muon", "train.parallel=fsdp"], "optim.name: muon needs whole matrices and cannot run on FSDP"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["train.max_iter=5"],
+            "unknown config key train.max_iter (in override train.max_iter=5); did you mean train.max_iters?",
+        ),
+        (
+            ["trian.max_iters=5"],
+            "unknown config key trian (in override trian.max_iters=5); did you mean train?",
+        ),
+        (
+            ["train.batch_size=abc"],
+            "train.batch_size: Value 'abc' of type 'str' could not be converted to Integer",
+        ),
+        (
+            ["train.device=tpu"],
+            "train.device: Invalid value 'tpu', expected one of ['auto', 'cpu', 'cuda', 'mps']",
+        ),
+        (["model.n_embd=100", "model.n_head=3"], "model.n_embd: 100 is not divisible by n_head=3"),
+        (
+            ["train.batch_size=0"],
+            "train.batch_size: must be positive, got 0 (in override train.batch_size=0)",
+        ),
+        (["model.n_layer=-2"], "model.n_layer: must be a positive integer, got -2"),
+        (["optim.lr=-1"], "optim.lr: must be positive"),
+        (["train.max_iters"], "override 'train.max_iters' must look like section.key=value"),
+        (
+            ["optim.name=muon", "train.parallel=fsdp"],
+            "optim.name: muon needs whole matrices and cannot run on FSDP",
+        ),
+    ],
+)
 def test_bad_values_name_the_key_and_source(overrides, message):
     with pytest.raises(UserError) as e:
         load_config(None, overrides)
@@ -62,7 +97,9 @@ def test_bad_values_name_the_key_and_source(overrides, message):
 def test_typo_in_a_file_names_the_file(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  n_layers: 3\n")
-    with pytest.raises(UserError, match=r"unknown config key model.n_layers \(in .*bad.yaml\); did you mean model.n_layer\?"):
+    with pytest.raises(
+        UserError, match=r"unknown config key model.n_layers \(in .*bad.yaml\); did you mean model.n_layer\?"
+    ):
         load_config(bad)
 
 
@@ -74,7 +111,9 @@ def test_bad_yaml_gives_the_line(tmp_path: Path):
 
 
 def test_missing_file_and_cycles(tmp_path: Path):
-    with pytest.raises(UserError, match="config file nope.yaml not found; give a path or one of: .*shakespeare_char"):
+    with pytest.raises(
+        UserError, match=r"config file nope.yaml not found; give a path or one of: .*shakespeare_char"
+    ):
         load_config("nope.yaml")
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
@@ -82,12 +121,15 @@ def test_missing_file_and_cycles(tmp_path: Path):
         load_config(tmp_path / "a.yaml")
 
 
-@pytest.mark.parametrize("args,message", [
-    (["train.max_iter=5"], "did you mean train.max_iters?"),
-    (["model.n_layer=two"], "model.n_layer: Value 'two' of type 'str' could not be converted to Integer"),
-    (["model.n_embd=100", "model.n_head=3"], "model.n_embd: 100 is not divisible by n_head=3"),
-    (["configs/missing.yaml"], "config file configs/missing.yaml not found"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["train.max_iter=5"], "did you mean train.max_iters?"),
+        (["model.n_layer=two"], "model.n_layer: Value 'two' of type 'str' could not be converted to Integer"),
+        (["model.n_embd=100", "model.n_head=3"], "model.n_embd: 100 is not divisible by n_head=3"),
+        (["configs/missing.yaml"], "config file configs/missing.yaml not found"),
+    ],
+)
 def test_train_cli_gives_one_line_and_exit_2(args, message):
     result = run_script("train.py", *args, timeout=60)
     assert result.returncode == 2
@@ -96,6 +138,8 @@ def test_train_cli_gives_one_line_and_exit_2(args, message):
 
 
 def test_print_config_prints_resolved_yaml():
-    result = run_script("train.py", "configs/shakespeare_char.yaml", "model.n_layer=3", "--print-config", check=True)
+    result = run_script(
+        "train.py", "configs/shakespeare_char.yaml", "model.n_layer=3", "--print-config", check=True
+    )
     resolved = yaml.safe_load(result.stdout)
     assert resolved["model"]["n_layer"] == 3 and resolved["train"]["out_dir"] == "out/shakespeare_char"

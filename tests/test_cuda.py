@@ -1,6 +1,6 @@
-"""The CUDA code paths: bf16 and fp16 (GradScaler) training, torch.compile with and without CUDA graphs, pinned
-non-blocking batches, attention and the KV cache on the GPU. Skipped without a CUDA GPU (CI has none); run on a
-GPU machine by tools/gpu_check.sh."""
+"""The CUDA code paths: bf16 and fp16 (GradScaler) training, torch.compile with and without CUDA graphs,
+pinned non-blocking batches, attention and the KV cache on the GPU. Skipped without a CUDA GPU (CI has
+none); run on a GPU machine by tools/gpu_check.sh."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY, train
 
 from model import GPT, GPTConfig, generate
-from tinygpt.config import load_config
-from tinygpt.optim import set_lr
-from tinygpt.runtime import setup
-from tinygpt.trainer import build, load_dataset, train_step
-
-from conftest import TINY, train
+from training.config import load_config
+from training.optim import set_lr
+from training.runtime import setup
+from training.trainer import build, load_dataset, train_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -30,12 +29,15 @@ def _run(data_dir: Path, *overrides: str):
     return run
 
 
-@pytest.mark.parametrize("overrides, precision, scaled", [
-    ((), "bf16", False),
-    (("train.precision=fp16",), "fp16", True),
-    (("train.compile=true",), "bf16", False),
-    (("train.compile=true", "train.compile_mode=reduce-overhead"), "bf16", False),
-])
+@pytest.mark.parametrize(
+    "overrides, precision, scaled",
+    [
+        ((), "bf16", False),
+        (("train.precision=fp16",), "fp16", True),
+        (("train.compile=true",), "bf16", False),
+        (("train.compile=true", "train.compile_mode=reduce-overhead"), "bf16", False),
+    ],
+)
 def test_training_steps_on_cuda_lower_the_loss(data_dir: Path, overrides, precision, scaled):
     run = _run(data_dir, "optim.lr=3e-3", *overrides)
     assert run.rt.precision == precision and (run.scaler is not None) == scaled

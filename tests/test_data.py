@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
 from conftest import ROOT, run_script
+
+from common.errors import UserError
 from data.loader import TokenWindows
 from data.prepare import RECIPES, Recipe, prepare, token_dtype
 from data.sources import HFText, TextFile
 from data.tokenizers import BPETokenizer, CharTokenizer, UnknownCharacters, from_meta
-from tinygpt.errors import UserError
 
-TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 40 + "Ünïcödé ✓\n"
+TEXT = (
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 40
+    + "Ünïcödé ✓\n"
+)
 
 
 def decode_split(folder: Path, split: str) -> str:
@@ -35,7 +36,9 @@ def test_text_file_round_trip(tmp_path: Path, tokenizer: str):
     meta = prepare("mine", Recipe(TextFile(str(src), 0.1), tokenizer), tmp_path, workers=2)
     out = tmp_path / "mine"
     assert decode_split(out, "train") + decode_split(out, "val") == TEXT
-    assert meta["dtype"] == "uint16" and meta["tokenizer"]["kind"] == ("char" if tokenizer == "char" else "bpe")
+    assert meta["dtype"] == "uint16" and meta["tokenizer"]["kind"] == (
+        "char" if tokenizer == "char" else "bpe"
+    )
     assert os.path.getsize(out / "train.bin") == 2 * meta["train_tokens"]
     if tokenizer == "char":
         assert meta["vocab_size"] == len(set(TEXT))
@@ -63,7 +66,9 @@ def test_local_hf_dataset_round_trip(tmp_path: Path):
     write_jsonl(tmp_path / "a.jsonl", docs[:20])
     write_jsonl(tmp_path / "b.jsonl", docs[20:])
     files = (str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"))
-    meta = prepare("local", Recipe(HFText("json", data_files=files, val_every=4), "gpt2"), tmp_path, workers=2)
+    meta = prepare(
+        "local", Recipe(HFText("json", data_files=files, val_every=4), "gpt2"), tmp_path, workers=2
+    )
     eot = "<|endoftext|>"
     train = [d for i, d in enumerate(docs) if i % 4 != 3]
     val = [d for i, d in enumerate(docs) if i % 4 == 3]
@@ -80,7 +85,7 @@ def test_hub_corpus_preparation_streams_in_bounded_memory(tmp_path: Path):
     import pyarrow as pa
 
     rng = np.random.default_rng(0)
-    words = np.array("the of and to in is that for it as was with be by on not he this are or".split())
+    words = np.array("the of and to in is that for it as was with be by on not he this are or".split())  # noqa: SIM905
     files, sizes = [], []
     for f in range(4):
         docs = [" ".join(rng.choice(words, 250)) for _ in range(9000)]
@@ -120,16 +125,26 @@ def test_char_tokenizer_names_unknown_characters():
         tok.encode("abéxa")
 
 
-@pytest.mark.parametrize("setup,args,message", [
-    (None, ["--text-file", "missing.txt"], "text file missing.txt not found"),
-    ("empty", ["--text-file", "{f}"], "is empty"),
-    ("latin1", ["--text-file", "{f}"], "is not UTF-8 text (byte 0xe9 at offset 5)"),
-    ("jsonl", ["--hf-dataset", "json", "--data-files", "{f}", "--text-column", "body"],
-     "column 'body' is not in dataset json; it has: text, id"),
-    (None, ["--hf-dataset", "no-such-user/no-such-dataset"], "could not load Hugging Face dataset no-such-user/no-such-dataset"),
-    (None, ["--text-file", "x.txt", "--tokenizer", "nonsense"], "unknown tokenizer 'nonsense'"),
-    (None, [], "'custom' is not a known dataset"),
-])
+@pytest.mark.parametrize(
+    "setup,args,message",
+    [
+        (None, ["--text-file", "missing.txt"], "text file missing.txt not found"),
+        ("empty", ["--text-file", "{f}"], "is empty"),
+        ("latin1", ["--text-file", "{f}"], "is not UTF-8 text (byte 0xe9 at offset 5)"),
+        (
+            "jsonl",
+            ["--hf-dataset", "json", "--data-files", "{f}", "--text-column", "body"],
+            "column 'body' is not in dataset json; it has: text, id",
+        ),
+        (
+            None,
+            ["--hf-dataset", "no-such-user/no-such-dataset"],
+            "could not load Hugging Face dataset no-such-user/no-such-dataset",
+        ),
+        (None, ["--text-file", "x.txt", "--tokenizer", "nonsense"], "unknown tokenizer 'nonsense'"),
+        (None, [], "'custom' is not a known dataset"),
+    ],
+)
 def test_prepare_errors_are_one_line(tmp_path: Path, setup, args, message):
     f = tmp_path / "input"
     if setup == "empty":
@@ -139,11 +154,21 @@ def test_prepare_errors_are_one_line(tmp_path: Path, setup, args, message):
     elif setup == "jsonl":
         write_jsonl(f, ["a", "b", "c"])
     args = [a.replace("{f}", str(f)) for a in args]
-    result = run_script("-m", "data.prepare", "custom", "--data-dir", str(tmp_path / "out"), *args, timeout=120,
-                        env={"HF_HUB_OFFLINE": "1"})
+    result = run_script(
+        "-m",
+        "data.prepare",
+        "custom",
+        "--data-dir",
+        str(tmp_path / "out"),
+        *args,
+        timeout=120,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]  # (datasets may print its own progress above)
-    assert last.startswith("error: ") and message in last and result.stderr.count("error:") == 1, result.stderr
+    assert last.startswith("error: ") and message in last and result.stderr.count("error:") == 1, (
+        result.stderr
+    )
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out" / "custom" / "meta.json").exists()
 
@@ -158,7 +183,7 @@ def test_batches_are_windows_of_the_split(tmp_path: Path):
     assert torch.all(x[:, 1:] - x[:, :-1] == 1)  # contiguous windows of the file
     assert torch.equal(tw.batch(7, 8)[0], x)  # a batch depends only on its key
     assert not torch.equal(tw.batch(8, 8)[0], x) and not torch.equal(tw.batch(7, 8, stream=1)[0], x)
-    with pytest.raises(UserError, match="model.block_size=5000 needs windows of 5001 tokens"):
+    with pytest.raises(UserError, match=r"model.block_size=5000 needs windows of 5001 tokens"):
         TokenWindows(tmp_path / "train.bin", "uint16", 5000, torch.device("cpu"), 0, "train")
 
 

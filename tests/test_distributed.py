@@ -4,14 +4,13 @@ its sharded checkpoint loads in a single process for sampling."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY, run_script, train
-from tinygpt import checkpoint
+
+from training import checkpoint
 
 pytestmark = pytest.mark.slow
 # a constant learning rate after warmup, so that extending max_iters does not change the earlier steps
@@ -19,9 +18,21 @@ ARGS = ["train.eval_interval=10", "optim.schedule=constant", "train.grad_accum=2
 
 
 def torchrun(data_dir: Path, out: Path, *extra: str) -> None:
-    run_script("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-               "configs/shakespeare_char.yaml", f"data.dir={data_dir}", f"train.out_dir={out}", *TINY, *ARGS, *extra,
-               check=True, timeout=300)
+    run_script(
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "train.py",
+        "configs/shakespeare_char.yaml",
+        f"data.dir={data_dir}",
+        f"train.out_dir={out}",
+        *TINY,
+        *ARGS,
+        *extra,
+        check=True,
+        timeout=300,
+    )
 
 
 def losses(out: Path) -> list[tuple[int, float, float]]:
@@ -30,8 +41,9 @@ def losses(out: Path) -> list[tuple[int, float, float]]:
 
 
 def close(a, b, tol=2e-4) -> bool:
-    return len(a) == len(b) and all(x[0] == y[0] and abs(x[1] - y[1]) < tol and abs(x[2] - y[2]) < tol
-                                    for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        x[0] == y[0] and abs(x[1] - y[1]) < tol and abs(x[2] - y[2]) < tol for x, y in zip(a, b)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +73,26 @@ def test_fsdp_shards_resumes_and_samples_in_one_process(data_dir: Path, tmp_path
     torchrun(data_dir, out, "train.max_iters=30", "train.parallel=fsdp")
     assert close(losses(out), losses(single))
     files = sorted(p.name for p in (out / "last").iterdir())
-    assert files == ["config.yaml", "model-rank00-of-02.safetensors", "model-rank01-of-02.safetensors",
-                     "shards.json", "state-rank00.pt", "state-rank01.pt", "state.pt", "tokenizer.json"]
+    assert files == [
+        "config.yaml",
+        "model-rank00-of-02.safetensors",
+        "model-rank01-of-02.safetensors",
+        "shards.json",
+        "state-rank00.pt",
+        "state-rank01.pt",
+        "state.pt",
+        "tokenizer.json",
+    ]
     full = checkpoint.load_weights(out / "last")
     reference = checkpoint.load_weights(single / "last")
     assert full.keys() == reference.keys()
-    assert all(full[k].shape == reference[k].shape and torch.allclose(full[k], reference[k], atol=1e-4) for k in full)
+    assert all(
+        full[k].shape == reference[k].shape and torch.allclose(full[k], reference[k], atol=1e-4) for k in full
+    )
     sampled = run_script("sample.py", str(out), "--temperature", "0", "--max-new-tokens", "30", check=True)
-    expected = run_script("sample.py", str(single), "--temperature", "0", "--max-new-tokens", "30", check=True)
+    expected = run_script(
+        "sample.py", str(single), "--temperature", "0", "--max-new-tokens", "30", check=True
+    )
     assert sampled.stdout == expected.stdout
     torchrun(data_dir, out, "train.max_iters=40", "train.parallel=fsdp", "train.resume=true")
     straight = tmp_path / "straight"
@@ -77,8 +101,21 @@ def test_fsdp_shards_resumes_and_samples_in_one_process(data_dir: Path, tmp_path
 
 
 def test_grad_accum_must_split_across_ranks(data_dir: Path, tmp_path: Path):
-    result = run_script("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-                        "configs/shakespeare_char.yaml", f"data.dir={data_dir}", f"train.out_dir={tmp_path}",
-                        *TINY, "train.grad_accum=3", timeout=300)
+    result = run_script(
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "train.py",
+        "configs/shakespeare_char.yaml",
+        f"data.dir={data_dir}",
+        f"train.out_dir={tmp_path}",
+        *TINY,
+        "train.grad_accum=3",
+        timeout=300,
+    )
     assert result.returncode != 0
-    assert "train.grad_accum=3 (micro-batches per step, over all processes) must be a multiple of the 2" in result.stderr
+    assert (
+        "train.grad_accum=3 (micro-batches per step, over all processes) must be a multiple of the 2"
+        in result.stderr
+    )

@@ -10,16 +10,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import run_script
+
+from common.errors import UserError
 from data.loader import TokenWindows
 from data.prepare import load_meta
 from data.repeats import Repeats
+from interp.plots import plot_training_curves
+from interp.scores import (
+    ROLES,
+    flat_scores,
+    icl_differences,
+    icl_positions,
+    repeat_losses,
+    repeat_scores,
+    repeated_tokens,
+    score_heads,
+    strongest_heads,
+    text_scores,
+)
 from model import GPT, GPTConfig
-from tinygpt import checkpoint
-from tinygpt.errors import UserError
-from tinygpt.heads import (ROLES, flat_scores, icl_differences, icl_positions, plot_training, repeat_losses,
-                           repeat_scores, repeated_tokens, score_heads, strongest_heads, text_scores)
+from training import checkpoint
+from training.tracking import read_metrics
 
 T, N = 10, 6  # real-text windows of T tokens; [R, R] sequences with len(R) = N
 
@@ -49,11 +61,15 @@ def test_text_scores_of_hand_built_heads():
     scores = text_scores(heads(previous, first, current, uniform(T)))
     uniform_score = sum(1 / (q + 1) for q in range(1, T)) / (T - 1)  # queries 1 .. T-1
     one_query = 1 / (T - 1)  # query 1's previous token is the first token
-    expected = {"previous_token": [1.0, one_query, 0.0, uniform_score],
-                "first_token": [one_query, 1.0, 0.0, uniform_score],
-                "current_token": [0.0, 0.0, 1.0, uniform_score]}
+    expected = {
+        "previous_token": [1.0, one_query, 0.0, uniform_score],
+        "first_token": [one_query, 1.0, 0.0, uniform_score],
+        "current_token": [0.0, 0.0, 1.0, uniform_score],
+    }
     for role, values in expected.items():  # one row per window, the same patterns in each
-        assert scores[role].shape == (3, 4) and scores[role].tolist() == [pytest.approx(values, abs=1e-6)] * 3, role
+        assert (
+            scores[role].shape == (3, 4) and scores[role].tolist() == [pytest.approx(values, abs=1e-6)] * 3
+        ), role
 
 
 def test_repeat_scores_of_hand_built_heads():
@@ -71,7 +87,9 @@ def test_repeated_tokens_are_two_copies_of_distinct_tokens():
     assert seqs.shape == (5, 2 * N) and seqs.dtype == torch.int64
     assert torch.equal(seqs[:, :N], seqs[:, N:])
     assert all(len(set(row[:N].tolist())) == N for row in seqs)
-    assert torch.equal(seqs, repeated_tokens(20, N, 5, seed=3)) and not torch.equal(seqs, repeated_tokens(20, N, 5, 4))
+    assert torch.equal(seqs, repeated_tokens(20, N, 5, seed=3)) and not torch.equal(
+        seqs, repeated_tokens(20, N, 5, 4)
+    )
 
 
 def test_repeat_losses_and_icl_score_of_hand_built_logits():
@@ -81,8 +99,8 @@ def test_repeat_losses_and_icl_score_of_hand_built_logits():
     first, second = repeat_losses(logits, tokens, N)  # one value per sequence
     assert first.tolist() == second.tolist() == pytest.approx([math.log(V)] * 4, abs=1e-5)
     logits[:, :-1].scatter_(2, tokens[:, 1:, None], 100.0)  # now every next token is certain...
-    logits[:, N - 1:N] = 0.0  # ...except R's first token again, which the second half leaves out
-    logits[:, :N - 1] = 0.0  # and the first half
+    logits[:, N - 1 : N] = 0.0  # ...except R's first token again, which the second half leaves out
+    logits[:, : N - 1] = 0.0  # and the first half
     first, second = repeat_losses(logits, tokens, N)
     assert first.tolist() == pytest.approx([math.log(V)] * 4, abs=1e-5)
     assert second.tolist() == pytest.approx([0.0] * 4, abs=1e-5)
@@ -96,27 +114,53 @@ def test_repeat_losses_and_icl_score_of_hand_built_logits():
     assert icl_differences(logits, targets).tolist() == pytest.approx([-math.log(V)] * 8, abs=1e-5)
 
 
-SCORES = {"induction": [[0.01, 0.02], [0.93, 0.10]], "previous_token": [[0.88, 0.05], [0.04, 0.03]],
-          "duplicate_token": [[0.0, 0.3], [0.2, 0.1]], "first_token": [[0.1, 0.1], [0.1, 0.6]],
-          "current_token": [[0.2, 0.7], [0.1, 0.1]], "icl_score": -1.234, "repeat_loss_first_half": 4.0,
-          "repeat_loss_second_half": 0.25, "repeat_length": 32, "icl_positions": [5, 63]}
+SCORES = {
+    "induction": [[0.01, 0.02], [0.93, 0.10]],
+    "previous_token": [[0.88, 0.05], [0.04, 0.03]],
+    "duplicate_token": [[0.0, 0.3], [0.2, 0.1]],
+    "first_token": [[0.1, 0.1], [0.1, 0.6]],
+    "current_token": [[0.2, 0.7], [0.1, 0.1]],
+    "icl_score": -1.234,
+    "repeat_loss_first_half": 4.0,
+    "repeat_loss_second_half": 0.25,
+    "repeat_length": 32,
+    "icl_positions": [5, 63],
+}
 
 
 def test_strongest_heads_and_flat_scores():
-    assert strongest_heads(SCORES) == ("induction L1H0 0.93 | previous-token L0H0 0.88 | duplicate-token L0H1 0.30 | "
-                                       "first-token L1H1 0.60 | current-token L0H1 0.70 | ICL -1.23 | "
-                                       "repeat loss 4.00 -> 0.25")
-    assert flat_scores(SCORES) == {"heads/induction_max": 0.93, "heads/previous_token_max": 0.88,
-                                   "heads/duplicate_token_max": 0.3, "heads/first_token_max": 0.6,
-                                   "heads/current_token_max": 0.7, "heads/icl_score": -1.234,
-                                   "heads/repeat_loss_first_half": 4.0, "heads/repeat_loss_second_half": 0.25}
+    assert strongest_heads(SCORES) == (
+        "induction L1H0 0.93 | previous-token L0H0 0.88 | duplicate-token L0H1 0.30 | "
+        "first-token L1H1 0.60 | current-token L0H1 0.70 | ICL -1.23 | "
+        "repeat loss 4.00 -> 0.25"
+    )
+    assert flat_scores(SCORES) == {
+        "heads/induction_max": 0.93,
+        "heads/previous_token_max": 0.88,
+        "heads/duplicate_token_max": 0.3,
+        "heads/first_token_max": 0.6,
+        "heads/current_token_max": 0.7,
+        "heads/icl_score": -1.234,
+        "heads/repeat_loss_first_half": 4.0,
+        "heads/repeat_loss_second_half": 0.25,
+    }
 
 
 def test_plot_training_draws_scores_next_to_the_loss(tmp_path: Path):
-    records = [{"iter": i, "train_loss": 4 - i / 100, "val_loss": 4.1 - i / 100, "lr": 1e-3, "tokens": i * 64,
-                "elapsed_s": i / 10, "heads": SCORES} for i in (0, 50, 100)]
+    records = [
+        {
+            "iter": i,
+            "train_loss": 4 - i / 100,
+            "val_loss": 4.1 - i / 100,
+            "lr": 1e-3,
+            "tokens": i * 64,
+            "elapsed_s": i / 10,
+            "heads": SCORES,
+        }
+        for i in (0, 50, 100)
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    plot_training(tmp_path / "metrics.jsonl", tmp_path / "curves.png")
+    plot_training_curves(read_metrics(tmp_path / "metrics.jsonl"), tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -133,7 +177,10 @@ def test_scores_keep_the_mode_and_the_global_rng(val_windows: TokenWindows):
     scores = score_heads(model, val_windows, seed=1)
     assert model.training and torch.equal(torch.get_rng_state(), rng)
     for role in ROLES:
-        assert np.array(scores[role]).shape == (2, 3) and 0.0 <= np.min(scores[role]) <= np.max(scores[role]) <= 1.0
+        assert (
+            np.array(scores[role]).shape == (2, 3)
+            and 0.0 <= np.min(scores[role]) <= np.max(scores[role]) <= 1.0
+        )
     assert scores["repeat_length"] == 8 and scores["icl_positions"] == [0, 15]
     model.eval()
     assert scores == score_heads(model, val_windows, seed=1) and not model.training  # dropout was off
@@ -141,12 +188,12 @@ def test_scores_keep_the_mode_and_the_global_rng(val_windows: TokenWindows):
 
 
 def test_scores_of_a_large_model_are_computed_in_chunks(val_windows: TokenWindows, monkeypatch):
-    import tinygpt.heads
+    import interp.scores
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=3, n_embd=24))
     whole = score_heads(model, val_windows, windows=20, sequences=5)
-    monkeypatch.setattr(tinygpt.heads, "ATTENTION_BYTES", 1)  # one sequence at a time
+    monkeypatch.setattr(interp.scores, "ATTENTION_BYTES", 1)  # one sequence at a time
     chunked = score_heads(model, val_windows, windows=20, sequences=5)
     for key, value in whole.items():
         assert np.array(chunked[key]) == pytest.approx(np.array(value), abs=2e-4), key
@@ -156,7 +203,10 @@ def test_repeats_dataset_is_deterministic_periodic_and_distinct():
     source = Repeats(train_chars=5000, val_chars=3000, min_len=5, max_len=9, min_repeats=3, max_repeats=3)
     source.check()
     val = "".join(source.documents("val"))
-    assert len(val) == 3000 and val == "".join(source.documents("val")) != "".join(source.documents("train"))[:3000]
+    assert (
+        len(val) == 3000
+        and val == "".join(source.documents("val")) != "".join(source.documents("train"))[:3000]
+    )
     assert set(val) <= set(source.alphabet)
     rng = np.random.default_rng(0)
     for _ in range(20):  # a chunk is one segment of distinct characters written three times, back to back
@@ -169,15 +219,29 @@ def test_repeats_dataset_is_deterministic_periodic_and_distinct():
 
 # --- the induction experiment: real training runs through train.py ---
 
+
 def train_induction(config: str, data_dir: Path, out: Path) -> dict:
-    run_script("train.py", config, f"data.dir={data_dir}", f"train.out_dir={out}", "train.device=cpu",
-               check=True, timeout=240)
+    run_script(
+        "train.py",
+        config,
+        f"data.dir={data_dir}",
+        f"train.out_dir={out}",
+        "train.device=cpu",
+        check=True,
+        timeout=240,
+    )
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["elapsed_s"] < 60  # the issue's budget: under a minute of CPU training
     model, cfg, _, _ = checkpoint.load_model(out)
     meta = load_meta(data_dir / "repeats")
-    val = TokenWindows(data_dir / "repeats" / "val.bin", meta["dtype"], cfg.model.block_size, torch.device("cpu"),
-                       cfg.train.seed, "val")
+    val = TokenWindows(
+        data_dir / "repeats" / "val.bin",
+        meta["dtype"],
+        cfg.model.block_size,
+        torch.device("cpu"),
+        cfg.train.seed,
+        "val",
+    )
     return score_heads(model, val)
 
 
@@ -211,8 +275,20 @@ def test_one_layer_forms_no_induction_head(repeats_dir: Path, tmp_path: Path):
 @pytest.mark.slow
 def test_heads_command_prints_the_roles_and_draws_the_maps(induction_run, repeats_dir: Path, tmp_path: Path):
     out, scores = induction_run
-    result = run_script("heads.py", str(out), "--prompt", "abcdefghijabcdefghij", "--layer", "1", "--head", "2",
-                        "--out", str(tmp_path), check=True, timeout=120)
+    result = run_script(
+        "heads.py",
+        str(out),
+        "--prompt",
+        "abcdefghijabcdefghij",
+        "--layer",
+        "1",
+        "--head",
+        "2",
+        "--out",
+        str(tmp_path),
+        check=True,
+        timeout=120,
+    )
     assert "induction" in result.stdout and "previous-token" in result.stdout
     assert "L0 " in result.stdout and "L1 " in result.stdout and "heads with a role" in result.stdout
     for name in ("attention_layer0.png", "attention_layer1.png", "attention_L1H2.png", "head_scores.png"):
@@ -221,10 +297,19 @@ def test_heads_command_prints_the_roles_and_draws_the_maps(induction_run, repeat
     assert saved["induction"] == scores["induction"] and saved["checkpoint"] == str(out / "best")
 
     import heads as command
-    for args, message in ((["--layer", "1"], "together"), (["--layer", "2", "--head", "0"], "--layer must be"),
-                          (["--layer", "0", "--head", "4"], "--head must be"), (["--windows", "0"], "at least 1"),
-                          (["--prompt", "abc!"], "not in the vocabulary")):
+
+    for args, message in (
+        (["--layer", "1"], "together"),
+        (["--layer", "2", "--head", "0"], "--layer must be"),
+        (["--layer", "0", "--head", "4"], "--head must be"),
+        (["--windows", "0"], "at least 1"),
+        (["--prompt", "abc!"], "not in the vocabulary"),
+    ):
         with pytest.raises(UserError, match=message):
             command.main([str(out), "--out", str(tmp_path), *args])
     bad = run_script("heads.py", str(out), "--layer", "9", "--head", "0")
-    assert bad.returncode == 2 and bad.stderr.startswith("error: --layer must be") and len(bad.stderr.splitlines()) == 1
+    assert (
+        bad.returncode == 2
+        and bad.stderr.startswith("error: --layer must be")
+        and len(bad.stderr.splitlines()) == 1
+    )

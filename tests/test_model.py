@@ -12,8 +12,9 @@ from model.kv_cache import KVCache
 
 OPTIONS = {
     "gpt2": {},
-    "modern": dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, activation="relu2", tie_embeddings=False,
-                   bias=False),
+    "modern": dict(
+        pos_emb="rope", norm="rmsnorm", qk_norm=True, activation="relu2", tie_embeddings=False, bias=False
+    ),
     "gqa_window_swiglu": dict(n_kv_head=2, window=5, activation="swiglu", pos_emb="rope"),
     "attn_only_softcap": dict(mlp=False, logit_softcap=15.0),
 }
@@ -65,12 +66,15 @@ def naive_forward(m: GPT, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.T
         for b in range(B):
             for head in range(H):
                 kvh = head // (H // H_kv)
-                qs = [q[b, i, head * d:(head + 1) * d] for i in range(T)]
-                ks = [k[b, j, kvh * d:(kvh + 1) * d] for j in range(T)]
+                qs = [q[b, i, head * d : (head + 1) * d] for i in range(T)]
+                ks = [k[b, j, kvh * d : (kvh + 1) * d] for j in range(T)]
                 if cfg.qk_norm:
                     qs, ks = [rms(t) for t in qs], [rms(t) for t in ks]
                 if cfg.pos_emb == "rope":
-                    qs, ks = [rotate(t, i) for i, t in enumerate(qs)], [rotate(t, j) for j, t in enumerate(ks)]
+                    qs, ks = (
+                        [rotate(t, i) for i, t in enumerate(qs)],
+                        [rotate(t, j) for j, t in enumerate(ks)],
+                    )
                 for i in range(T):
                     visible = [j for j in range(T) if j <= i and (cfg.window is None or j > i - cfg.window)]
                     scores = torch.stack([qs[i] @ ks[j] / math.sqrt(d) for j in visible])
@@ -78,7 +82,7 @@ def naive_forward(m: GPT, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.T
                     w = w / w.sum()
                     for wj, j in zip(w, visible):
                         weights[b, head, i, j] = wj
-                        out[b, i, head * d:(head + 1) * d] += wj * v[b, j, kvh * d:(kvh + 1) * d]
+                        out[b, i, head * d : (head + 1) * d] += wj * v[b, j, kvh * d : (kvh + 1) * d]
         all_weights.append(weights)
         x = x + linear(out, block.attn.W_O)
         if block.mlp is not None:
@@ -131,14 +135,14 @@ def test_changing_a_future_token_never_changes_an_earlier_output(name):
 def reference_generate(m: GPT, prompt: list[int], n: int) -> list[int]:
     """Greedy decoding with a full forward pass per token, following the documented window policy:
     at most block_size tokens; when exceeded, keep the last block_size // 2."""
-    seq, start = list(prompt[-m.config.block_size:]), 0
+    seq, start = list(prompt[-m.config.block_size :]), 0
     for _ in range(n):
         window = torch.tensor([seq[start:]])
         logits, _ = m(window)
         seq.append(int(logits[0, -1].argmax()))
         if len(seq) - start > m.config.block_size:
             start = len(seq) - m.config.block_size // 2
-    return seq[len(prompt[-m.config.block_size:]):]
+    return seq[len(prompt[-m.config.block_size :]) :]
 
 
 @pytest.mark.parametrize("name", OPTIONS)
@@ -157,7 +161,7 @@ def test_kv_cache_logits_match_full_forward_and_crop_semantics_within_context():
     full, _ = m(idx)
     cache = KVCache.for_model(m, 2)
     prefill, _ = m(idx[:, :6], kv_cache=cache)
-    steps = [m(idx[:, t:t + 1], kv_cache=cache)[0] for t in range(6, 16)]
+    steps = [m(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(6, 16)]
     torch.testing.assert_close(torch.cat([prefill, *steps], dim=1), full)
     with pytest.raises(ValueError):
         m(idx[:, :1], kv_cache=cache)  # the cache holds block_size positions, no more
@@ -194,16 +198,21 @@ def test_gpt2_initialisation_scales_residual_projections():
     assert torch.all(zero.blocks[1].attn.W_O.weight == 0) and torch.all(zero.blocks[1].mlp.W_out.weight == 0)
 
 
-@pytest.mark.parametrize("field,value,expected", [
-    ("n_embd", 130, "model.n_embd: 130 is not divisible by n_head=4"),
-    ("n_layer", 0, "model.n_layer: must be a positive integer"),
-    ("dropout", 1.5, "model.dropout: must be in [0, 1)"),
-    ("n_kv_head", 3, "model.n_kv_head: must be a positive divisor of n_head=4"),
-    ("window", 0, "model.window: must be a positive number"),
-])
+@pytest.mark.parametrize(
+    "field,value,expected",
+    [
+        ("n_embd", 130, "model.n_embd: 130 is not divisible by n_head=4"),
+        ("n_layer", 0, "model.n_layer: must be a positive integer"),
+        ("dropout", 1.5, "model.dropout: must be in [0, 1)"),
+        ("n_kv_head", 3, "model.n_kv_head: must be a positive divisor of n_head=4"),
+        ("window", 0, "model.window: must be a positive number"),
+    ],
+)
 def test_config_validation_names_the_field(field, value, expected):
     cfg = GPTConfig(**{**dict(vocab_size=10, block_size=8, n_layer=1, n_head=4, n_embd=32), field: value})
-    with pytest.raises(ValueError, match=expected.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        ValueError, match=expected.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
+    ):
         GPT(cfg)
 
 

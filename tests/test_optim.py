@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import train
+
 from model import GPT, GPTConfig
-from tinygpt.config import OptimConfig
-from tinygpt.optim import lr_factor, make_optimizers, set_lr
+from training.config import OptimConfig
+from training.optim import lr_factor, make_optimizers, set_lr
 
 
 def tiny_model(**kw) -> GPT:
@@ -26,7 +25,9 @@ def test_weight_decay_only_on_matrices_and_embeddings():
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
-    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == sum(p.numel() for p in m.parameters())
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == sum(
+        p.numel() for p in m.parameters()
+    )
     assert opt.defaults["fused"] is True  # fused AdamW on the CPU too
     (loop,) = make_optimizers(m, OptimConfig(impl="forloop"), torch.device("cpu"))
     assert not loop.defaults["fused"] and loop.defaults["foreach"] is False
@@ -47,9 +48,11 @@ def test_the_adamw_kernels_agree():
     torch.testing.assert_close(updates[0], updates[2])
 
 
-@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="the reference, torch.optim.Muon, needs torch >= 2.9")
+@pytest.mark.skipif(
+    not hasattr(torch.optim, "Muon"), reason="the reference, torch.optim.Muon, needs torch >= 2.9"
+)
 def test_batched_muon_matches_torch_muon():
-    from tinygpt.muon import Muon
+    from training.muon import Muon
 
     torch.manual_seed(0)
     shapes = [(96, 32), (32, 32), (128, 32), (32, 128), (48, 64)]  # tall, square, wide: padded batches
@@ -75,7 +78,11 @@ def test_muon_takes_the_hidden_matrices_and_trains():
     muon_names = {names[id(p)] for g in muon.param_groups for p in g["params"]}
     assert muon_names == {n for n, p in m.named_parameters() if p.dim() == 2 and n.startswith("blocks.")}
     adam_names = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
-    assert {"token_emb.weight", "lm_head.weight", "pos_emb.weight"} <= adam_names and not adam_names & muon_names
+    assert {
+        "token_emb.weight",
+        "lm_head.weight",
+        "pos_emb.weight",
+    } <= adam_names and not adam_names & muon_names
     x = torch.randint(0, 40, (8, 16), generator=torch.Generator().manual_seed(0))
     y = torch.roll(x, -1, 1)
     first = None
@@ -108,8 +115,15 @@ def test_schedules():
 @pytest.mark.slow
 def test_a_time_budget_ends_with_the_lr_decayed_and_a_final_eval(data_dir: Path, tmp_path: Path):
     out = tmp_path / "out"
-    train(data_dir, out, "train.max_iters=1000000", "train.max_time=4", "train.eval_interval=100000",
-          "optim.min_lr_ratio=0.1", "optim.lr=1e-3")
+    train(
+        data_dir,
+        out,
+        "train.max_iters=1000000",
+        "train.max_time=4",
+        "train.eval_interval=100000",
+        "optim.min_lr_ratio=0.1",
+        "optim.lr=1e-3",
+    )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["iter"] == 0 and rows[-1]["iter"] > 0
     assert 4.0 <= rows[-1]["elapsed_s"] < 6.0

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from common.errors import UserError
 from model import GPT, GPTConfig
-from tinygpt import runtime
-from tinygpt.errors import UserError
+from training import runtime
 
 
 def test_cpu_precision_auto_follows_the_measured_crossover(monkeypatch):
@@ -24,7 +24,7 @@ def test_cpu_precision_auto_follows_the_measured_crossover(monkeypatch):
 
 def test_explicit_devices_that_are_missing_are_reported(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(UserError, match="train.device=cuda but no CUDA GPU is visible"):
+    with pytest.raises(UserError, match=r"train.device=cuda but no CUDA GPU is visible"):
         runtime.pick_device("cuda")
     assert runtime.pick_device("cpu").type == "cpu"
 
@@ -32,7 +32,9 @@ def test_explicit_devices_that_are_missing_are_reported(monkeypatch):
 def test_compile_auto_is_for_cuda_only():
     assert runtime.compile_enabled("auto", torch.device("cuda", 0))
     assert not runtime.compile_enabled("auto", torch.device("cpu"))
-    assert runtime.compile_enabled("True", torch.device("cpu")) and not runtime.compile_enabled("false", torch.device("cuda"))
+    assert runtime.compile_enabled("True", torch.device("cpu")) and not runtime.compile_enabled(
+        "false", torch.device("cuda")
+    )
 
 
 @pytest.mark.parametrize("options", [{}, {"window": 6, "n_kv_head": 2, "pos_emb": "rope"}])

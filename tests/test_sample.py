@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_script
+
 from model import sample_next
 
 
@@ -41,25 +41,38 @@ def test_sample_cli_is_reproducible_and_streams_the_prompt(run: Path):
     first, second = run_script(*args, check=True), run_script(*args, check=True)
     assert first.stdout == second.stdout and first.stdout.startswith("ROMEO:")
     assert len(first.stdout) == len("ROMEO:") + 100 + 1  # one character per token, then a newline
-    other = run_script("sample.py", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "100", "--seed", "2",
-                       check=True)
+    other = run_script(
+        "sample.py", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "100", "--seed", "2", check=True
+    )
     assert other.stdout != first.stdout
-    greedy = run_script("sample.py", str(run), "--temperature", "0", "--max-new-tokens", "40", "--num-samples", "2",
-                        check=True)
+    greedy = run_script(
+        "sample.py",
+        str(run),
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "40",
+        "--num-samples",
+        "2",
+        check=True,
+    )
     a, b = greedy.stdout.split("\n---------------\n")
     assert a == b.rstrip("\n")  # greedy decoding ignores the seed stream
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--prompt", "héllo ☃"], "the prompt has 2 character(s) not in the vocabulary: 'é', '☃'"),
-    (["--temperature", "-1"], "--temperature must be 0 (greedy) or positive"),
-    (["--top-k", "0"], "--top-k must be between 1 and the vocabulary size 65"),
-    (["--top-k", "66"], "--top-k must be between 1 and the vocabulary size 65"),
-    (["--top-p", "0"], "--top-p must be in (0, 1]"),
-    (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
-    (["--prompt", "a" * 33], "the prompt is 33 tokens, longer than the model's context of 32"),
-    (["--prompt-file", "/no/such/file"], "prompt file /no/such/file not found"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--prompt", "héllo ☃"], "the prompt has 2 character(s) not in the vocabulary: 'é', '☃'"),
+        (["--temperature", "-1"], "--temperature must be 0 (greedy) or positive"),
+        (["--top-k", "0"], "--top-k must be between 1 and the vocabulary size 65"),
+        (["--top-k", "66"], "--top-k must be between 1 and the vocabulary size 65"),
+        (["--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["--prompt", "a" * 33], "the prompt is 33 tokens, longer than the model's context of 32"),
+        (["--prompt-file", "/no/such/file"], "prompt file /no/such/file not found"),
+    ],
+)
 def test_bad_sampling_input_is_one_line(run: Path, args, message):
     result = run_script("sample.py", str(run), *args)
     assert result.returncode == 2 and result.stdout == ""

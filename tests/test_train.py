@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, TINY, train
 from safetensors.torch import load_file
 
-from conftest import ROOT, TINY, train
 from model import GPT
-from tinygpt import checkpoint
+from training import checkpoint
 
 
 def metrics(out: Path) -> list[dict]:
@@ -49,24 +49,50 @@ def test_checkpoint_load_gives_the_same_model(run: Path):
 
 
 def test_save_load_round_trip_in_process(tmp_path: Path):
-    from tinygpt.config import load_config
+    from training.config import load_config
 
-    cfg, _ = load_config(None, ["model.vocab_size=30", "model.n_layer=1", "model.n_embd=16", "model.n_head=2",
-                                "model.block_size=8", "model.tie_embeddings=false"])
+    cfg, _ = load_config(
+        None,
+        [
+            "model.vocab_size=30",
+            "model.n_layer=1",
+            "model.n_embd=16",
+            "model.n_head=2",
+            "model.block_size=8",
+            "model.tie_embeddings=false",
+        ],
+    )
     torch.manual_seed(0)
     m = GPT(cfg.model)
-    checkpoint.save(tmp_path, "last", checkpoint.model_state(torch.compile(m)), cfg, {"kind": "char", "chars": ["a"]})
+    checkpoint.save(
+        tmp_path, "last", checkpoint.model_state(torch.compile(m)), cfg, {"kind": "char", "chars": ["a"]}
+    )
     loaded, *_ = checkpoint.load_model(tmp_path)
     x = torch.randint(0, 30, (2, 8))
     assert torch.equal(loaded(x)[0], m.eval()(x)[0])
 
 
-def interrupt(data_dir: Path, out: Path, *args: str, after: str, sig: int = signal.SIGINT) -> subprocess.CompletedProcess:
+def interrupt(
+    data_dir: Path, out: Path, *args: str, after: str, sig: int = signal.SIGINT
+) -> subprocess.CompletedProcess:
     """Start a run, send `sig` once stdout shows the line starting with `after`, and wait for it to stop."""
-    cmd = [sys.executable, "train.py", "configs/shakespeare_char.yaml", f"data.dir={data_dir}",
-           f"train.out_dir={out}", *TINY, *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "train.py",
+        "configs/shakespeare_char.yaml",
+        f"data.dir={data_dir}",
+        f"train.out_dir={out}",
+        *TINY,
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -103,15 +129,26 @@ def test_same_seed_same_losses_and_interrupted_resume_is_exact(data_dir: Path, t
 def test_a_finished_run_is_not_overwritten_by_accident(run: Path, data_dir: Path):
     before = (run / "last" / "model.safetensors").read_bytes()
     result = train(data_dir, run, "train.max_iters=5", check=False)
-    assert result.returncode == 2 and "already holds a checkpoint; continue it with train.resume=true" in result.stderr
+    assert (
+        result.returncode == 2
+        and "already holds a checkpoint; continue it with train.resume=true" in result.stderr
+    )
     assert (run / "last" / "model.safetensors").read_bytes() == before
 
 
 @pytest.mark.slow
 def test_wandb_offline_run_files(data_dir: Path, tmp_path: Path):
     out = tmp_path / "out"
-    train(data_dir, out, "train.max_iters=10", "train.eval_interval=5", "log.wandb=true", "log.interval=5",
-          env={"WANDB_MODE": "offline"}, timeout=300)
+    train(
+        data_dir,
+        out,
+        "train.max_iters=10",
+        "train.eval_interval=5",
+        "log.wandb=true",
+        "log.interval=5",
+        env={"WANDB_MODE": "offline"},
+        timeout=300,
+    )
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
     assert metrics(out)[-1]["iter"] == 10

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import ROOT, TINY, run_script, train
-from tinygpt import checkpoint
-from tinygpt.errors import UserError
+
+from common.errors import UserError
+from training import checkpoint
 
 
 def one_line_error(result: subprocess.CompletedProcess, message: str) -> None:
@@ -29,10 +29,23 @@ def one_line_error(result: subprocess.CompletedProcess, message: str) -> None:
 
 
 def start(data_dir: Path, out: Path, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "train.py", "configs/shakespeare_char.yaml", f"data.dir={data_dir}",
-           f"train.out_dir={out}", *TINY, *args]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "train.py",
+        "configs/shakespeare_char.yaml",
+        f"data.dir={data_dir}",
+        f"train.out_dir={out}",
+        *TINY,
+        *args,
+    ]
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -73,10 +86,16 @@ def test_kill_9_at_random_moments_leaves_a_loadable_checkpoint(data_dir: Path, t
     again and again at random moments, resumed each time."""
     out = tmp_path / "out"
     rng = random.Random(0)
-    args = ["model.n_layer=4", "model.n_embd=256", "model.n_head=4", "train.eval_interval=2",
-            "train.eval_iters=1", "train.max_iters=100000"]
+    args = [
+        "model.n_layer=4",
+        "model.n_embd=256",
+        "model.n_head=4",
+        "train.eval_interval=2",
+        "train.eval_iters=1",
+        "train.max_iters=100000",
+    ]
     last_iter = -1
-    for attempt in range(8):
+    for _ in range(8):
         resume = ["train.resume=true"] if (out / "last").exists() or (out / ".last.old").exists() else []
         proc = start(data_dir, out, *args, *resume)
         for line in proc.stdout:  # wait until it trains, then kill at a random moment
@@ -86,7 +105,7 @@ def test_kill_9_at_random_moments_leaves_a_loadable_checkpoint(data_dir: Path, t
         proc.kill()
         proc.wait(timeout=60)
         ckpt = checkpoint.find(out, prefer=("last",))
-        model, cfg, _, _ = checkpoint.load_model(ckpt)
+        model, _, _, _ = checkpoint.load_model(ckpt)
         state = checkpoint.load_train_state(ckpt)
         assert state["iter"] >= last_iter, "a checkpoint went backwards"
         last_iter = state["iter"]
@@ -117,7 +136,7 @@ def test_too_little_disk_is_reported_before_training(monkeypatch, tmp_path: Path
     import shutil
 
     import train as train_module
-    from tinygpt.config import load_config
+    from training.config import load_config
 
     cfg, _ = load_config(None)
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
@@ -136,7 +155,7 @@ def test_disk_full_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(checkpoint, "save_file", full_disk)
-    with pytest.raises(UserError, match="No space left on device.*the previous one is untouched"):
+    with pytest.raises(UserError, match=r"No space left on device.*the previous one is untouched"):
         checkpoint.save(tmp_path, "last", weights, cfg, tok, {"iter": 2})
     assert (tmp_path / "last" / "model.safetensors").read_bytes() == before
     assert checkpoint.load_train_state(tmp_path / "last")["iter"] == 1
@@ -159,7 +178,9 @@ def test_pickled_code_in_a_checkpoint_never_runs(run: Path, data_dir: Path, tmp_
     train(data_dir, out, "train.max_iters=2", "train.eval_interval=1")
     with open(out / "last" / "state.pt", "wb") as f:  # as torch.save would write it
         torch.save({"iter": Payload(marker)}, f)
-    result = train(data_dir, out, "train.max_iters=4", "train.eval_interval=1", "train.resume=true", check=False)
+    result = train(
+        data_dir, out, "train.max_iters=4", "train.eval_interval=1", "train.resume=true", check=False
+    )
     one_line_error(result, "state.pt is damaged or holds something other than tensors and numbers")
     with open(out / "last" / "model.safetensors", "wb") as f:
         pickle.dump(Payload(marker), f)
@@ -184,13 +205,19 @@ def test_resuming_a_different_model_or_tokenizer_is_refused(run: Path, data_dir:
     one_line_error(result, "was trained with another tokenizer (its chars differs")
 
 
-@pytest.mark.parametrize("args,message", [
-    (["data.dataset=nonexistent"], "dataset 'nonexistent' is not prepared in"),
-    (["model.block_size=200000"], "model.block_size=200000 needs windows of 200001 tokens, but the val split"),
-    (["data.dataset=empty"], "has only 0"),
-    (["train.grad_accum=0"], "train.grad_accum: must be positive, got 0"),
-    (["train.resume=true"], "no checkpoint in"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["data.dataset=nonexistent"], "dataset 'nonexistent' is not prepared in"),
+        (
+            ["model.block_size=200000"],
+            "model.block_size=200000 needs windows of 200001 tokens, but the val split",
+        ),
+        (["data.dataset=empty"], "has only 0"),
+        (["train.grad_accum=0"], "train.grad_accum: must be positive, got 0"),
+        (["train.resume=true"], "no checkpoint in"),
+    ],
+)
 def test_bad_training_input_is_one_line(data_dir: Path, tmp_path: Path, args, message):
     empty = data_dir / "empty"
     if not empty.exists():

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from tinygpt.errors import UserError
+from common.errors import UserError
 
 
 @dataclass
@@ -56,8 +56,10 @@ class Runtime:
 def pick_device(setting: str, local_rank: int = 0) -> torch.device:
     cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
     if setting == "cuda" and not cuda:
-        raise UserError("train.device=cuda but no CUDA GPU is visible to PyTorch (is the CUDA build of torch "
-                        "installed?); use train.device=auto or cpu")
+        raise UserError(
+            "train.device=cuda but no CUDA GPU is visible to PyTorch (is the CUDA build of torch "
+            "installed?); use train.device=auto or cpu"
+        )
     if setting == "mps" and not mps:
         raise UserError("train.device=mps but Apple MPS is not available; use train.device=auto or cpu")
     if setting == "cuda" or (setting == "auto" and cuda):
@@ -70,7 +72,8 @@ def pick_device(setting: str, local_rank: int = 0) -> torch.device:
 def cpu_has_bf16_matmul() -> bool:
     """True on CPUs with bf16 matrix instructions (Intel AMX, AVX512-BF16)."""
     try:
-        flags = open("/proc/cpuinfo").read()
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
     except OSError:
         return False
     return " amx_bf16" in flags or " avx512_bf16" in flags
@@ -102,8 +105,9 @@ def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:
 
 def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int = 0) -> Runtime:
     """Join the torchrun process group when launched by torchrun, then choose device and precision."""
-    rank, local_rank, world = (int(os.environ.get(k, d)) for k, d in
-                               (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
+    rank, local_rank, world = (
+        int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1))
+    )
     device = pick_device(device_setting, local_rank)
     if world > 1 and not dist.is_initialized():
         if device.type == "cuda":

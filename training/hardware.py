@@ -47,15 +47,18 @@ def gpu_peak_flops(device_name: str, precision: str) -> Optional[float]:
 
 def _cpu_name() -> str:
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return platform.processor() or platform.machine()
 
 
-def measure_cpu_flops(dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048, 3072), repeats: int = 10) -> float:
+def measure_cpu_flops(
+    dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048, 3072), repeats: int = 10
+) -> float:
     """Best FLOP/s of square matrix products on the CPU at the current thread count. The best of many tries:
     a busy moment of a shared machine only ever slows a try down."""
     best = 0.0
@@ -66,7 +69,7 @@ def measure_cpu_flops(dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048, 
         for _ in range(repeats):
             start = time.perf_counter()
             a @ b
-            best = max(best, 2 * n ** 3 / (time.perf_counter() - start))
+            best = max(best, 2 * n**3 / (time.perf_counter() - start))
     return best
 
 

@@ -14,8 +14,14 @@ from typing import Any, Optional
 
 
 class Tracker:
-    def __init__(self, out_dir: Path, enabled: bool, wandb_cfg: Optional[dict] = None,
-                 wandb_id: Optional[str] = None, fresh: bool = True):
+    def __init__(
+        self,
+        out_dir: Path,
+        enabled: bool,
+        wandb_cfg: Optional[dict] = None,
+        wandb_id: Optional[str] = None,
+        fresh: bool = True,
+    ):
         self.enabled = enabled
         self.metrics_path = out_dir / "metrics.jsonl"
         self.run = None
@@ -26,8 +32,14 @@ class Tracker:
         if wandb_cfg is not None:
             import wandb
 
-            self.run = wandb.init(project=wandb_cfg["project"], name=wandb_cfg["name"], config=wandb_cfg["config"],
-                                  dir=str(out_dir), id=wandb_id, resume="allow" if wandb_id else None)
+            self.run = wandb.init(
+                project=wandb_cfg["project"],
+                name=wandb_cfg["name"],
+                config=wandb_cfg["config"],
+                dir=str(out_dir),
+                id=wandb_id,
+                resume="allow" if wandb_id else None,
+            )
 
     @property
     def wandb_id(self) -> Optional[str]:
@@ -43,9 +55,16 @@ class Tracker:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self.run is not None:  # the scalars (head scores go through step() as a few flat values)
-            self.run.log({f"eval/{k}": v for k, v in record.items() if k != "iter" and isinstance(v, (int, float))},
-                         step=record["iter"])
+            self.run.log(
+                {f"eval/{k}": v for k, v in record.items() if k != "iter" and isinstance(v, (int, float))},
+                step=record["iter"],
+            )
 
     def finish(self) -> None:
         if self.run is not None:
             self.run.finish()
+
+
+def read_metrics(metrics_path: Path) -> list[dict]:
+    """The records of OUT_DIR/metrics.jsonl, one per eval."""
+    return [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]

@@ -17,8 +17,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from common.errors import UserError
 from model.config import GPTConfig
-from tinygpt.errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "shakespeare_char.yaml"
@@ -42,7 +42,9 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: str = "auto"  # auto | true | false (auto: on for CUDA)
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"  # reduce-overhead: CUDA graphs
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = (
+        "default"  # reduce-overhead: CUDA graphs
+    )
     seed: int = 1337
     resume: bool = False  # continue from out_dir's last checkpoint
     overwrite: bool = False  # start afresh even if out_dir holds a checkpoint (deleting it)
@@ -113,8 +115,11 @@ def _explain(e: OmegaConfBaseException, source: str) -> UserError:
     if isinstance(e, ConfigKeyError):
         valid = _keys_under(Config(), key)
         close = difflib.get_close_matches(key.split(".")[-1], valid, n=1, cutoff=0.6)
-        hint = f"did you mean {'.'.join(key.split('.')[:-1] + close[:1])}?" if close else \
-            f"valid keys here: {', '.join(valid)}"
+        hint = (
+            f"did you mean {'.'.join(key.split('.')[:-1] + close[:1])}?"
+            if close
+            else f"valid keys here: {', '.join(valid)}"
+        )
         return UserError(f"unknown config key {key} (in {source}); {hint}")
     if isinstance(e, ValidationError):
         msg = getattr(e, "msg", str(e)).splitlines()[0]
@@ -142,8 +147,10 @@ def _read_yaml(path: Path) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise UserError(f"{path} must hold a mapping of sections (model:, data:, train:, ...), "
-                        f"not a {type(data).__name__}")
+        raise UserError(
+            f"{path} must hold a mapping of sections (model:, data:, train:, ...), "
+            f"not a {type(data).__name__}"
+        )
     return data
 
 
@@ -176,14 +183,25 @@ def problems(cfg: Config) -> list[tuple[str, str]]:
     """(dotted key, message) for each impossible value."""
     out = [(f"model.{k}", m) for k, m in cfg.model.problems()]
     t, o = cfg.train, cfg.optim
-    positive = [("train.eval_interval", t.eval_interval), ("train.eval_iters", t.eval_iters),
-                ("train.batch_size", t.batch_size), ("train.grad_accum", t.grad_accum),
-                ("optim.lr", o.lr), ("log.interval", cfg.log.interval)]
+    positive = [
+        ("train.eval_interval", t.eval_interval),
+        ("train.eval_iters", t.eval_iters),
+        ("train.batch_size", t.batch_size),
+        ("train.grad_accum", t.grad_accum),
+        ("optim.lr", o.lr),
+        ("log.interval", cfg.log.interval),
+    ]
     out += [(k, f"must be positive, got {v}") for k, v in positive if v <= 0]
-    non_negative = [("train.max_iters", t.max_iters), ("train.threads", t.threads),
-                    ("train.skip_nonfinite", t.skip_nonfinite), ("optim.warmup_iters", o.warmup_iters),
-                    ("optim.weight_decay", o.weight_decay), ("optim.grad_clip", o.grad_clip),
-                    ("optim.muon_lr", o.muon_lr), ("optim.muon_weight_decay", o.muon_weight_decay)]
+    non_negative = [
+        ("train.max_iters", t.max_iters),
+        ("train.threads", t.threads),
+        ("train.skip_nonfinite", t.skip_nonfinite),
+        ("optim.warmup_iters", o.warmup_iters),
+        ("optim.weight_decay", o.weight_decay),
+        ("optim.grad_clip", o.grad_clip),
+        ("optim.muon_lr", o.muon_lr),
+        ("optim.muon_weight_decay", o.muon_weight_decay),
+    ]
     out += [(k, f"must not be negative, got {v}") for k, v in non_negative if v < 0]
     if t.max_time is not None and t.max_time <= 0:
         out.append(("train.max_time", f"must be a positive number of seconds or null, got {t.max_time}"))
@@ -193,12 +211,21 @@ def problems(cfg: Config) -> list[tuple[str, str]]:
         out.append(("optim.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}"))
     if not 0.0 < o.decay_frac <= 1.0:
         out.append(("optim.decay_frac", f"must be in (0, 1], got {o.decay_frac}"))
-    for k, v in (("optim.beta1", o.beta1), ("optim.beta2", o.beta2), ("optim.muon_momentum", o.muon_momentum)):
+    for k, v in (
+        ("optim.beta1", o.beta1),
+        ("optim.beta2", o.beta2),
+        ("optim.muon_momentum", o.muon_momentum),
+    ):
         if not 0.0 <= v < 1.0:
             out.append((k, f"must be in [0, 1), got {v}"))
     if o.name == "muon" and t.parallel == "fsdp":
-        out.append(("optim.name", "muon needs whole matrices and cannot run on FSDP shards; use "
-                                  "train.parallel=ddp or optim.name=adamw"))
+        out.append(
+            (
+                "optim.name",
+                "muon needs whole matrices and cannot run on FSDP shards; use "
+                "train.parallel=ddp or optim.name=adamw",
+            )
+        )
     if not cfg.data.dataset or "/" in cfg.data.dataset:
         out.append(("data.dataset", f"must be a dataset folder name, got {cfg.data.dataset!r}"))
     return out
@@ -215,7 +242,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> tuple[Con
             merged = OmegaConf.merge(merged, data)
         except OmegaConfBaseException as e:
             raise _explain(e, name) from None
-        origins.update({k: name for k in _flatten(data)})
+        origins.update(dict.fromkeys(_flatten(data), name))
     cfg: Config = OmegaConf.to_object(merged)
     found = problems(cfg)
     if found:
@@ -231,4 +258,3 @@ def to_yaml(cfg: Config) -> str:
 
 def to_dict(cfg: Config) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg))
-

@@ -17,7 +17,7 @@ import numpy as np
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
-from tinygpt.heads import ROLES, role_name, strongest
+from interp.scores import ROLES, role_name, strongest
 
 MAX_LABELS = 48  # token labels on the axes of prompts up to this many tokens
 CMAP = matplotlib.colormaps["viridis"].with_extremes(bad="white")
@@ -26,8 +26,12 @@ CMAP = matplotlib.colormaps["viridis"].with_extremes(bad="white")
 def _draw_map(ax, weights: np.ndarray, labels: Optional[list[str]], title: str, fontsize: float):
     T = weights.shape[0]
     future = np.triu(np.ones((T, T), dtype=bool), k=1)
-    image = ax.imshow(np.ma.masked_where(future, weights), cmap=CMAP, norm=PowerNorm(0.5, vmin=0.0, vmax=1.0),
-                      interpolation="nearest")
+    image = ax.imshow(
+        np.ma.masked_where(future, weights),
+        cmap=CMAP,
+        norm=PowerNorm(0.5, vmin=0.0, vmax=1.0),
+        interpolation="nearest",
+    )
     ax.set_title(title, fontsize=fontsize + 2)
     if labels is not None and T <= MAX_LABELS:
         ax.set_xticks(range(T), labels, rotation=90, fontsize=fontsize, fontfamily="monospace")
@@ -65,7 +69,9 @@ def plot_head(weights: np.ndarray, labels: Optional[list[str]], layer: int, head
 def plot_scores(scores: dict, path: Path) -> None:
     """One layer x head heatmap per role, values written in the cells."""
     n_layer, n_head = len(scores[ROLES[0]]), len(scores[ROLES[0]][0])
-    fig = Figure(figsize=(2.2 + len(ROLES) * max(2.4, 0.45 * n_head), 1.6 + 0.45 * n_layer), layout="constrained")
+    fig = Figure(
+        figsize=(2.2 + len(ROLES) * max(2.4, 0.45 * n_head), 1.6 + 0.45 * n_layer), layout="constrained"
+    )
     axes = fig.subplots(1, len(ROLES), squeeze=False).ravel()
     for ax, role in zip(axes, ROLES):
         table = np.array(scores[role])
@@ -75,12 +81,22 @@ def plot_scores(scores: dict, path: Path) -> None:
         ax.set_yticks(range(n_layer), [f"L{layer}" for layer in range(n_layer)], fontsize=7)
         if n_layer * n_head <= 64:
             for (layer, head), value in np.ndenumerate(table):
-                ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                        color="black" if value > 0.6 else "white")
+                ax.text(
+                    head,
+                    layer,
+                    f"{value:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="black" if value > 0.6 else "white",
+                )
     fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label="score")
-    fig.suptitle(f"head role scores | ICL score {scores['icl_score']:+.2f} | repeated-sequence loss "
-                 f"{scores['repeat_loss_first_half']:.2f} (first half) -> {scores['repeat_loss_second_half']:.2f} "
-                 "(second half)", fontsize=10)
+    fig.suptitle(
+        f"head role scores | ICL score {scores['icl_score']:+.2f} | repeated-sequence loss "
+        f"{scores['repeat_loss_first_half']:.2f} (first half) -> {scores['repeat_loss_second_half']:.2f} "
+        "(second half)",
+        fontsize=10,
+    )
     fig.savefig(path, dpi=110)
 
 
@@ -96,11 +112,15 @@ def plot_training_curves(records: list[dict], path: Path) -> None:
     if scored:
         its = [r["iter"] for r in scored]
         for role in ROLES:
-            axes[1].plot(its, [strongest(r["heads"][role])[2] for r in scored], marker=".", label=role_name(role))
+            axes[1].plot(
+                its, [strongest(r["heads"][role])[2] for r in scored], marker=".", label=role_name(role)
+            )
         axes[1].set(title="best head of each role", xlabel="iteration", ylabel="score", ylim=(0, 1.02))
-        for key, label in (("repeat_loss_first_half", "repeated sequence, first half"),
-                           ("repeat_loss_second_half", "repeated sequence, second half"),
-                           ("icl_score", "in-context learning score")):
+        for key, label in (
+            ("repeat_loss_first_half", "repeated sequence, first half"),
+            ("repeat_loss_second_half", "repeated sequence, second half"),
+            ("icl_score", "in-context learning score"),
+        ):
             axes[2].plot(its, [r["heads"][key] for r in scored], marker=".", label=label)
         axes[2].axhline(0.0, color="grey", linewidth=0.5)
         axes[2].set(title="in-context learning", xlabel="iteration", ylabel="loss (nats)")

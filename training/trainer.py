@@ -14,14 +14,14 @@ from typing import Optional
 
 import torch
 
+from common.errors import UserError
 from data.loader import TokenWindows
 from data.prepare import DATA_DIR, ensure_prepared, load_meta
 from model import GPT, GPTConfig
-from tinygpt import checkpoint, distributed
-from tinygpt.config import Config
-from tinygpt.errors import UserError
-from tinygpt.optim import make_optimizers
-from tinygpt.runtime import Runtime, compile_enabled
+from training import checkpoint, distributed
+from training.config import Config
+from training.optim import make_optimizers
+from training.runtime import Runtime, compile_enabled
 
 
 @dataclass
@@ -50,8 +50,10 @@ def model_config(cfg: Config, meta: dict) -> GPTConfig:
     if mc.vocab_size is None:
         mc.vocab_size = meta["vocab_size"]
     elif mc.vocab_size < meta["vocab_size"]:
-        raise UserError(f"model.vocab_size={mc.vocab_size} is smaller than the dataset's vocabulary "
-                        f"({meta['vocab_size']}); remove it to use the dataset's")
+        raise UserError(
+            f"model.vocab_size={mc.vocab_size} is smaller than the dataset's vocabulary "
+            f"({meta['vocab_size']}); remove it to use the dataset's"
+        )
     return mc
 
 
@@ -59,21 +61,33 @@ def load_dataset(cfg: Config, rt: Runtime) -> tuple[dict, dict[str, TokenWindows
     """The dataset's metadata and split windows (rank 0 prepares a known dataset on first use).
     Fills in cfg.model.vocab_size from the dataset when the config leaves it null."""
     if cfg.train.grad_accum % rt.world_size:
-        raise UserError(f"train.grad_accum={cfg.train.grad_accum} (micro-batches per step, over all processes) "
-                        f"must be a multiple of the {rt.world_size} processes")
+        raise UserError(
+            f"train.grad_accum={cfg.train.grad_accum} (micro-batches per step, over all processes) "
+            f"must be a multiple of the {rt.world_size} processes"
+        )
     data_dir = Path(cfg.data.dir) if cfg.data.dir else DATA_DIR
     if rt.is_main:
         ensure_prepared(cfg.data.dataset, data_dir)
     distributed.barrier(rt)
     meta = load_meta(data_dir / cfg.data.dataset)
     cfg.model = model_config(cfg, meta)
-    splits = {s: TokenWindows(data_dir / cfg.data.dataset / f"{s}.bin", meta["dtype"], cfg.model.block_size,
-                              rt.device, cfg.train.seed, s) for s in ("train", "val")}
+    splits = {
+        s: TokenWindows(
+            data_dir / cfg.data.dataset / f"{s}.bin",
+            meta["dtype"],
+            cfg.model.block_size,
+            rt.device,
+            cfg.train.seed,
+            s,
+        )
+        for s in ("train", "val")
+    }
     return meta, splits
 
 
-def build(cfg: Config, rt: Runtime, meta: dict, splits: dict[str, TokenWindows],
-          weights_from: Optional[Path] = None) -> Run:
+def build(
+    cfg: Config, rt: Runtime, meta: dict, splits: dict[str, TokenWindows], weights_from: Optional[Path] = None
+) -> Run:
     """The model (seeded init, or the weights of checkpoint `weights_from`), wrapped, compiled, optimised."""
     torch.manual_seed(cfg.train.seed)
     raw = GPT(cfg.model).to(rt.device)
@@ -94,8 +108,9 @@ def train_step(run: Run, it: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(run.micro_steps):
         # micro-batch keys number the global sequence of micro-batches: the same data for any world size
-        x, y = run.splits["train"].batch(it * cfg.train.grad_accum + micro * rt.world_size + rt.rank,
-                                         cfg.train.batch_size)
+        x, y = run.splits["train"].batch(
+            it * cfg.train.grad_accum + micro * rt.world_size + rt.rank, cfg.train.batch_size
+        )
         with distributed.sync_gradients(run.model, micro == run.micro_steps - 1, rt), rt.autocast():
             _, loss = run.step_model(x, y)
             loss = loss / run.micro_steps
@@ -104,7 +119,9 @@ def train_step(run: Run, it: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
     if run.scaler is not None:
         for opt in run.optimizers:
             run.scaler.unscale_(opt)
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), cfg.optim.grad_clip or float("inf"))
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        run.raw_model.parameters(), cfg.optim.grad_clip or float("inf")
+    )
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
     # fp16: inf gradients are the GradScaler's business (it skips those steps and lowers the scale)
     finite = torch.isfinite(loss_sum) & (torch.isfinite(grad_norm) if run.scaler is None else True)
@@ -143,10 +160,16 @@ def check_compatible(ckpt: Path, saved: Config, cfg: Config, tokenizer_meta: dic
     for field, theirs in asdict(saved.model).items():
         ours = getattr(cfg.model, field)
         if theirs != ours and field != "dropout":
-            raise UserError(f"checkpoint {ckpt} has model.{field}={theirs} but the config says {ours}; resume "
-                            "with the config it was trained with, or start a new run in another train.out_dir")
+            raise UserError(
+                f"checkpoint {ckpt} has model.{field}={theirs} but the config says {ours}; resume "
+                "with the config it was trained with, or start a new run in another train.out_dir"
+            )
     theirs = checkpoint.load_tokenizer_meta(ckpt)
     if theirs != tokenizer_meta:
-        diff = next(k for k in sorted(set(theirs) | set(tokenizer_meta)) if theirs.get(k) != tokenizer_meta.get(k))
-        raise UserError(f"checkpoint {ckpt} was trained with another tokenizer (its {diff} differs from the "
-                        "dataset's); resume on the dataset it was trained on")
+        diff = next(
+            k for k in sorted(set(theirs) | set(tokenizer_meta)) if theirs.get(k) != tokenizer_meta.get(k)
+        )
+        raise UserError(
+            f"checkpoint {ckpt} was trained with another tokenizer (its {diff} differs from the "
+            "dataset's); resume on the dataset it was trained on"
+        )

@@ -4,7 +4,7 @@
   kernel (`optim.impl`): fused where torch has it for the device (CPU included), else foreach; `forloop`
   keeps nanoGPT's plain per-parameter loop reachable for comparisons.
 - Muon (`optim.name: muon`): orthogonalised momentum for the 2-D weights inside the blocks; embeddings, the
-  LM head, biases and norms stay on AdamW (Muon is for hidden matrices only). tinygpt/muon.py computes
+  LM head, biases and norms stay on AdamW (Muon is for hidden matrices only). training/muon.py computes
   torch.optim.Muon's update batched over matrices, which is what makes it affordable on a CPU.
 - Schedule: lr x warmup(iter) x decay(progress), progress in [0, 1] being the larger of iter / max_iters and
   elapsed / max_time, so a run with a time budget still ends with its learning rate decayed. Warmup rises
@@ -18,8 +18,8 @@ import math
 
 import torch
 
-from tinygpt.config import OptimConfig
-from tinygpt.muon import Muon
+from training.config import OptimConfig
+from training.muon import Muon
 
 
 def _adamw(groups: list[dict], cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
@@ -30,7 +30,9 @@ def _adamw(groups: list[dict], cfg: OptimConfig, device: torch.device) -> torch.
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kwargs)
 
 
-def make_optimizers(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> list[torch.optim.Optimizer]:
+def make_optimizers(
+    model: torch.nn.Module, cfg: OptimConfig, device: torch.device
+) -> list[torch.optim.Optimizer]:
     """The optimisers for model's parameters (one, or Muon + AdamW); each group remembers its base lr."""
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     muon_names: set[str] = set()
@@ -41,8 +43,12 @@ def make_optimizers(model: torch.nn.Module, cfg: OptimConfig, device: torch.devi
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     optimizers: list[torch.optim.Optimizer] = [_adamw([g for g in groups if g["params"]], cfg, device)]
     if muon_names:
-        muon = Muon([params[n] for n in sorted(muon_names)], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
-                    weight_decay=cfg.muon_weight_decay)
+        muon = Muon(
+            [params[n] for n in sorted(muon_names)],
+            lr=cfg.muon_lr,
+            momentum=cfg.muon_momentum,
+            weight_decay=cfg.muon_weight_decay,
+        )
         optimizers.append(muon)
     for opt in optimizers:
         for group in opt.param_groups:

@@ -30,15 +30,15 @@ Model-level numbers:
 
 heads.py calls `score_heads`; train.py, with log.head_scores: true, calls it at its defaults at each eval
 (about 0.1 s for the 2-layer induction model, 2-3 s for 6 x 384 with a 256 context on a CPU),
-prints `strongest_heads`, logs `flat_scores` and draws `plot_training` at the end. Attention weights are
+prints `strongest_heads`, logs `flat_scores` and draws `interp.plots.plot_training_curves` at the end.
+Attention weights are
 materialised a chunk of windows at a time (ATTENTION_BYTES), so a GPT-2-sized model can be scored too.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 import numpy as np
 import torch
@@ -60,16 +60,20 @@ def role_name(role: str) -> str:
 def text_scores(weights: torch.Tensor) -> dict[str, torch.Tensor]:
     """Previous-, first- and current-token scores, each (B, n_head), from one layer's (B, n_head, T, T)
     attention weights on real text: per window, the mean over queries 1 .. T-1."""
-    return {"previous_token": weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=-1),
-            "first_token": weights[..., 1:, 0].mean(dim=-1),
-            "current_token": weights.diagonal(dim1=-2, dim2=-1)[..., 1:].mean(dim=-1)}
+    return {
+        "previous_token": weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=-1),
+        "first_token": weights[..., 1:, 0].mean(dim=-1),
+        "current_token": weights.diagonal(dim1=-2, dim2=-1)[..., 1:].mean(dim=-1),
+    }
 
 
 def repeat_scores(weights: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
     """Duplicate-token and induction scores, each (B, n_head), from one layer's (B, n_head, 2n, 2n) attention
     weights on [R, R] sequences with len(R) = n: per sequence, the mean over queries n .. 2n-1."""
-    return {"duplicate_token": weights.diagonal(offset=-n, dim1=-2, dim2=-1).mean(dim=-1),
-            "induction": weights.diagonal(offset=1 - n, dim1=-2, dim2=-1)[..., 1:].mean(dim=-1)}
+    return {
+        "duplicate_token": weights.diagonal(offset=-n, dim1=-2, dim2=-1).mean(dim=-1),
+        "induction": weights.diagonal(offset=1 - n, dim1=-2, dim2=-1)[..., 1:].mean(dim=-1),
+    }
 
 
 def repeated_tokens(vocab_size: int, n: int, count: int, seed: int) -> torch.Tensor:
@@ -87,7 +91,7 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def repeat_losses(logits: torch.Tensor, tokens: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per sequence (B,), the mean loss on the first and on the second half of [R, R] (see the docstring)."""
     losses = token_losses(logits[:, :-1], tokens[:, 1:])  # column p: the prediction of token p + 1
-    return losses[:, :n - 1].mean(dim=1), losses[:, n:].mean(dim=1)
+    return losses[:, : n - 1].mean(dim=1), losses[:, n:].mean(dim=1)
 
 
 def icl_positions(block_size: int) -> tuple[int, int]:
@@ -108,7 +112,7 @@ def _passes(model: GPT, idx: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor
     cfg = model.config
     size = max(1, ATTENTION_BYTES // (4 * cfg.n_layer * cfg.n_head * idx.size(1) ** 2))
     for start in range(0, idx.size(0), size):
-        logits, weights = model.attention_weights(idx[start:start + size])
+        logits, weights = model.attention_weights(idx[start : start + size])
         yield slice(start, start + size), logits, [w.float() for w in weights]
 
 
@@ -118,13 +122,16 @@ def _mean(parts: list[torch.Tensor]) -> float:
 
 def _table(parts: list[list[dict[str, torch.Tensor]]], role: str) -> list[list[float]]:
     """n_layer x n_head means over every row of every chunk."""
-    layers = [torch.cat([chunk[layer][role] for chunk in parts]).mean(dim=0) for layer in range(len(parts[0]))]
+    layers = [
+        torch.cat([chunk[layer][role] for chunk in parts]).mean(dim=0) for layer in range(len(parts[0]))
+    ]
     return [[round(float(v), 4) for v in layer] for layer in layers]
 
 
 @torch.no_grad()
-def score_heads(model: GPT, val: TokenWindows, seed: int = 0, *, sequences: int = 16,
-                windows: Optional[int] = None) -> dict:
+def score_heads(
+    model: GPT, val: TokenWindows, seed: int = 0, *, sequences: int = 16, windows: Optional[int] = None
+) -> dict:
     """Every head's role scores (n_layer x n_head lists), the ICL score and the repeated-sequence losses.
 
     `windows` validation windows (default: about 8k tokens' worth) come from `val`'s stream 2; `sequences`
@@ -155,9 +162,14 @@ def score_heads(model: GPT, val: TokenWindows, seed: int = 0, *, sequences: int 
     finally:
         model.train(was_training)
     scores = {role: _table(text if role in TEXT_ROLES else rep, role) for role in ROLES}
-    return {**scores, "icl_score": _mean(icl), "repeat_loss_first_half": _mean(first),
-            "repeat_loss_second_half": _mean(second), "repeat_length": n,
-            "icl_positions": list(icl_positions(cfg.block_size))}
+    return {
+        **scores,
+        "icl_score": _mean(icl),
+        "repeat_loss_first_half": _mean(first),
+        "repeat_loss_second_half": _mean(second),
+        "repeat_length": n,
+        "icl_positions": list(icl_positions(cfg.block_size)),
+    }
 
 
 def strongest(table: list[list[float]]) -> tuple[int, int, float]:
@@ -173,7 +185,9 @@ def strongest_heads(scores: dict) -> str:
         layer, head, value = strongest(scores[role])
         parts.append(f"{role_name(role)} L{layer}H{head} {value:.2f}")
     parts.append(f"ICL {scores['icl_score']:+.2f}")
-    parts.append(f"repeat loss {scores['repeat_loss_first_half']:.2f} -> {scores['repeat_loss_second_half']:.2f}")
+    parts.append(
+        f"repeat loss {scores['repeat_loss_first_half']:.2f} -> {scores['repeat_loss_second_half']:.2f}"
+    )
     return " | ".join(parts)
 
 
@@ -183,15 +197,3 @@ def flat_scores(scores: dict) -> dict[str, float]:
     for key in ("icl_score", "repeat_loss_first_half", "repeat_loss_second_half"):
         out[f"heads/{key}"] = scores[key]
     return out
-
-
-def read_metrics(metrics_path: Path) -> list[dict]:
-    """The records of OUT_DIR/metrics.jsonl, one per eval."""
-    return [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
-
-
-def plot_training(metrics_path: Path, out_png: Path) -> None:
-    """Loss curves next to the best score of each role and the in-context numbers, against iteration."""
-    from tinygpt.heads_plot import plot_training_curves  # matplotlib only when plotting
-
-    plot_training_curves(read_metrics(metrics_path), Path(out_png))

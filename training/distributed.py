@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tinygpt import checkpoint
-from tinygpt.errors import UserError
+from common.errors import UserError
+from training import checkpoint
 
 
 def barrier(rt) -> None:
@@ -105,15 +105,29 @@ def _local_shards(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_checkpoint(out_dir: Path, name: str, model: torch.nn.Module, optimizers: list, train_state: dict,
-                    cfg, tokenizer_meta: dict, rt) -> Path:
+def save_checkpoint(
+    out_dir: Path,
+    name: str,
+    model: torch.nn.Module,
+    optimizers: list,
+    train_state: dict,
+    cfg,
+    tokenizer_meta: dict,
+    rt,
+) -> Path:
     """Write checkpoint out_dir/name from every rank's part of the model and optimizer state."""
     opt_states = [opt.state_dict() for opt in optimizers]
     if not _is_sharded(model):
         path = out_dir / name
         if rt.is_main:
-            path = checkpoint.save(out_dir, name, checkpoint.model_state(model), cfg, tokenizer_meta,
-                                   {**train_state, "optimizers": opt_states})
+            path = checkpoint.save(
+                out_dir,
+                name,
+                checkpoint.model_state(model),
+                cfg,
+                tokenizer_meta,
+                {**train_state, "optimizers": opt_states},
+            )
         barrier(rt)
         return path
     # FSDP: every rank writes its files into one temporary folder, which rank 0 then swaps in.
@@ -129,7 +143,10 @@ def save_checkpoint(out_dir: Path, name: str, model: torch.nn.Module, optimizers
     barrier(rt)
     shard_name = f"model-rank{rt.rank:02d}-of-{rt.world_size:02d}.safetensors"
     save_file(_local_shards(model), str(tmp_dir / shard_name), metadata={"format": "pt"})
-    torch.save({"optimizers": [_local_optimizer_state(s) for s in opt_states]}, tmp_dir / f"state-rank{rt.rank:02d}.pt")
+    torch.save(
+        {"optimizers": [_local_optimizer_state(s) for s in opt_states]},
+        tmp_dir / f"state-rank{rt.rank:02d}.pt",
+    )
     barrier(rt)
     if rt.is_main:
         (tmp_dir / checkpoint.SHARDS).write_text(json.dumps({"world_size": rt.world_size, "dim": 0}))
@@ -142,8 +159,11 @@ def save_checkpoint(out_dir: Path, name: str, model: torch.nn.Module, optimizers
 def _local_optimizer_state(state: dict) -> dict:
     def local(v):
         return v.to_local() if hasattr(v, "to_local") else v
-    return {"state": {k: {n: local(t) for n, t in s.items()} for k, s in state["state"].items()},
-            "param_groups": state["param_groups"]}
+
+    return {
+        "state": {k: {n: local(t) for n, t in s.items()} for k, s in state["state"].items()},
+        "param_groups": state["param_groups"],
+    }
 
 
 def load_weights(model: torch.nn.Module, ckpt: Path, rt) -> None:
@@ -156,7 +176,9 @@ def load_optimizers(optimizers: list, state: dict, ckpt: Path, rt) -> None:
     if (ckpt / checkpoint.SHARDS).is_file():
         saved = checkpoint.load_optimizer_shard(ckpt, rt.rank, rt.world_size, optimizers)
     if saved is None or len(saved) != len(optimizers):
-        raise UserError(f"checkpoint {ckpt} holds state for a different optimizer setup; resume with the "
-                        "optim.name it was trained with")
+        raise UserError(
+            f"checkpoint {ckpt} holds state for a different optimizer setup; resume with the "
+            "optim.name it was trained with"
+        )
     for opt, s in zip(optimizers, saved):
         opt.load_state_dict(s)

@@ -34,14 +34,25 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
 
 
 class Muon(torch.optim.Optimizer):
-    def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
-                 nesterov: bool = True, ns_steps: int = 5):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
-                                      ns_steps=ns_steps))
+    def __init__(
+        self,
+        params,
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        weight_decay: float = 0.0,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+    ):
+        super().__init__(
+            params,
+            dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, ns_steps=ns_steps),
+        )
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dim() != 2:
-                    raise ValueError(f"Muon takes 2-D weights only, got a parameter of shape {tuple(p.shape)}")
+                    raise ValueError(
+                        f"Muon takes 2-D weights only, got a parameter of shape {tuple(p.shape)}"
+                    )
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -65,12 +76,12 @@ class Muon(torch.optim.Optimizer):
                 batch = torch.zeros(len(members), short, long, device=device, dtype=torch.bfloat16)
                 for row, i in enumerate(members):
                     u = updates[i] if updates[i].size(0) <= updates[i].size(1) else updates[i].mT
-                    batch[row, :, :u.size(1)] = u
+                    batch[row, :, : u.size(1)] = u
                 ortho = newton_schulz(batch, group["ns_steps"])
                 for row, i in enumerate(members):
                     p = params[i]
                     rows, cols = p.shape
-                    o = ortho[row, :, :max(rows, cols)]
+                    o = ortho[row, :, : max(rows, cols)]
                     o = o if rows <= cols else o.mT
                     if group["weight_decay"]:
                         p.mul_(1 - group["lr"] * group["weight_decay"])

@@ -28,12 +28,12 @@ from omegaconf.errors import OmegaConfBaseException
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from common.errors import UserError
 from model import GPT, GPTConfig
-from tinygpt.config import Config, to_yaml
-from tinygpt.errors import UserError
+from training.config import Config, to_yaml
 
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.yaml", "tokenizer.json", "state.pt"
-SHARDS = "shards.json"  # in place of model.safetensors: an FSDP checkpoint (see tinygpt/distributed.py)
+SHARDS = "shards.json"  # in place of model.safetensors: an FSDP checkpoint (see training/distributed.py)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -92,7 +92,9 @@ def swap_in(tmp: Path, out_dir: Path, name: str) -> Path:
     return final
 
 
-def save_metadata(folder: Path, cfg: Config, tokenizer_meta: dict, train_state: Optional[dict[str, Any]]) -> None:
+def save_metadata(
+    folder: Path, cfg: Config, tokenizer_meta: dict, train_state: Optional[dict[str, Any]]
+) -> None:
     """config.yaml, tokenizer.json and (when given) state.pt, flushed to disk."""
     _write(folder / CONFIG, lambda f: f.write(to_yaml(cfg).encode()))
     _write(folder / TOKENIZER, lambda f: f.write(json.dumps(tokenizer_meta, indent=1).encode()))
@@ -100,8 +102,14 @@ def save_metadata(folder: Path, cfg: Config, tokenizer_meta: dict, train_state: 
         _write(folder / STATE, lambda f: torch.save(train_state, f))
 
 
-def save(out_dir: Path | str, name: str, weights: dict[str, torch.Tensor], cfg: Config, tokenizer_meta: dict,
-         train_state: Optional[dict[str, Any]] = None) -> Path:
+def save(
+    out_dir: Path | str,
+    name: str,
+    weights: dict[str, torch.Tensor],
+    cfg: Config,
+    tokenizer_meta: dict,
+    train_state: Optional[dict[str, Any]] = None,
+) -> Path:
     """Write checkpoint OUT_DIR/NAME atomically."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -116,8 +124,10 @@ def save(out_dir: Path | str, name: str, weights: dict[str, torch.Tensor], cfg: 
         return swap_in(tmp, out_dir, name)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"could not write checkpoint {out_dir / name} ({e.strerror or e}); the previous one "
-                        "is untouched. Free disk space or choose another train.out_dir") from None
+        raise UserError(
+            f"could not write checkpoint {out_dir / name} ({e.strerror or e}); the previous one "
+            "is untouched. Free disk space or choose another train.out_dir"
+        ) from None
 
 
 def copy(out_dir: Path | str, src: str, dst: str) -> Path:
@@ -130,8 +140,10 @@ def copy(out_dir: Path | str, src: str, dst: str) -> Path:
         return swap_in(tmp, out_dir, dst)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"could not write checkpoint {out_dir / dst} ({e.strerror or e}); the previous one "
-                        "is untouched. Free disk space or choose another train.out_dir") from None
+        raise UserError(
+            f"could not write checkpoint {out_dir / dst} ({e.strerror or e}); the previous one "
+            "is untouched. Free disk space or choose another train.out_dir"
+        ) from None
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -151,14 +163,18 @@ def find(path: Path | str, prefer: tuple[str, ...] = ("best", "last")) -> Path:
     if _has_weights(path):
         return path
     if not path.is_dir():
-        raise UserError(f"no checkpoint at {path}: the folder does not exist; train one with "
-                        f"python train.py (it writes to train.out_dir), or check the path")
+        raise UserError(
+            f"no checkpoint at {path}: the folder does not exist; train one with "
+            f"python train.py (it writes to train.out_dir), or check the path"
+        )
     for name in prefer:
         for candidate in (path / name, path / f".{name}.old"):  # .old: a swap interrupted by a crash
             if _has_weights(candidate):
                 return candidate
-    raise UserError(f"no checkpoint in {path} (expected {' or '.join(prefer)}/{WEIGHTS}); "
-                    "has training reached its first eval?")
+    raise UserError(
+        f"no checkpoint in {path} (expected {' or '.join(prefer)}/{WEIGHTS}); "
+        "has training reached its first eval?"
+    )
 
 
 def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -167,8 +183,10 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     except FileNotFoundError:
         raise UserError(f"{path} is missing; the checkpoint is incomplete") from None
     except (SafetensorError, OSError, ValueError) as e:
-        raise UserError(f"{path} is damaged or not a safetensors file ({str(e).splitlines()[0]}); "
-                        "use another checkpoint (e.g. last/ instead of best/) or train again") from None
+        raise UserError(
+            f"{path} is damaged or not a safetensors file ({str(e).splitlines()[0]}); "
+            "use another checkpoint (e.g. last/ instead of best/) or train again"
+        ) from None
 
 
 def load_weights(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -180,16 +198,19 @@ def load_weights(ckpt: Path) -> dict[str, torch.Tensor]:
     except (ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
         raise UserError(f"{ckpt / SHARDS} is damaged ({e})") from None
     shards = [_load_safetensors(ckpt / f"model-rank{r:02d}-of-{world:02d}.safetensors") for r in range(world)]
-    return {k: torch.cat([s[k] for s in shards], dim=0) if shards[0][k].dim() else shards[0][k]
-            for k in shards[0]}
+    return {
+        k: torch.cat([s[k] for s in shards], dim=0) if shards[0][k].dim() else shards[0][k] for k in shards[0]
+    }
 
 
 def load_optimizer_shard(ckpt: Path, rank: int, world: int, optimizers: list) -> list[dict]:
     """This rank's optimizer state from an FSDP checkpoint, as DTensors placed like the parameters."""
     meta = json.loads((ckpt / SHARDS).read_text())
     if int(meta["world_size"]) != world:
-        raise UserError(f"checkpoint {ckpt} was sharded over {meta['world_size']} processes; resume it with "
-                        f"torchrun --nproc_per_node={meta['world_size']}")
+        raise UserError(
+            f"checkpoint {ckpt} was sharded over {meta['world_size']} processes; resume it with "
+            f"torchrun --nproc_per_node={meta['world_size']}"
+        )
     path = ckpt / f"state-rank{rank:02d}.pt"
     saved = load_train_state(ckpt, path=path)["optimizers"]
     from torch.distributed.tensor import DTensor
@@ -200,8 +221,14 @@ def load_optimizer_shard(ckpt: Path, rank: int, world: int, optimizers: list) ->
             p = params[int(idx)]
             for k, v in s.items():
                 if isinstance(p, DTensor) and torch.is_tensor(v) and v.dim() > 0:
-                    s[k] = DTensor.from_local(v.to(p.device), p.device_mesh, p.placements, run_check=False,
-                                              shape=p.shape, stride=p.stride())
+                    s[k] = DTensor.from_local(
+                        v.to(p.device),
+                        p.device_mesh,
+                        p.placements,
+                        run_check=False,
+                        shape=p.shape,
+                        stride=p.stride(),
+                    )
     return saved
 
 
@@ -230,12 +257,15 @@ def load_train_state(ckpt: Path, path: Optional[Path] = None) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise UserError(f"{path} is missing: this checkpoint holds weights only and cannot resume "
-                        "training") from None
+        raise UserError(
+            f"{path} is missing: this checkpoint holds weights only and cannot resume training"
+        ) from None
     except Exception as e:  # weights_only refuses pickled code with UnpicklingError; damage gives others
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path} is damaged or holds something other than tensors and numbers "
-                        f"(refused to load it: {first[:200]})") from None
+        raise UserError(
+            f"{path} is damaged or holds something other than tensors and numbers "
+            f"(refused to load it: {first[:200]})"
+        ) from None
 
 
 def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor], ckpt: Path) -> None:
@@ -243,8 +273,10 @@ def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor], ckpt: Pa
     if model.config.tie_embeddings:
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
-        raise UserError(f"the weights in {ckpt} do not match its config.yaml (missing {missing[:3]}, unexpected "
-                        f"{unexpected[:3]}); the checkpoint is inconsistent")
+        raise UserError(
+            f"the weights in {ckpt} do not match its config.yaml (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}); the checkpoint is inconsistent"
+        )
 
 
 def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[GPT, Config, dict, Path]:
@@ -256,7 +288,9 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[GP
     try:
         load_into(model, weights, ckpt)
     except RuntimeError as e:  # shape mismatch
-        raise UserError(f"the weights in {ckpt} do not fit its config.yaml: {str(e).splitlines()[-1].strip()}") from None
+        raise UserError(
+            f"the weights in {ckpt} do not fit its config.yaml: {str(e).splitlines()[-1].strip()}"
+        ) from None
     return model.to(device).eval(), cfg, load_tokenizer_meta(ckpt), ckpt
 
 
@@ -267,8 +301,11 @@ def rng_state() -> dict[str, Any]:
     import numpy as np
 
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos,
-                                                       has_gauss, gauss), "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
