@@ -34,9 +34,8 @@ from common.errors import UserError, run_cli
 from model import generate, sample_next
 from training.config import Config, load_config
 from training.hardware import peak_flops
-from training.optim import set_lr
-from training.runtime import Runtime, setup
-from training.trainer import Run, build, load_dataset, train_step
+from training.runtime import Runtime
+from training.trainer import Run, start_run, train_step
 
 CONTEXTS = (512, 1024, 2048, 4096)
 
@@ -46,12 +45,18 @@ class Setup:
     label: str
     config: str | None
     overrides: list[str]
-    cfg: Config = None
-    rt: Runtime = None
     run: Run = None
     threads: int = 0
     times: list[float] = field(default_factory=list)
     it: int = 0
+
+    @property
+    def cfg(self) -> Config:
+        return self.run.cfg
+
+    @property
+    def rt(self) -> Runtime:
+        return self.run.rt
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str | None, list[str]]]]:
@@ -90,14 +95,15 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str | None, l
     return args, setups
 
 
+def build(config: str | None, overrides: list[str]) -> Run:
+    cfg, _ = load_config(config, overrides)
+    return start_run(cfg)
+
+
 def prepare(s: Setup, main_threads: int) -> None:
-    s.cfg, _ = load_config(s.config, s.overrides)
-    s.rt = setup(s.cfg.train.device, s.cfg.train.precision, s.cfg.model.n_embd, s.cfg.train.threads)
+    s.run = build(s.config, s.overrides)
     s.threads = torch.get_num_threads()
     torch.set_num_threads(main_threads)
-    meta, splits = load_dataset(s.cfg, s.rt)
-    s.run = build(s.cfg, s.rt, meta, splits)
-    set_lr(s.run.optimizers, 1.0)
 
 
 def timed_steps(s: Setup, n: int, record: bool) -> None:
@@ -105,17 +111,17 @@ def timed_steps(s: Setup, n: int, record: bool) -> None:
     for _ in range(n):
         start = time.perf_counter()
         train_step(s.run, s.it)
-        s.rt.synchronize()
+        s.run.rt.synchronize()
         if record:
             s.times.append(time.perf_counter() - start)
         s.it += 1
 
 
 def train_result(s: Setup) -> dict:
-    run, rt = s.run, s.rt
+    run, rt = s.run, s.run.rt
     ms = statistics.median(s.times) * 1e3
     tok_s = run.tokens_per_iter / (ms / 1e3)
-    flops = run.raw_model.flops_per_token(s.cfg.model.block_size) * tok_s
+    flops = run.raw_model.flops_per_token(run.cfg.model.block_size) * tok_s
     torch.set_num_threads(s.threads)
     peak = peak_flops(rt.device, rt.precision)
     if rt.device.type == "cuda":
@@ -131,7 +137,7 @@ def train_result(s: Setup) -> dict:
         "mfu": round(flops / peak, 4) if peak else None,
         "peak_mem_MB": round(memory, 1),
         "precision": rt.precision,
-        "compile": run.step_model is not run.model,
+        "compile": run.compiled,
         "threads": s.threads,
         "device": str(rt.device),
         "steps_timed": len(s.times),
@@ -141,11 +147,7 @@ def train_result(s: Setup) -> dict:
 def _memory_probe(config: str | None, overrides: list[str]) -> float:
     """In a fresh process: resident memory added by the first training steps (activations, gradients,
     optimizer state), in MB."""
-    cfg, _ = load_config(config, overrides)
-    rt = setup(cfg.train.device, cfg.train.precision, cfg.model.n_embd, cfg.train.threads)
-    meta, splits = load_dataset(cfg, rt)
-    run = build(cfg, rt, meta, splits)
-    set_lr(run.optimizers, 1.0)
+    run = build(config, overrides)
     with open("/proc/self/clear_refs", "w") as f:  # reset the peak resident size (VmHWM) to the current one
         f.write("5")
     before = _status_mb("VmRSS")
@@ -171,16 +173,15 @@ def memory_scaling(s: Setup) -> list[dict]:
     rows = []
     for T in CONTEXTS:
         overrides = s.overrides + [f"model.block_size={T}", "train.batch_size=1", "train.grad_accum=1"]
-        if s.rt.device.type == "cuda":
+        device = s.run.rt.device
+        if device.type == "cuda":
             torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(s.rt.device)
-            cfg, _ = load_config(s.config, overrides)
-            meta, splits = load_dataset(cfg, s.rt)
-            run = build(cfg, s.rt, meta, splits)
-            base = torch.cuda.memory_allocated(s.rt.device)
+            torch.cuda.reset_peak_memory_stats(device)
+            run = build(s.config, overrides)
+            base = torch.cuda.memory_allocated(device)
             for it in range(2):
                 train_step(run, it)
-            mb = (torch.cuda.max_memory_allocated(s.rt.device) - base) / 2**20
+            mb = (torch.cuda.max_memory_allocated(device) - base) / 2**20
             del run
         else:
             mb = peak_memory_mb(s.config, overrides)

@@ -2,7 +2,8 @@
 
 Code anywhere raises `UserError("what is wrong; how to fix it")`; an entry point wraps its `main` in
 `run_cli`, which prints `error: ...` on stderr and exits 2, or shows the traceback when `--debug` is on the
-command line or TINYGPT_DEBUG=1 is set.
+command line or TINYGPT_DEBUG=1 is set. Under torchrun every rank reads the same config, so a `ConfigError`
+is printed by rank 0 alone, the job failing with its exit code; other errors by every rank that meets them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from collections.abc import Callable
 
 class UserError(Exception):
     """A problem the user can fix (bad config, missing file, bad prompt...); its text is the whole message."""
+
+
+class ConfigError(UserError):
+    """A mistake in the config or the command line: the same on every rank of a torchrun job."""
 
 
 def debug_enabled(argv: list[str] | None = None) -> bool:
@@ -31,6 +36,9 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
     except UserError as e:
         if debug:
             raise
+        if isinstance(e, ConfigError) and os.environ.get("RANK", "0") != "0":
+            # rank 0 says it and fails the job; exiting 2 here could make torchrun stop rank 0 before it does
+            sys.exit(0)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     sys.exit(code or 0)

@@ -143,3 +143,41 @@ def test_print_config_prints_resolved_yaml():
     )
     resolved = yaml.safe_load(result.stdout)
     assert resolved["model"]["n_layer"] == 3 and resolved["train"]["out_dir"] == "out/shakespeare_char"
+
+
+def test_integral_floats_are_accepted_for_integer_keys(tmp_path: Path):
+    (tmp_path / "mine.yaml").write_text("train:\n  max_iters: 5e3\n  eval_interval: 2.5e2\n")
+    cfg, _ = load_config(tmp_path / "mine.yaml", ["train.batch_size=1.6e1", "optim.lr=1e-3"])
+    assert (cfg.train.max_iters, cfg.train.eval_interval, cfg.train.batch_size) == (5000, 250, 16)
+    assert cfg.optim.lr == 0.001
+    with pytest.raises(
+        UserError, match=r"train.max_iters: Value '1.5' of type 'float' could not be converted"
+    ):
+        load_config(None, ["train.max_iters=1.5"])
+
+
+def test_a_config_elsewhere_can_build_on_a_shipped_one_by_name(tmp_path: Path):
+    (tmp_path / "mine.yaml").write_text("base: shakespeare_char.yaml\nmodel:\n  n_layer: 2\n")
+    (tmp_path / "short.yaml").write_text("base: induction\n")
+    cfg, _ = load_config(tmp_path / "mine.yaml")
+    assert (cfg.model.n_layer, cfg.train.out_dir) == (2, "out/shakespeare_char")
+    assert load_config(tmp_path / "short.yaml")[0].data.dataset == "repeats"
+    (tmp_path / "lost.yaml").write_text("base: nowhere.yaml\n")
+    with pytest.raises(UserError, match=r"base config nowhere.yaml not found .* among the shipped configs"):
+        load_config(tmp_path / "lost.yaml")
+
+
+def test_train_help_lists_the_configs_and_how_to_override():
+    result = run_script("train.py", "--help", check=True, timeout=60)
+    for expected in ("usage: python train.py", "shakespeare_char", "training/config.py", "model.n_layer=6"):
+        assert expected in result.stdout
+    line = next(line for line in result.stdout.splitlines() if line.strip().startswith("induction "))
+    assert "Induction heads" in line  # each config with the first line of its opening comment
+
+
+def test_wandb_without_a_login_is_one_line_before_training(tmp_path: Path):
+    env = {"HOME": str(tmp_path), "WANDB_MODE": "", "WANDB_API_KEY": "", "NETRC": str(tmp_path / "netrc")}
+    result = run_script("train.py", "log.wandb=true", f"train.out_dir={tmp_path}/out", env=env, timeout=60)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "no wandb login" in result.stderr and "wandb login" in result.stderr
+    assert "WANDB_MODE=offline" in result.stderr and not (tmp_path / "out").exists()

@@ -13,20 +13,14 @@ from conftest import TINY, train
 
 from model import GPT, GPTConfig, generate
 from training.config import load_config
-from training.optim import set_lr
-from training.runtime import setup
-from training.trainer import build, load_dataset, train_step
+from training.trainer import start_run, train_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def _run(data_dir: Path, *overrides: str):
     cfg, _ = load_config("shakespeare_char", [f"data.dir={data_dir}", *TINY, "train.device=cuda", *overrides])
-    rt = setup(cfg.train.device, cfg.train.precision, cfg.model.n_embd, cfg.train.threads)
-    meta, splits = load_dataset(cfg, rt)
-    run = build(cfg, rt, meta, splits)
-    set_lr(run.optimizers, 1.0)
-    return run
+    return start_run(cfg)
 
 
 @pytest.mark.parametrize(
@@ -40,7 +34,7 @@ def _run(data_dir: Path, *overrides: str):
 )
 def test_training_steps_on_cuda_lower_the_loss(data_dir: Path, overrides, precision, scaled):
     run = _run(data_dir, "optim.lr=3e-3", *overrides)
-    assert run.rt.precision == precision and (run.scaler is not None) == scaled
+    assert run.rt.precision == precision and run.scaler.is_enabled() == scaled
     x, y = run.splits["train"].batch(0, 8)
     assert x.is_cuda and y.is_cuda
     losses = []

@@ -83,6 +83,8 @@ def test_bad_sampling_input_is_one_line(run: Path, args, message):
 def test_missing_and_damaged_checkpoints(run: Path, tmp_path: Path):
     result = run_script("sample.py", str(tmp_path / "nowhere"))
     assert result.returncode == 2 and "no checkpoint at" in result.stderr and "Traceback" not in result.stderr
+    result = run_script("sample.py", "README.md")
+    assert result.returncode == 2 and "README.md is a file, not a checkpoint" in result.stderr
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     for f in (run / "last").iterdir():

@@ -135,19 +135,17 @@ def test_unwritable_out_dir_is_reported_before_training(data_dir: Path, tmp_path
 def test_too_little_disk_is_reported_before_training(monkeypatch, tmp_path: Path):
     import shutil
 
-    import train as train_module
     from training.config import load_config
 
     cfg, _ = load_config(None)
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
     with pytest.raises(UserError, match="has 0 MiB free; checkpoints need about"):
-        train_module.check_out_dir(tmp_path / "out", cfg, n_params=10**6)
+        checkpoint.prepare_out_dir(tmp_path / "out", cfg, n_params=10**6)
 
 
 def test_disk_full_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_path: Path, run: Path):
     model, cfg, tok, _ = checkpoint.load_model(run / "last")
-    weights = checkpoint.model_state(model)
-    checkpoint.save(tmp_path, "last", weights, cfg, tok, {"iter": 1})
+    checkpoint.save(tmp_path, "last", model, cfg, tok, {"iter": 1})
     before = (tmp_path / "last" / "model.safetensors").read_bytes()
 
     def full_disk(tensors, path, metadata=None):
@@ -156,7 +154,7 @@ def test_disk_full_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_
 
     monkeypatch.setattr(checkpoint, "save_file", full_disk)
     with pytest.raises(UserError, match=r"No space left on device.*the previous one is untouched"):
-        checkpoint.save(tmp_path, "last", weights, cfg, tok, {"iter": 2})
+        checkpoint.save(tmp_path, "last", model, cfg, tok, {"iter": 2})
     assert (tmp_path / "last" / "model.safetensors").read_bytes() == before
     assert checkpoint.load_train_state(tmp_path / "last")["iter"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]  # no temporary folder left behind

@@ -1,26 +1,39 @@
-"""Checkpoints you can trust: a folder per checkpoint, written atomically, loaded without unpickling.
+"""Checkpoints you can trust: the format, written atomically and read back without unpickling, in one place.
 
 OUT_DIR/last/ and OUT_DIR/best/ each hold
-    model.safetensors   the weights (safetensors: tensors only, no code)
+    model.safetensors   the weights, whole (safetensors: tensors only, no code); the LM head is left out
+                        when it is tied to the token embedding
     config.yaml         the resolved training config
     tokenizer.json      the tokenizer metadata (vocabulary)
-    state.pt            training state (optimiser, iteration, RNG states, best val loss): plain tensors and
-                        numbers, read with torch.load(weights_only=True), which refuses anything else
-A checkpoint is written into a temporary folder, flushed to disk, then swapped in by renames: the old folder
-moves to .NAME.old, the new one takes its name, the old one is deleted. A crash at any moment leaves either
-NAME or .NAME.old complete, and `find()` takes whichever exists. `best` shares the files of `last` by hard
-links (files are never modified in place, only replaced).
+    state.pt            training state: the optimizer state keyed by parameter name, iteration, RNG states,
+                        best val loss; plain tensors and numbers, read with torch.load(weights_only=True),
+                        which refuses anything else
+Notable:
+- Atomic: `_atomic_folder` writes into a temporary folder, flushes it to disk, then swaps it in by renames
+  (the old folder moves to .NAME.old, the new one takes its name, the old one is deleted). A crash at any
+  moment leaves NAME or .NAME.old complete, and `find()` takes whichever exists. `best` shares the files of
+  `last` by hard links (files are never modified in place, only replaced).
+- One format for every way of training: one process, DDP or FSDP. Under FSDP every rank takes part in
+  gathering the full weights and optimizer state (torch.distributed.checkpoint.state_dict, full state
+  dicts offloaded to rank 0's CPU), and rank 0 writes them. Loading shards them again for whatever number
+  of ranks resumes, so a run saved on 8 GPUs resumes on 1 and back, and sample.py reads it like any other.
+  (torch.distributed.checkpoint's own file format is not used: its metadata file is a pickle.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import shutil
 import uuid
+from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from omegaconf import OmegaConf
@@ -33,10 +46,13 @@ from model import GPT, GPTConfig
 from training.config import Config, to_yaml
 
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.yaml", "tokenizer.json", "state.pt"
-SHARDS = "shards.json"  # in place of model.safetensors: an FSDP checkpoint (see training/distributed.py)
 
 
-def _fsync_dir(path: Path) -> None:
+# --- writing ---
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file or a folder's entries to disk (best effort for folders, which some systems refuse)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -49,26 +65,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write(path: Path, write) -> None:
-    with open(path, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The weights to save: no wrapper prefixes (torch.compile's _orig_mod., DDP's module.), no tied copy
-    of the embedding, contiguous CPU tensors."""
-    state = {}
-    for name, tensor in model.state_dict().items():
-        name = name.replace("_orig_mod.", "").replace("module.", "")
-        state[name] = tensor
-    if getattr(getattr(model, "config", None), "tie_embeddings", True) and "token_emb.weight" in state:
-        state.pop("lm_head.weight", None)
-    return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-
-
-def recover(out_dir: Path, name: str) -> None:
+def _recover(out_dir: Path, name: str) -> None:
     """Finish a swap that a crash interrupted, and drop leftovers of unfinished writes."""
     final, old = out_dir / name, out_dir / f".{name}.old"
     if old.exists():
@@ -80,70 +77,87 @@ def recover(out_dir: Path, name: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def swap_in(tmp: Path, out_dir: Path, name: str) -> Path:
-    """Make the complete folder `tmp` checkpoint out_dir/name (see the module docstring)."""
+@contextlib.contextmanager
+def _atomic_folder(out_dir: Path, name: str) -> Iterator[Path]:
+    """Yield an empty temporary folder; when the block ends, it becomes out_dir/name in one swap."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _recover(out_dir, name)
+    tmp = out_dir / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
     final, old = out_dir / name, out_dir / f".{name}.old"
-    _fsync_dir(tmp)
-    if final.exists():
-        os.rename(final, old)
-    os.rename(tmp, final)
-    _fsync_dir(out_dir)
-    shutil.rmtree(old, ignore_errors=True)
-    return final
+    try:
+        yield tmp
+        for f in tmp.iterdir():
+            _fsync(f)
+        _fsync(tmp)
+        if final.exists():
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync(out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(
+            f"could not write checkpoint {final} ({e.strerror or e}); the previous one is untouched. "
+            "Free disk space or choose another train.out_dir"
+        ) from None
 
 
-def save_metadata(
-    folder: Path, cfg: Config, tokenizer_meta: dict, train_state: Optional[dict[str, Any]]
-) -> None:
-    """config.yaml, tokenizer.json and (when given) state.pt, flushed to disk."""
-    _write(folder / CONFIG, lambda f: f.write(to_yaml(cfg).encode()))
-    _write(folder / TOKENIZER, lambda f: f.write(json.dumps(tokenizer_meta, indent=1).encode()))
-    if train_state is not None:
-        _write(folder / STATE, lambda f: torch.save(train_state, f))
+def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights to save, whole, as contiguous CPU tensors named as in GPT (no wrapper prefixes), without
+    the tied copy of the embedding. Under FSDP every rank must call it; only rank 0 gets the tensors."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    options = StateDictOptions(full_state_dict=True, cpu_offload=distributed)
+    state = get_model_state_dict(model, options=options)
+    if getattr(getattr(model, "config", None), "tie_embeddings", True):
+        state.pop("lm_head.weight", None)
+    return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+
+
+def optimizer_state(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict:
+    """The optimizers' state keyed by parameter name, whole (FSDP: gathered; every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    options = StateDictOptions(full_state_dict=True, cpu_offload=distributed)
+    return get_optimizer_state_dict(model, optimizers, options=options)
 
 
 def save(
     out_dir: Path | str,
     name: str,
-    weights: dict[str, torch.Tensor],
+    model: torch.nn.Module,
     cfg: Config,
     tokenizer_meta: dict,
-    train_state: Optional[dict[str, Any]] = None,
+    train_state: dict[str, Any] | None = None,
+    optimizers: list[torch.optim.Optimizer] = (),
+    is_main: bool = True,
 ) -> Path:
-    """Write checkpoint OUT_DIR/NAME atomically."""
+    """Write checkpoint OUT_DIR/NAME atomically: the model's weights, config and tokenizer, and with a
+    train_state also the optimizer state (state.pt). Every rank calls it; rank 0 (`is_main`) writes."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    recover(out_dir, name)
-    tmp = out_dir / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    weights = model_weights(model)
+    if train_state is not None and optimizers:
+        train_state = {**train_state, "optimizer": optimizer_state(model, list(optimizers))}
+    if not is_main:
+        return out_dir / name
+    with _atomic_folder(out_dir, name) as tmp:
+        tmp.mkdir()
         save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        with open(tmp / WEIGHTS, "rb+") as f:
-            os.fsync(f.fileno())
-        save_metadata(tmp, cfg, tokenizer_meta, train_state)
-        return swap_in(tmp, out_dir, name)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(
-            f"could not write checkpoint {out_dir / name} ({e.strerror or e}); the previous one "
-            "is untouched. Free disk space or choose another train.out_dir"
-        ) from None
+        (tmp / CONFIG).write_text(to_yaml(cfg))
+        (tmp / TOKENIZER).write_text(json.dumps(tokenizer_meta, indent=1))
+        if train_state is not None:
+            torch.save(train_state, tmp / STATE)
+    return out_dir / name
 
 
 def copy(out_dir: Path | str, src: str, dst: str) -> Path:
     """Make checkpoint DST a copy of SRC (hard links where the filesystem allows), atomically."""
     out_dir = Path(out_dir)
-    recover(out_dir, dst)
-    tmp = out_dir / f".{dst}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
+    with _atomic_folder(out_dir, dst) as tmp:
         shutil.copytree(out_dir / src, tmp, copy_function=_link_or_copy)
-        return swap_in(tmp, out_dir, dst)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(
-            f"could not write checkpoint {out_dir / dst} ({e.strerror or e}); the previous one "
-            "is untouched. Free disk space or choose another train.out_dir"
-        ) from None
+    return out_dir / dst
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -153,15 +167,50 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def _has_weights(folder: Path) -> bool:
-    return (folder / WEIGHTS).is_file() or (folder / SHARDS).is_file()
+def prepare_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
+    """Fail before training on an out_dir that cannot hold the checkpoints, or whose run would be lost;
+    with train.overwrite, delete the run it holds."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write-test"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(
+            f"train.out_dir {out_dir} is not writable ({e.strerror or e}); choose another "
+            "train.out_dir or fix its permissions"
+        ) from None
+    has_run = any((out_dir / n / WEIGHTS).is_file() for n in ("last", "best", ".last.old"))
+    if has_run and not cfg.train.resume:
+        if not cfg.train.overwrite:
+            raise UserError(
+                f"{out_dir} already holds a checkpoint; continue it with train.resume=true, start "
+                "over with train.overwrite=true (deletes it), or pick another train.out_dir"
+            )
+        for name in ("last", "best", ".last.old", ".best.old"):
+            shutil.rmtree(out_dir / name, ignore_errors=True)
+    need = n_params * 4 * 4 * 2  # weights + AdamW moments, fp32, in last/ and best/ while swapping
+    free = shutil.disk_usage(out_dir).free
+    if cfg.train.save and free < need:
+        raise UserError(
+            f"{out_dir} has {free / 2**20:.0f} MiB free; checkpoints need about {need / 2**20:.0f} MiB. "
+            "Free some space or choose another train.out_dir"
+        )
+
+
+# --- reading ---
 
 
 def find(path: Path | str, prefer: tuple[str, ...] = ("best", "last")) -> Path:
     """The checkpoint folder at `path`: path itself, else its best (or last) checkpoint."""
     path = Path(path)
-    if _has_weights(path):
+    if (path / WEIGHTS).is_file():
         return path
+    if path.is_file():
+        raise UserError(
+            f"{path} is a file, not a checkpoint: give a training run's folder (train.out_dir) or one "
+            f"checkpoint folder in it (holding {WEIGHTS})"
+        )
     if not path.is_dir():
         raise UserError(
             f"no checkpoint at {path}: the folder does not exist; train one with "
@@ -169,15 +218,27 @@ def find(path: Path | str, prefer: tuple[str, ...] = ("best", "last")) -> Path:
         )
     for name in prefer:
         for candidate in (path / name, path / f".{name}.old"):  # .old: a swap interrupted by a crash
-            if _has_weights(candidate):
+            if (candidate / WEIGHTS).is_file():
                 return candidate
-    raise UserError(
-        f"no checkpoint in {path} (expected {' or '.join(prefer)}/{WEIGHTS}); "
-        "has training reached its first eval?"
+    raise _none_in(path, prefer)
+
+
+def find_last(out_dir: Path | str) -> Path:
+    """The checkpoint a resumed run continues: OUT_DIR/last (or the .last.old that a crash left)."""
+    if not Path(out_dir).is_dir():
+        raise _none_in(out_dir, ("last",))
+    return find(out_dir, prefer=("last",))
+
+
+def _none_in(path: Path | str, names: tuple[str, ...]) -> UserError:
+    return UserError(
+        f"no checkpoint in {path} (expected {' or '.join(names)}/{WEIGHTS}); has training reached its "
+        "first eval?"
     )
 
 
-def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def load_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    path = ckpt / WEIGHTS
     try:
         return load_file(str(path))
     except FileNotFoundError:
@@ -187,49 +248,6 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
             f"{path} is damaged or not a safetensors file ({str(e).splitlines()[0]}); "
             "use another checkpoint (e.g. last/ instead of best/) or train again"
         ) from None
-
-
-def load_weights(ckpt: Path) -> dict[str, torch.Tensor]:
-    """The full weights of a checkpoint; an FSDP checkpoint's per-rank shards are joined along dim 0."""
-    if not (ckpt / SHARDS).is_file():
-        return _load_safetensors(ckpt / WEIGHTS)
-    try:
-        world = int(json.loads((ckpt / SHARDS).read_text())["world_size"])
-    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
-        raise UserError(f"{ckpt / SHARDS} is damaged ({e})") from None
-    shards = [_load_safetensors(ckpt / f"model-rank{r:02d}-of-{world:02d}.safetensors") for r in range(world)]
-    return {
-        k: torch.cat([s[k] for s in shards], dim=0) if shards[0][k].dim() else shards[0][k] for k in shards[0]
-    }
-
-
-def load_optimizer_shard(ckpt: Path, rank: int, world: int, optimizers: list) -> list[dict]:
-    """This rank's optimizer state from an FSDP checkpoint, as DTensors placed like the parameters."""
-    meta = json.loads((ckpt / SHARDS).read_text())
-    if int(meta["world_size"]) != world:
-        raise UserError(
-            f"checkpoint {ckpt} was sharded over {meta['world_size']} processes; resume it with "
-            f"torchrun --nproc_per_node={meta['world_size']}"
-        )
-    path = ckpt / f"state-rank{rank:02d}.pt"
-    saved = load_train_state(ckpt, path=path)["optimizers"]
-    from torch.distributed.tensor import DTensor
-
-    for opt, state in zip(optimizers, saved):
-        params = [p for g in opt.param_groups for p in g["params"]]
-        for idx, s in state["state"].items():
-            p = params[int(idx)]
-            for k, v in s.items():
-                if isinstance(p, DTensor) and torch.is_tensor(v) and v.dim() > 0:
-                    s[k] = DTensor.from_local(
-                        v.to(p.device),
-                        p.device_mesh,
-                        p.placements,
-                        run_check=False,
-                        shape=p.shape,
-                        stride=p.stride(),
-                    )
-    return saved
 
 
 def load_config(ckpt: Path) -> Config:
@@ -251,9 +269,9 @@ def load_tokenizer_meta(ckpt: Path) -> dict:
         raise UserError(f"{ckpt / TOKENIZER} is damaged ({e})") from None
 
 
-def load_train_state(ckpt: Path, path: Optional[Path] = None) -> dict[str, Any]:
-    """state.pt (or another file of tensors and numbers) of a checkpoint, never unpickling code."""
-    path = path or ckpt / STATE
+def load_train_state(ckpt: Path) -> dict[str, Any]:
+    """state.pt of a checkpoint, never unpickling code."""
+    path = ckpt / STATE
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -268,8 +286,13 @@ def load_train_state(ckpt: Path, path: Optional[Path] = None) -> dict[str, Any]:
         ) from None
 
 
-def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor], ckpt: Path) -> None:
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+def load_into(model: GPT, weights: dict[str, torch.Tensor], ckpt: Path) -> None:
+    """Load whole weights into a model that is not sharded yet (FSDP shards it afterwards)."""
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # shape mismatch
+        last = str(e).splitlines()[-1].strip()
+        raise UserError(f"the weights in {ckpt} do not fit its config.yaml: {last}") from None
     if model.config.tie_embeddings:
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
@@ -279,43 +302,72 @@ def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor], ckpt: Pa
         )
 
 
+def load_optimizers(
+    model: torch.nn.Module, optimizers: list[torch.optim.Optimizer], state: dict, ckpt: Path
+) -> None:
+    """Restore the optimizer state saved by `save` (sharding it again under FSDP, for any number of ranks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    saved = state.get("optimizer")
+    mismatch = UserError(
+        f"checkpoint {ckpt} holds state for a different optimizer setup; resume with the optim.name it "
+        "was trained with"
+    )
+    if saved is None:  # written before optimizer state was keyed by name: one state_dict per optimizer
+        old = state.get("optimizers")
+        if old is None or len(old) != len(optimizers):
+            raise mismatch
+        for opt, s in zip(optimizers, old):
+            opt.load_state_dict(s)
+        return
+    try:
+        set_optimizer_state_dict(model, optimizers, saved, options=StateDictOptions(full_state_dict=True))
+    except (KeyError, ValueError, RuntimeError):
+        raise mismatch from None
+
+
 def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[GPT, Config, dict, Path]:
     """(model in eval mode, its training config, tokenizer metadata, checkpoint folder) for sampling."""
     ckpt = find(path)
     cfg = load_config(ckpt)
-    weights = load_weights(ckpt)
-    model = GPT(GPTConfig(**vars(cfg.model)))
-    try:
-        load_into(model, weights, ckpt)
-    except RuntimeError as e:  # shape mismatch
-        raise UserError(
-            f"the weights in {ckpt} do not fit its config.yaml: {str(e).splitlines()[-1].strip()}"
-        ) from None
+    model = GPT(GPTConfig(**asdict(cfg.model)))
+    load_into(model, load_weights(ckpt), ckpt)
     return model.to(device).eval(), cfg, load_tokenizer_meta(ckpt), ckpt
+
+
+def check_resumable(ckpt: Path, cfg: Config, tokenizer_meta: dict) -> None:
+    """Refuse to resume from a checkpoint of another shape or tokenizer, naming the field that differs."""
+    for field, theirs in asdict(load_config(ckpt).model).items():
+        ours = getattr(cfg.model, field)
+        if theirs != ours and field != "dropout":
+            raise UserError(
+                f"checkpoint {ckpt} has model.{field}={theirs} but the config says {ours}; resume "
+                "with the config it was trained with, or start a new run in another train.out_dir"
+            )
+    theirs = load_tokenizer_meta(ckpt)
+    if theirs != tokenizer_meta:
+        keys = sorted(set(theirs) | set(tokenizer_meta))
+        diff = next(k for k in keys if theirs.get(k) != tokenizer_meta.get(k))
+        raise UserError(
+            f"checkpoint {ckpt} was trained with another tokenizer (its {diff} differs from the "
+            "dataset's); resume on the dataset it was trained on"
+        )
+
+
+# --- random generators ---
 
 
 def rng_state() -> dict[str, Any]:
     """Every random generator training touches, as tensors and plain numbers (weights_only-loadable)."""
-    import random
-
-    import numpy as np
-
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
-        "python": random.getstate(),
-    }
+    numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)
+    state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    import random
-
-    import numpy as np
-
     torch.set_rng_state(state["torch"])
     kind, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))

@@ -9,6 +9,8 @@ error names the key, the closest valid key for a typo, and the file or override 
 from __future__ import annotations
 
 import difflib
+import os
+import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -17,7 +19,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from common.errors import UserError
+from common.errors import ConfigError
 from model.config import GPTConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -110,7 +112,7 @@ def _keys_under(schema: Any, dotted: str) -> list[str]:
     return [f.name for f in fields(node)]
 
 
-def _explain(e: OmegaConfBaseException, source: str) -> UserError:
+def _explain(e: OmegaConfBaseException, source: str) -> ConfigError:
     key = getattr(e, "full_key", None) or "?"
     if isinstance(e, ConfigKeyError):
         valid = _keys_under(Config(), key)
@@ -120,11 +122,11 @@ def _explain(e: OmegaConfBaseException, source: str) -> UserError:
             if close
             else f"valid keys here: {', '.join(valid)}"
         )
-        return UserError(f"unknown config key {key} (in {source}); {hint}")
+        return ConfigError(f"unknown config key {key} (in {source}); {hint}")
     if isinstance(e, ValidationError):
         msg = getattr(e, "msg", str(e)).splitlines()[0]
-        return UserError(f"{key}: {msg} (in {source})")
-    return UserError(f"{key}: {str(e).splitlines()[0]} (in {source})")
+        return ConfigError(f"{key}: {msg} (in {source})")
+    return ConfigError(f"{key}: {str(e).splitlines()[0]} (in {source})")
 
 
 def resolve_path(name: str) -> Path:
@@ -133,7 +135,7 @@ def resolve_path(name: str) -> Path:
         if candidate.is_file():
             return candidate
     available = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
-    raise UserError(f"config file {name} not found; give a path or one of: {available}")
+    raise ConfigError(f"config file {name} not found; give a path or one of: {available}")
 
 
 def _read_yaml(path: Path) -> dict:
@@ -141,13 +143,13 @@ def _read_yaml(path: Path) -> dict:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.MarkedYAMLError as e:
         line = e.problem_mark.line + 1 if e.problem_mark else "?"
-        raise UserError(f"{path} line {line}: bad YAML: {e.problem}") from None
+        raise ConfigError(f"{path} line {line}: bad YAML: {e.problem}") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read config {path}: {e}") from None
+        raise ConfigError(f"cannot read config {path}: {e}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise UserError(
+        raise ConfigError(
             f"{path} must hold a mapping of sections (model:, data:, train:, ...), "
             f"not a {type(data).__name__}"
         )
@@ -158,25 +160,51 @@ def _file_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, dict
     """[(source name, dict)] for the base chain of `path`, base first."""
     path = path.resolve()
     if path in seen:
-        raise UserError(f"config {path} is its own base (cycle: {' -> '.join(map(str, seen + (path,)))})")
+        raise ConfigError(f"config {path} is its own base (cycle: {' -> '.join(map(str, seen + (path,)))})")
     data = _read_yaml(path)
     base = data.pop("base", None)
     chain: list[tuple[str, dict]] = []
     if base is not None:
-        base_path = path.parent / str(base)
-        if not base_path.is_file():
-            raise UserError(f"{path}: base config {base} not found (looked for {base_path})")
+        candidates = [path.parent / str(base), CONFIG_DIR / str(base), CONFIG_DIR / f"{base}.yaml"]
+        base_path = next((c for c in candidates if c.is_file()), None)
+        if base_path is None:
+            raise ConfigError(
+                f"{path}: base config {base} not found (looked for {candidates[0]} and among the shipped "
+                f"configs in {CONFIG_DIR})"
+            )
         chain = _file_chain(base_path, seen + (path,))
-    return chain + [(str(path), data)]
+    return [*chain, (str(path), _integral(data))]
+
+
+def _integral(data: Any, schema: type = Config) -> Any:
+    """`data` with integral numbers written as floats (1e3, 5.0e3, '5e3') made ints where the schema wants
+    an int, as people write iteration counts; 1.5 stays a float, for the type check to refuse."""
+    if not isinstance(data, dict) or not is_dataclass(schema):
+        return data
+    hints = typing.get_type_hints(schema)
+    out = {}
+    for key, value in data.items():
+        kind = hints.get(key)
+        if is_dataclass(kind):
+            value = _integral(value, kind)
+        elif kind in (int, Optional[int]) and isinstance(value, (float, str)) and not isinstance(value, bool):
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+            if number is not None and number.is_integer():
+                value = int(number)
+        out[key] = value
+    return out
 
 
 def parse_override(item: str) -> dict:
     if "=" not in item or item.startswith("=") or "." not in item.split("=", 1)[0]:
-        raise UserError(f"override {item!r} must look like section.key=value (e.g. train.max_iters=100)")
+        raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.max_iters=100)")
     try:
-        return OmegaConf.to_container(OmegaConf.from_dotlist([item]))
+        return _integral(OmegaConf.to_container(OmegaConf.from_dotlist([item])))
     except OmegaConfBaseException as e:
-        raise UserError(f"override {item!r} cannot be parsed: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"override {item!r} cannot be parsed: {str(e).splitlines()[0]}") from None
 
 
 def problems(cfg: Config) -> list[tuple[str, str]]:
@@ -218,12 +246,28 @@ def problems(cfg: Config) -> list[tuple[str, str]]:
     ):
         if not 0.0 <= v < 1.0:
             out.append((k, f"must be in [0, 1), got {v}"))
+    return out + _setup_problems(cfg)
+
+
+def _setup_problems(cfg: Config) -> list[tuple[str, str]]:
+    """Combinations that cannot run: an optimizer with a kind of parallelism, a batch split, a name."""
+    t, o, out = cfg.train, cfg.optim, []
     if o.name == "muon" and t.parallel == "fsdp":
         out.append(
             (
                 "optim.name",
                 "muon needs whole matrices and cannot run on FSDP shards; use "
                 "train.parallel=ddp or optim.name=adamw",
+            )
+        )
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun
+    if t.grad_accum % world:
+        fix = world * max(1, round(t.grad_accum / world))
+        out.append(
+            (
+                "train.grad_accum",
+                f"{t.grad_accum} micro-batches per step (over all processes) cannot be split evenly over the "
+                f"{world} processes; set train.grad_accum={fix} (a multiple of {world})",
             )
         )
     if not cfg.data.dataset or "/" in cfg.data.dataset:
@@ -248,8 +292,17 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> tuple[Con
     if found:
         key, msg = found[0]
         where = origins.get(key, "the defaults")
-        raise UserError(f"{key}: {msg} (in {where})")
+        raise ConfigError(f"{key}: {msg} (in {where})")
     return cfg, origins
+
+
+def shipped_configs() -> list[tuple[str, str]]:
+    """(name, the first line of its opening comment) for each config in configs/."""
+    out = []
+    for path in sorted(CONFIG_DIR.glob("*.yaml")):
+        first = next((line for line in path.read_text().splitlines() if line.strip()), "")
+        out.append((path.stem, first.lstrip("# ").strip() if first.startswith("#") else ""))
+    return out
 
 
 def to_yaml(cfg: Config) -> str:

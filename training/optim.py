@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from training.config import OptimConfig
+from training.config import OptimConfig, TrainConfig
 from training.muon import Muon
 
 
@@ -54,6 +54,12 @@ def make_optimizers(
         for group in opt.param_groups:
             group["base_lr"] = group["lr"]
     return optimizers
+
+
+def schedule_progress(it: int, elapsed: float, train: TrainConfig) -> float:
+    """How much of the run is done, in [0, 1]: the larger of the iteration and the time budget's share."""
+    by_time = elapsed / train.max_time if train.max_time else 0.0
+    return min(1.0, max(it / max(train.max_iters, 1), by_time))
 
 
 def lr_factor(it: int, progress: float, cfg: OptimConfig) -> float:

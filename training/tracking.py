@@ -1,68 +1,127 @@
-"""Run records: OUT_DIR/metrics.jsonl (one JSON line per eval) and, when log.wandb is on, Weights & Biases.
+"""What a run shows and records: the progress bar and eval lines, OUT_DIR/metrics.jsonl, and Weights & Biases.
 
-metrics.jsonl lines hold at least iter, train_loss, val_loss, lr, tokens (trained on so far) and elapsed_s
-(training seconds so far, evals excluded), so runs can be plotted and compared by scripts. wandb is imported
-only when enabled; it follows WANDB_MODE (offline, disabled, ...) and the rest of its environment, writes
-under OUT_DIR/wandb, and a resumed run continues the same wandb run.
+metrics.jsonl holds one JSON line per eval with at least iter, train_loss, val_loss, lr, tokens (trained on
+so far) and elapsed_s (training seconds so far, evals excluded), so runs can be plotted and compared by
+scripts. Only rank 0 prints and writes. wandb is imported only when enabled; it follows WANDB_MODE (offline,
+disabled, ...) and the rest of its environment, writes under OUT_DIR/wandb, and a resumed run continues the
+same wandb run. Losses stay on the device between log steps: the one read-back happens every log.interval.
 """
 
 from __future__ import annotations
 
+import configparser
 import json
+import netrc
+import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+from tqdm import tqdm
+
+from common.errors import UserError
+from training import distributed
+from training.config import to_dict
+from training.trainer import Run
 
 
 class Tracker:
-    def __init__(
-        self,
-        out_dir: Path,
-        enabled: bool,
-        wandb_cfg: Optional[dict] = None,
-        wandb_id: Optional[str] = None,
-        fresh: bool = True,
-    ):
-        self.enabled = enabled
-        self.metrics_path = out_dir / "metrics.jsonl"
-        self.run = None
-        if not enabled:
+    def __init__(self, run: Run):
+        self.run, self.main = run, run.rt.is_main
+        self.metrics_path = run.out_dir / "metrics.jsonl"
+        self.wandb = None
+        self.loss_sum = torch.zeros((), device=run.rt.device)
+        self.last_log = (run.progress.iter, run.progress.elapsed_s)  # (iteration, training seconds)
+        self.bar = tqdm(
+            total=run.cfg.train.max_iters,
+            initial=run.progress.iter,
+            disable=None if self.main else True,
+            dynamic_ncols=True,
+            unit="it",
+        )
+        if not self.main:
             return
-        if fresh:
+        if not run.cfg.train.resume:
             self.metrics_path.unlink(missing_ok=True)
-        if wandb_cfg is not None:
+        log = run.cfg.log
+        if log.wandb:
             import wandb
 
-            self.run = wandb.init(
-                project=wandb_cfg["project"],
-                name=wandb_cfg["name"],
-                config=wandb_cfg["config"],
-                dir=str(out_dir),
+            wandb_id = run.progress.wandb_id
+            self.wandb = wandb.init(
+                project=log.wandb_project,
+                name=log.wandb_run_name,
+                config=to_dict(run.cfg),
+                dir=str(run.out_dir),
                 id=wandb_id,
                 resume="allow" if wandb_id else None,
             )
+            run.progress.wandb_id = self.wandb.id
 
-    @property
-    def wandb_id(self) -> Optional[str]:
-        return self.run.id if self.run is not None else None
+    def write(self, line: str, file=None) -> None:
+        if self.main:
+            self.bar.write(line, file=file)
 
-    def step(self, it: int, values: dict[str, Any]) -> None:
-        if self.run is not None:
-            self.run.log(values, step=it)
+    def step(self, it: int, loss: torch.Tensor, elapsed: float) -> None:
+        """After iteration it - 1 (`it` done): add its loss; every log.interval, show and log the means."""
+        self.loss_sum += loss
+        self.bar.update(1)
+        if it % self.run.cfg.log.interval and it != self.run.cfg.train.max_iters:
+            return
+        last_it, last_elapsed = self.last_log
+        world = self.run.rt.world_size
+        mean_loss = distributed.all_sum(self.loss_sum, self.run.rt).item() / (world * (it - last_it))
+        lr = self.run.optimizers[0].param_groups[0]["lr"]
+        tok_s = self.run.tokens_per_iter * (it - last_it) / max(elapsed - last_elapsed, 1e-9)
+        self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
+        tokens = it * self.run.tokens_per_iter
+        self.log(it, {"train/loss": mean_loss, "lr": lr, "tokens_per_s": tok_s, "tokens": tokens})
+        self.loss_sum.zero_()
+        self.last_log = (it, elapsed)
+
+    def log(self, it: int, values: dict[str, Any]) -> None:
+        if self.wandb is not None:
+            self.wandb.log(values, step=it)
 
     def eval(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
+        if not self.main:
             return
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.run is not None:  # the scalars (head scores go through step() as a few flat values)
-            self.run.log(
-                {f"eval/{k}": v for k, v in record.items() if k != "iter" and isinstance(v, (int, float))},
-                step=record["iter"],
-            )
+        scalars = {f"eval/{k}": v for k, v in record.items() if k != "iter" and isinstance(v, (int, float))}
+        self.log(record["iter"], scalars)
 
-    def finish(self) -> None:
-        if self.run is not None:
-            self.run.finish()
+    def close(self) -> None:
+        self.bar.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def check_wandb_login() -> None:
+    """Refuse log.wandb=true before training where wandb would stop for a missing login (or prompt)."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return
+    modes = [os.environ.get("WANDB_MODE", "")]
+    for settings in (Path.home() / ".config" / "wandb" / "settings", Path("wandb") / "settings"):
+        parser = configparser.ConfigParser()
+        try:
+            parser.read(settings)
+            modes.append(parser.get("default", "mode", fallback=""))
+        except configparser.Error:
+            pass
+    if any(m.lower() in ("offline", "disabled", "dryrun") for m in modes):
+        return
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        login = netrc.netrc(os.environ.get("NETRC")).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        login = None
+    if not login:
+        raise UserError(
+            f"log.wandb=true but this machine has no wandb login (no WANDB_API_KEY, no {host} entry in "
+            "~/.netrc); run `wandb login`, or set WANDB_MODE=offline to log locally (and `wandb sync` later)"
+        )
 
 
 def read_metrics(metrics_path: Path) -> list[dict]:

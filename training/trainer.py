@@ -1,32 +1,58 @@
-"""The parts of training that train.py and bench.py share: building a run and taking one optimizer step.
+"""A training run, built in one place, and the steps it takes.
 
-`build` turns a resolved config into a `Run`: dataset windows, the model (wrapped for DDP/FSDP, compiled when
-asked), its optimisers and, for fp16, a GradScaler. `train_step` runs one iteration: the micro-batches of
-this process (gradients all-reduced on the last one only), gradient clipping, and the optimizer step, which
-is skipped when the loss or the gradient is not finite. `evaluate` measures the loss on fixed batches.
+`start_run(cfg)` turns a loaded config into a `Run`, everything train.py, bench.py and the tests need:
+the runtime (device, precision, torchrun process group), the dataset (prepared on first use), the config
+with the model's vocabulary taken from the dataset, the model (seeded init, or a checkpoint's weights when
+resuming) wrapped for DDP/FSDP and compiled when asked, its optimisers and GradScaler, and the `Progress`
+to continue from. Resuming restores all of it here, from OUT_DIR/last: weights, optimizer and scaler state,
+progress and random generators.
+
+`train_step` runs one iteration: the micro-batches of this process (gradients all-reduced on the last one
+only), gradient clipping, and the optimizer step, which is skipped when the loss or the gradient is not
+finite. `evaluate` measures the loss on fixed batches; `save` writes OUT_DIR/last (and best).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import dataclasses
+import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import torch
 
 from common.errors import UserError
 from data.loader import TokenWindows
 from data.prepare import DATA_DIR, ensure_prepared, load_meta
-from model import GPT, GPTConfig
+from model import GPT
 from training import checkpoint, distributed
 from training.config import Config
 from training.optim import make_optimizers
-from training.runtime import Runtime, compile_enabled
+from training.runtime import Runtime, compile_enabled, setup
+
+
+@dataclass
+class Progress:
+    """How far a run has come: what a checkpoint's state.pt records besides optimizer and RNG state."""
+
+    iter: int = 0
+    best_val_loss: float = math.inf
+    elapsed_s: float = 0.0  # training seconds (evals and checkpoints excluded)
+    skipped_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
+    evaluated_at: int = -1  # the iteration of the last eval, so a resumed run does not repeat it
+    wandb_id: str | None = None
+
+    @classmethod
+    def from_state(cls, state: dict) -> Progress:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in state.items() if k in known}
+        values.setdefault("evaluated_at", state["iter"])  # older checkpoints: saved right after an eval
+        return cls(**values)
 
 
 @dataclass
 class Run:
-    cfg: Config
+    cfg: Config  # with model.vocab_size filled in from the dataset
     rt: Runtime
     meta: dict  # the dataset's meta.json
     splits: dict[str, TokenWindows]
@@ -34,7 +60,12 @@ class Run:
     model: torch.nn.Module  # what gradients sync through: raw_model, or its DDP wrapper
     step_model: torch.nn.Module  # what forward passes run: model, or torch.compile(model)
     optimizers: list[torch.optim.Optimizer]
-    scaler: Optional[torch.amp.GradScaler]
+    scaler: torch.amp.GradScaler  # enabled for fp16 only; a pass-through otherwise
+    progress: Progress
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.cfg.train.out_dir)
 
     @property
     def micro_steps(self) -> int:
@@ -44,36 +75,41 @@ class Run:
     def tokens_per_iter(self) -> int:
         return self.cfg.train.batch_size * self.cfg.model.block_size * self.cfg.train.grad_accum
 
+    @property
+    def compiled(self) -> bool:
+        return self.step_model is not self.model
 
-def model_config(cfg: Config, meta: dict) -> GPTConfig:
-    mc = GPTConfig(**asdict(cfg.model))
-    if mc.vocab_size is None:
-        mc.vocab_size = meta["vocab_size"]
-    elif mc.vocab_size < meta["vocab_size"]:
+
+def with_vocabulary(cfg: Config, meta: dict) -> Config:
+    """A copy of cfg whose model.vocab_size is the dataset's (when the config leaves it null)."""
+    vocab = cfg.model.vocab_size
+    if vocab is not None and vocab < meta["vocab_size"]:
         raise UserError(
-            f"model.vocab_size={mc.vocab_size} is smaller than the dataset's vocabulary "
+            f"model.vocab_size={vocab} is smaller than the dataset's vocabulary "
             f"({meta['vocab_size']}); remove it to use the dataset's"
         )
-    return mc
+    model = dataclasses.replace(cfg.model, vocab_size=vocab or meta["vocab_size"])
+    return dataclasses.replace(cfg, model=model)
 
 
-def load_dataset(cfg: Config, rt: Runtime) -> tuple[dict, dict[str, TokenWindows]]:
-    """The dataset's metadata and split windows (rank 0 prepares a known dataset on first use).
-    Fills in cfg.model.vocab_size from the dataset when the config leaves it null."""
-    if cfg.train.grad_accum % rt.world_size:
-        raise UserError(
-            f"train.grad_accum={cfg.train.grad_accum} (micro-batches per step, over all processes) "
-            f"must be a multiple of the {rt.world_size} processes"
-        )
+def open_dataset(cfg: Config, rt: Runtime) -> dict:
+    """The dataset's meta.json; rank 0 prepares a known dataset on first use while the others wait."""
     data_dir = Path(cfg.data.dir) if cfg.data.dir else DATA_DIR
     if rt.is_main:
         ensure_prepared(cfg.data.dataset, data_dir)
     distributed.barrier(rt)
-    meta = load_meta(data_dir / cfg.data.dataset)
-    cfg.model = model_config(cfg, meta)
+    return load_meta(data_dir / cfg.data.dataset)
+
+
+def start_run(cfg: Config) -> Run:
+    """Everything a run needs (see the module docstring); with train.resume, continued from OUT_DIR/last."""
+    rt = setup(cfg.train.device, cfg.train.precision, cfg.model.n_embd, cfg.train.threads)
+    meta = open_dataset(cfg, rt)
+    cfg = with_vocabulary(cfg, meta)
+    folder = Path(cfg.data.dir) if cfg.data.dir else DATA_DIR
     splits = {
         s: TokenWindows(
-            data_dir / cfg.data.dataset / f"{s}.bin",
+            folder / cfg.data.dataset / f"{s}.bin",
             meta["dtype"],
             cfg.model.block_size,
             rt.device,
@@ -82,55 +118,82 @@ def load_dataset(cfg: Config, rt: Runtime) -> tuple[dict, dict[str, TokenWindows
         )
         for s in ("train", "val")
     }
-    return meta, splits
+    ckpt = checkpoint.find_last(cfg.train.out_dir) if cfg.train.resume else None
+    if ckpt is not None:
+        checkpoint.check_resumable(ckpt, cfg, meta["tokenizer"])
 
-
-def build(
-    cfg: Config, rt: Runtime, meta: dict, splits: dict[str, TokenWindows], weights_from: Optional[Path] = None
-) -> Run:
-    """The model (seeded init, or the weights of checkpoint `weights_from`), wrapped, compiled, optimised."""
     torch.manual_seed(cfg.train.seed)
     raw = GPT(cfg.model).to(rt.device)
-    if weights_from is not None:
-        distributed.load_weights(raw, weights_from, rt)
+    if ckpt is not None:  # whole weights, before FSDP shards them
+        checkpoint.load_into(raw, checkpoint.load_weights(ckpt), ckpt)
     model, raw = distributed.wrap(raw, cfg, rt)
     optimizers = make_optimizers(raw, cfg.optim, rt.device)
-    scaler = torch.amp.GradScaler(rt.device.type) if rt.precision == "fp16" else None
-    compiled = compile_enabled(cfg.train.compile, rt.device)
-    step_model = torch.compile(model, mode=cfg.train.compile_mode) if compiled else model
-    return Run(cfg, rt, meta, splits, raw, model, step_model, optimizers, scaler)
+    scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.precision == "fp16")
+    step_model = (
+        torch.compile(model, mode=cfg.train.compile_mode)
+        if compile_enabled(cfg.train.compile, rt.device)
+        else model
+    )
+    run = Run(cfg, rt, meta, splits, raw, model, step_model, optimizers, scaler, Progress())
+    if ckpt is not None:
+        _restore(run, ckpt)
+    return run
+
+
+def _restore(run: Run, ckpt: Path) -> None:
+    """Optimizer and scaler state, progress and random generators of checkpoint `ckpt`."""
+    state = checkpoint.load_train_state(ckpt)
+    checkpoint.load_optimizers(run.raw_model, run.optimizers, state, ckpt)
+    if state.get("scaler"):
+        run.scaler.load_state_dict(state["scaler"])
+    run.progress = Progress.from_state(state)
+    checkpoint.set_rng_state(state["rng"])
+
+
+def save(run: Run, improved: bool) -> Path:
+    """Write OUT_DIR/last with everything needed to resume, and copy it to OUT_DIR/best when `improved`."""
+    p = run.progress
+    state = {
+        **dataclasses.asdict(p),
+        "tokens": p.iter * run.tokens_per_iter,
+        "rng": checkpoint.rng_state(),
+        "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
+    }
+    tokenizer, main = run.meta["tokenizer"], run.rt.is_main
+    path = checkpoint.save(
+        run.out_dir, "last", run.raw_model, run.cfg, tokenizer, state, run.optimizers, main
+    )
+    if improved and main:
+        checkpoint.copy(run.out_dir, "last", "best")
+    distributed.barrier(run.rt)
+    return path
 
 
 def train_step(run: Run, it: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """One iteration at the learning rates already set: (mean loss, gradient norm) as tensors on the device,
     and whether the step was applied (False when the loss or the gradient was not finite)."""
-    cfg, rt = run.cfg, run.rt
+    cfg, rt, scaler = run.cfg, run.rt, run.scaler
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(run.micro_steps):
         # micro-batch keys number the global sequence of micro-batches: the same data for any world size
-        x, y = run.splits["train"].batch(
-            it * cfg.train.grad_accum + micro * rt.world_size + rt.rank, cfg.train.batch_size
-        )
+        key = it * cfg.train.grad_accum + micro * rt.world_size + rt.rank
+        x, y = run.splits["train"].batch(key, cfg.train.batch_size)
         with distributed.sync_gradients(run.model, micro == run.micro_steps - 1, rt), rt.autocast():
             _, loss = run.step_model(x, y)
             loss = loss / run.micro_steps
-        (run.scaler.scale(loss) if run.scaler is not None else loss).backward()
+        scaler.scale(loss).backward()
         loss_sum += loss.detach()
-    if run.scaler is not None:
-        for opt in run.optimizers:
-            run.scaler.unscale_(opt)
-    grad_norm = torch.nn.utils.clip_grad_norm_(
-        run.raw_model.parameters(), cfg.optim.grad_clip or float("inf")
-    )
+    for opt in run.optimizers:
+        scaler.unscale_(opt)
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), cfg.optim.grad_clip or math.inf)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
     # fp16: inf gradients are the GradScaler's business (it skips those steps and lowers the scale)
-    finite = torch.isfinite(loss_sum) & (torch.isfinite(grad_norm) if run.scaler is None else True)
+    finite = torch.isfinite(loss_sum) & (torch.isfinite(grad_norm) if not scaler.is_enabled() else True)
     applied = distributed.all_true(finite, rt)
     if applied:
         for opt in run.optimizers:
-            run.scaler.step(opt) if run.scaler is not None else opt.step()
-        if run.scaler is not None:
-            run.scaler.update()
+            scaler.step(opt)
+        scaler.update()
     for opt in run.optimizers:
         opt.zero_grad(set_to_none=True)
     return loss_sum, grad_norm, applied
@@ -153,23 +216,3 @@ def evaluate(run: Run) -> dict[str, float]:
         out[name] = loss_sum / count
     run.step_model.train()
     return out
-
-
-def check_compatible(ckpt: Path, saved: Config, cfg: Config, tokenizer_meta: dict) -> None:
-    """Refuse to resume from a checkpoint of another shape or tokenizer, naming the field that differs."""
-    for field, theirs in asdict(saved.model).items():
-        ours = getattr(cfg.model, field)
-        if theirs != ours and field != "dropout":
-            raise UserError(
-                f"checkpoint {ckpt} has model.{field}={theirs} but the config says {ours}; resume "
-                "with the config it was trained with, or start a new run in another train.out_dir"
-            )
-    theirs = checkpoint.load_tokenizer_meta(ckpt)
-    if theirs != tokenizer_meta:
-        diff = next(
-            k for k in sorted(set(theirs) | set(tokenizer_meta)) if theirs.get(k) != tokenizer_meta.get(k)
-        )
-        raise UserError(
-            f"checkpoint {ckpt} was trained with another tokenizer (its {diff} differs from the "
-            "dataset's); resume on the dataset it was trained on"
-        )
