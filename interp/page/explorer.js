@@ -474,6 +474,7 @@ function update() {
 
 function onKey(event) {
   if (event.key !== "ArrowLeft" && event.key !== "ArrowRight") return;
+  if (event.target instanceof HTMLInputElement) return;   // the radio buttons' own arrows
   const step = event.key === "ArrowLeft" ? -1 : 1;
   state.pinned = Math.min(view().T - 1, Math.max(0, focus() + step));
   state.hovered = null;
