@@ -1,6 +1,6 @@
 """See what the attention heads learned: attention maps on a prompt, and a role score for every head.
 
-    python heads.py OUT_DIR [--prompt TEXT | --prompt-file PATH] [--layer L --head H] [--out DIR]
+    python heads.py OUT_DIR [--prompt TEXT | --prompt-file PATH] [--layer L --head H] [--html] [--out DIR]
                     [--sequences N] [--windows N] [--seed S] [--data-dir DIR] [--device D]
 
 OUT_DIR is a training run's folder (its best checkpoint is used, else its last) or a checkpoint folder. The
@@ -10,6 +10,8 @@ pictures and scores go to the run's heads/ folder (or --out):
     attention_L{L}H{H}.png   one head enlarged, with --layer L --head H
     head_scores.json, .png   every head's previous-token, duplicate-token, induction, first-token and
                              current-token score, the in-context learning score and the repeated-sequence loss
+    attention.html           with --html: one self-contained page to explore every head on the prompt and on
+                             a repeated random sequence in a browser (interp/explorer.py)
 and the role tables are printed. The scores are defined in interp/scores.py; the real-text ones use the
 validation split of the dataset the model was trained on. Without a prompt, the start of that split is used.
 """
@@ -29,7 +31,8 @@ from data.loader import TokenWindows
 from data.prepare import DATA_DIR, ensure_prepared, load_meta
 from data.prompts import checkpoint_and_prompt_parser, encode_prompt, read_prompt
 from data.tokenizers import from_meta
-from interp.plots import MAX_LABELS, plot_head, plot_layer, plot_scores
+from interp.explorer import write_page
+from interp.plots import MAX_LABELS, plot_head, plot_layer, plot_scores, token_labels
 from interp.scores import ROLES, THRESHOLD, role_name, score_heads
 from training import checkpoint
 from training.runtime import pick_device
@@ -46,6 +49,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--layer", type=int, help="with --head: also draw this head enlarged")
     p.add_argument("--head", type=int, help="with --layer: also draw this head enlarged")
     p.add_argument("--out", help="folder for the pictures and scores (default: OUT_DIR's heads/)")
+    p.add_argument(
+        "--html",
+        action="store_true",
+        help="also write attention.html, a page to explore every head on the prompt in a browser",
+    )
     p.add_argument(
         "--sequences",
         type=int,
@@ -100,15 +108,6 @@ def default_prompt(val: TokenWindows, block_size: int) -> list[int]:
     return data[: min(block_size, DEFAULT_PROMPT_TOKENS)].astype(np.int64).tolist()
 
 
-def token_labels(ids: list[int], tokenizer) -> list[str]:
-    """One short, visible label per token (spaces and newlines shown as ␣ and ↵)."""
-    labels = []
-    for i in ids:
-        text = tokenizer.decode([i]).replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥")
-        labels.append(text[:10] or "∅")
-    return labels
-
-
 def format_tables(scores: dict) -> str:
     """The role scores as one layer x head table per role, then the model-level numbers."""
     n_head = len(scores[ROLES[0]][0])
@@ -135,6 +134,22 @@ def format_tables(scores: dict) -> str:
     return "\n".join(lines)
 
 
+def draw_maps(model, ids: list[int], tokenizer, args: argparse.Namespace, out: Path) -> list[Path]:
+    """Every layer's attention maps on the prompt, and the one head of --layer/--head enlarged."""
+    device = next(model.parameters()).device
+    _, weights = model.attention_weights(torch.tensor([ids], dtype=torch.long, device=device))
+    labels = token_labels(ids, tokenizer) if len(ids) <= MAX_LABELS else None
+    written = []
+    for layer, w in enumerate(weights):
+        written.append(out / f"attention_layer{layer}.png")
+        plot_layer(w[0].float().cpu().numpy(), labels, layer, written[-1])
+    if args.layer is not None:
+        written.append(out / f"attention_L{args.layer}H{args.head}.png")
+        head = weights[args.layer][0, args.head].float().cpu().numpy()
+        plot_head(head, labels, args.layer, args.head, written[-1])
+    return written
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
@@ -159,27 +174,16 @@ def main(argv: list[str]) -> int:
         file=sys.stderr,
     )
 
-    _, weights = model.attention_weights(torch.tensor([ids], dtype=torch.long, device=device))
-    labels = token_labels(ids, tokenizer) if len(ids) <= MAX_LABELS else None
-    written = []
-    for layer, w in enumerate(weights):
-        written.append(out / f"attention_layer{layer}.png")
-        plot_layer(w[0].float().cpu().numpy(), labels, layer, written[-1])
-    if args.layer is not None:
-        written.append(out / f"attention_L{args.layer}H{args.head}.png")
-        plot_head(
-            weights[args.layer][0, args.head].float().cpu().numpy(),
-            labels,
-            args.layer,
-            args.head,
-            written[-1],
-        )
-
+    written = draw_maps(model, ids, tokenizer, args, out)
     scores = score_heads(model, val, args.seed, sequences=args.sequences, windows=args.windows)
     print(format_tables(scores))
     (out / "head_scores.json").write_text(json.dumps({"checkpoint": str(ckpt), **scores}, indent=1))
     plot_scores(scores, out / "head_scores.png")
     written += [out / "head_scores.json", out / "head_scores.png"]
+    if args.html:
+        written.append(
+            write_page(out / "attention.html", model, ids, tokenizer, scores, str(ckpt), args.seed)
+        )
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -1,5 +1,6 @@
 """Pictures of attention heads: attention maps (a grid per layer, one head enlarged), the role-score heatmap,
-and role scores against training iteration next to the loss curves.
+and role scores against training iteration next to the loss curves; and the token labels they (and the
+attention explorer page) show.
 
 Drawn with matplotlib's object API onto its Agg canvas (no pyplot, no display needed). Attention maps put
 queries on the rows and keys on the columns; the masked future (keys after the query) is left white, and the
@@ -21,6 +22,15 @@ from interp.scores import ROLES, role_name, strongest
 
 MAX_LABELS = 48  # token labels on the axes of prompts up to this many tokens
 CMAP = matplotlib.colormaps["viridis"].with_extremes(bad="white")
+
+
+def token_labels(ids: list[int], tokenizer) -> list[str]:
+    """One short, visible label per token (spaces and newlines shown as ␣ and ↵)."""
+    labels = []
+    for i in ids:
+        text = tokenizer.decode([i]).replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥")
+        labels.append(text[:10] or "∅")
+    return labels
 
 
 def _draw_map(ax, weights: np.ndarray, labels: Optional[list[str]], title: str, fontsize: float):

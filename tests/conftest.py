@@ -1,7 +1,9 @@
-"""Shared test set-up: offline tokenizer cache, offline wandb, tiny prepared datasets, subprocess runner."""
+"""Shared test set-up: offline tokenizer cache, offline wandb, tiny prepared datasets, subprocess runner, and
+the induction model (trained once per session)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,3 +77,50 @@ def run(data_dir: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("run") / "out"
     train(data_dir, out, "train.max_iters=60", "train.eval_interval=30")
     return out
+
+
+def train_induction(config: str, data_dir: Path, out: Path) -> dict:
+    """Train configs/{config}.yaml with train.py (repeats prepared in data_dir) and score its heads."""
+    import torch
+
+    from data.loader import TokenWindows
+    from data.prepare import load_meta
+    from interp.scores import score_heads
+    from training import checkpoint
+
+    run_script(
+        "train.py",
+        config,
+        f"data.dir={data_dir}",
+        f"train.out_dir={out}",
+        "train.device=cpu",
+        check=True,
+        timeout=240,
+    )
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["elapsed_s"] < 60  # the issue's budget: under a minute of CPU training
+    model, cfg, _, _ = checkpoint.load_model(out)
+    meta = load_meta(data_dir / "repeats")
+    val = TokenWindows(
+        data_dir / "repeats" / "val.bin",
+        meta["dtype"],
+        cfg.model.block_size,
+        torch.device("cpu"),
+        cfg.train.seed,
+        "val",
+    )
+    return score_heads(model, val)
+
+
+@pytest.fixture(scope="session")
+def repeats_dir(tmp_path_factory) -> Path:
+    """A data folder for the induction runs (train.py prepares repeats in it)."""
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="session")
+def induction_run(repeats_dir: Path, tmp_path_factory) -> tuple[Path, dict]:
+    """The out_dir and head scores of `python train.py induction` (about 20 s; shared by test_heads.py and
+    test_explorer.py)."""
+    out = tmp_path_factory.mktemp("induction") / "out"
+    return out, train_induction("induction", repeats_dir, out)

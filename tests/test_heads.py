@@ -10,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_script
+from conftest import run_script, train_induction
 
 from common.errors import UserError
 from data.loader import TokenWindows
-from data.prepare import load_meta
 from data.repeats import Repeats
 from interp.plots import plot_training_curves
 from interp.scores import (
@@ -30,7 +29,6 @@ from interp.scores import (
     text_scores,
 )
 from model import GPT, GPTConfig
-from training import checkpoint
 from training.tracking import read_metrics
 
 T, N = 10, 6  # real-text windows of T tokens; [R, R] sequences with len(R) = N
@@ -218,42 +216,6 @@ def test_repeats_dataset_is_deterministic_periodic_and_distinct():
 
 
 # --- the induction experiment: real training runs through train.py ---
-
-
-def train_induction(config: str, data_dir: Path, out: Path) -> dict:
-    run_script(
-        "train.py",
-        config,
-        f"data.dir={data_dir}",
-        f"train.out_dir={out}",
-        "train.device=cpu",
-        check=True,
-        timeout=240,
-    )
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert metrics[-1]["elapsed_s"] < 60  # the budget: under a minute of CPU training
-    model, cfg, _, _ = checkpoint.load_model(out)
-    meta = load_meta(data_dir / "repeats")
-    val = TokenWindows(
-        data_dir / "repeats" / "val.bin",
-        meta["dtype"],
-        cfg.model.block_size,
-        torch.device("cpu"),
-        cfg.train.seed,
-        "val",
-    )
-    return score_heads(model, val)
-
-
-@pytest.fixture(scope="module")
-def repeats_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("data")
-
-
-@pytest.fixture(scope="module")
-def induction_run(repeats_dir: Path, tmp_path_factory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("induction") / "out"
-    return out, train_induction("induction", repeats_dir, out)
 
 
 @pytest.mark.slow

@@ -1,0 +1,139 @@
+"""The attention explorer: one self-contained HTML page to click through every head's attention on a prompt.
+
+`write_page` runs the model once on the prompt and once on a repeated random sequence [R, R], and writes a
+single file that opens from disk in any browser: the page's markup, styles and script (interp/page/, read
+here and inlined) and the data as one JSON block. Nothing is fetched; a Content-Security-Policy forbids it.
+
+What is notable:
+- Weights are stored with 8 bits: round(255 * w), only the lower triangle (key <= query) of each head,
+  base64-encoded. The page shows them to 3 decimals; they are within half a step (1/510) of the model's.
+- The page is bounded: all heads are kept, and the prompt is cut to the first tokens whose weights fit in
+  MAX_WEIGHTS (the page says so). In a causal model the weights of a prefix do not depend on what follows,
+  so the rows shown are exactly those of the whole prompt. A 6 x 6 model on 256 tokens is about 1.7 MB.
+- Every role score comes from `interp.scores.score_heads`; each head is labelled with its strongest role.
+- Prompt text reaches the page only as JSON data and is set as text by the script, never parsed as HTML.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import re
+from pathlib import Path
+
+import matplotlib
+import torch
+from matplotlib.colors import to_hex
+
+from interp.plots import token_labels
+from interp.scores import ROLES, THRESHOLD, repeated_tokens, role_name
+from model import GPT
+
+PAGE = Path(__file__).with_name("page")  # page.html, explorer.css, explorer.js
+MAX_WEIGHTS = 2_000_000  # prompt weights on one page (bytes before base64): 6 x 6 heads x 256 tokens fit
+DEMO_LENGTH = 32  # tokens in R of the page's [R, R] demo, at most
+
+
+def tokens_that_fit(heads: int, tokens: int, budget: int) -> int:
+    """The most leading tokens (at most `tokens`, at least 1) whose lower triangles, over all heads, hold at
+    most `budget` weights."""
+    fit = int((math.sqrt(1 + 8 * budget / heads) - 1) / 2)
+    while heads * fit * (fit + 1) // 2 > budget:  # guard against the square root's rounding
+        fit -= 1
+    return max(1, min(tokens, fit))
+
+
+def quantise(weights: list[torch.Tensor]) -> str:
+    """Base64 of every head's lower triangle, 8-bit: layer, head, query, key <= query, in that order, from
+    one (1, n_head, T, T) tensor per layer."""
+    w = torch.stack([layer[0] for layer in weights]).float().cpu()
+    T = w.size(-1)
+    rows, cols = torch.tril_indices(T, T)
+    q = (w[..., rows, cols] * 255).round().clamp(0, 255).to(torch.uint8)
+    return base64.b64encode(q.numpy().tobytes()).decode("ascii")
+
+
+@torch.no_grad()
+def attention_view(model: GPT, ids: list[int], tokenizer, budget: int, **about) -> dict:
+    """One view of the page: the tokens and every head's quantised attention weights on them, for as many
+    of the leading tokens as `budget` weights allow."""
+    cfg = model.config
+    keep = tokens_that_fit(cfg.n_layer * cfg.n_head, len(ids), budget)
+    device = next(model.parameters()).device
+    _, weights = model.attention_weights(torch.tensor([ids[:keep]], dtype=torch.long, device=device))
+    return {
+        "tokens": token_labels(ids[:keep], tokenizer),
+        "ids": ids[:keep],
+        "total_tokens": len(ids),
+        "weights": quantise(weights),
+        "max_weights": budget,
+        **about,
+    }
+
+
+def repeated_view(model: GPT, tokenizer, seed: int, budget: int) -> dict:
+    """The view of one [R, R] sequence with R of up to DEMO_LENGTH distinct tokens (those the tokenizer can
+    show), where an induction head draws its stripe."""
+    vocab = min(model.config.vocab_size, tokenizer.vocab_size)
+    n = min(model.config.block_size // 2, vocab, DEMO_LENGTH)
+    ids = repeated_tokens(vocab, n, 1, seed)[0].tolist()
+    return attention_view(model, ids, tokenizer, budget, name="repeated", repeat_length=n, seed=seed)
+
+
+def head_roles(scores: dict) -> list[list[dict]]:
+    """Per layer, per head: its strongest role and score."""
+    n_layer, n_head = len(scores[ROLES[0]]), len(scores[ROLES[0]][0])
+    roles = [
+        [max(ROLES, key=lambda r: scores[r][layer][head]) for head in range(n_head)]
+        for layer in range(n_layer)
+    ]
+    return [
+        [{"role": role_name(role), "score": scores[role][layer][head]} for head, role in enumerate(row)]
+        for layer, row in enumerate(roles)
+    ]
+
+
+def page_data(model: GPT, ids: list[int], tokenizer, scores: dict, title: str, seed: int = 0) -> dict:
+    """Everything the page shows, as JSON-ready data."""
+    cfg = model.config
+    viridis = matplotlib.colormaps["viridis"].resampled(256)
+    return {
+        "title": title,
+        "model": {"n_layer": cfg.n_layer, "n_head": cfg.n_head, "block_size": cfg.block_size},
+        "views": [
+            attention_view(model, ids, tokenizer, MAX_WEIGHTS, name="prompt"),
+            repeated_view(model, tokenizer, seed, MAX_WEIGHTS // 4),
+        ],
+        "roles": [role_name(r) for r in ROLES],
+        "threshold": THRESHOLD,
+        "head_roles": head_roles(scores),
+        "scores": {role_name(r): scores[r] for r in ROLES},
+        "model_scores": {k: v for k, v in scores.items() if k not in ROLES},
+        "colormap": [to_hex(viridis(i)) for i in range(256)],  # as heads.py's pictures
+    }
+
+
+def render(data: dict) -> str:
+    """The page: the template with its styles, script and data inlined (one pass, so that nothing inlined
+    is read as a marker)."""
+    as_json = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    # "<", ">" and "&" escaped: no text in the data can close the script element it sits in
+    as_json = as_json.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    parts = {
+        "styles": (PAGE / "explorer.css").read_text(encoding="utf-8"),
+        "script": (PAGE / "explorer.js").read_text(encoding="utf-8"),
+        "title": html.escape(data["title"]),
+        "data": as_json,
+    }
+    template = (PAGE / "page.html").read_text(encoding="utf-8")
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], template)
+
+
+def write_page(
+    path: Path, model: GPT, ids: list[int], tokenizer, scores: dict, title: str, seed: int = 0
+) -> Path:
+    """Write the explorer page for `ids` (the prompt) to `path`."""
+    path.write_text(render(page_data(model, ids, tokenizer, scores, title, seed)), encoding="utf-8")
+    return path
