@@ -265,4 +265,4 @@ def resume_command(argv: list[str], run: Run) -> str:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(distributed.explain_hangs(main))

@@ -53,6 +53,9 @@ class TrainConfig:
     save: bool = True  # write checkpoints (best and last) at each eval
     threads: int = 0  # CPU threads for torch; 0 = one per physical core
     parallel: Literal["ddp", "fsdp"] = "ddp"  # under torchrun
+    dist_timeout: float = (
+        10.0  # torchrun: minutes a rank waits in a collective before it fails (hang -> error)
+    )
     skip_nonfinite: int = 0  # steps with a non-finite loss to skip before stopping
 
 
@@ -231,6 +234,8 @@ def problems(cfg: Config) -> list[tuple[str, str]]:
         ("optim.muon_weight_decay", o.muon_weight_decay),
     ]
     out += [(k, f"must not be negative, got {v}") for k, v in non_negative if v < 0]
+    if t.dist_timeout <= 0:
+        out.append(("train.dist_timeout", f"must be a positive number of minutes, got {t.dist_timeout}"))
     if t.max_time is not None and t.max_time <= 0:
         out.append(("train.max_time", f"must be a positive number of seconds or null, got {t.max_time}"))
     if str(t.compile).lower() not in ("auto", "true", "false"):

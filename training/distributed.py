@@ -5,12 +5,19 @@ With one process every function here is a no-op or a plain call, so train.py rea
   shards each block's parameters, gradients and optimizer state across ranks.
 - `sync_gradients`: gradients are all-reduced only on the last micro-step of an iteration (DDP no_sync /
   FSDP set_requires_gradient_sync on the others).
+- `explain_hangs`: a collective that waited longer than `train.dist_timeout` (a rank stopped, died or took
+  another path) becomes one error line naming the collective and where it was called, not a traceback.
 Checkpoints of every kind of run are written and read by training/checkpoint.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -46,6 +53,43 @@ def all_true(t: torch.Tensor, rt) -> bool:
     t = t.float().reshape(1)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return bool(t.item())
+
+
+def explain_hangs(main: Callable) -> Callable:
+    """Wrap a script's main: a collective that timed out becomes a UserError naming it (gloo raises a
+    RuntimeError in the waiting rank; NCCL's watchdog reports the collective itself and ends the process)."""
+
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except RuntimeError as e:
+            where = _timed_out_collective(e)
+            if where is None:
+                raise
+            raise UserError(
+                f"rank {os.environ.get('RANK', '0')} waited longer than train.dist_timeout in {where}: "
+                "another rank stopped, died or is stuck (see its output); raise train.dist_timeout if that "
+                "rank is only slow, or set TORCH_DISTRIBUTED_DEBUG=DETAIL to see more"
+            ) from None
+
+    return wrapped
+
+
+def _timed_out_collective(e: RuntimeError) -> str | None:
+    """For a collective's timeout, 'all_reduce (called from training/trainer.py:201 in evaluate)'; else
+    None."""
+    frames = traceback.extract_tb(e.__traceback__)
+    names = [f.name for f in frames if f.filename.endswith("distributed_c10d.py")]
+    if "timed out" not in str(e).lower() or not names:
+        return None
+    root = Path(__file__).resolve().parent.parent
+    ours = [f for f in frames if Path(f.filename).resolve().is_relative_to(root) and f.filename != __file__]
+    if not ours:
+        return names[-1]
+    caller = ours[-1]
+    file = Path(caller.filename).resolve().relative_to(root)
+    return f"{names[-1]} (called from {file}:{caller.lineno} in {caller.name})"
 
 
 def shutdown(rt) -> None:

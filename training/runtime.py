@@ -4,12 +4,17 @@
 - precision `auto`: bf16 autocast on CUDA that supports it, fp16 autocast with a GradScaler on older CUDA,
   fp32 on MPS; on a CPU, bf16 autocast where the model is wide enough for bf16 matrix units to pay for the
   casts (see `cpu_auto_precision`), else fp32.
+- compile `auto`: torch.compile on CUDA where Triton works (it needs a GPU of compute capability 7.0 or
+  newer and is not built for native Windows); `true` without a working Triton is refused in one line.
 - TF32 matmuls on CUDA; `train.threads` sets torch's CPU threads.
+- torchrun: the process group is joined with an explicit timeout (`train.dist_timeout`, minutes), so a
+  rank that stops or hangs turns into an error on the others instead of a job that waits forever.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -103,16 +108,38 @@ def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:
     return "fp32"
 
 
-def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int = 0) -> Runtime:
-    """Join the torchrun process group when launched by torchrun, then choose device and precision."""
-    rank, local_rank, world = (
-        int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1))
-    )
+@dataclass(frozen=True)
+class Launch:
+    """Where this process sits in a torchrun job (one process: rank 0 of 1), from torchrun's environment."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1  # processes on this machine
+
+
+def launch() -> Launch:
+    env = os.environ
+    world = int(env.get("WORLD_SIZE", 1))
+    rank = int(env.get("RANK", 0))
+    return Launch(rank, int(env.get("LOCAL_RANK", rank)), world, int(env.get("LOCAL_WORLD_SIZE", world)))
+
+
+def setup(
+    device_setting: str, precision_setting: str, n_embd: int, threads: int = 0, dist_timeout: float = 10.0
+) -> Runtime:
+    """Join the torchrun process group when launched by torchrun (waiting at most `dist_timeout` minutes in
+    any collective), then choose device and precision."""
+    job = launch()
+    rank, local_rank, world = job.rank, job.local_rank, job.world_size
     device = pick_device(device_setting, local_rank)
     if world > 1 and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            timeout=datetime.timedelta(minutes=dist_timeout),
+        )
     if threads:
         torch.set_num_threads(threads)
     if device.type == "cuda":

@@ -103,7 +103,8 @@ def open_dataset(cfg: Config, rt: Runtime) -> dict:
 
 def start_run(cfg: Config) -> Run:
     """Everything a run needs (see the module docstring); with train.resume, continued from OUT_DIR/last."""
-    rt = setup(cfg.train.device, cfg.train.precision, cfg.model.n_embd, cfg.train.threads)
+    t = cfg.train
+    rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads, t.dist_timeout)
     meta = open_dataset(cfg, rt)
     cfg = with_vocabulary(cfg, meta)
     folder = Path(cfg.data.dir) if cfg.data.dir else DATA_DIR
