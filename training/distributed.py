@@ -1,6 +1,10 @@
 """Data-parallel training under torchrun: DDP or FSDP2, and the reductions that keep ranks in step.
 
 With one process every function here is a no-op or a plain call, so train.py reads the same either way.
+- `once_per_machine`: work done before the process group starts (preparing a dataset) by local rank 0 while
+  the other ranks of the machine wait on its files, not in a collective whose timeout the work could outlast.
+- `join`: the process group, with an explicit timeout (`train.dist_timeout`, minutes): a rank that stops or
+  hangs becomes an error on the others instead of a job that waits forever.
 - `wrap`: DDP (`train.parallel: ddp`) replicates the model; FSDP2 (`fsdp`, torch.distributed.fsdp.fully_shard)
   shards each block's parameters, gradients and optimizer state across ranks.
 - `sync_gradients`: gradients are all-reduced only on the last micro-step of an iteration (DDP no_sync /
@@ -13,8 +17,11 @@ Checkpoints of every kind of run are written and read by training/checkpoint.py.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import os
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +30,57 @@ import torch
 import torch.distributed as dist
 
 from common.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent  # the project's folder, to find our frames in a traceback
+HEARTBEAT_S, GIVE_UP_S = 10.0, 120.0  # once_per_machine: local rank 0 touches its file this often
+
+
+def once_per_machine(rt, ready: Path, work: Callable[[], object], what: str, beat: Path) -> None:
+    """Unless file `ready` exists: local rank 0 runs `work` (which creates `ready`), the other local ranks
+    wait for the file. Meanwhile local rank 0 touches file `beat` every 10 s; a waiting rank gives up with
+    one line when it has seen no sign of it for 2 minutes (local rank 0 failed or died: torchrun would have
+    stopped the others already, other launchers may not)."""
+    if ready.is_file():
+        return
+    if rt.local_rank == 0:
+        beat.parent.mkdir(parents=True, exist_ok=True)
+        done = threading.Event()
+        beating = threading.Thread(target=_heartbeat, args=(beat, done), daemon=True)
+        beating.start()
+        try:
+            work()
+        finally:
+            done.set()
+            beating.join()
+            beat.unlink(missing_ok=True)
+        return
+    last_sign = time.time()
+    while not ready.is_file():
+        with contextlib.suppress(OSError):
+            last_sign = max(last_sign, beat.stat().st_mtime)
+        if time.time() - last_sign > GIVE_UP_S:
+            raise UserError(
+                f"rank {rt.rank} waited for local rank 0 to prepare {what}, but it has shown no sign of work "
+                f"for {GIVE_UP_S:.0f} s (see its error); prepare it first, then start again"
+            )
+        time.sleep(0.2)
+
+
+def _heartbeat(path: Path, done: threading.Event) -> None:
+    while True:
+        path.touch()
+        if done.wait(HEARTBEAT_S):
+            return
+
+
+def join(rt, timeout_minutes: float) -> None:
+    """Join torchrun's process group (NCCL on CUDA, else gloo); every collective then fails after waiting
+    `timeout_minutes` instead of hanging."""
+    if rt.distributed and not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if rt.device.type == "cuda" else "gloo",
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+        )
 
 
 def barrier(rt) -> None:
@@ -77,19 +135,23 @@ def explain_hangs(main: Callable) -> Callable:
 
 
 def _timed_out_collective(e: RuntimeError) -> str | None:
-    """For a collective's timeout, 'all_reduce (called from training/trainer.py:201 in evaluate)'; else
-    None."""
+    """For a collective's timeout, 'all_reduce (called from training/trainer.py:201 in evaluate)': the
+    collective (else the torch.distributed function entered) and the code of ours that led there."""
     frames = traceback.extract_tb(e.__traceback__)
-    names = [f.name for f in frames if f.filename.endswith("distributed_c10d.py")]
-    if "timed out" not in str(e).lower() or not names:
+    entered = [i for i, f in enumerate(frames) if f"torch{os.sep}distributed{os.sep}" in f.filename]
+    if "timed out" not in str(e).lower() or not entered:
         return None
-    root = Path(__file__).resolve().parent.parent
-    ours = [f for f in frames if Path(f.filename).resolve().is_relative_to(root) and f.filename != __file__]
+    c10d = [frames[i].name for i in entered if frames[i].filename.endswith("distributed_c10d.py")]
+    name = c10d[-1] if c10d else frames[entered[0]].name
+    ours = [f for f in frames[: entered[0]] if _ours(f.filename) and f.filename != __file__]
     if not ours:
-        return names[-1]
-    caller = ours[-1]
-    file = Path(caller.filename).resolve().relative_to(root)
-    return f"{names[-1]} (called from {file}:{caller.lineno} in {caller.name})"
+        return name
+    where = Path(ours[-1].filename).resolve().relative_to(ROOT)
+    return f"{name} (called from {where}:{ours[-1].lineno} in {ours[-1].name})"
+
+
+def _ours(filename: str) -> bool:
+    return Path(filename).resolve().is_relative_to(ROOT)
 
 
 def shutdown(rt) -> None:

@@ -7,20 +7,18 @@
 - compile `auto`: torch.compile on CUDA where Triton works (it needs a GPU of compute capability 7.0 or
   newer and is not built for native Windows); `true` without a working Triton is refused in one line.
 - TF32 matmuls on CUDA; `train.threads` sets torch's CPU threads.
-- torchrun: the process group is joined with an explicit timeout (`train.dist_timeout`, minutes), so a
-  rank that stops or hangs turns into an error on the others instead of a job that waits forever.
+- torchrun: the rank of this process, read from torchrun's environment (training/distributed.py joins the
+  process group, once the data is ready).
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from common.errors import UserError
 
@@ -32,6 +30,7 @@ class Runtime:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    local_world_size: int = 1  # processes on this machine
 
     @property
     def is_main(self) -> bool:
@@ -108,44 +107,20 @@ def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:
     return "fp32"
 
 
-@dataclass(frozen=True)
-class Launch:
-    """Where this process sits in a torchrun job (one process: rank 0 of 1), from torchrun's environment."""
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    local_world_size: int = 1  # processes on this machine
-
-
-def launch() -> Launch:
+def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int = 0) -> Runtime:
+    """This process's rank under torchrun (rank 0 of 1 without it), its device and precision."""
     env = os.environ
-    world = int(env.get("WORLD_SIZE", 1))
-    rank = int(env.get("RANK", 0))
-    return Launch(rank, int(env.get("LOCAL_RANK", rank)), world, int(env.get("LOCAL_WORLD_SIZE", world)))
-
-
-def setup(
-    device_setting: str, precision_setting: str, n_embd: int, threads: int = 0, dist_timeout: float = 10.0
-) -> Runtime:
-    """Join the torchrun process group when launched by torchrun (waiting at most `dist_timeout` minutes in
-    any collective), then choose device and precision."""
-    job = launch()
-    rank, local_rank, world = job.rank, job.local_rank, job.world_size
+    rank, world = int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
+    local_rank, local_world = int(env.get("LOCAL_RANK", rank)), int(env.get("LOCAL_WORLD_SIZE", world))
     device = pick_device(device_setting, local_rank)
-    if world > 1 and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(
-            backend="nccl" if device.type == "cuda" else "gloo",
-            timeout=datetime.timedelta(minutes=dist_timeout),
-        )
-    if threads:
-        torch.set_num_threads(threads)
     if device.type == "cuda":
+        torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    return Runtime(device, pick_precision(precision_setting, device, n_embd), rank, local_rank, world)
+    if threads:
+        torch.set_num_threads(threads)
+    precision = pick_precision(precision_setting, device, n_embd)
+    return Runtime(device, precision, rank, local_rank, world, local_world)
 
 
 def compile_enabled(setting: str, device: torch.device) -> bool:

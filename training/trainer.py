@@ -93,19 +93,33 @@ def with_vocabulary(cfg: Config, meta: dict) -> Config:
 
 
 def open_dataset(cfg: Config, rt: Runtime) -> dict:
-    """The dataset's meta.json; rank 0 prepares a known dataset on first use while the others wait."""
+    """The dataset's meta.json. A known dataset is prepared on first use, before the process group starts:
+    under torchrun by local rank 0 of the machine while its other ranks wait for the files (preparing
+    FineWeb-Edu takes hours, longer than any collective should wait). With several machines it must be
+    prepared beforehand: two machines sharing a filesystem would write the same files at once."""
     data_dir = Path(cfg.data.dir) if cfg.data.dir else DATA_DIR
-    if rt.is_main:
-        ensure_prepared(cfg.data.dataset, data_dir)
-    distributed.barrier(rt)
-    return load_meta(data_dir / cfg.data.dataset)
+    name, folder = cfg.data.dataset, data_dir / cfg.data.dataset
+
+    def prepare() -> None:
+        if rt.world_size > rt.local_world_size:
+            raise UserError(
+                f"dataset {name} is not prepared in {folder}; with several machines, prepare it before "
+                f"starting torchrun, on each machine (or once on a shared filesystem): "
+                f"python -m data.prepare {name}"
+            )
+        ensure_prepared(name, data_dir)
+
+    beat = data_dir / f".{name}.preparing"  # local rank 0 touches it while it prepares
+    distributed.once_per_machine(rt, folder / "meta.json", prepare, f"dataset {name}", beat)
+    return load_meta(folder)
 
 
 def start_run(cfg: Config) -> Run:
     """Everything a run needs (see the module docstring); with train.resume, continued from OUT_DIR/last."""
     t = cfg.train
-    rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads, t.dist_timeout)
-    meta = open_dataset(cfg, rt)
+    rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
+    meta = open_dataset(cfg, rt)  # before the process group: see open_dataset
+    distributed.join(rt, t.dist_timeout)
     cfg = with_vocabulary(cfg, meta)
     folder = Path(cfg.data.dir) if cfg.data.dir else DATA_DIR
     splits = {
