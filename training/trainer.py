@@ -216,17 +216,21 @@ def train_step(run: Run, it: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
 
 @torch.no_grad()
 def evaluate(run: Run) -> dict[str, float]:
-    """Mean loss over the same train.eval_iters batches of each split at every eval, shared across ranks."""
+    """Mean loss over the same train.eval_iters batches of each split at every eval, shared across ranks.
+    Every rank runs the same number of forward passes (under FSDP each is a collective): where eval_iters is
+    not a multiple of the number of ranks, the ranks short of a batch run one more that counts for nothing."""
     cfg, rt = run.cfg, run.rt
     run.step_model.eval()
     out = {}
+    per_rank = -(-cfg.train.eval_iters // rt.world_size)
     for name, data in run.splits.items():
         total = torch.zeros(2, device=rt.device)
-        for key in range(rt.rank, cfg.train.eval_iters, rt.world_size):
+        for key in range(rt.rank, per_rank * rt.world_size, rt.world_size):
             x, y = data.batch(key, cfg.train.batch_size, stream=1)
             with rt.autocast():
                 _, loss = run.step_model(x, y)
-            total += torch.stack([loss.float(), torch.ones((), device=rt.device)])
+            if key < cfg.train.eval_iters:  # past it, a forward only keeps FSDP's collectives in step
+                total += torch.stack([loss.float(), torch.ones((), device=rt.device)])
         loss_sum, count = distributed.all_sum(total, rt).tolist()
         out[name] = loss_sum / count
     run.step_model.train()
