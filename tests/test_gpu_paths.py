@@ -3,18 +3,20 @@ group, a CPU GradScaler, mocked GPU capabilities, host syncs counted."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY
 
 from common.errors import UserError
 from training import distributed
 from training.config import load_config
 from training.runtime import Runtime
-from training.trainer import open_dataset
+from training.trainer import open_dataset, start_run, train_step
 
 
 def test_several_machines_need_the_dataset_prepared_first(monkeypatch, tmp_path: Path):
@@ -52,3 +54,96 @@ def test_other_local_ranks_wait_for_the_files_while_local_rank_0_works(monkeypat
         "shown no sign of work for 0 s",
     ):
         distributed.once_per_machine(waiting, ready, lambda: None, "dataset data", beat)
+
+
+def tiny_run(data_dir: Path, *overrides: str):
+    cfg, _ = load_config("shakespeare_char", [f"data.dir={data_dir}", *TINY, "train.device=cpu", *overrides])
+    return start_run(cfg)
+
+
+def poison(run, value: float = float("nan")) -> torch.Tensor:
+    """Make the next loss non-finite; returns the embedding to put back."""
+    w = run.raw_model.token_emb.weight
+    saved = w.detach().clone()
+    with torch.no_grad():
+        w.fill_(value)
+    return saved
+
+
+def test_fp16_loss_scaling_survives_a_skipped_step(data_dir: Path):
+    """fp16 with train.skip_nonfinite: the step after a skipped one used to raise in unscale_ (update() had
+    not run). GradScaler("cpu") and fused AdamW reproduce it on the CPU."""
+    run = tiny_run(data_dir, "train.skip_nonfinite=1", "optim.impl=fused")
+    run.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)  # what train.precision=fp16 uses on a GPU
+    saved = poison(run)
+    _, _, finite = train_step(run, 0)
+    assert not bool(finite)
+    with torch.no_grad():
+        run.raw_model.token_emb.weight.copy_(saved)
+    _, _, finite = train_step(run, 1)
+    assert bool(finite)
+    assert run.scaler.get_scale() == 2.0**9  # halved after the non-finite gradients, as GradScaler does
+
+
+class HostReads:
+    """Counts the ways Python reads a tensor's value back (each a host sync on a GPU)."""
+
+    METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "numpy", "cpu")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in self.METHODS:
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._counting(original))
+
+    def _counting(self, original):
+        def method(tensor, *args, **kwargs):
+            self.count += 1
+            return original(tensor, *args, **kwargs)
+
+        return method
+
+
+@pytest.mark.parametrize("optimizer", ["optim.name=adamw", "optim.name=muon"])
+def test_a_step_never_reads_back_and_a_non_finite_one_changes_nothing(data_dir: Path, monkeypatch, optimizer):
+    run = tiny_run(data_dir, optimizer, "optim.impl=fused")
+    train_step(run, 0)  # optimizer state exists from here on
+    params = {n: p.detach().clone() for n, p in run.raw_model.named_parameters()}
+    state = [{k: v.clone() for k, v in s.items()} for opt in run.optimizers for s in opt.state.values()]
+    saved = poison(run, float("inf"))
+    params["token_emb.weight"] = run.raw_model.token_emb.weight.detach().clone()
+    reads = HostReads(monkeypatch)
+    results = [train_step(run, it) for it in (1, 2)]
+    assert reads.count == 0  # the GPU never waits for the host within a step
+    monkeypatch.undo()
+    assert [bool(finite) for _, _, finite in results] == [False, False]
+    for name, p in run.raw_model.named_parameters():
+        assert torch.equal(p, params[name]), name  # skipped on the device: nothing moved
+    after = [s for opt in run.optimizers for s in opt.state.values()]
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(state, after) for k in a)  # nor the optimizer state
+    with torch.no_grad():
+        run.raw_model.token_emb.weight.copy_(saved)
+    _, _, finite = train_step(run, 3)
+    assert bool(finite) and not torch.equal(run.raw_model.token_emb.weight, saved)  # and it trains on
+
+
+def test_torchrun_ranks_agree_on_stopping_at_log_steps_only(data_dir: Path, monkeypatch):
+    import train as train_module
+
+    run = tiny_run(data_dir, "log.interval=10", "train.eval_interval=25")
+    run.rt.world_size = 2  # as under torchrun: every agreement is an all-reduce that waits for the other rank
+    calls = []
+    monkeypatch.setattr(distributed, "agree", lambda values, rt: calls.append(values) or values)
+    stop, clock = train_module.StopRequest(verbose=False), train_module.Clock()
+    try:
+        agreed = train_module.Agreement(run, stop, clock)
+        seen = [
+            agreed.now(it) for it in range(3, 31)
+        ]  # a resumed run: agrees at once, then at 10, 20, 25, 30
+        assert len(calls) == 5
+        stop.signum = 15  # SIGTERM arrives at iteration 31: acted on at the next log step
+        assert [agreed.now(it)[0] for it in range(31, 41)] == [0] * 9 + [15]
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert all(s == seen[0] for s in seen[:7])  # the clock is held between agreements

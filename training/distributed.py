@@ -105,12 +105,13 @@ def agree(values: list[float], rt) -> list[float]:
     return t.tolist()
 
 
-def all_true(t: torch.Tensor, rt) -> bool:
+def on_every_rank(flag: torch.Tensor, rt) -> torch.Tensor:
+    """A boolean tensor, true where it is true on every rank; stays on the device (nothing read back)."""
     if not rt.distributed:
-        return bool(t)
-    t = t.float().reshape(1)
+        return flag
+    t = flag.float()
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
+    return t.bool()
 
 
 def explain_hangs(main: Callable) -> Callable:

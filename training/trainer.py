@@ -8,8 +8,10 @@ to continue from. Resuming restores all of it here, from OUT_DIR/last: weights, 
 progress and random generators.
 
 `train_step` runs one iteration: the micro-batches of this process (gradients all-reduced on the last one
-only), gradient clipping, and the optimizer step, which is skipped when the loss or the gradient is not
-finite. `evaluate` measures the loss on fixed batches; `save` writes OUT_DIR/last (and best).
+only), gradient clipping, and the optimizer step, which is skipped on the device when the loss or the
+gradient is not finite. It reads nothing back, so the GPU never waits for the host; train.py reads losses and
+non-finite flags at log steps. `evaluate` measures the loss on fixed batches; `save` writes OUT_DIR/last (and
+best).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from data.prepare import DATA_DIR, ensure_prepared, load_meta
 from model import GPT
 from training import checkpoint, distributed
 from training.config import Config
-from training.optim import make_optimizers
+from training.optim import make_optimizers, step_unless
 from training.runtime import Runtime, compile_enabled, setup
 
 
@@ -184,9 +186,11 @@ def save(run: Run, improved: bool) -> Path:
     return path
 
 
-def train_step(run: Run, it: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """One iteration at the learning rates already set: (mean loss, gradient norm) as tensors on the device,
-    and whether the step was applied (False when the loss or the gradient was not finite)."""
+def train_step(run: Run, it: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One iteration at the learning rates already set: (mean loss, gradient norm, finite), 0-d tensors on the
+    device, none read back. `finite` is false when the step counts against train.skip_nonfinite: its loss
+    or gradient was not finite (fp16: its loss; overflowing gradients are the loss scaler's business). A step
+    whose loss or gradient is not finite is not applied, on every rank alike."""
     cfg, rt, scaler = run.cfg, run.rt, run.scaler
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(run.micro_steps):
@@ -202,16 +206,14 @@ def train_step(run: Run, it: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
         scaler.unscale_(opt)
     grad_norm = torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), cfg.optim.grad_clip or math.inf)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
-    # fp16: inf gradients are the GradScaler's business (it skips those steps and lowers the scale)
-    finite = torch.isfinite(loss_sum) & (torch.isfinite(grad_norm) if not scaler.is_enabled() else True)
-    applied = distributed.all_true(finite, rt)
-    if applied:
-        for opt in run.optimizers:
-            scaler.step(opt)
-        scaler.update()
+    loss_finite = distributed.on_every_rank(torch.isfinite(loss_sum), rt)  # gradients are the same on all
+    apply = loss_finite & torch.isfinite(grad_norm)
+    for opt in run.optimizers:
+        step_unless(opt, ~apply)
+    scaler.update()  # every step: fp16 lowers its scale after non-finite gradients, and unscale_ needs it
     for opt in run.optimizers:
         opt.zero_grad(set_to_none=True)
-    return loss_sum, grad_norm, applied
+    return loss_sum, grad_norm, loss_finite if scaler.is_enabled() else apply
 
 
 @torch.no_grad()
