@@ -13,7 +13,7 @@ import torch
 from conftest import TINY
 
 from common.errors import UserError
-from training import distributed
+from training import checkpoint, distributed
 from training.config import load_config
 from training.runtime import Runtime
 from training.trainer import open_dataset, start_run, train_step
@@ -147,3 +147,26 @@ def test_torchrun_ranks_agree_on_stopping_at_log_steps_only(data_dir: Path, monk
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     assert all(s == seen[0] for s in seen[:7])  # the clock is held between agreements
+
+
+def fake_gpus(monkeypatch, count: int) -> tuple[torch.Generator, ...]:
+    """`count` visible GPUs as far as torch.cuda's random-state functions can tell: CPU generators stand in
+    for the devices' default generators, and the current device is GPU 0."""
+    generators = tuple(torch.Generator().manual_seed(i) for i in range(count))
+    monkeypatch.setattr(torch.cuda, "default_generators", generators)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for module in (torch.cuda, torch.cuda.random):
+        monkeypatch.setattr(module, "device_count", lambda: count)
+        monkeypatch.setattr(module, "current_device", lambda: 0)
+        monkeypatch.setattr(module, "is_initialized", lambda: True)
+        monkeypatch.setattr(module, "_lazy_init", lambda: None)
+    return generators
+
+
+def test_resume_with_fewer_visible_gpus_restores_this_devices_generator(monkeypatch, tmp_path: Path):
+    gpus = fake_gpus(monkeypatch, 2)  # saved by a process that saw 2 GPUs
+    torch.save(checkpoint.rng_state(), tmp_path / "state.pt")
+    saved = gpus[0].get_state()
+    gpus = fake_gpus(monkeypatch, 1)  # resumed where 1 is visible: used to raise (an index past the devices)
+    checkpoint.set_rng_state(torch.load(tmp_path / "state.pt", weights_only=True))
+    assert torch.equal(gpus[0].get_state(), saved)
