@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.utils._triton
 from conftest import TINY
 
 from common.errors import UserError
-from training import checkpoint, distributed
+from training import checkpoint, distributed, runtime
 from training.config import load_config
 from training.runtime import Runtime
 from training.trainer import open_dataset, start_run, train_step
@@ -170,3 +171,35 @@ def test_resume_with_fewer_visible_gpus_restores_this_devices_generator(monkeypa
     gpus = fake_gpus(monkeypatch, 1)  # resumed where 1 is visible: used to raise (an index past the devices)
     checkpoint.set_rng_state(torch.load(tmp_path / "state.pt", weights_only=True))
     assert torch.equal(gpus[0].get_state(), saved)
+
+
+def fake_gpu(monkeypatch, capability: tuple[int, int]) -> torch.device:
+    """A visible GPU of this compute capability, for the precision choice (bf16 is native from 8.0; torch
+    emulates it on older GPUs and counts that as supported unless asked not to)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(
+        torch.cuda,
+        "is_bf16_supported",
+        lambda including_emulation=True: including_emulation or capability >= (8, 0),
+    )
+    return torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("capability, precision", [((7, 5), "fp16"), ((7, 0), "fp16"), ((8, 0), "bf16")])
+def test_auto_precision_on_a_t4_or_v100_is_fp16_with_loss_scaling(monkeypatch, capability, precision):
+    cuda = fake_gpu(monkeypatch, capability)  # T4 7.5, V100 7.0 (free notebooks), A100 8.0
+    assert runtime.pick_precision("auto", cuda, 768) == precision
+    assert runtime.pick_precision("bf16", cuda, 768) == "bf16"  # asked for: emulated where not native
+
+
+def test_compile_needs_a_working_triton_on_cuda(monkeypatch):
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: False)  # native Windows, GPUs before 7.0
+    assert not runtime.compile_enabled("auto", cuda)  # used to turn on, then crash at the first forward
+    with pytest.raises(UserError, match=r"train\.compile=true needs Triton"):
+        runtime.compile_enabled("true", cuda)
+    assert runtime.compile_enabled("True", cpu)  # the CPU backend generates C++, not Triton
+    monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: True)
+    assert runtime.compile_enabled("auto", cuda) and not runtime.compile_enabled("false", cuda)
+    assert not runtime.compile_enabled("auto", cpu)  # slower than eager for small CPU models
