@@ -13,7 +13,7 @@ import torch
 import torch.utils._triton
 from conftest import TINY
 
-from common.errors import UserError
+from common.errors import ConfigError, UserError
 from training import checkpoint, distributed, runtime
 from training.config import load_config
 from training.runtime import Runtime
@@ -203,3 +203,14 @@ def test_compile_needs_a_working_triton_on_cuda(monkeypatch):
     monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: True)
     assert runtime.compile_enabled("auto", cuda) and not runtime.compile_enabled("false", cuda)
     assert not runtime.compile_enabled("auto", cpu)  # slower than eager for small CPU models
+
+
+def test_cuda_graphs_with_gradient_accumulation_are_refused(monkeypatch):
+    bad = ["train.compile_mode=reduce-overhead", "train.grad_accum=4"]
+    with pytest.raises(
+        ConfigError, match=r"train\.compile_mode: reduce-overhead \(CUDA graphs\) cannot accumulate "
+    ):
+        load_config("gpt2", bad)
+    monkeypatch.setenv("WORLD_SIZE", "4")  # one micro-step per process: fine
+    load_config("gpt2", bad)
+    load_config("gpt2", [*bad, "train.compile=false"])  # not compiled: the mode does nothing

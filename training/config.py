@@ -275,9 +275,28 @@ def _setup_problems(cfg: Config) -> list[tuple[str, str]]:
                 f"{world} processes; set train.grad_accum={fix} (a multiple of {world})",
             )
         )
+    out += _cuda_graph_problems(t, world)
     if not cfg.data.dataset or "/" in cfg.data.dataset:
         out.append(("data.dataset", f"must be a dataset folder name, got {cfg.data.dataset!r}"))
     return out
+
+
+def _cuda_graph_problems(t: TrainConfig, world: int) -> list[tuple[str, str]]:
+    """CUDA graphs (compile_mode reduce-overhead) cannot accumulate gradients: the graph's outputs become the
+    .grad of the first micro-step and the next replay overwrites them (pytorch#169545, open; older torch
+    gives silently wrong gradients)."""
+    micro_steps = t.grad_accum // world
+    if t.compile_mode != "reduce-overhead" or micro_steps <= 1 or str(t.compile).lower() == "false":
+        return []
+    return [
+        (
+            "train.compile_mode",
+            f"reduce-overhead (CUDA graphs) cannot accumulate gradients over {micro_steps} micro-steps per "
+            "process: each graph replay overwrites the gradients of the one before (pytorch#169545); use "
+            f"train.compile_mode=default, or one micro-step per process (train.grad_accum={world}, with "
+            "a larger train.batch_size)",
+        )
+    ]
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> tuple[Config, dict[str, str]]:
