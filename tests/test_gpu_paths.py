@@ -234,3 +234,25 @@ def test_bench_memory_where_there_is_no_proc_is_not_measured(data_dir: Path, mon
     assert (
         bench._memory_probe("shakespeare_char", [f"data.dir={data_dir}", *TINY, "train.device=cpu"]) is None
     )
+
+
+@pytest.mark.parametrize(
+    "name, precision, tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),  # SXM5
+        ("NVIDIA H100 NVL", "bf16", 835.5),  # used to get the SXM figure (substring "H100")
+        ("NVIDIA H200", "bf16", 989.4),
+        ("NVIDIA H200 NVL", "bf16", 835.5),  # used to get the SXM figure (substring "H200")
+        ("NVIDIA L40", "bf16", 181.0),  # used to get the L4's (substring "L4")
+        ("NVIDIA L4", "bf16", 121.0),
+        ("NVIDIA A100-SXM4-80GB", "fp32", 156.0),  # TF32
+        ("A100-PCIE-40GB", "bf16", 312.0),  # older drivers leave out "NVIDIA "
+        ("Tesla T4", "fp16", 65.0),
+        ("Tesla T4", "bf16", None),  # no bf16 tensor cores
+        ("NVIDIA RTX 6000 Ada Generation", "bf16", None),  # not in the table: no MFU rather than a wrong one
+    ],
+)
+def test_gpu_peaks_are_matched_by_exact_product_name(name, precision, tflops):
+    from training.hardware import gpu_peak_flops
+
+    assert gpu_peak_flops(name, precision) == (tflops * 1e12 if tflops else None)
