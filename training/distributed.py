@@ -6,7 +6,8 @@ With one process every function here is a no-op or a plain call, so train.py rea
 - `join`: the process group, with an explicit timeout (`train.dist_timeout`, minutes): a rank that stops or
   hangs becomes an error on the others instead of a job that waits forever.
 - `wrap`: DDP (`train.parallel: ddp`) replicates the model; FSDP2 (`fsdp`, torch.distributed.fsdp.fully_shard)
-  shards each block's parameters, gradients and optimizer state across ranks.
+  shards each block's parameters, gradients and optimizer state across ranks (in bf16 runs it gathers bf16
+  weights and reduces gradients in fp32).
 - `sync_gradients`: gradients are all-reduced only on the last micro-step of an iteration (DDP no_sync /
   FSDP set_requires_gradient_sync on the others).
 - `explain_hangs`: a collective that waited longer than `train.dist_timeout` (a rank stopped, died or took
@@ -166,12 +167,18 @@ def wrap(model: torch.nn.Module, cfg, rt) -> tuple[torch.nn.Module, torch.nn.Mod
         return model, model
     if cfg.train.parallel == "fsdp":
         try:
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         except ImportError:
             raise UserError(f"train.parallel=fsdp needs torch >= 2.6 (this is {torch.__version__})") from None
+        # bf16: gather bf16 weights for the forward and backward (half the all-gather traffic, and the
+        # matrix products autocast would cast them for anyway), reduce-scatter gradients in fp32; the
+        # sharded weights and optimizer state stay fp32
+        policy = MixedPrecisionPolicy()
+        if rt.precision == "bf16":
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
         return model, model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
