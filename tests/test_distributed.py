@@ -173,7 +173,13 @@ def test_slow_preparation_uneven_fsdp_evaluation_and_a_stopped_rank(data_dir: Pa
     overrides = [*TINY, "train.eval_iters=3", "train.parallel=fsdp", "train.grad_accum=2"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
     cmd += ["configs/shakespeare_char.yaml", f"data.dir={fresh}", f"train.out_dir={tmp_path / 'out'}"]
-    cmd += [*overrides, "train.max_iters=1000", "train.eval_interval=5", "train.dist_timeout=0.05"]
+    cmd += [
+        *overrides,
+        "train.max_iters=1000",
+        "train.eval_interval=5",
+        "train.dist_timeout=0.05",
+        "log.interval=5",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     launcher = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
@@ -189,6 +195,9 @@ def test_slow_preparation_uneven_fsdp_evaluation_and_a_stopped_rank(data_dir: Pa
         os.kill(pids[0], signal.SIGCONT)
         output = Lines(launcher)
         output.wait_for("iter 5:")  # evaluated at 0 and 5, trained in between
+        assert any(
+            line.startswith("iteration 5/1000: loss ") for line in output.seen
+        )  # no terminal: log lines
         os.kill(pids[1], signal.SIGSTOP)  # now a rank stops answering in the middle of training
         output.wait_for("error: ")
     finally:

@@ -1,5 +1,8 @@
 """What a run shows and records: the progress bar and eval lines, OUT_DIR/metrics.jsonl, and Weights & Biases.
 
+Without a terminal (a batch job's log, a pipe) the progress bar gives way to one line per log step:
+`iteration 10/19073: loss 4.2102, lr 6.00e-05, 312,115 tokens/s`.
+
 metrics.jsonl holds one JSON line per eval with at least iter, train_loss, val_loss, lr, tokens (trained on
 so far) and elapsed_s (training seconds so far, evals excluded), so runs can be plotted and compared by
 scripts. Only rank 0 prints and writes. wandb is imported only when enabled; it follows WANDB_MODE (offline,
@@ -82,6 +85,9 @@ class Tracker:
         lr = self.run.optimizers[0].param_groups[0]["lr"]
         tok_s = self.run.tokens_per_iter * (it - last_it) / max(elapsed - last_elapsed, 1e-9)
         self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
+        if self.bar.disable:  # no terminal (a batch job's log, a pipe): one line per log step instead
+            total = self.run.cfg.train.max_iters
+            self.write(f"iteration {it}/{total}: loss {mean_loss:.4f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s")
         tokens = it * self.run.tokens_per_iter
         self.log(it, {"train/loss": mean_loss, "lr": lr, "tokens_per_s": tok_s, "tokens": tokens})
         self.loss_sum.zero_()
