@@ -6,9 +6,12 @@
 
 Training: the real train step (training/trainer.py) on the config's dataset: median ms/iteration and tokens/s
 over rounds x steps after warm-up, MFU against the machine's peak (a GPU table, or this CPU's measured matmul
-peak at the precision in use), and peak memory (CUDA: allocator peak; CPU: resident memory a fresh process
-adds during its first steps). --compare runs the two setups in one process, alternating rounds, so their
-ratio holds on a noisy machine; B defaults to A's config plus B's overrides.
+peak at the precision in use), and peak memory: CUDA, what the setup holds (weights, optimizer state) plus
+the allocator's peak above that during its own rounds, so two setups in one process are told apart; CPU,
+resident memory a fresh process adds during its first steps (Linux only: /proc/self/clear_refs; elsewhere
+not measured); MPS, the Metal driver's allocation a fresh process adds. --compare runs the two setups in one
+process, alternating rounds, so their ratio holds on a noisy machine; B defaults to A's config plus B's
+overrides.
 Sampling: tokens/s generating --sample-tokens tokens in fp32 (as sample.py does) with the KV cache, with a
 full forward per token over the same windows, and with nanoGPT's generator (a full forward over the last
 block_size tokens per token).
@@ -49,6 +52,8 @@ class Setup:
     threads: int = 0
     times: list[float] = field(default_factory=list)
     it: int = 0
+    held: int = 0  # CUDA bytes this setup keeps allocated (weights, optimizer state)
+    peak_above: int = 0  # CUDA: the most allocated above that during its timed rounds
 
     @property
     def cfg(self) -> Config:
@@ -100,14 +105,27 @@ def build(config: str | None, overrides: list[str]) -> Run:
     return start_run(cfg)
 
 
+def cuda_allocated() -> int:
+    return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+
+
 def prepare(s: Setup, main_threads: int) -> None:
+    start = cuda_allocated()
     s.run = build(s.config, s.overrides)
+    s.held = cuda_allocated() - start
     s.threads = torch.get_num_threads()
     torch.set_num_threads(main_threads)
 
 
 def timed_steps(s: Setup, n: int, record: bool) -> None:
+    """n training steps of setup s; on CUDA, its memory: what the first (warm-up) steps leave allocated
+    (optimizer state) is the setup's, and each timed round's peak is taken above what is allocated before
+    it, so the other setup's weights never count."""
     torch.set_num_threads(s.threads)
+    cuda = s.run.rt.device.type == "cuda"
+    if cuda:
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
     for _ in range(n):
         start = time.perf_counter()
         train_step(s.run, s.it)
@@ -115,6 +133,10 @@ def timed_steps(s: Setup, n: int, record: bool) -> None:
         if record:
             s.times.append(time.perf_counter() - start)
         s.it += 1
+    if cuda and record:
+        s.peak_above = max(s.peak_above, torch.cuda.max_memory_allocated() - before)
+    elif cuda:
+        s.held += torch.cuda.memory_allocated() - before
 
 
 def train_result(s: Setup) -> dict:
@@ -125,7 +147,7 @@ def train_result(s: Setup) -> dict:
     torch.set_num_threads(s.threads)
     peak = peak_flops(rt.device, rt.precision)
     if rt.device.type == "cuda":
-        memory = torch.cuda.max_memory_allocated(rt.device) / 2**20
+        memory = (s.held + s.peak_above) / 2**20
     else:
         memory = peak_memory_mb(s.config, s.overrides)
     return {
@@ -135,7 +157,7 @@ def train_result(s: Setup) -> dict:
         "ms_per_iter": round(ms, 2),
         "tokens_per_s": round(tok_s),
         "mfu": round(flops / peak, 4) if peak else None,
-        "peak_mem_MB": round(memory, 1),
+        "peak_mem_MB": round(memory, 1) if memory is not None else None,  # None: not measured here
         "precision": rt.precision,
         "compile": run.compiled,
         "threads": s.threads,
@@ -144,13 +166,26 @@ def train_result(s: Setup) -> dict:
     }
 
 
-def _memory_probe(config: str | None, overrides: list[str]) -> float:
-    """In a fresh process: resident memory added by the first training steps (activations, gradients,
-    optimizer state), in MB."""
+CLEAR_REFS = "/proc/self/clear_refs"  # Linux: writing 5 resets the peak resident size (VmHWM) to the current
+
+
+def _memory_probe(config: str | None, overrides: list[str]) -> float | None:
+    """In a fresh process: memory added by the first training steps (activations, gradients, optimizer
+    state), in MB. CPU: resident memory, where Linux's /proc lets it be measured (else None); MPS: what the
+    Metal driver allocated."""
     run = build(config, overrides)
-    with open("/proc/self/clear_refs", "w") as f:  # reset the peak resident size (VmHWM) to the current one
-        f.write("5")
-    before = _status_mb("VmRSS")
+    if run.rt.device.type == "mps":
+        before = torch.mps.driver_allocated_memory()
+        for it in range(2):
+            train_step(run, it)
+        torch.mps.synchronize()
+        return (torch.mps.driver_allocated_memory() - before) / 2**20
+    try:
+        with open(CLEAR_REFS, "w") as f:
+            f.write("5")
+        before = _status_mb("VmRSS")
+    except OSError:  # macOS, Windows, sandboxes without /proc: not measured
+        return None
     for it in range(2):
         train_step(run, it)
     return _status_mb("VmHWM") - before
@@ -161,10 +196,10 @@ def _status_mb(field: str) -> float:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
-    raise UserError(f"/proc/self/status has no {field}: CPU memory measurement needs Linux")
+    raise OSError(f"/proc/self/status has no {field}")
 
 
-def peak_memory_mb(config: str | None, overrides: list[str]) -> float:
+def peak_memory_mb(config: str | None, overrides: list[str]) -> float | None:
     with mp.get_context("spawn").Pool(1) as pool:
         return pool.apply(_memory_probe, (config, overrides))
 
@@ -185,9 +220,10 @@ def memory_scaling(s: Setup) -> list[dict]:
             del run
         else:
             mb = peak_memory_mb(s.config, overrides)
-        rows.append({"setup": s.label, "context": T, "peak_train_mem_MB": round(mb, 1)})
+        rows.append({"setup": s.label, "context": T, "peak_train_mem_MB": round(mb, 1) if mb else None})
     for a, b in itertools.pairwise(rows):
-        b["growth_vs_previous"] = round(b["peak_train_mem_MB"] / a["peak_train_mem_MB"], 2)
+        if a["peak_train_mem_MB"] and b["peak_train_mem_MB"]:
+            b["growth_vs_previous"] = round(b["peak_train_mem_MB"] / a["peak_train_mem_MB"], 2)
     return rows
 
 
@@ -232,7 +268,7 @@ def sampling(s: Setup, n_tokens: int) -> dict:
 
 def table(rows: list[dict]) -> str:
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    cells = [[str(r.get(k, "")) for k in keys] for r in rows]
+    cells = [["n/a" if r.get(k, "") is None else str(r.get(k, "")) for k in keys] for r in rows]
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
     line = "  ".join(k.ljust(w) for k, w in zip(keys, widths))
     return "\n".join(

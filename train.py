@@ -77,6 +77,26 @@ class Clock:
             self.started = time.perf_counter()
 
 
+class Agreement:
+    """The stop signal and the training seconds, as every rank acts on them. One process reads them every
+    iteration. torchrun ranks agree on them (one all-reduce, which waits for the slowest rank) only at log
+    steps and evals, where the host syncs anyway, and hold them in between: no other iteration waits. So
+    under torchrun a signal or train.max_time takes effect within log.interval iterations, and a learning
+    rate that follows max_time moves in steps of log.interval iterations."""
+
+    def __init__(self, run: Run, stop: StopRequest, clock: Clock):
+        self.run, self.stop, self.clock, self.values = run, stop, clock, None
+
+    def now(self, it: int) -> tuple[int, float]:
+        """(signal number or 0, training seconds) at the start of iteration `it`."""
+        cfg, rt = self.run.cfg, self.run.rt
+        host_syncs = it % cfg.log.interval == 0 or it % cfg.train.eval_interval == 0
+        if self.values is None or not rt.distributed or host_syncs:
+            signum, elapsed = distributed.agree([self.stop.signum, self.clock.elapsed()], rt)
+            self.values = (int(signum), elapsed)
+        return self.values
+
+
 def main(argv: list[str]) -> int:
     cfg = parse_command_line(argv)
     if cfg is None:
@@ -85,10 +105,11 @@ def main(argv: list[str]) -> int:
     cfg, rt, p = run.cfg, run.rt, run.progress
     prepare(run)
     log, stop, clock = Tracker(run), StopRequest(verbose=rt.is_main), Clock(p.elapsed_s)
+    agreed = Agreement(run, stop, clock)
     try:
         while True:
-            # termination conditions, decided jointly by all ranks: a signal, max_iters, max_time
-            signum, elapsed = distributed.agree([stop.signum, clock.elapsed()], rt)
+            # termination conditions, the same on all ranks: a signal, max_iters, max_time
+            signum, elapsed = agreed.now(p.iter)
             done = p.iter >= cfg.train.max_iters or elapsed >= (cfg.train.max_time or float("inf"))
 
             # determine and set the learning rate
@@ -105,14 +126,13 @@ def main(argv: list[str]) -> int:
             if done:
                 break
 
-            # forward, backward, update
-            loss, grad_norm, applied = train_step(run, p.iter)
-            if not applied:
-                skip_or_stop(run, log, loss, grad_norm)
+            # forward, backward, update (not applied, on the device, if the loss or gradient is not finite)
+            loss, grad_norm, finite = train_step(run, p.iter)
             p.iter += 1
 
-            # timing and logging
-            log.step(p.iter, loss, clock.elapsed())
+            # timing and logging; at log steps the host reads the losses back and counts non-finite steps
+            if log.step(p.iter, loss, grad_norm, finite, clock.elapsed()):
+                skip_or_stop(run, log)
         finish(run, log)
         return 0
     finally:
@@ -192,6 +212,7 @@ def prepare(run: Run) -> None:
 def evaluate_and_save(run: Run, log: Tracker) -> None:
     """Losses on the fixed eval batches (and head scores when asked), one metrics line, checkpoints."""
     cfg, p = run.cfg, run.progress
+    skip_or_stop(run, log)  # a checkpoint records the steps skipped so far
     losses = evaluate(run)
     improved = losses["val"] <= p.best_val_loss
     p.best_val_loss, p.evaluated_at = min(p.best_val_loss, losses["val"]), p.iter
@@ -216,23 +237,26 @@ def evaluate_and_save(run: Run, log: Tracker) -> None:
         save(run, improved)
 
 
-def skip_or_stop(run: Run, log: Tracker, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-    """A step with a non-finite loss or gradient was not applied: count it, or stop past the allowance."""
+def skip_or_stop(run: Run, log: Tracker) -> None:
+    """Count the steps since the last look that were not applied for a non-finite loss or gradient; past
+    train.skip_nonfinite, stop (their results are read back at log steps, evals and stops only)."""
     p, allowed = run.progress, run.cfg.train.skip_nonfinite
-    p.skipped_steps += 1
-    if p.skipped_steps > allowed:
-        good = run.out_dir / "last" if (run.out_dir / "last").is_dir() else None
-        raise UserError(
-            f"non-finite loss or gradient at iteration {p.iter} (loss {loss.item():.4g}, gradient norm "
-            f"{grad_norm.item():.4g}); stopped before applying it. Last good checkpoint: {good or 'none'}. "
-            "Lower optim.lr, raise optim.warmup_iters, or set train.skip_nonfinite=N to skip up to N such "
-            "steps"
-        )
-    log.write(f"iteration {p.iter}: non-finite loss, step skipped ({p.skipped_steps}/{allowed})")
+    for it, loss, grad_norm in log.nonfinite_steps():
+        p.skipped_steps += 1
+        if p.skipped_steps > allowed:
+            good = run.out_dir / "last" if (run.out_dir / "last").is_dir() else None
+            raise UserError(
+                f"non-finite loss or gradient at iteration {it} (loss {loss:.4g}, gradient norm "
+                f"{grad_norm:.4g}); that step was skipped and training stopped at iteration {p.iter}. Last "
+                f"good checkpoint: {good or 'none'}. Lower optim.lr, raise optim.warmup_iters, or set "
+                "train.skip_nonfinite=N to skip up to N such steps"
+            )
+        log.write(f"iteration {it}: non-finite loss, step skipped ({p.skipped_steps}/{allowed})")
 
 
 def stop_with_checkpoint(run: Run, log: Tracker, clock: Clock, argv: list[str], signum: int) -> int:
     """Ctrl-C or SIGTERM: write OUT_DIR/last, say how to resume, exit with 128 + the signal's number."""
+    skip_or_stop(run, log)
     with clock.paused():
         run.progress.elapsed_s = clock.elapsed()
         path = save(run, improved=False)
@@ -265,4 +289,4 @@ def resume_command(argv: list[str], run: Run) -> str:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(distributed.explain_hangs(main))

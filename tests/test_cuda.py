@@ -1,6 +1,6 @@
 """The CUDA code paths: bf16 and fp16 (GradScaler) training, torch.compile with and without CUDA graphs,
-pinned non-blocking batches, attention and the KV cache on the GPU. Skipped without a CUDA GPU (CI has
-none); run on a GPU machine by tools/gpu_check.sh."""
+pinned non-blocking batches, training steps that never wait for the host, attention and the KV cache on
+the GPU. Skipped without a CUDA GPU (CI has none); run on a GPU machine by tools/gpu_check.sh."""
 
 from __future__ import annotations
 
@@ -43,6 +43,21 @@ def test_training_steps_on_cuda_lower_the_loss(data_dir: Path, overrides, precis
         assert finite
         losses.append(float(loss))
     assert losses[-1] < losses[0] - 0.5, losses
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_training_step_never_waits_for_the_host(data_dir: Path, precision):
+    """No read-back in a step (the non-finite flag stays on the device, fp16's scaler too): CUDA's sync
+    debug mode turns any synchronising call into an error."""
+    run = _run(data_dir, f"train.precision={precision}", "train.grad_accum=2", "train.compile=false")
+    train_step(run, 0)  # first use: allocations, lazy initialisation
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        results = [train_step(run, it) for it in range(1, 4)]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert all(bool(finite) for _, _, finite in results)
 
 
 def test_attention_paths_and_kv_cache_agree_on_cuda():

@@ -3,15 +3,26 @@ whole (sample.py reads them) and resume on another number of ranks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import queue
+import re
 import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, run_script, train
+from conftest import ROOT, TINY, run_script, train
 
 from training import checkpoint
+from training.config import load_config
+from training.trainer import evaluate, start_run
 
 pytestmark = pytest.mark.slow
 # a constant learning rate after warmup, so that extending max_iters does not change the earlier steps
@@ -116,3 +127,97 @@ def test_grad_accum_must_split_across_ranks_said_once(data_dir: Path, tmp_path: 
         "error: train.grad_accum: 3 micro-batches per step (over all processes) cannot be split evenly over "
         "the 2 processes; set train.grad_accum=4 (a multiple of 2) (in override train.grad_accum=3)"
     ]
+
+
+def workers(launcher: subprocess.Popen, count: int, timeout: float = 60) -> dict[int, int]:
+    """{local rank: pid} of the worker processes torchrun started (Linux /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {}
+        for pid in Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split():
+            with contextlib.suppress(OSError):
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                ranks = [int(v.split(b"=")[1]) for v in env if v.startswith(b"LOCAL_RANK=")]
+                if ranks:
+                    found[ranks[0]] = int(pid)
+        if len(found) == count:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"torchrun did not start {count} workers")
+
+
+class Lines:
+    """The output of a running process, line by line, waited for with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.seen: list[str] = []
+        self.queue: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [*map(self.queue.put, proc.stdout), self.queue.put(None)]).start()
+
+    def wait_for(self, text: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.seen):
+            line = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            assert line is not None, f"the process ended without printing {text!r}:\n{''.join(self.seen)}"
+            self.seen.append(line)
+
+
+def test_slow_preparation_uneven_fsdp_evaluation_and_a_stopped_rank(data_dir: Path, tmp_path: Path):
+    """Two FSDP ranks, a dataset prepared on first use, and a process-group timeout of 3 s (0.05 min):
+    1. the preparation outlasts the timeout (its rank is stopped for 4.5 s): the other rank waits on the
+       files, not in a collective, and does not fail;
+    2. eval_iters=3 over 2 ranks (2 batches on one, 1 on the other) finishes, with one process's losses;
+    3. a rank stopped in training makes the other fail after the timeout, in one line naming the collective.
+    """
+    fresh = tmp_path / "data"  # nothing prepared yet
+    overrides = [*TINY, "train.eval_iters=3", "train.parallel=fsdp", "train.grad_accum=2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
+    cmd += ["configs/shakespeare_char.yaml", f"data.dir={fresh}", f"train.out_dir={tmp_path / 'out'}"]
+    cmd += [
+        *overrides,
+        "train.max_iters=1000",
+        "train.eval_interval=5",
+        "train.dist_timeout=0.05",
+        "log.interval=5",
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    launcher = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    pids = {}
+    try:
+        pids = workers(launcher, 2)
+        deadline = time.monotonic() + 60
+        while not (fresh / "shakespeare_char").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(pids[0], signal.SIGSTOP)  # local rank 0 prepares; hold it up for longer than the timeout
+        time.sleep(4.5)
+        os.kill(pids[0], signal.SIGCONT)
+        output = Lines(launcher)
+        output.wait_for("iter 5:")  # evaluated at 0 and 5, trained in between
+        assert any(
+            line.startswith("iteration 5/1000: loss ") for line in output.seen
+        )  # no terminal: log lines
+        os.kill(pids[1], signal.SIGSTOP)  # now a rank stops answering in the middle of training
+        output.wait_for("error: ")
+    finally:
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        launcher.wait(timeout=120)
+    errors = [line for line in output.seen if line.startswith("error: ")]
+    assert len(errors) == 1 and re.match(
+        r"error: rank 0 waited longer than train\.dist_timeout in \w+ \(called from \S+:\d+ in \w+\): "
+        r"another rank stopped, died or is stuck",
+        errors[0],
+    ), "".join(output.seen)
+    assert launcher.returncode != 0
+
+    cfg, _ = load_config("shakespeare_char", [f"data.dir={data_dir}", *overrides])
+    reference = evaluate(start_run(cfg))  # one process, the same 3 batches
+    first = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["iter"] == 0
+    assert (
+        abs(first["train_loss"] - reference["train"]) < 2e-5
+        and abs(first["val_loss"] - reference["val"]) < 2e-5
+    )

@@ -29,14 +29,6 @@ def test_explicit_devices_that_are_missing_are_reported(monkeypatch):
     assert runtime.pick_device("cpu").type == "cpu"
 
 
-def test_compile_auto_is_for_cuda_only():
-    assert runtime.compile_enabled("auto", torch.device("cuda", 0))
-    assert not runtime.compile_enabled("auto", torch.device("cpu"))
-    assert runtime.compile_enabled("True", torch.device("cpu")) and not runtime.compile_enabled(
-        "false", torch.device("cuda")
-    )
-
-
 @pytest.mark.parametrize("options", [{}, {"window": 6, "n_kv_head": 2, "pos_emb": "rope"}])
 def test_bf16_autocast_on_cpu_matches_fp32_and_keeps_gradients(options):
     torch.manual_seed(0)

@@ -358,12 +358,14 @@ def check_resumable(ckpt: Path, cfg: Config, tokenizer_meta: dict) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every random generator training touches, as tensors and plain numbers (weights_only-loadable)."""
+    """Every random generator training touches, as tensors and plain numbers (weights_only-loadable). On CUDA,
+    the generator of this process's device only: every rank seeds its device alike and draws alike, and a
+    run resumed where fewer GPUs are visible has no generators for the others."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)
     state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's
     return state
 
 
@@ -374,4 +376,4 @@ def set_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])  # on the current device

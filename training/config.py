@@ -53,6 +53,9 @@ class TrainConfig:
     save: bool = True  # write checkpoints (best and last) at each eval
     threads: int = 0  # CPU threads for torch; 0 = one per physical core
     parallel: Literal["ddp", "fsdp"] = "ddp"  # under torchrun
+    dist_timeout: float = (
+        10.0  # torchrun: minutes a rank waits in a collective before it fails (hang -> error)
+    )
     skip_nonfinite: int = 0  # steps with a non-finite loss to skip before stopping
 
 
@@ -231,6 +234,8 @@ def problems(cfg: Config) -> list[tuple[str, str]]:
         ("optim.muon_weight_decay", o.muon_weight_decay),
     ]
     out += [(k, f"must not be negative, got {v}") for k, v in non_negative if v < 0]
+    if t.dist_timeout <= 0:
+        out.append(("train.dist_timeout", f"must be a positive number of minutes, got {t.dist_timeout}"))
     if t.max_time is not None and t.max_time <= 0:
         out.append(("train.max_time", f"must be a positive number of seconds or null, got {t.max_time}"))
     if str(t.compile).lower() not in ("auto", "true", "false"):
@@ -270,9 +275,28 @@ def _setup_problems(cfg: Config) -> list[tuple[str, str]]:
                 f"{world} processes; set train.grad_accum={fix} (a multiple of {world})",
             )
         )
+    out += _cuda_graph_problems(t, world)
     if not cfg.data.dataset or "/" in cfg.data.dataset:
         out.append(("data.dataset", f"must be a dataset folder name, got {cfg.data.dataset!r}"))
     return out
+
+
+def _cuda_graph_problems(t: TrainConfig, world: int) -> list[tuple[str, str]]:
+    """CUDA graphs (compile_mode reduce-overhead) cannot accumulate gradients: the graph's outputs become the
+    .grad of the first micro-step and the next replay overwrites them (pytorch#169545, open; older torch
+    gives silently wrong gradients)."""
+    micro_steps = t.grad_accum // world
+    if t.compile_mode != "reduce-overhead" or micro_steps <= 1 or str(t.compile).lower() == "false":
+        return []
+    return [
+        (
+            "train.compile_mode",
+            f"reduce-overhead (CUDA graphs) cannot accumulate gradients over {micro_steps} micro-steps per "
+            "process: each graph replay overwrites the gradients of the one before (pytorch#169545); use "
+            f"train.compile_mode=default, or one micro-step per process (train.grad_accum={world}, with "
+            "a larger train.batch_size)",
+        )
+    ]
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> tuple[Config, dict[str, str]]:

@@ -1,21 +1,87 @@
 """Data-parallel training under torchrun: DDP or FSDP2, and the reductions that keep ranks in step.
 
 With one process every function here is a no-op or a plain call, so train.py reads the same either way.
+- `once_per_machine`: work done before the process group starts (preparing a dataset) by local rank 0 while
+  the other ranks of the machine wait on its files, not in a collective whose timeout the work could outlast.
+- `join`: the process group, with an explicit timeout (`train.dist_timeout`, minutes): a rank that stops or
+  hangs becomes an error on the others instead of a job that waits forever.
 - `wrap`: DDP (`train.parallel: ddp`) replicates the model; FSDP2 (`fsdp`, torch.distributed.fsdp.fully_shard)
-  shards each block's parameters, gradients and optimizer state across ranks.
+  shards each block's parameters, gradients and optimizer state across ranks (in bf16 runs it gathers bf16
+  weights and reduces gradients in fp32).
 - `sync_gradients`: gradients are all-reduced only on the last micro-step of an iteration (DDP no_sync /
   FSDP set_requires_gradient_sync on the others).
+- `explain_hangs`: a collective that waited longer than `train.dist_timeout` (a rank stopped, died or took
+  another path) becomes one error line naming the collective and where it was called, not a traceback.
 Checkpoints of every kind of run are written and read by training/checkpoint.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import functools
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from common.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent  # the project's folder, to find our frames in a traceback
+HEARTBEAT_S, GIVE_UP_S = 10.0, 120.0  # once_per_machine: local rank 0 touches its file this often
+
+
+def once_per_machine(rt, ready: Path, work: Callable[[], object], what: str, beat: Path) -> None:
+    """Unless file `ready` exists: local rank 0 runs `work` (which creates `ready`), the other local ranks
+    wait for the file. Meanwhile local rank 0 touches file `beat` every 10 s; a waiting rank gives up with
+    one line when it has seen no sign of it for 2 minutes (local rank 0 failed or died: torchrun would have
+    stopped the others already, other launchers may not)."""
+    if ready.is_file():
+        return
+    if rt.local_rank == 0:
+        beat.parent.mkdir(parents=True, exist_ok=True)
+        done = threading.Event()
+        beating = threading.Thread(target=_heartbeat, args=(beat, done), daemon=True)
+        beating.start()
+        try:
+            work()
+        finally:
+            done.set()
+            beating.join()
+            beat.unlink(missing_ok=True)
+        return
+    last_sign = time.time()
+    while not ready.is_file():
+        with contextlib.suppress(OSError):
+            last_sign = max(last_sign, beat.stat().st_mtime)
+        if time.time() - last_sign > GIVE_UP_S:
+            raise UserError(
+                f"rank {rt.rank} waited for local rank 0 to prepare {what}, but it has shown no sign of work "
+                f"for {GIVE_UP_S:.0f} s (see its error); prepare it first, then start again"
+            )
+        time.sleep(0.2)
+
+
+def _heartbeat(path: Path, done: threading.Event) -> None:
+    while True:
+        path.touch()
+        if done.wait(HEARTBEAT_S):
+            return
+
+
+def join(rt, timeout_minutes: float) -> None:
+    """Join torchrun's process group (NCCL on CUDA, else gloo); every collective then fails after waiting
+    `timeout_minutes` instead of hanging."""
+    if rt.distributed and not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if rt.device.type == "cuda" else "gloo",
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+        )
 
 
 def barrier(rt) -> None:
@@ -40,12 +106,54 @@ def agree(values: list[float], rt) -> list[float]:
     return t.tolist()
 
 
-def all_true(t: torch.Tensor, rt) -> bool:
+def on_every_rank(flag: torch.Tensor, rt) -> torch.Tensor:
+    """A boolean tensor, true where it is true on every rank; stays on the device (nothing read back)."""
     if not rt.distributed:
-        return bool(t)
-    t = t.float().reshape(1)
+        return flag
+    t = flag.float()
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
+    return t.bool()
+
+
+def explain_hangs(main: Callable) -> Callable:
+    """Wrap a script's main: a collective that timed out becomes a UserError naming it (gloo raises a
+    RuntimeError in the waiting rank; NCCL's watchdog reports the collective itself and ends the process)."""
+
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except RuntimeError as e:
+            where = _timed_out_collective(e)
+            if where is None:
+                raise
+            raise UserError(
+                f"rank {os.environ.get('RANK', '0')} waited longer than train.dist_timeout in {where}: "
+                "another rank stopped, died or is stuck (see its output); raise train.dist_timeout if that "
+                "rank is only slow, or set TORCH_DISTRIBUTED_DEBUG=DETAIL to see more"
+            ) from None
+
+    return wrapped
+
+
+def _timed_out_collective(e: RuntimeError) -> str | None:
+    """For a collective's timeout, 'all_reduce (called from training/trainer.py:201 in evaluate)': the
+    collective (else the torch.distributed function entered) and the code of ours that led there."""
+    frames = traceback.extract_tb(e.__traceback__)
+    entered = [i for i, f in enumerate(frames) if f"torch{os.sep}distributed{os.sep}" in f.filename]
+    if "timed out" not in str(e).lower() or not entered:
+        return None
+    c10d = [frames[i].name for i in entered if frames[i].filename.endswith("distributed_c10d.py")]
+    name = c10d[-1] if c10d else frames[entered[0]].name
+    ours = [f for f in frames[: entered[0]] if _ours(f.filename) and f.filename != __file__]
+    if not ours:
+        return name
+    where = Path(ours[-1].filename).resolve().relative_to(ROOT)
+    return f"{name} (called from {where}:{ours[-1].lineno} in {ours[-1].name})"
+
+
+def _ours(filename: str) -> bool:
+    return Path(filename).resolve().is_relative_to(ROOT)
 
 
 def shutdown(rt) -> None:
@@ -59,12 +167,18 @@ def wrap(model: torch.nn.Module, cfg, rt) -> tuple[torch.nn.Module, torch.nn.Mod
         return model, model
     if cfg.train.parallel == "fsdp":
         try:
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         except ImportError:
             raise UserError(f"train.parallel=fsdp needs torch >= 2.6 (this is {torch.__version__})") from None
+        # bf16: gather bf16 weights for the forward and backward (half the all-gather traffic, and the
+        # matrix products autocast would cast them for anyway), reduce-scatter gradients in fp32; the
+        # sharded weights and optimizer state stay fp32
+        policy = MixedPrecisionPolicy()
+        if rt.precision == "bf16":
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
         return model, model
     from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -1,9 +1,10 @@
 """Peak FLOP/s of the machine, for model FLOPs utilisation (MFU).
 
-GPUs: a table of dense (no sparsity) tensor-core peaks by device name and precision, from the vendors' data
-sheets. CPUs have no data sheet number worth trusting for PyTorch, so the peak is measured: the best of
-several large matrix products at the current thread count, cached per machine (CPU model, threads, torch
-version) in ~/.cache/tinygpt/cpu_peak.json (TINYGPT_CACHE_DIR overrides the folder).
+GPUs: a table of dense (no sparsity) tensor-core peaks by exact product name and precision, from the
+vendors' data sheets (each figure's source beside it). CPUs have no data sheet number worth trusting for
+PyTorch, so the peak is measured: the best of several large matrix products at the current thread count,
+cached per machine (CPU model, threads, torch version) in ~/.cache/tinygpt/cpu_peak.json
+(TINYGPT_CACHE_DIR overrides the folder).
 """
 
 from __future__ import annotations
@@ -17,32 +18,46 @@ from typing import Optional
 
 import torch
 
-# dense TFLOP/s by precision; "fp32" on CUDA means TF32 tensor cores (tinygpt turns TF32 on)
+# Dense (no sparsity) tensor-core TFLOP/s by precision, keyed by the exact product name the driver reports
+# (torch.cuda.get_device_name, nvidia-smi), without the "NVIDIA " that older drivers leave out. "fp32" means
+# TF32 tensor cores from Ampere on (tinygpt turns TF32 on) and plain FP32 before. Data sheets quote sparse
+# figures for Ampere and later: those are halved here. A name not listed gets no MFU rather than a wrong one.
+_HOPPER_SXM = {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7}  # H100/H200 data sheets: 1,979 / 989 sparse
+_HOPPER_NVL = {"bf16": 835.5, "fp16": 835.5, "fp32": 417.5}  # H100 NVL, H200 NVL: 1,671 / 835 sparse
+_A100 = {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}  # A100 data sheet: 312 / 156 dense
+_V100_SXM2 = {"fp16": 125.0, "fp32": 15.7}  # V100 data sheet (SXM2); no bf16 tensor cores
+_V100_PCIE = {"fp16": 112.0, "fp32": 14.0}  # V100 data sheet (PCIe)
 GPU_PEAKS: dict[str, dict[str, float]] = {
-    "H200": {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7},
-    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 378.0},
-    "H100": {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7},
-    "GH200": {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7},
-    "B200": {"bf16": 2250.0, "fp16": 2250.0, "fp32": 1100.0},
-    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
-    "A10G": {"bf16": 70.0, "fp16": 70.0, "fp32": 35.0},
-    "A10": {"bf16": 125.0, "fp16": 125.0, "fp32": 62.5},
-    "L40S": {"bf16": 362.0, "fp16": 362.0, "fp32": 183.0},
-    "L4": {"bf16": 121.0, "fp16": 121.0, "fp32": 60.0},
-    "RTX 4090": {"bf16": 165.2, "fp16": 165.2, "fp32": 82.6},
-    "RTX 3090": {"bf16": 71.0, "fp16": 71.0, "fp32": 35.6},
-    "V100": {"fp16": 125.0, "fp32": 15.7},
-    "T4": {"fp16": 65.0, "fp32": 8.1},
+    "H100 80GB HBM3": _HOPPER_SXM,  # the SXM5 H100
+    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 378.0},  # H100 data sheet: 1,513 / 756 sparse
+    "H100 NVL": _HOPPER_NVL,
+    "H200": _HOPPER_SXM,  # the SXM H200
+    "H200 NVL": _HOPPER_NVL,
+    "GH200 480GB": _HOPPER_SXM,  # GH200 data sheet: its H100 as the SXM one
+    "B200": {"bf16": 2250.0, "fp16": 2250.0, "fp32": 1100.0},  # HGX B200 data sheet: 4.5 P / 2.2 P sparse
+    "A100-SXM4-40GB": _A100,
+    "A100-SXM4-80GB": _A100,
+    "A100-PCIE-40GB": _A100,
+    "A100 80GB PCIe": _A100,
+    "A10": {"bf16": 125.0, "fp16": 125.0, "fp32": 62.5},  # A10 data sheet: 250 / 125 sparse
+    "L4": {"bf16": 121.0, "fp16": 121.0, "fp32": 60.0},  # L4 data sheet: 242 / 120 sparse
+    "L40": {"bf16": 181.0, "fp16": 181.0, "fp32": 90.5},  # L40 data sheet: 362 / 181 sparse
+    "L40S": {"bf16": 362.0, "fp16": 362.0, "fp32": 183.0},  # L40S data sheet: 733 / 366 sparse
+    "GeForce RTX 4090": {"bf16": 165.2, "fp16": 165.2, "fp32": 82.6},  # Ada whitepaper, FP32 accumulate
+    "GeForce RTX 3090": {"bf16": 71.0, "fp16": 71.0, "fp32": 35.6},  # GA102 whitepaper, FP32 accumulate
+    "Tesla V100-SXM2-16GB": _V100_SXM2,
+    "Tesla V100-SXM2-32GB": _V100_SXM2,
+    "Tesla V100-PCIE-16GB": _V100_PCIE,
+    "Tesla V100-PCIE-32GB": _V100_PCIE,
+    "Tesla T4": {"fp16": 65.0, "fp32": 8.1},  # T4 data sheet: mixed precision 65, FP32 8.1
 }
 
 
 def gpu_peak_flops(device_name: str, precision: str) -> Optional[float]:
     """Peak FLOP/s of a known GPU at `precision` (fp32 | bf16 | fp16), or None if unknown."""
-    for name, peaks in GPU_PEAKS.items():  # the table lists specific names before their prefixes
-        if name in device_name:
-            tflops = peaks.get(precision)
-            return tflops * 1e12 if tflops else None
-    return None
+    peaks = GPU_PEAKS.get(device_name.strip().removeprefix("NVIDIA "), {})
+    tflops = peaks.get(precision)
+    return tflops * 1e12 if tflops else None
 
 
 def _cpu_name() -> str:

@@ -10,6 +10,9 @@ This version computes the same update (same coefficients, Nesterov momentum, lea
 sqrt(max(1, rows / cols)), decoupled weight decay) but orthogonalises all matrices that share their short
 side in one batched chain: each is turned so its short side comes first and zero-padded on its long side to
 the longest in the batch. Zero columns change nothing: X X^T is the same, and the iteration maps them to zero.
+
+Like torch's fused AdamW, it reads a `found_inf` attribute (a 0-d tensor) when set: where it is 1 the step
+changes nothing (no momentum, no update, no weight decay), decided on the device without reading it back.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
 
 
 class Muon(torch.optim.Optimizer):
+    _step_supports_amp_scaling = True  # reads self.found_inf (training/optim.py step_unless)
+
     def __init__(
         self,
         params,
@@ -56,6 +61,7 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        skip = getattr(self, "found_inf", None)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
@@ -65,7 +71,12 @@ class Muon(torch.optim.Optimizer):
                     self.state[p]["momentum_buffer"] = torch.zeros_like(p)
             grads = [p.grad for p in params]
             bufs = [self.state[p]["momentum_buffer"] for p in params]
-            torch._foreach_mul_(bufs, group["momentum"])
+            decay, lr = group["momentum"], group["lr"]
+            if skip is not None:  # skipped: no new gradient, no momentum decay, a learning rate of 0
+                for g in grads:
+                    g.masked_fill_(skip.bool(), 0.0)
+                decay, lr = decay + (1 - decay) * skip, lr * (1 - skip)
+            torch._foreach_mul_(bufs, decay)
             torch._foreach_add_(bufs, grads)
             updates = torch._foreach_add(grads, bufs, alpha=group["momentum"]) if group["nesterov"] else bufs
             by_short_side: dict[tuple, list[int]] = {}
@@ -84,6 +95,6 @@ class Muon(torch.optim.Optimizer):
                     o = ortho[row, :, : max(rows, cols)]
                     o = o if rows <= cols else o.mT
                     if group["weight_decay"]:
-                        p.mul_(1 - group["lr"] * group["weight_decay"])
-                    p.add_(o.to(p.dtype), alpha=-group["lr"] * math.sqrt(max(1.0, rows / cols)))
+                        p.mul_(1 - lr * group["weight_decay"])
+                    p.sub_(o.to(p.dtype) * (lr * math.sqrt(max(1.0, rows / cols))))
         return None

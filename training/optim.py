@@ -6,6 +6,9 @@
 - Muon (`optim.name: muon`): orthogonalised momentum for the 2-D weights inside the blocks; embeddings, the
   LM head, biases and norms stay on AdamW (Muon is for hidden matrices only). training/muon.py computes
   torch.optim.Muon's update batched over matrices, which is what makes it affordable on a CPU.
+- `step_unless`: a step is skipped on the device when its loss or gradient is not finite, without reading the
+  flag back: fused AdamW and Muon take it as `found_inf`, the attribute torch's GradScaler sets for the same
+  purpose (the other AdamW kernels, optim.impl=foreach|forloop, read it back once per step).
 - Schedule: lr x warmup(iter) x decay(progress), progress in [0, 1] being the larger of iter / max_iters and
   elapsed / max_time, so a run with a time budget still ends with its learning rate decayed. Warmup rises
   linearly over `warmup_iters`; decay is cosine to `min_lr_ratio`, warmup-stable-decay (flat, then linear
@@ -54,6 +57,19 @@ def make_optimizers(
         for group in opt.param_groups:
             group["base_lr"] = group["lr"]
     return optimizers
+
+
+def step_unless(opt: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """opt.step(), or nothing at all (parameters, moments and step counts unchanged) where the 0-d tensor
+    `skip` is true."""
+    if getattr(opt, "_step_supports_amp_scaling", False):  # fused AdamW (torch), Muon (ours)
+        opt.grad_scale, opt.found_inf = None, skip.float()  # gradients already unscaled
+        try:
+            opt.step()
+        finally:
+            del opt.grad_scale, opt.found_inf
+    elif not skip.item():
+        opt.step()
 
 
 def schedule_progress(it: int, elapsed: float, train: TrainConfig) -> float:

@@ -1,10 +1,15 @@
 """Where and how training runs: the device, the numeric precision, threads, compile, and torchrun ranks.
 
 - device `auto`: CUDA, else Apple MPS, else CPU. Under torchrun each rank takes cuda:LOCAL_RANK.
-- precision `auto`: bf16 autocast on CUDA that supports it, fp16 autocast with a GradScaler on older CUDA,
+- precision `auto`: bf16 autocast on CUDA GPUs with bf16 tensor cores (compute capability 8.0 and newer),
+  fp16 autocast with a GradScaler on older ones (T4, V100: torch would emulate bf16 there, slowly),
   fp32 on MPS; on a CPU, bf16 autocast where the model is wide enough for bf16 matrix units to pay for the
   casts (see `cpu_auto_precision`), else fp32.
+- compile `auto`: torch.compile on CUDA where Triton works (it needs a GPU of compute capability 7.0 or
+  newer and is not built for native Windows); `true` without a working Triton is refused in one line.
 - TF32 matmuls on CUDA; `train.threads` sets torch's CPU threads.
+- torchrun: the rank of this process, read from torchrun's environment (training/distributed.py joins the
+  process group, once the data is ready).
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from common.errors import UserError
 
@@ -27,6 +31,7 @@ class Runtime:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    local_world_size: int = 1  # processes on this machine
 
     @property
     def is_main(self) -> bool:
@@ -91,38 +96,58 @@ CPU_BF16_MIN_WIDTH = 128  # bf16 gains 0-10% (within noise) at 64 and 96 wide, 1
 
 def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:
     if setting != "auto":
-        if setting == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        if (
+            setting == "bf16"
+            and device.type == "cuda"
+            and not torch.cuda.is_bf16_supported(including_emulation=True)
+        ):
             raise UserError("train.precision=bf16 but this GPU has no bf16 support; use fp16 or auto")
         if setting == "fp16" and device.type == "cpu":
             raise UserError("train.precision=fp16 is for GPUs; on a CPU use bf16 or fp32")
         return setting
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if device.type == "cuda":  # native bf16 only: torch counts emulated bf16 as supported by default
+        return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
     if device.type == "cpu":
         return cpu_auto_precision(n_embd)
     return "fp32"
 
 
 def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int = 0) -> Runtime:
-    """Join the torchrun process group when launched by torchrun, then choose device and precision."""
-    rank, local_rank, world = (
-        int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1))
-    )
+    """This process's rank under torchrun (rank 0 of 1 without it), its device and precision."""
+    env = os.environ
+    rank, world = int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
+    local_rank, local_world = int(env.get("LOCAL_RANK", rank)), int(env.get("LOCAL_WORLD_SIZE", world))
     device = pick_device(device_setting, local_rank)
-    if world > 1 and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    if threads:
-        torch.set_num_threads(threads)
     if device.type == "cuda":
+        torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    return Runtime(device, pick_precision(precision_setting, device, n_embd), rank, local_rank, world)
+    if threads:
+        torch.set_num_threads(threads)
+    precision = pick_precision(precision_setting, device, n_embd)
+    return Runtime(device, precision, rank, local_rank, world, local_world)
 
 
 def compile_enabled(setting: str, device: torch.device) -> bool:
-    """train.compile: auto turns torch.compile on for CUDA only (on a small CPU model it measured slower
-    than eager; see BENCHMARKS.md)."""
+    """train.compile: auto turns torch.compile on for CUDA where Triton works (on a small CPU model it
+    measured slower than eager; see BENCHMARKS.md); true on CUDA without a working Triton is refused."""
     setting = str(setting).lower()
-    return device.type == "cuda" if setting == "auto" else setting == "true"
+    if device.type != "cuda":
+        return setting == "true"
+    if setting == "false":
+        return False
+    if not triton_works():
+        if setting == "true":
+            raise UserError(
+                "train.compile=true needs Triton, which does not work here (not installed, native Windows, "
+                "or a GPU older than compute capability 7.0); set train.compile=false"
+            )
+        return False
+    return True
+
+
+def triton_works() -> bool:
+    """Whether torch.compile can generate GPU kernels here (the check torch's inductor itself makes)."""
+    import torch.utils._triton
+
+    return torch.utils._triton.has_triton()

@@ -1,10 +1,15 @@
 """What a run shows and records: the progress bar and eval lines, OUT_DIR/metrics.jsonl, and Weights & Biases.
 
+Without a terminal (a batch job's log, a pipe) the progress bar gives way to one line per log step:
+`iteration 10/19073: loss 4.2102, lr 6.00e-05, 312,115 tokens/s`.
+
 metrics.jsonl holds one JSON line per eval with at least iter, train_loss, val_loss, lr, tokens (trained on
 so far) and elapsed_s (training seconds so far, evals excluded), so runs can be plotted and compared by
 scripts. Only rank 0 prints and writes. wandb is imported only when enabled; it follows WANDB_MODE (offline,
 disabled, ...) and the rest of its environment, writes under OUT_DIR/wandb, and a resumed run continues the
-same wandb run. Losses stay on the device between log steps: the one read-back happens every log.interval.
+same wandb run. Losses, gradient norms and finite flags stay on the device between log steps: they are read
+back every log.interval iterations (and when train.py asks, before evals and stops), so the GPU never waits
+for the host in between.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class Tracker:
         self.metrics_path = run.out_dir / "metrics.jsonl"
         self.wandb = None
         self.loss_sum = torch.zeros((), device=run.rt.device)
+        self.steps: list[tuple[int, torch.Tensor]] = []  # (iteration, [loss, gradient norm, finite]) not read
         self.last_log = (run.progress.iter, run.progress.elapsed_s)  # (iteration, training seconds)
         self.bar = tqdm(
             total=run.cfg.train.max_iters,
@@ -63,22 +69,40 @@ class Tracker:
         if self.main:
             self.bar.write(line, file=file)
 
-    def step(self, it: int, loss: torch.Tensor, elapsed: float) -> None:
-        """After iteration it - 1 (`it` done): add its loss; every log.interval, show and log the means."""
+    def step(
+        self, it: int, loss: torch.Tensor, grad_norm: torch.Tensor, finite: torch.Tensor, elapsed: float
+    ) -> bool:
+        """After iteration it - 1 (`it` done): keep its results; every log.interval iterations (and at
+        max_iters) show and log the mean loss and return True (time to look at `nonfinite_steps`)."""
         self.loss_sum += loss
+        self.steps.append((it - 1, torch.stack([loss.float(), grad_norm.float(), finite.float()])))
         self.bar.update(1)
         if it % self.run.cfg.log.interval and it != self.run.cfg.train.max_iters:
-            return
+            return False
         last_it, last_elapsed = self.last_log
         world = self.run.rt.world_size
         mean_loss = distributed.all_sum(self.loss_sum, self.run.rt).item() / (world * (it - last_it))
         lr = self.run.optimizers[0].param_groups[0]["lr"]
         tok_s = self.run.tokens_per_iter * (it - last_it) / max(elapsed - last_elapsed, 1e-9)
         self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
+        if self.bar.disable:  # no terminal (a batch job's log, a pipe): one line per log step instead
+            total = self.run.cfg.train.max_iters
+            self.write(f"iteration {it}/{total}: loss {mean_loss:.4f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s")
         tokens = it * self.run.tokens_per_iter
         self.log(it, {"train/loss": mean_loss, "lr": lr, "tokens_per_s": tok_s, "tokens": tokens})
         self.loss_sum.zero_()
         self.last_log = (it, elapsed)
+        return True
+
+    def nonfinite_steps(self) -> list[tuple[int, float, float]]:
+        """(iteration, loss, gradient norm) of each step since the last call whose loss or gradient was not
+        finite (the same on every rank); one read-back."""
+        if not self.steps:
+            return []
+        its, values = zip(*self.steps)
+        self.steps = []
+        rows = torch.stack(values).tolist()
+        return [(it, loss, norm) for it, (loss, norm, finite) in zip(its, rows) if not finite]
 
     def log(self, it: int, values: dict[str, Any]) -> None:
         if self.wandb is not None:

@@ -8,8 +8,10 @@ to continue from. Resuming restores all of it here, from OUT_DIR/last: weights, 
 progress and random generators.
 
 `train_step` runs one iteration: the micro-batches of this process (gradients all-reduced on the last one
-only), gradient clipping, and the optimizer step, which is skipped when the loss or the gradient is not
-finite. `evaluate` measures the loss on fixed batches; `save` writes OUT_DIR/last (and best).
+only), gradient clipping, and the optimizer step, which is skipped on the device when the loss or the
+gradient is not finite. It reads nothing back, so the GPU never waits for the host; train.py reads losses and
+non-finite flags at log steps. `evaluate` measures the loss on fixed batches; `save` writes OUT_DIR/last (and
+best).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from data.prepare import DATA_DIR, ensure_prepared, load_meta
 from model import GPT
 from training import checkpoint, distributed
 from training.config import Config
-from training.optim import make_optimizers
+from training.optim import make_optimizers, step_unless
 from training.runtime import Runtime, compile_enabled, setup
 
 
@@ -93,18 +95,33 @@ def with_vocabulary(cfg: Config, meta: dict) -> Config:
 
 
 def open_dataset(cfg: Config, rt: Runtime) -> dict:
-    """The dataset's meta.json; rank 0 prepares a known dataset on first use while the others wait."""
+    """The dataset's meta.json. A known dataset is prepared on first use, before the process group starts:
+    under torchrun by local rank 0 of the machine while its other ranks wait for the files (preparing
+    FineWeb-Edu takes hours, longer than any collective should wait). With several machines it must be
+    prepared beforehand: two machines sharing a filesystem would write the same files at once."""
     data_dir = Path(cfg.data.dir) if cfg.data.dir else DATA_DIR
-    if rt.is_main:
-        ensure_prepared(cfg.data.dataset, data_dir)
-    distributed.barrier(rt)
-    return load_meta(data_dir / cfg.data.dataset)
+    name, folder = cfg.data.dataset, data_dir / cfg.data.dataset
+
+    def prepare() -> None:
+        if rt.world_size > rt.local_world_size:
+            raise UserError(
+                f"dataset {name} is not prepared in {folder}; with several machines, prepare it before "
+                f"starting torchrun, on each machine (or once on a shared filesystem): "
+                f"python -m data.prepare {name}"
+            )
+        ensure_prepared(name, data_dir)
+
+    beat = data_dir / f".{name}.preparing"  # local rank 0 touches it while it prepares
+    distributed.once_per_machine(rt, folder / "meta.json", prepare, f"dataset {name}", beat)
+    return load_meta(folder)
 
 
 def start_run(cfg: Config) -> Run:
     """Everything a run needs (see the module docstring); with train.resume, continued from OUT_DIR/last."""
-    rt = setup(cfg.train.device, cfg.train.precision, cfg.model.n_embd, cfg.train.threads)
-    meta = open_dataset(cfg, rt)
+    t = cfg.train
+    rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
+    meta = open_dataset(cfg, rt)  # before the process group: see open_dataset
+    distributed.join(rt, t.dist_timeout)
     cfg = with_vocabulary(cfg, meta)
     folder = Path(cfg.data.dir) if cfg.data.dir else DATA_DIR
     splits = {
@@ -169,9 +186,11 @@ def save(run: Run, improved: bool) -> Path:
     return path
 
 
-def train_step(run: Run, it: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """One iteration at the learning rates already set: (mean loss, gradient norm) as tensors on the device,
-    and whether the step was applied (False when the loss or the gradient was not finite)."""
+def train_step(run: Run, it: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One iteration at the learning rates already set: (mean loss, gradient norm, finite), 0-d tensors on the
+    device, none read back. `finite` is false when the step counts against train.skip_nonfinite: its loss
+    or gradient was not finite (fp16: its loss; overflowing gradients are the loss scaler's business). A step
+    whose loss or gradient is not finite is not applied, on every rank alike."""
     cfg, rt, scaler = run.cfg, run.rt, run.scaler
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(run.micro_steps):
@@ -187,31 +206,33 @@ def train_step(run: Run, it: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
         scaler.unscale_(opt)
     grad_norm = torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), cfg.optim.grad_clip or math.inf)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
-    # fp16: inf gradients are the GradScaler's business (it skips those steps and lowers the scale)
-    finite = torch.isfinite(loss_sum) & (torch.isfinite(grad_norm) if not scaler.is_enabled() else True)
-    applied = distributed.all_true(finite, rt)
-    if applied:
-        for opt in run.optimizers:
-            scaler.step(opt)
-        scaler.update()
+    loss_finite = distributed.on_every_rank(torch.isfinite(loss_sum), rt)  # gradients are the same on all
+    apply = loss_finite & torch.isfinite(grad_norm)
+    for opt in run.optimizers:
+        step_unless(opt, ~apply)
+    scaler.update()  # every step: fp16 lowers its scale after non-finite gradients, and unscale_ needs it
     for opt in run.optimizers:
         opt.zero_grad(set_to_none=True)
-    return loss_sum, grad_norm, applied
+    return loss_sum, grad_norm, loss_finite if scaler.is_enabled() else apply
 
 
 @torch.no_grad()
 def evaluate(run: Run) -> dict[str, float]:
-    """Mean loss over the same train.eval_iters batches of each split at every eval, shared across ranks."""
+    """Mean loss over the same train.eval_iters batches of each split at every eval, shared across ranks.
+    Every rank runs the same number of forward passes (under FSDP each is a collective): where eval_iters is
+    not a multiple of the number of ranks, the ranks short of a batch run one more that counts for nothing."""
     cfg, rt = run.cfg, run.rt
     run.step_model.eval()
     out = {}
+    per_rank = -(-cfg.train.eval_iters // rt.world_size)
     for name, data in run.splits.items():
         total = torch.zeros(2, device=rt.device)
-        for key in range(rt.rank, cfg.train.eval_iters, rt.world_size):
+        for key in range(rt.rank, per_rank * rt.world_size, rt.world_size):
             x, y = data.batch(key, cfg.train.batch_size, stream=1)
             with rt.autocast():
                 _, loss = run.step_model(x, y)
-            total += torch.stack([loss.float(), torch.ones((), device=rt.device)])
+            if key < cfg.train.eval_iters:  # past it, a forward only keeps FSDP's collectives in step
+                total += torch.stack([loss.float(), torch.ones((), device=rt.device)])
         loss_sum, count = distributed.all_sum(total, rt).tolist()
         out[name] = loss_sum / count
     run.step_model.train()
