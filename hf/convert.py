@@ -180,16 +180,15 @@ def from_hf_config(c: dict, where: str) -> GPTConfig:
 # --- weights ---
 
 
-def weight_names(cfg: GPTConfig) -> Iterator[tuple[str, list[tuple[str, int]], bool]]:
-    """(our tensor, [(transformers' tensor, its rows of ours)], stored transposed) for every tensor.
-
-    Names on the transformers side lack the module prefix; one of ours made of several of theirs is
-    stacked along its rows (the output dimension), in the order given."""
+def weight_names(cfg: GPTConfig) -> Iterator[tuple[str, list[tuple[str, int | None]], bool]]:
+    """(our tensor, [(transformers' tensor, how many of our rows it holds)], stored transposed) for every
+    tensor. Names on the transformers side lack the module prefix; one of ours made of several of theirs
+    stacks them along its rows (the output dimension), in the order given (rows None: the whole tensor)."""
     kind, L = family(cfg), cfg.n_layer
     d, w = cfg.head_dim, cfg.mlp_width
     if kind == "gpt2":
-        yield "token_emb.weight", [("wte.weight", cfg.vocab_size)], False
-        yield "pos_emb.weight", [("wpe.weight", cfg.block_size)], False
+        yield "token_emb.weight", [("wte.weight", None)], False
+        yield "pos_emb.weight", [("wpe.weight", None)], False
         pairs = [
             ("norm1", "ln_1"),
             ("attn.W_QKV", "attn.c_attn"),
@@ -202,28 +201,28 @@ def weight_names(cfg: GPTConfig) -> Iterator[tuple[str, list[tuple[str, int]], b
             for ours, theirs in pairs:
                 for p in ("weight", "bias"):
                     conv1d = p == "weight" and not ours.startswith("norm")
-                    yield f"blocks.{i}.{ours}.{p}", [(f"h.{i}.{theirs}.{p}", 0)], conv1d
+                    yield f"blocks.{i}.{ours}.{p}", [(f"h.{i}.{theirs}.{p}", None)], conv1d
         for p in ("weight", "bias"):
-            yield f"norm_f.{p}", [(f"ln_f.{p}", 0)], False
+            yield f"norm_f.{p}", [(f"ln_f.{p}", None)], False
     else:
         q, kv = cfg.n_head * d, cfg.kv_heads * d
-        yield "token_emb.weight", [("embed_tokens.weight", cfg.vocab_size)], False
+        yield "token_emb.weight", [("embed_tokens.weight", None)], False
         for i in range(L):
             a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-            yield f"blocks.{i}.norm1.weight", [(f"layers.{i}.input_layernorm.weight", 0)], False
-            yield f"blocks.{i}.norm2.weight", [(f"layers.{i}.post_attention_layernorm.weight", 0)], False
+            yield f"blocks.{i}.norm1.weight", [(f"layers.{i}.input_layernorm.weight", None)], False
+            yield f"blocks.{i}.norm2.weight", [(f"layers.{i}.post_attention_layernorm.weight", None)], False
             for p in ("weight", "bias") if cfg.bias else ("weight",):
                 yield (
                     f"blocks.{i}.attn.W_QKV.{p}",
                     [(a + f"{x}_proj.{p}", n) for x, n in (("q", q), ("k", kv), ("v", kv))],
                     False,
                 )
-                yield f"blocks.{i}.attn.W_O.{p}", [(a + f"o_proj.{p}", 0)], False
+                yield f"blocks.{i}.attn.W_O.{p}", [(a + f"o_proj.{p}", None)], False
                 yield f"blocks.{i}.mlp.W_in.{p}", [(m + f"gate_proj.{p}", w), (m + f"up_proj.{p}", w)], False
-                yield f"blocks.{i}.mlp.W_out.{p}", [(m + f"down_proj.{p}", 0)], False
-        yield "norm_f.weight", [("norm.weight", 0)], False
+                yield f"blocks.{i}.mlp.W_out.{p}", [(m + f"down_proj.{p}", None)], False
+        yield "norm_f.weight", [("norm.weight", None)], False
     if not cfg.tie_embeddings:
-        yield "lm_head.weight", [("lm_head.weight", 0)], False
+        yield "lm_head.weight", [("lm_head.weight", None)], False
 
 
 def from_hf_weights(theirs: dict[str, torch.Tensor], cfg: GPTConfig, where: str) -> dict[str, torch.Tensor]:
@@ -260,9 +259,7 @@ def to_hf_weights(ours: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, to
             weight = ours[name.replace(".bias", ".weight")]
             tensor = weight.new_zeros(weight.shape[0])
         pieces = tensor.split([n for _, n in parts]) if len(parts) > 1 else [tensor]
-        for (theirs, _), piece in zip(parts, pieces):
+        for (theirs, _), piece in zip(parts, pieces):  # copies: safetensors refuses tensors sharing memory
             key = theirs if theirs == "lm_head.weight" else prefix + theirs
-            out[key] = (
-                piece.t().contiguous() if transposed else piece.clone()
-            )  # safetensors: no shared memory
+            out[key] = piece.t().contiguous() if transposed else piece.clone()
     return out

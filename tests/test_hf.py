@@ -347,49 +347,13 @@ def one_line_error(capsys, main, argv: list[str], message: str) -> None:
 
 
 def test_bad_inputs_are_one_line(hf_gpt2, char_models, no_model_keys, data_dir: Path, tmp_path: Path, capsys):
-    base = [str(no_model_keys), f"data.dir={data_dir}", f"train.out_dir={tmp_path / 'out'}"]
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    one_line_error(capsys, train_script.main, [*base, f"train.init_from={empty}"], "it has no config.json")
-    bert = tmp_path / "bert"
-    bert.mkdir()
+    empty, bert, pickled, qk, full = (tmp_path / n for n in ("empty", "bert", "pickled", "qk", "full"))
+    for folder in (empty, bert, pickled, full):
+        folder.mkdir()
     (bert / "config.json").write_text('{"model_type": "bert"}')
-    one_line_error(
-        capsys,
-        train_script.main,
-        [*base, f"train.init_from={bert}"],
-        "holds a bert model; tinygpt reads model_type gpt2 and llama",
-    )
-    one_line_error(
-        capsys,
-        train_script.main,
-        [*base, f"train.init_from={hf_gpt2[0]}"],
-        "uses tokenizer gpt2 BPE (50257 tokens; assumed: the folder has no tokenizer files), but "
-        "data.dataset shakespeare_char has char (65 characters)",
-    )
-    one_line_error(
-        capsys,
-        train_script.main,
-        [*base, f"train.init_from={hf_gpt2[0]}", "model.n_layer=3"],
-        "model.n_layer=3 (in override model.n_layer=3) contradicts train.init_from",
-    )
-    one_line_error(
-        capsys,
-        train_script.main,
-        [*base, f"train.init_from={hf_gpt2[0]}", "model.block_size=65"],
-        "which has block_size=64 (it may only be lowered)",
-    )
-    pickled = tmp_path / "pickled"
-    pickled.mkdir()
     (pickled / "config.json").write_text((hf_gpt2[0] / "config.json").read_text())
-    (pickled / "pytorch_model.bin").write_bytes(b"not read")
-    one_line_error(
-        capsys,
-        train_script.main,
-        [*base, f"train.init_from={pickled}"],
-        "holds its weights only as pytorch_model.bin, a pickle, which tinygpt never loads",
-    )
-
+    (pickled / "pytorch_model.bin").write_bytes(b"never read")
+    (full / "keep.txt").write_text("mine")
     shape = [
         "model.vocab_size=65",
         "model.block_size=8",
@@ -398,31 +362,32 @@ def test_bad_inputs_are_one_line(hf_gpt2, char_models, no_model_keys, data_dir: 
         "model.n_embd=8",
     ]
     cfg, _ = load_config(None, [*shape, "model.qk_norm=true"])
-    qk = tmp_path / "qk"
-    checkpoint.save(
-        qk,
-        "last",
-        GPT(cfg.model),
-        cfg,
-        json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"],
-    )
-    one_line_error(
-        capsys,
-        export_script.main,
-        [str(qk), str(tmp_path / "x")],
-        "cannot export: model.qk_norm=true (QK-norm) has no exact equivalent",
-    )
-    assert not (tmp_path / "x").exists()
-    full = tmp_path / "full"
-    full.mkdir()
-    (full / "keep.txt").write_text("mine")
-    one_line_error(
-        capsys,
-        export_script.main,
-        [str(char_models["gpt2"]), str(full)],
-        "is not empty; pass --overwrite to replace it",
-    )
-    assert [p.name for p in full.iterdir()] == ["keep.txt"]
+    chars = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"]
+    checkpoint.save(qk, "last", GPT(cfg.model), cfg, chars)
+
+    def init(source: Path, *more: str) -> list[str]:
+        return [str(no_model_keys), f"data.dir={data_dir}", f"train.out_dir={tmp_path / 'out'}",
+                f"train.init_from={source}", *more]  # fmt: skip
+
+    gpt2 = hf_gpt2[0]
+    cases = [
+        (train_script.main, init(empty), "and no Hugging Face model (it has no config.json)"),
+        (train_script.main, init(bert), "holds a bert model; tinygpt reads model_type gpt2 and llama"),
+        (train_script.main, init(gpt2), "uses tokenizer gpt2 BPE (50257 tokens; assumed: the folder has no "
+                                        "tokenizer files), but data.dataset shakespeare_char has char (65 "
+                                        "characters)"),
+        (train_script.main, init(gpt2, "model.n_layer=3"), "model.n_layer=3 (in override model.n_layer=3) "
+                                                           "contradicts train.init_from"),
+        (train_script.main, init(gpt2, "model.block_size=65"), "has block_size=64 (it may only be lowered)"),
+        (train_script.main, init(pickled), "holds its weights only as pytorch_model.bin, a pickle"),
+        (export_script.main, [str(qk), str(tmp_path / "x")], "cannot export: model.qk_norm=true (QK-norm) "
+                                                             "has no exact equivalent"),
+        (export_script.main, [str(char_models["gpt2"]), str(full)], "is not empty; pass --overwrite"),
+    ]  # fmt: skip
+    for main, argv, message in cases:
+        one_line_error(capsys, main, argv, message)
+    assert not (tmp_path / "x").exists() and [p.name for p in full.iterdir()] == ["keep.txt"]
+    assert not (tmp_path / "out" / "last").exists()
 
 
 def test_hub_name_offline_with_nothing_cached_is_one_line(data_dir: Path, tmp_path: Path):

@@ -316,7 +316,8 @@ def adopt_model(cfg: Config, source: GPTConfig, origins: dict[str, str], where: 
         allowed = " (it may only be lowered)" if name == "block_size" else ""
         raise ConfigError(
             f"{key}={ours} (in {origins[key]}) contradicts {where}, which has {name}={theirs}"
-            f"{allowed}; remove it: the model's shape comes from the weights it starts from"
+            f"{allowed}; the model's shape comes from the weights: remove it, or use a config that leaves "
+            "it unset (like finetune_shakespeare)"
         )
     return replace(cfg, model=GPTConfig(**model))
 
