@@ -234,10 +234,9 @@ def test_exported_char_models_load_in_transformers(name, char_models, tmp_path: 
     generator = transformers.pipeline("text-generation", model=str(dest))
     text = generator("ROMEO:", max_new_tokens=50, do_sample=False)[0]["generated_text"]
     assert text == "ROMEO:" + ours_tok.decode(greedy(model, ours_tok.encode("ROMEO:").tolist(), 50))
-    if name == "gpt2":  # and by sample.py itself, which never imports transformers (once: it costs a start)
-        args = ("sample.py", str(run), "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "50")
-        result = run_script("-c", PROBE, *args, check=True)
-        assert result.stdout == text + "\n" and "imported: []" in result.stderr
+    args = ("sample.py", str(run), "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "50")
+    result = run_script("-c", PROBE, *args, check=True)  # and by sample.py, which never imports transformers
+    assert result.stdout == text + "\n" and "imported: []" in result.stderr
 
 
 @pytest.fixture(scope="module")

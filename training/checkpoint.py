@@ -367,16 +367,15 @@ def load_pretrained(name: Path | str, hub: bool = False) -> Pretrained:
     if folders.is_model_folder(path):
         model, weights, tokenizer, about = folders.read_model(path)
         return Pretrained(path, model, weights, tokenizer, about)
-    if (
-        path.is_dir()
-        and not (path / WEIGHTS).is_file()
-        and not any((path / n / WEIGHTS).is_file() for n in ("best", "last", ".best.old", ".last.old"))
-    ):
+    try:
+        ckpt = find(path)
+    except UserError:
+        if not path.is_dir():  # missing, or a file: find says which
+            raise
         raise UserError(
             f"{path} holds no checkpoint ({WEIGHTS} with {CONFIG}, or a run's best/ or last/) and no Hugging "
             f"Face model (it has no {folders.CONFIG}); give a run's folder, a checkpoint or a model folder"
-        )
-    ckpt = find(path)
+        ) from None
     cfg, tokenizer = load_config(ckpt), load_tokenizer_meta(ckpt)
     return Pretrained(
         ckpt, cfg.model, load_weights(ckpt), tokenizer, tokenizer_files.describe(tokenizer), cfg
