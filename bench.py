@@ -101,8 +101,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str | None, l
 
 
 def build(config: str | None, overrides: list[str]) -> Run:
-    cfg, _ = load_config(config, overrides)
-    return start_run(cfg)
+    return start_run(*load_config(config, overrides))  # the origins: for train.init_from
 
 
 def cuda_allocated() -> int:

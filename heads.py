@@ -3,7 +3,8 @@
     python heads.py OUT_DIR [--prompt TEXT | --prompt-file PATH] [--layer L --head H] [--html] [--out DIR]
                     [--sequences N] [--windows N] [--seed S] [--data-dir DIR] [--device D]
 
-OUT_DIR is a training run's folder (its best checkpoint is used, else its last) or a checkpoint folder. The
+OUT_DIR is a training run's folder (its best checkpoint is used, else its last), a checkpoint folder, or a
+Hugging Face GPT-2 or Llama model folder (whose real-text scores read the `shakespeare` dataset). The
 pictures and scores go to the run's heads/ folder (or --out):
     attention_layer{L}.png   every head's attention weights on the prompt, one grid per layer (rows: queries,
                              columns: keys; the masked future is white; token labels for short prompts)

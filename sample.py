@@ -3,7 +3,8 @@
     python sample.py OUT_DIR [--prompt TEXT | --prompt-file PATH] [--max-new-tokens N] [--temperature T]
                      [--top-k K] [--top-p P] [--num-samples N] [--seed S] [--device D]
 
-OUT_DIR is a training run's folder (its best checkpoint is used, else its last) or a checkpoint folder itself.
+OUT_DIR is a training run's folder (its best checkpoint is used, else its last), a checkpoint folder itself,
+or a Hugging Face GPT-2 or Llama model folder (config.json + model.safetensors, e.g. written by export.py).
 Temperature 0 is greedy decoding. The same seed gives the same text. Generation uses a KV cache; past the
 model's context it slides the window forward (see model/generate.py).
 """

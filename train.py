@@ -98,10 +98,10 @@ class Agreement:
 
 
 def main(argv: list[str]) -> int:
-    cfg = parse_command_line(argv)
-    if cfg is None:
+    parsed = parse_command_line(argv)
+    if parsed is None:
         return 0
-    run = start_run(cfg)
+    run = start_run(*parsed)
     cfg, rt, p = run.cfg, run.rt, run.progress
     prepare(run)
     log, stop, clock = Tracker(run), StopRequest(verbose=rt.is_main), Clock(p.elapsed_s)
@@ -140,8 +140,9 @@ def main(argv: list[str]) -> int:
         distributed.shutdown(rt)
 
 
-def parse_command_line(argv: list[str]) -> Config | None:
-    """The config the command line asks for; None when it only asked for help or the config."""
+def parse_command_line(argv: list[str]) -> tuple[Config, dict[str, str]] | None:
+    """The config the command line asks for, and where each key set explicitly came from (load_config's
+    origins); None when it only asked for help or the config."""
     flags = {a for a in argv if a.startswith("-")}
     if flags & {"-h", "--help"}:
         print(usage())
@@ -154,13 +155,15 @@ def parse_command_line(argv: list[str]) -> Config | None:
         )
     args = [a for a in argv if not a.startswith("-")]
     config_path = args[0] if args and "=" not in args[0] else None
-    cfg, _ = load_config(config_path, args[1:] if config_path else args)
+    cfg, origins = load_config(config_path, args[1:] if config_path else args)
     if "--print-config" in flags:
+        if cfg.train.init_from:
+            print(f"# the model keys not set explicitly will follow train.init_from {cfg.train.init_from}")
         print(to_yaml(cfg), end="")
         return None
     if cfg.log.wandb:
         check_wandb_login()
-    return cfg
+    return cfg, origins
 
 
 def usage() -> str:
@@ -207,6 +210,8 @@ def prepare(run: Run) -> None:
         f"{run.micro_steps} micro-step(s) x {rt.world_size} process(es) = {run.tokens_per_iter:,} "
         "tokens/iteration"
     )
+    if cfg.train.init_from and not cfg.train.resume:
+        print(f"starting from the weights of {cfg.train.init_from} (fresh optimizer, iteration 0)")
 
 
 def evaluate_and_save(run: Run, log: Tracker) -> None:

@@ -14,7 +14,9 @@ from data.tokenizers import UnknownCharacters
 def checkpoint_and_prompt_parser(prog: str, description: str, prompt_help: str) -> argparse.ArgumentParser:
     """The arguments sample.py and heads.py share: OUT_DIR and --prompt / --prompt-file."""
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("out_dir", help="a training run's out_dir, or one checkpoint folder in it")
+    p.add_argument(
+        "out_dir", help="a training run's out_dir, one checkpoint folder in it, or a Hugging Face model folder"
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help=prompt_help)
     src.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")

@@ -105,6 +105,10 @@ class BPETokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._enc.decode(list(ids))
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of one token (hf/ writes the vocabulary out for transformers)."""
+        return self._enc.decode_single_token_bytes(token)
+
     def stream_decoder(self):
         """A function from new ids to the text they complete; holds back bytes of unfinished characters."""
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")

@@ -27,8 +27,10 @@ class GPTConfig:
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     qk_norm: bool = False  # RMS-normalise queries and keys per head before the dot product
     mlp: bool = True  # false: attention-only transformer (the circuits papers' toy models)
-    activation: Literal["gelu", "relu2", "swiglu"] = "gelu"
+    activation: Literal["gelu", "gelu_tanh", "relu2", "swiglu"] = "gelu"  # gelu_tanh: GPT-2's approximation
     mlp_ratio: float = 4.0  # hidden width / n_embd (swiglu uses 2/3 of it per branch, same params)
+    mlp_hidden: Optional[int] = None  # the hidden width itself (per branch for swiglu); null = from mlp_ratio
+    norm_eps: Optional[float] = None  # null = torch's: 1e-5 for LayerNorm, the dtype's epsilon for RMSNorm
     tie_embeddings: bool = True  # LM head shares the token embedding matrix
     window: Optional[int] = None  # sliding-window attention: each query sees its last `window` keys
     zero_init_proj: bool = False  # W_O and the MLP output start at zero (blocks start as identity)
@@ -43,7 +45,10 @@ class GPTConfig:
         return self.n_kv_head or self.n_head
 
     @property
-    def mlp_hidden(self) -> int:
+    def mlp_width(self) -> int:
+        """The MLP's hidden width (of each of the two branches for swiglu)."""
+        if self.mlp_hidden is not None:
+            return self.mlp_hidden
         hidden = int(self.mlp_ratio * self.n_embd)
         return int(2 * hidden / 3) if self.activation == "swiglu" else hidden
 
@@ -77,6 +82,10 @@ class GPTConfig:
             out.append(("window", f"must be a positive number of tokens or null, got {self.window}"))
         if self.mlp_ratio <= 0:
             out.append(("mlp_ratio", f"must be positive, got {self.mlp_ratio}"))
+        if self.mlp_hidden is not None and self.mlp_hidden <= 0:
+            out.append(("mlp_hidden", f"must be a positive width or null, got {self.mlp_hidden}"))
+        if self.norm_eps is not None and self.norm_eps <= 0:
+            out.append(("norm_eps", f"must be positive or null, got {self.norm_eps}"))
         if self.logit_softcap is not None and self.logit_softcap <= 0:
             out.append(("logit_softcap", f"must be positive or null, got {self.logit_softcap}"))
         if self.rope_base <= 0:

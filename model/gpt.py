@@ -10,7 +10,9 @@ Notable:
 - Each head has size d_head = n_embd / n_head. With grouped-query attention (`n_kv_head`), groups of query
   heads share one key/value head; with a sliding `window`, query i sees keys i-window+1 .. i only.
 - Options from `GPTConfig` (rotary positions, RMSNorm, QK-norm, ReLU^2 / SwiGLU MLP, untied head, no biases,
-  zero-init output projections, logit soft-capping) are all off in the GPT-2 compatible defaults.
+  zero-init output projections, logit soft-capping) are all off in the GPT-2 compatible defaults. With
+  `activation: gelu_tanh` the network is GPT-2 exactly; with rotary positions, RMSNorm, SwiGLU and no biases
+  it is Llama (hf/ converts the weights both ways).
 - GPT-2 initialisation: N(0, 0.02), the residual projections (W_O, MLP output) scaled by 1/sqrt(2 n_layer).
 - `kv_cache` (model/kv_cache.py) lets generation encode a prompt once, then run one token per step.
 """
@@ -30,8 +32,8 @@ from model.kv_cache import KVCache
 
 def make_norm(cfg: GPTConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(cfg.n_embd)
-    return nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        return nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps or 1e-5, bias=cfg.bias)
 
 
 def rotary_tables(block_size: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,7 +145,7 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        hidden = cfg.mlp_hidden
+        hidden = cfg.mlp_width
         self.activation = cfg.activation
         self.W_in = nn.Linear(cfg.n_embd, 2 * hidden if cfg.activation == "swiglu" else hidden, bias=cfg.bias)
         self.W_out = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
@@ -153,6 +155,8 @@ class MLP(nn.Module):
         h = self.W_in(x)
         if self.activation == "gelu":
             h = F.gelu(h)
+        elif self.activation == "gelu_tanh":  # GPT-2's approximation (transformers' gelu_new)
+            h = F.gelu(h, approximate="tanh")
         elif self.activation == "relu2":
             h = F.relu(h).square()
         else:  # swiglu

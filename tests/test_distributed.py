@@ -87,7 +87,12 @@ def test_fsdp_checkpoints_are_whole_and_resume_on_another_number_of_ranks(
     torchrun(data_dir, out, "train.max_iters=30", "train.parallel=fsdp")
     assert close(losses(out), losses(single))
     files = sorted(p.name for p in (out / "last").iterdir())
-    assert files == ["config.yaml", "model.safetensors", "state.pt", "tokenizer.json"]  # as any other run
+    assert files == [
+        "config.yaml",
+        "model.safetensors",
+        "state.pt",
+        "tinygpt_tokenizer.json",
+    ]  # as any other run
     full, reference = checkpoint.load_weights(out / "last"), checkpoint.load_weights(single / "last")
     assert full.keys() == reference.keys()
     assert all(torch.allclose(full[k], reference[k], atol=1e-4) for k in full)

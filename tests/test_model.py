@@ -17,6 +17,16 @@ OPTIONS = {
     ),
     "gqa_window_swiglu": dict(n_kv_head=2, window=5, activation="swiglu", pos_emb="rope"),
     "attn_only_softcap": dict(mlp=False, logit_softcap=15.0),
+    "gpt2_tanh_widths": dict(activation="gelu_tanh", mlp_hidden=40, norm_eps=1e-3),
+    "llama": dict(
+        pos_emb="rope",
+        norm="rmsnorm",
+        activation="swiglu",
+        bias=False,
+        n_kv_head=2,
+        mlp_hidden=24,
+        norm_eps=1e-5,
+    ),
 }
 
 
@@ -89,6 +99,8 @@ def naive_forward(m: GPT, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.T
             u = linear(norm(x, block.norm2), block.mlp.W_in)
             if cfg.activation == "gelu":
                 u = 0.5 * u * (1 + torch.erf(u / math.sqrt(2)))
+            elif cfg.activation == "gelu_tanh":
+                u = 0.5 * u * (1 + torch.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u**3)))
             elif cfg.activation == "relu2":
                 u = torch.clamp(u, min=0) ** 2
             else:
@@ -230,3 +242,14 @@ def test_a_tiny_model_overfits_one_batch():
         loss.backward()
         opt.step()
     assert first > 2.5 and loss.item() < 0.05
+
+
+def test_explicit_mlp_width_and_norm_eps():
+    llama = tiny(**OPTIONS["llama"])
+    assert (
+        llama.blocks[0].mlp.W_in.weight.shape == (2 * 24, 32) and llama.blocks[0].mlp.W_out.in_features == 24
+    )
+    assert llama.blocks[0].norm1.eps == 1e-5 and llama.norm_f.eps == 1e-5
+    default = tiny()  # the defaults are unchanged: 4 x n_embd, LayerNorm's 1e-5, RMSNorm's dtype epsilon
+    assert default.blocks[0].mlp.W_in.out_features == 128 and default.blocks[0].norm1.eps == 1e-5
+    assert tiny(norm="rmsnorm").norm_f.eps is None

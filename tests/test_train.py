@@ -25,7 +25,7 @@ def metrics(out: Path) -> list[dict]:
 def test_a_short_run_writes_checkpoints_and_metrics(run: Path):
     for name in ("last", "best"):
         files = sorted(p.name for p in (run / name).iterdir())
-        assert files == ["config.yaml", "model.safetensors", "state.pt", "tokenizer.json"]
+        assert files == ["config.yaml", "model.safetensors", "state.pt", "tinygpt_tokenizer.json"]
     rows = metrics(run)
     assert [r["iter"] for r in rows] == [0, 30, 60]
     for r in rows:

@@ -1,13 +1,14 @@
 """Checkpoints you can trust: the format, written atomically and read back without unpickling, in one place.
 
 OUT_DIR/last/ and OUT_DIR/best/ each hold
-    model.safetensors   the weights, whole (safetensors: tensors only, no code); the LM head is left out
-                        when it is tied to the token embedding
-    config.yaml         the resolved training config
-    tokenizer.json      the tokenizer metadata (vocabulary)
-    state.pt            training state: the optimizer state keyed by parameter name, iteration, RNG states,
-                        best val loss; plain tensors and numbers, read with torch.load(weights_only=True),
-                        which refuses anything else
+    model.safetensors       the weights, whole (safetensors: tensors only, no code); the LM head is left
+                            out when it is tied to the token embedding
+    config.yaml             the resolved training config
+    tinygpt_tokenizer.json  the tokenizer metadata (vocabulary); tokenizer.json in older checkpoints (still
+                            read), a name AutoTokenizer would take for its own format
+    state.pt                training state: the optimizer state keyed by parameter name, iteration, RNG
+                            states, best val loss; plain tensors and numbers, read with
+                            torch.load(weights_only=True), which refuses anything else
 Notable:
 - Atomic: `_atomic_folder` writes into a temporary folder, flushes it to disk, then swaps it in by renames
   (the old folder moves to .NAME.old, the new one takes its name, the old one is deleted). A crash at any
@@ -18,6 +19,8 @@ Notable:
   dicts offloaded to rank 0's CPU), and rank 0 writes them. Loading shards them again for whatever number
   of ranks resumes, so a run saved on 8 GPUs resumes on 1 and back, and sample.py reads it like any other.
   (torch.distributed.checkpoint's own file format is not used: its metadata file is a pickle.)
+- `load_pretrained` reads the weights a run starts from (train.init_from) or that sample.py and heads.py
+  run: a checkpoint, or a Hugging Face model folder or hub name (converted by hf/).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import random
 import shutil
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +45,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from common.errors import UserError
+from hf import folders, tokenizer_files
 from model import GPT, GPTConfig
-from training.config import Config, to_yaml
+from training.config import Config, DataConfig, to_yaml
 
-WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.yaml", "tokenizer.json", "state.pt"
+WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.yaml", tokenizer_files.OURS, "state.pt"
+OLD_TOKENIZER = "tokenizer.json"  # checkpoints written before the rename
 
 
 # --- writing ---
@@ -78,8 +83,11 @@ def _recover(out_dir: Path, name: str) -> None:
 
 
 @contextlib.contextmanager
-def _atomic_folder(out_dir: Path, name: str) -> Iterator[Path]:
-    """Yield an empty temporary folder; when the block ends, it becomes out_dir/name in one swap."""
+def atomic_folder(
+    out_dir: Path, name: str, what: str = "checkpoint", advice: str = "choose another train.out_dir"
+) -> Iterator[Path]:
+    """Yield an empty temporary folder's path; when the block ends, it becomes out_dir/name in one swap.
+    If the block fails, the temporary folder is deleted and out_dir/name is untouched."""
     out_dir.mkdir(parents=True, exist_ok=True)
     _recover(out_dir, name)
     tmp = out_dir / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -97,9 +105,12 @@ def _atomic_folder(out_dir: Path, name: str) -> Iterator[Path]:
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(
-            f"could not write checkpoint {final} ({e.strerror or e}); the previous one is untouched. "
-            "Free disk space or choose another train.out_dir"
+            f"could not write {what} {final} ({e.strerror or e}); the previous one is untouched. "
+            f"Free disk space or {advice}"
         ) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -142,7 +153,7 @@ def save(
         train_state = {**train_state, "optimizer": optimizer_state(model, list(optimizers))}
     if not is_main:
         return out_dir / name
-    with _atomic_folder(out_dir, name) as tmp:
+    with atomic_folder(out_dir, name) as tmp:
         tmp.mkdir()
         save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / CONFIG).write_text(to_yaml(cfg))
@@ -155,7 +166,7 @@ def save(
 def copy(out_dir: Path | str, src: str, dst: str) -> Path:
     """Make checkpoint DST a copy of SRC (hard links where the filesystem allows), atomically."""
     out_dir = Path(out_dir)
-    with _atomic_folder(out_dir, dst) as tmp:
+    with atomic_folder(out_dir, dst) as tmp:
         shutil.copytree(out_dir / src, tmp, copy_function=_link_or_copy)
     return out_dir / dst
 
@@ -261,12 +272,15 @@ def load_config(ckpt: Path) -> Config:
 
 
 def load_tokenizer_meta(ckpt: Path) -> dict:
+    path = ckpt / (
+        TOKENIZER if (ckpt / TOKENIZER).is_file() or not (ckpt / OLD_TOKENIZER).is_file() else OLD_TOKENIZER
+    )
     try:
-        return json.loads((ckpt / TOKENIZER).read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
         raise UserError(f"{ckpt / TOKENIZER} is missing; the checkpoint is incomplete") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{ckpt / TOKENIZER} is damaged ({e})") from None
+        raise UserError(f"{path} is damaged ({e})") from None
 
 
 def load_train_state(ckpt: Path) -> dict[str, Any]:
@@ -292,12 +306,12 @@ def load_into(model: GPT, weights: dict[str, torch.Tensor], ckpt: Path) -> None:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as e:  # shape mismatch
         last = str(e).splitlines()[-1].strip()
-        raise UserError(f"the weights in {ckpt} do not fit its config.yaml: {last}") from None
+        raise UserError(f"the weights in {ckpt} do not fit its config: {last}") from None
     if model.config.tie_embeddings:
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
         raise UserError(
-            f"the weights in {ckpt} do not match its config.yaml (missing {missing[:3]}, unexpected "
+            f"the weights in {ckpt} do not match its config (missing {missing[:3]}, unexpected "
             f"{unexpected[:3]}); the checkpoint is inconsistent"
         )
 
@@ -326,13 +340,75 @@ def load_optimizers(
         raise mismatch from None
 
 
+@dataclass
+class Pretrained:
+    """Weights to start from or to run: a checkpoint of ours, or a Hugging Face model converted by hf/."""
+
+    where: Path  # the checkpoint or model folder
+    model: GPTConfig
+    weights: dict[str, torch.Tensor]  # ours, by name
+    tokenizer: dict | None  # our tokenizer metadata; None: a tokenizer tinygpt cannot run
+    tokenizer_about: str  # what the tokenizer is, in a few words
+    config: Config | None = None  # the training config of a checkpoint of ours
+
+    def weights_for(self, model: GPTConfig) -> dict[str, torch.Tensor]:
+        """The weights for `model`, which may have a shorter context: learned positions are cropped."""
+        if "pos_emb.weight" not in self.weights:
+            return self.weights
+        return {**self.weights, "pos_emb.weight": self.weights["pos_emb.weight"][: model.block_size]}
+
+
+def load_pretrained(name: Path | str, hub: bool = False) -> Pretrained:
+    """The model at `name`: a training run's folder (its best checkpoint, else its last), a checkpoint
+    folder, a Hugging Face model folder (config.json), or with `hub` a Hugging Face hub name (gpt2)."""
+    path = Path(name)
+    if hub and not path.exists() and folders.is_hub_name(str(name)):
+        path = folders.download(str(name))
+    if folders.is_model_folder(path):
+        model, weights, tokenizer, about = folders.read_model(path)
+        return Pretrained(path, model, weights, tokenizer, about)
+    try:
+        ckpt = find(path)
+    except UserError:
+        if not path.is_dir():  # missing, or a file: find says which
+            raise
+        raise UserError(
+            f"{path} holds no checkpoint ({WEIGHTS} with {CONFIG}, or a run's best/ or last/) and no Hugging "
+            f"Face model (it has no {folders.CONFIG}); give a run's folder, a checkpoint or a model folder"
+        ) from None
+    cfg, tokenizer = load_config(ckpt), load_tokenizer_meta(ckpt)
+    return Pretrained(
+        ckpt, cfg.model, load_weights(ckpt), tokenizer, tokenizer_files.describe(tokenizer), cfg
+    )
+
+
 def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[GPT, Config, dict, Path]:
-    """(model in eval mode, its training config, tokenizer metadata, checkpoint folder) for sampling."""
-    ckpt = find(path)
-    cfg = load_config(ckpt)
-    model = GPT(GPTConfig(**asdict(cfg.model)))
-    load_into(model, load_weights(ckpt), ckpt)
-    return model.to(device).eval(), cfg, load_tokenizer_meta(ckpt), ckpt
+    """(model in eval mode, its training config, tokenizer metadata, checkpoint folder) for sampling. For a
+    Hugging Face model folder the config is made up: its model, and a shipped dataset with its tokenizer."""
+    source = load_pretrained(path)
+    if source.tokenizer is None:
+        raise UserError(
+            f"{source.where} uses a tokenizer tinygpt cannot run: {source.tokenizer_about}; tinygpt runs "
+            "char and GPT-2 BPE models"
+        )
+    cfg = source.config
+    if cfg is None:
+        dataset = "shakespeare_char" if source.tokenizer["kind"] == "char" else "shakespeare"
+        cfg = Config(model=source.model, data=DataConfig(dataset=dataset))
+    model = GPT(GPTConfig(**asdict(source.model)))
+    load_into(model, source.weights, source.where)
+    return model.to(device).eval(), cfg, source.tokenizer, source.where
+
+
+def check_tokenizer(source: Pretrained, dataset: str, tokenizer_meta: dict) -> None:
+    """Refuse to train a model on data with another tokenizer than its own, naming both."""
+    if source.tokenizer is None or not tokenizer_files.same(source.tokenizer, tokenizer_meta):
+        raise UserError(
+            f"train.init_from {source.where} uses tokenizer {source.tokenizer_about}, but data.dataset "
+            f"{dataset} has {tokenizer_files.describe(tokenizer_meta)}; train on data prepared with the "
+            "model's tokenizer (for GPT-2: data.dataset=shakespeare, or python -m data.prepare NAME "
+            "--tokenizer gpt2)"
+        )
 
 
 def check_resumable(ckpt: Path, cfg: Config, tokenizer_meta: dict) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import typing
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -57,6 +57,9 @@ class TrainConfig:
         10.0  # torchrun: minutes a rank waits in a collective before it fails (hang -> error)
     )
     skip_nonfinite: int = 0  # steps with a non-finite loss to skip before stopping
+    # start from these weights (fresh optimizer, iteration 0): a checkpoint or run folder of ours, a Hugging
+    # Face model folder (GPT-2 or Llama), or a hub name (gpt2); the model's shape comes from it
+    init_from: Optional[str] = None
 
 
 @dataclass
@@ -318,6 +321,29 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> tuple[Con
         where = origins.get(key, "the defaults")
         raise ConfigError(f"{key}: {msg} (in {where})")
     return cfg, origins
+
+
+def adopt_model(cfg: Config, source: GPTConfig, origins: dict[str, str], where: str) -> Config:
+    """cfg with the model of `source` (train.init_from): model keys a file or an override set explicitly
+    (`origins`) may lower block_size and set dropout; any other that differs from the source is an error
+    naming it; keys left unset follow the source."""
+    model = asdict(source)
+    for name, theirs in asdict(source).items():
+        key = f"model.{name}"
+        if key not in origins:
+            continue
+        ours = getattr(cfg.model, name)
+        same = ours == theirs or (name == "n_kv_head" and (ours or cfg.model.n_head) == source.kv_heads)
+        if same or name == "dropout" or (name == "block_size" and ours < theirs):
+            model[name] = ours
+            continue
+        allowed = " (it may only be lowered)" if name == "block_size" else ""
+        raise ConfigError(
+            f"{key}={ours} (in {origins[key]}) contradicts {where}, which has {name}={theirs}"
+            f"{allowed}; the model's shape comes from the weights: remove it, or use a config that leaves "
+            "it unset (like finetune_shakespeare)"
+        )
+    return replace(cfg, model=GPTConfig(**model))
 
 
 def shipped_configs() -> list[tuple[str, str]]:

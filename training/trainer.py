@@ -5,7 +5,8 @@ the runtime (device, precision, torchrun process group), the dataset (prepared o
 with the model's vocabulary taken from the dataset, the model (seeded init, or a checkpoint's weights when
 resuming) wrapped for DDP/FSDP and compiled when asked, its optimisers and GradScaler, and the `Progress`
 to continue from. Resuming restores all of it here, from OUT_DIR/last: weights, optimizer and scaler state,
-progress and random generators.
+progress and random generators. With train.init_from a fresh run takes its model's shape and weights from a
+pretrained model (a checkpoint of ours, or a Hugging Face GPT-2 or Llama), with a fresh optimizer.
 
 `train_step` runs one iteration: the micro-batches of this process (gradients all-reduced on the last one
 only), gradient clipping, and the optimizer step, which is skipped on the device when the loss or the
@@ -28,7 +29,7 @@ from data.loader import TokenWindows
 from data.prepare import DATA_DIR, ensure_prepared, load_meta
 from model import GPT
 from training import checkpoint, distributed
-from training.config import Config
+from training.config import Config, adopt_model
 from training.optim import make_optimizers, step_unless
 from training.runtime import Runtime, compile_enabled, setup
 
@@ -116,12 +117,22 @@ def open_dataset(cfg: Config, rt: Runtime) -> dict:
     return load_meta(folder)
 
 
-def start_run(cfg: Config) -> Run:
-    """Everything a run needs (see the module docstring); with train.resume, continued from OUT_DIR/last."""
+def start_run(cfg: Config, origins: dict[str, str] | None = None) -> Run:
+    """Everything a run needs (see the module docstring); with train.resume, continued from OUT_DIR/last.
+    `origins` (from load_config) says which keys were set explicitly, for train.init_from."""
+    ckpt = checkpoint.find_last(cfg.train.out_dir) if cfg.train.resume else None
+    source = None
+    if cfg.train.init_from and ckpt is None:  # a fresh run: shape and weights of a pretrained model
+        source = checkpoint.load_pretrained(cfg.train.init_from, hub=True)
+        cfg = adopt_model(cfg, source.model, origins or {}, f"train.init_from {source.where}")
+    elif cfg.train.init_from:  # resuming one: the shape it was given, without reading the source again
+        cfg = adopt_model(cfg, checkpoint.load_config(ckpt).model, origins or {}, f"checkpoint {ckpt}")
     t = cfg.train
     rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
     meta = open_dataset(cfg, rt)  # before the process group: see open_dataset
     distributed.join(rt, t.dist_timeout)
+    if source is not None:
+        checkpoint.check_tokenizer(source, cfg.data.dataset, meta["tokenizer"])
     cfg = with_vocabulary(cfg, meta)
     folder = Path(cfg.data.dir) if cfg.data.dir else DATA_DIR
     splits = {
@@ -135,7 +146,6 @@ def start_run(cfg: Config) -> Run:
         )
         for s in ("train", "val")
     }
-    ckpt = checkpoint.find_last(cfg.train.out_dir) if cfg.train.resume else None
     if ckpt is not None:
         checkpoint.check_resumable(ckpt, cfg, meta["tokenizer"])
 
@@ -143,6 +153,8 @@ def start_run(cfg: Config) -> Run:
     raw = GPT(cfg.model).to(rt.device)
     if ckpt is not None:  # whole weights, before FSDP shards them
         checkpoint.load_into(raw, checkpoint.load_weights(ckpt), ckpt)
+    elif source is not None:
+        checkpoint.load_into(raw, source.weights_for(cfg.model), source.where)
     model, raw = distributed.wrap(raw, cfg, rt)
     optimizers = make_optimizers(raw, cfg.optim, rt.device)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.precision == "fp16")

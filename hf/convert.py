@@ -1,0 +1,265 @@
+"""Our GPT <-> transformers' GPT2LMHeadModel and LlamaForCausalLM: configs and weights, both ways.
+
+With the GPT-2 options (learned positions, LayerNorm, GELU, biases) our network is GPT-2; with rotary
+positions, RMSNorm and SwiGLU it is Llama. The computation is the same; only the names and cuts differ:
+- GPT-2 fuses Q, K and V into one `c_attn` as we do, but stores the four matrices of a block transposed
+  (its Conv1D computes x @ W + b, our Linear x @ W^T + b).
+- Llama keeps q_proj, k_proj, v_proj apart, and the MLP's gate_proj and up_proj; we fuse each set into one
+  matrix (W_QKV, W_in: gate rows first), so import stacks them and export cuts them along the output rows.
+  Both rotate the pairs (x_i, x_{i+d/2}) of a head (transformers' rotate_half), so Q and K need no permuting.
+- A tied LM head (GPT-2 always, Llama by `tie_word_embeddings`) is not stored, as save_pretrained does.
+- GPT-2 always has biases: a GPT-2 style model without them exports zeros, which compute the same.
+Options with no exact equivalent in these two families are refused by name (`export_problem`). Names are
+written without transformers' module prefix ("transformer.", "model."), which folders may or may not have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from common.errors import UserError
+from model import GPTConfig
+
+SUPPORTED = ("gpt2", "llama")
+PREFIX = {"gpt2": "transformer.", "llama": "model."}
+BUFFERS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")  # state in old files, not weights
+GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+
+
+def family(cfg: GPTConfig) -> str:
+    """The transformers model our config corresponds to: learned positions GPT-2, rotary ones Llama."""
+    return "gpt2" if cfg.pos_emb == "learned" else "llama"
+
+
+def export_problem(cfg: GPTConfig) -> str | None:
+    """The first option of `cfg` that neither GPT-2 nor Llama has, said for a person; None if it exports."""
+    if family(cfg) == "gpt2":
+        rules = [
+            (cfg.norm != "layernorm", f"model.norm={cfg.norm} with learned positions (GPT-2 uses layernorm)"),
+            (
+                cfg.activation not in ("gelu", "gelu_tanh"),
+                f"model.activation={cfg.activation} with learned positions (GPT-2 uses gelu or gelu_tanh)",
+            ),
+            (
+                cfg.kv_heads != cfg.n_head,
+                f"model.n_kv_head={cfg.n_kv_head} with learned positions (GPT-2 has "
+                "no grouped-query attention)",
+            ),
+        ]
+    else:
+        rules = [
+            (cfg.norm != "rmsnorm", f"model.norm={cfg.norm} with rotary positions (Llama uses rmsnorm)"),
+            (
+                cfg.activation != "swiglu",
+                f"model.activation={cfg.activation} with rotary positions (Llama uses swiglu)",
+            ),
+        ]
+    rules += [
+        (cfg.qk_norm, "model.qk_norm=true (QK-norm)"),
+        (cfg.window is not None, f"model.window={cfg.window} (sliding-window attention)"),
+        (cfg.logit_softcap is not None, f"model.logit_softcap={cfg.logit_softcap} (logit soft-capping)"),
+        (not cfg.mlp, "model.mlp=false (attention only)"),
+    ]
+    return next((what for bad, what in rules if bad), None)
+
+
+# --- configs ---
+
+
+def to_hf_config(cfg: GPTConfig, eot: int | None) -> dict:
+    """config.json for our model (export_problem(cfg) must be None); `eot` is the end-of-text token."""
+    if family(cfg) == "gpt2":
+        return {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": cfg.vocab_size,
+            "n_positions": cfg.block_size,
+            "n_embd": cfg.n_embd,
+            "n_layer": cfg.n_layer,
+            "n_head": cfg.n_head,
+            "n_inner": cfg.mlp_width,
+            "activation_function": "gelu_new" if cfg.activation == "gelu_tanh" else "gelu",
+            "layer_norm_epsilon": cfg.norm_eps or 1e-5,
+            **dict.fromkeys(("resid_pdrop", "embd_pdrop", "attn_pdrop"), cfg.dropout),
+            "tie_word_embeddings": cfg.tie_embeddings,
+            "bos_token_id": eot,
+            "eos_token_id": eot,
+            "dtype": "float32",
+        }
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.block_size,
+        "hidden_size": cfg.n_embd,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.mlp_width,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.norm_eps or torch.finfo(torch.float32).eps,  # ours: null = the dtype's epsilon
+        "rope_theta": cfg.rope_base,  # transformers 4 reads this,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},  # transformers 5 this
+        "attention_bias": cfg.bias,
+        "mlp_bias": cfg.bias,
+        "attention_dropout": cfg.dropout,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": eot,
+        "eos_token_id": eot,
+        "dtype": "float32",
+    }
+
+
+def from_hf_config(c: dict, where: str) -> GPTConfig:
+    """Our model config for a transformers config.json; a model we cannot run exactly is refused by name."""
+    kind = c.get("model_type")
+    if kind not in SUPPORTED:
+        raise UserError(
+            f"{where} holds a {kind or 'model of unknown type'} model; tinygpt reads model_type "
+            f"{' and '.join(SUPPORTED)} (GPT2LMHeadModel, LlamaForCausalLM)"
+        )
+
+    def refuse(key: str, why: str) -> UserError:
+        return UserError(f"{where}: {key}={c.get(key)} in config.json is not supported ({why})")
+
+    if kind == "gpt2":
+        if c.get("activation_function", "gelu_new") not in GPT2_ACTIVATIONS:
+            raise refuse("activation_function", f"tinygpt has {', '.join(GPT2_ACTIVATIONS)}")
+        for key, wanted in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False)):
+            if c.get(key, wanted) != wanted:
+                raise refuse(key, "attention scaled otherwise than by 1/sqrt(head size)")
+        n_embd = c["n_embd"]
+        return GPTConfig(
+            vocab_size=c["vocab_size"],
+            block_size=c["n_positions"],
+            n_layer=c["n_layer"],
+            n_head=c["n_head"],
+            n_embd=n_embd,
+            dropout=c.get("resid_pdrop", 0.1),
+            activation=GPT2_ACTIVATIONS[c.get("activation_function", "gelu_new")],
+            mlp_hidden=c.get("n_inner") or 4 * n_embd,
+            norm_eps=c.get("layer_norm_epsilon", 1e-5),
+            tie_embeddings=c.get("tie_word_embeddings", True),
+        )
+    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise refuse(
+            "rope_parameters" if "rope_parameters" in c else "rope_scaling",
+            "only plain rotary positions; no scaled variants",
+        )
+    if c.get("hidden_act", "silu") != "silu":
+        raise refuse("hidden_act", "Llama's MLP is SwiGLU, with silu")
+    n_embd, n_head = c["hidden_size"], c["num_attention_heads"]
+    if c.get("head_dim", n_embd // n_head) * n_head != n_embd:
+        raise refuse("head_dim", f"heads must split hidden_size={n_embd} evenly")
+    if c.get("attention_bias", False) != c.get("mlp_bias", False):
+        raise refuse("mlp_bias", "biases in attention and MLP alike, or in neither")
+    n_kv = c.get("num_key_value_heads") or n_head
+    return GPTConfig(
+        vocab_size=c["vocab_size"],
+        block_size=c["max_position_embeddings"],
+        n_layer=c["num_hidden_layers"],
+        n_head=n_head,
+        n_embd=n_embd,
+        dropout=c.get("attention_dropout", 0.0),
+        bias=c.get("attention_bias", False),
+        n_kv_head=n_kv if n_kv != n_head else None,
+        pos_emb="rope",
+        rope_base=rope.get("rope_theta", c.get("rope_theta", 10000.0)),
+        norm="rmsnorm",
+        activation="swiglu",
+        mlp_hidden=c["intermediate_size"],
+        norm_eps=c.get("rms_norm_eps", 1e-6),
+        tie_embeddings=c.get("tie_word_embeddings", False),
+    )
+
+
+# --- weights ---
+
+
+def weight_names(cfg: GPTConfig) -> Iterator[tuple[str, list[tuple[str, int | None]], bool]]:
+    """(our tensor, [(transformers' tensor, how many of our rows it holds)], stored transposed) for every
+    tensor. Names on the transformers side lack the module prefix; one of ours made of several of theirs
+    stacks them along its rows (the output dimension), in the order given (rows None: the whole tensor)."""
+    kind, L = family(cfg), cfg.n_layer
+    d, w = cfg.head_dim, cfg.mlp_width
+    if kind == "gpt2":
+        yield "token_emb.weight", [("wte.weight", None)], False
+        yield "pos_emb.weight", [("wpe.weight", None)], False
+        pairs = [
+            ("norm1", "ln_1"),
+            ("attn.W_QKV", "attn.c_attn"),
+            ("attn.W_O", "attn.c_proj"),
+            ("norm2", "ln_2"),
+            ("mlp.W_in", "mlp.c_fc"),
+            ("mlp.W_out", "mlp.c_proj"),
+        ]
+        for i in range(L):
+            for ours, theirs in pairs:
+                for p in ("weight", "bias"):
+                    conv1d = p == "weight" and not ours.startswith("norm")
+                    yield f"blocks.{i}.{ours}.{p}", [(f"h.{i}.{theirs}.{p}", None)], conv1d
+        for p in ("weight", "bias"):
+            yield f"norm_f.{p}", [(f"ln_f.{p}", None)], False
+    else:
+        q, kv = cfg.n_head * d, cfg.kv_heads * d
+        yield "token_emb.weight", [("embed_tokens.weight", None)], False
+        for i in range(L):
+            a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+            yield f"blocks.{i}.norm1.weight", [(f"layers.{i}.input_layernorm.weight", None)], False
+            yield f"blocks.{i}.norm2.weight", [(f"layers.{i}.post_attention_layernorm.weight", None)], False
+            for p in ("weight", "bias") if cfg.bias else ("weight",):
+                yield (
+                    f"blocks.{i}.attn.W_QKV.{p}",
+                    [(a + f"{x}_proj.{p}", n) for x, n in (("q", q), ("k", kv), ("v", kv))],
+                    False,
+                )
+                yield f"blocks.{i}.attn.W_O.{p}", [(a + f"o_proj.{p}", None)], False
+                yield f"blocks.{i}.mlp.W_in.{p}", [(m + f"gate_proj.{p}", w), (m + f"up_proj.{p}", w)], False
+                yield f"blocks.{i}.mlp.W_out.{p}", [(m + f"down_proj.{p}", None)], False
+        yield "norm_f.weight", [("norm.weight", None)], False
+    if not cfg.tie_embeddings:
+        yield "lm_head.weight", [("lm_head.weight", None)], False
+
+
+def from_hf_weights(theirs: dict[str, torch.Tensor], cfg: GPTConfig, where: str) -> dict[str, torch.Tensor]:
+    """Our weights (float32) from a transformers state dict of the model `cfg` describes."""
+    prefix = PREFIX[family(cfg)]
+    plain = {k.removeprefix(prefix): v for k, v in theirs.items()}
+    ours, used = {}, set()
+    for name, parts, transposed in weight_names(cfg):
+        missing = [t for t, _ in parts if t not in plain]
+        if missing:
+            raise UserError(
+                f"{where}: the weights lack {prefix}{missing[0]}, which config.json implies; the folder is "
+                "incomplete, or config.json does not describe its weights"
+            )
+        tensor = torch.cat([plain[t].t() if transposed else plain[t] for t, _ in parts])
+        ours[name] = tensor.float().contiguous()
+        used.update(t for t, _ in parts)
+    tied_copy = {"lm_head.weight"} if cfg.tie_embeddings else set()
+    extra = sorted(k for k in set(plain) - used - tied_copy if not k.endswith(BUFFERS))
+    if extra:
+        raise UserError(
+            f"{where}: the weights hold {len(extra)} tensor(s) config.json does not account for "
+            f"({', '.join(extra[:3])}); the folder is not a plain {family(cfg)} model"
+        )
+    return ours
+
+
+def to_hf_weights(ours: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
+    """A transformers state dict (with its module prefixes) for our weights; missing biases become zeros."""
+    prefix, out = PREFIX[family(cfg)], {}
+    for name, parts, transposed in weight_names(cfg):
+        tensor = ours.get(name)
+        if tensor is None:  # a GPT-2 style model without biases: GPT-2's are zero
+            weight = ours[name.replace(".bias", ".weight")]
+            tensor = weight.new_zeros(weight.shape[0])
+        pieces = tensor.split([n for _, n in parts]) if len(parts) > 1 else [tensor]
+        for (theirs, _), piece in zip(parts, pieces):  # copies: safetensors refuses tensors sharing memory
+            key = theirs if theirs == "lm_head.weight" else prefix + theirs
+            out[key] = piece.t().contiguous() if transposed else piece.clone()
+    return out

@@ -1,0 +1,140 @@
+"""Hugging Face model folders: reading one (config.json and safetensors weights, sharded too), fetching one
+from the hub by name, and writing one for a model of ours.
+
+Weights are read from safetensors only: a folder that has nothing but `pytorch_model.bin` (a pickle, which
+can run code when loaded) is refused with a line saying how to convert it. The hub is reached through
+huggingface_hub (the `hf` extra), imported only when a hub name is given: its cache first, then a download
+of the files tinygpt reads (config, safetensors, tokenizer), never the whole repository.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from common.errors import UserError
+from hf import convert, tokenizer_files
+from model import GPTConfig
+
+CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
+HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # gpt2, openai-community/gpt2
+HUB_FILES = [
+    CONFIG,
+    WEIGHTS,
+    INDEX,
+    "model-*-of-*.safetensors",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    tokenizer_files.OURS,
+]
+
+
+def is_model_folder(path: Path) -> bool:
+    return (path / CONFIG).is_file()
+
+
+def is_hub_name(name: str) -> bool:
+    return bool(HUB_NAME.match(name)) and not name.endswith((".json", ".safetensors", ".yaml"))
+
+
+def read_config(folder: Path) -> dict:
+    try:
+        data = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{folder / CONFIG} cannot be read ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{folder / CONFIG} is not a transformers config (not a JSON object)")
+    return data
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    if (folder / WEIGHTS).is_file():
+        return [folder / WEIGHTS]
+    if (folder / INDEX).is_file():
+        try:
+            shards = json.loads((folder / INDEX).read_text())["weight_map"].values()
+        except (json.JSONDecodeError, KeyError, AttributeError, UnicodeDecodeError) as e:
+            raise UserError(f"{folder / INDEX} is damaged ({type(e).__name__}: {e})") from None
+        return [folder / name for name in sorted(set(shards))]
+    if any(folder.glob("pytorch_model*.bin")):
+        raise UserError(
+            f"{folder} holds its weights only as pytorch_model.bin, a pickle, which tinygpt never loads (it "
+            "can run code); convert it with transformers: AutoModelForCausalLM.from_pretrained(FOLDER)"
+            ".save_pretrained(NEW_FOLDER) writes model.safetensors"
+        )
+    raise UserError(f"{folder} has {CONFIG} but no {WEIGHTS} (nor {INDEX}); the model folder is incomplete")
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a folder's safetensors file(s)."""
+    weights = {}
+    for path in _weight_files(folder):
+        try:
+            weights.update(load_file(str(path)))
+        except FileNotFoundError:
+            raise UserError(f"{path} is missing; the model folder is incomplete") from None
+        except (SafetensorError, OSError, ValueError) as e:
+            raise UserError(
+                f"{path} is damaged or not a safetensors file ({str(e).splitlines()[0]})"
+            ) from None
+    return weights
+
+
+def read_model(folder: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], dict | None, str]:
+    """(our config, our weights, our tokenizer metadata or None, what the tokenizer is) of a model folder."""
+    config = read_config(folder)
+    cfg = convert.from_hf_config(config, str(folder))
+    weights = convert.from_hf_weights(read_weights(folder), cfg, str(folder))
+    tokenizer, about = tokenizer_files.tokenizer_of(folder, config.get("model_type"), cfg.vocab_size)
+    return cfg, weights, tokenizer, about
+
+
+def download(name: str) -> Path:
+    """The local folder of hub model `name`: from huggingface_hub's cache, else downloaded into it."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+    except ImportError:
+        raise UserError(
+            f"{name} is not a folder; as a Hugging Face hub name it needs huggingface_hub: pip install -e "
+            "'.[hf]'"
+        ) from None
+    try:
+        return Path(snapshot_download(name, allow_patterns=HUB_FILES))
+    except RepositoryNotFoundError:
+        raise UserError(
+            f"{name} is neither a folder nor a model on the Hugging Face hub; check the path or the name"
+        ) from None
+    except LocalEntryNotFoundError:
+        raise UserError(
+            f"{name} is not a folder, and the Hugging Face hub cannot be reached (offline) with nothing "
+            "cached for it; connect to the internet once, or give a local model folder"
+        ) from None
+    except (HfHubHTTPError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"could not get {name} from the Hugging Face hub ({first})") from None
+
+
+def write_model(folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer: dict) -> str:
+    """Write a transformers model folder for our model into the empty `folder`; returns its architecture.
+    `weights` are ours by name (a tied LM head may be absent)."""
+    problem = convert.export_problem(cfg)
+    if problem:
+        raise UserError(
+            f"cannot export: {problem} has no exact equivalent in transformers' GPT-2 or Llama models"
+        )
+    eot = tokenizer_files.write_tokenizer(folder, tokenizer, cfg.block_size)
+    config = convert.to_hf_config(cfg, eot)
+    save_file(convert.to_hf_weights(weights, cfg), str(folder / WEIGHTS), metadata={"format": "pt"})
+    (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    generation = {"bos_token_id": eot, "eos_token_id": eot, "max_length": cfg.block_size}
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    return config["architectures"][0]

@@ -1,0 +1,206 @@
+"""Tokenizers across the border: the files transformers reads for ours, and which of ours a folder uses.
+
+Export writes `tokenizer.json` (the `tokenizers` library's format, which AutoTokenizer loads as a
+PreTrainedTokenizerFast) and `tokenizer_config.json`, plus `tinygpt_tokenizer.json`, our own metadata, so
+that tinygpt reads an exported folder back exactly:
+- GPT-2 BPE, derived offline from the tiktoken ranks we already use. A token's vocabulary entry is its
+  bytes written in GPT-2's alphabet of 256 printable characters (`byte_alphabet`); the merges are rebuilt
+  from the ranks: running BPE on a token's bytes with only lower-ranked merges allowed stops at exactly the
+  two pieces it is merged from. Merges listed in rank order make the `tokenizers` BPE choose as tiktoken
+  does, and its ByteLevel pre-tokenizer splits text with GPT-2's pattern, so the ids are tiktoken's on any
+  text; `<|endoftext|>` is the special token 50256, as in GPT-2's own files (and tiktoken's
+  `encode(text, allowed_special="all")`). GPT-2's `vocab.json` and `merges.txt` are written too.
+- char: a BPE model whose vocabulary is our characters, with no merges, no normaliser and no pre-tokenizer,
+  so every character is one token with our id; the Fuse decoder joins them back without spaces. Characters
+  outside the vocabulary are dropped (ours refuses them).
+- a tokenizer whose metadata carries the `tokenizers` JSON itself (`tokenizer_json`) is written as it is.
+`tokenizer_of` answers the other way: which of our tokenizers a Hugging Face folder uses, if any.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from itertools import pairwise
+from pathlib import Path
+
+from common.errors import UserError
+from data.tokenizers import BPE_ALIASES, BPETokenizer, from_meta
+
+OURS = "tinygpt_tokenizer.json"  # our metadata, in checkpoints and in exported folders
+GPT2_ENCODINGS = ("gpt2", "r50k_base")
+
+
+def describe(meta: dict) -> str:
+    """A tokenizer's metadata in a few words, for messages."""
+    kind, size = meta.get("kind"), meta.get("vocab_size", len(meta.get("chars", ())))
+    if kind == "char":
+        return f"char ({size} characters)"
+    if kind == "bpe":
+        return f"{meta.get('encoding')} BPE ({size} tokens)"
+    return f"{kind} ({size} tokens)"
+
+
+def same(a: dict, b: dict) -> bool:
+    """Whether two tokenizer metadata describe the same tokenizer (gpt2 is r50k_base)."""
+
+    def canonical(meta: dict) -> dict:
+        if meta.get("kind") == "bpe":
+            return {**meta, "encoding": BPE_ALIASES.get(meta["encoding"], meta["encoding"])}
+        return meta
+
+    return canonical(a) == canonical(b)
+
+
+# --- GPT-2 BPE from tiktoken's ranks ---
+
+
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's stand-in character for each byte: printable Latin-1 bytes stand for themselves, the others
+    (controls, space, ...) for the characters from U+0100 on, in byte order."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    alphabet = {b: chr(b) for b in printable}
+    for n, b in enumerate(b for b in range(256) if b not in alphabet):
+        alphabet[b] = chr(256 + n)
+    return alphabet
+
+
+@lru_cache(maxsize=1)
+def _gpt2_ranks() -> dict[bytes, int]:
+    tok = BPETokenizer("gpt2")
+    return {tok.token_bytes(i): i for i in range(tok.vocab_size) if i != tok.eot_token}
+
+
+def gpt2_vocab() -> dict[str, int]:
+    """GPT-2's vocab.json: each token in GPT-2's byte alphabet -> its id, and <|endoftext|>."""
+    alphabet = byte_alphabet()
+    vocab = {"".join(alphabet[b] for b in token): rank for token, rank in _gpt2_ranks().items()}
+    vocab["<|endoftext|>"] = BPETokenizer("gpt2").eot_token
+    return vocab
+
+
+def _merged_from(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
+    """The two tokens that BPE merges into `token`: its bytes, merged by the lower ranks until two remain."""
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 2:
+        found = [(ranks.get(a + b, rank), i) for i, (a, b) in enumerate(pairwise(parts))]
+        best, i = min(found)
+        if best >= rank:
+            break
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+    if len(parts) != 2:
+        raise ValueError(f"token {token!r} cannot be built from lower-ranked tokens")
+    return parts[0], parts[1]
+
+
+def gpt2_merges() -> list[tuple[str, str]]:
+    """GPT-2's merges.txt, rebuilt from the ranks (about a second): one pair per multi-byte token, by rank."""
+    ranks, alphabet = _gpt2_ranks(), byte_alphabet()
+
+    def text(b: bytes) -> str:
+        return "".join(alphabet[x] for x in b)
+
+    by_rank = sorted((rank, token) for token, rank in ranks.items() if len(token) > 1)
+    return [tuple(map(text, _merged_from(token, rank, ranks))) for rank, token in by_rank]
+
+
+# --- writing ---
+
+
+def _tokenizers():
+    try:
+        import tokenizers
+    except ImportError:
+        raise UserError(
+            "export needs the tokenizers package (it comes with transformers): pip install -e '.[hf]'"
+        ) from None
+    return tokenizers
+
+
+def _gpt2_json() -> str:
+    tk = _tokenizers()
+    vocab, merges = gpt2_vocab(), gpt2_merges()
+    tokenizer = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tk.decoders.ByteLevel()
+    tokenizer.post_processor = tk.processors.ByteLevel(trim_offsets=False)
+    tokenizer.add_special_tokens([tk.AddedToken("<|endoftext|>", special=True)])
+    return tokenizer.to_str()
+
+
+def _char_json(chars: list[str]) -> str:
+    tk = _tokenizers()
+    tokenizer = tk.Tokenizer(tk.models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
+    tokenizer.decoder = tk.decoders.Fuse()
+    return tokenizer.to_str()
+
+
+def _token_text(tokenizer_json: str, token: int) -> str | None:
+    data = json.loads(tokenizer_json)
+    added = {t["id"]: t["content"] for t in data.get("added_tokens", [])}
+    vocab = {i: s for s, i in (data.get("model", {}).get("vocab") or {}).items()}
+    return added.get(token, vocab.get(token))
+
+
+def write_tokenizer(folder: Path, meta: dict, block_size: int) -> int | None:
+    """Write the tokenizer files for `meta` into folder; return its end-of-text token (None: it has none)."""
+    if "tokenizer_json" in meta:  # a trained tokenizer carries its tokenizers JSON: written as it is
+        tokenizer_json = meta["tokenizer_json"]
+    elif meta.get("kind") == "char":
+        tokenizer_json = _char_json(meta["chars"])
+    elif meta.get("kind") == "bpe" and meta.get("encoding") in GPT2_ENCODINGS:
+        tokenizer_json = _gpt2_json()
+        (folder / "vocab.json").write_text(json.dumps(gpt2_vocab(), ensure_ascii=False))
+        merges = "".join(f"{a} {b}\n" for a, b in gpt2_merges())
+        (folder / "merges.txt").write_text("#version: 0.2\n" + merges, encoding="utf-8")
+    else:
+        raise UserError(f"cannot export the {describe(meta)} tokenizer; export supports char and gpt2")
+    eot = from_meta(meta).eot_token
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": block_size,
+        "clean_up_tokenization_spaces": False,  # decode exactly, never tidy spaces around punctuation
+    }
+    if eot is not None:
+        text = _token_text(tokenizer_json, eot)
+        config |= {"bos_token": text, "eos_token": text}
+    (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    (folder / OURS).write_text(json.dumps(meta, indent=1))
+    return eot
+
+
+# --- reading ---
+
+
+def tokenizer_of(folder: Path, model_type: str, vocab_size: int) -> tuple[dict | None, str]:
+    """(our tokenizer metadata for the tokenizer of a Hugging Face folder, or None when it is none of ours;
+    a few words on what it is). A GPT-2 model without tokenizer files, with room for GPT-2's vocabulary,
+    is taken to use GPT-2's BPE."""
+    if (folder / OURS).is_file():
+        meta = _read_json(folder / OURS)
+        return meta, describe(meta)
+    vocab = None
+    if (folder / "tokenizer.json").is_file():
+        vocab = _read_json(folder / "tokenizer.json").get("model", {}).get("vocab")
+    elif (folder / "vocab.json").is_file():
+        vocab = _read_json(folder / "vocab.json")
+    gpt2 = BPETokenizer("gpt2").to_meta()
+    if vocab is None:
+        if model_type == "gpt2" and vocab_size >= gpt2["vocab_size"]:
+            return gpt2, describe(gpt2)[:-1] + "; assumed: the folder has no tokenizer files)"
+        return None, "unknown (the folder has no tokenizer files)"
+    if isinstance(vocab, dict) and vocab == gpt2_vocab():
+        return gpt2, describe(gpt2)
+    return None, f"its own ({len(vocab)} tokens, not one of tinygpt's)"
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is damaged ({e})") from None
