@@ -53,9 +53,8 @@ class TrainConfig:
     save: bool = True  # write checkpoints (best and last) at each eval
     threads: int = 0  # CPU threads for torch; 0 = one per physical core
     parallel: Literal["ddp", "fsdp"] = "ddp"  # under torchrun
-    dist_timeout: float = (
-        10.0  # torchrun: minutes a rank waits in a collective before it fails (hang -> error)
-    )
+    # torchrun: minutes a rank waits in a collective before it fails (a hang becomes an error)
+    dist_timeout: float = 10.0
     skip_nonfinite: int = 0  # steps with a non-finite loss to skip before stopping
     # start from these weights (fresh optimizer, iteration 0): a checkpoint or run folder of ours, a Hugging
     # Face model folder (GPT-2 or Llama), or a hub name (gpt2); the model's shape comes from it
