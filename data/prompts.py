@@ -42,9 +42,11 @@ def encode_prompt(text: str, tokenizer, block_size: int) -> list[int]:
     try:
         ids = tokenizer.encode(text).tolist()
     except UnknownCharacters as e:
-        raise UserError(f"the prompt has {e}; this model's vocabulary has only the characters of its "
-                        "training text") from None
+        raise UserError(
+            f"the prompt has {e}; this model's vocabulary has only the characters of its training text"
+        ) from None
     if len(ids) > block_size:
-        raise UserError(f"the prompt is {len(ids)} tokens, longer than the model's context of {block_size}; "
-                        "shorten it")
+        raise UserError(
+            f"the prompt is {len(ids)} tokens, longer than the model's context of {block_size}; shorten it"
+        )
     return ids

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import codecs
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Optional
 
 from common.errors import UserError
 
@@ -44,7 +45,7 @@ class TextFile:
         return size
 
     def _split_offset(self, size: int) -> int:
-        """Byte offset where val starts: (1 - val_fraction) of the file, moved onto a UTF-8 character start."""
+        """Byte offset where val starts: (1 - val_fraction) of the file, moved to a UTF-8 character start."""
         offset = int(size * (1.0 - self.val_fraction))
         with open(self.path, "rb") as f:
             f.seek(offset)
@@ -69,9 +70,11 @@ class TextFile:
                 try:
                     text = carry + decoder.decode(raw, final=pos + len(raw) >= end)
                 except UnicodeDecodeError as e:
-                    raise UserError(f"{self.path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset "
-                                    f"{pos + e.start}); convert it, e.g. iconv -f latin1 -t utf-8 "
-                                    f"{self.path} > fixed.txt") from None
+                    raise UserError(
+                        f"{self.path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset "
+                        f"{pos + e.start}); convert it, e.g. iconv -f latin1 -t utf-8 "
+                        f"{self.path} > fixed.txt"
+                    ) from None
                 pos += len(raw)
                 newline = text.rfind("\n") + 1
                 if pos < end and newline > 0:
@@ -84,7 +87,7 @@ class TextFile:
 
 @dataclass(frozen=True)
 class HFText:
-    path: str  # hub name ("HuggingFaceFW/fineweb-edu") or a builder for local files ("json", "parquet", "text")
+    path: str  # hub name ("HuggingFaceFW/fineweb-edu"), a local folder, or a builder ("json", "parquet")
     name: Optional[str] = None  # hub config, e.g. "sample-10BT"
     split: str = "train"
     text_column: str = "text"
@@ -106,17 +109,22 @@ class HFText:
 
         files = list(self.data_files) if self.data_files else None
         try:
-            return datasets.load_dataset(self.path, self.name, split=split, data_files=files,
-                                         streaming=self.streaming)
+            return datasets.load_dataset(
+                self.path, self.name, split=split, data_files=files, streaming=self.streaming
+            )
         except (FileNotFoundError, ConnectionError, ValueError, OSError) as e:
             what = f"{self.path}" + (f" ({self.name})" if self.name else "")
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"could not load Hugging Face dataset {what}, split {split!r}: {reason}. "
-                            "Check the name, config and split on huggingface.co/datasets, "
-                            "and your network (or HF_HUB_OFFLINE with a local copy)") from None
+            raise UserError(
+                f"could not load Hugging Face dataset {what}, split {split!r}: {reason}. "
+                "Check the name, config and split on huggingface.co/datasets, "
+                "and your network (or HF_HUB_OFFLINE with a local copy)"
+            ) from None
         except Exception as e:  # datasets raises its own classes (DatasetNotFoundError, ...)
             if type(e).__module__.startswith(("datasets", "huggingface_hub", "fsspec")):
-                raise UserError(f"could not load Hugging Face dataset {self.path}: {str(e).splitlines()[0]}") from None
+                raise UserError(
+                    f"could not load Hugging Face dataset {self.path}: {str(e).splitlines()[0]}"
+                ) from None
             raise
 
     def check(self) -> None:
@@ -129,8 +137,10 @@ class HFText:
             first = next(iter(ds), None)
             columns = list(first) if first is not None else []
         if self.text_column not in columns:
-            raise UserError(f"column {self.text_column!r} is not in dataset {self.path}; it has: "
-                            f"{', '.join(columns) or 'no columns'} (choose one with --text-column)")
+            raise UserError(
+                f"column {self.text_column!r} is not in dataset {self.path}; it has: "
+                f"{', '.join(columns) or 'no columns'} (choose one with --text-column)"
+            )
         return columns
 
     def _rows(self, split: str) -> Iterator[str]:
