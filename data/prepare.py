@@ -109,8 +109,13 @@ def train_bpe(source, vocab_size: int, max_chars: int, desc: str) -> TrainedBPE:
     """bpe:N: learn the tokenizer from (the first max_chars characters of) the train split, streamed."""
     start = time.perf_counter()
     with tqdm(desc=desc, unit="char", unit_scale=True, dynamic_ncols=True) as bar:
-        docs = (bar.update(len(d)) or d for d in _first_chars(source.documents("train"), max_chars))
-        tokenizer = TrainedBPE.train(docs, vocab_size)
+
+        def docs() -> Iterator[str]:
+            for doc in _first_chars(source.documents("train"), max_chars):
+                bar.update(len(doc))
+                yield doc
+
+        tokenizer = TrainedBPE.train(docs(), vocab_size)
         chars = bar.n
     short = (
         f" (the text has too few distinct pairs for {vocab_size})"
@@ -173,6 +178,8 @@ def encode_task(tokenizer: Tokenizer, task: list[str], eot: Optional[int], dtype
     if eot is not None:
         end = np.array([eot], dtype=dtype)
         arrays = [a for ids in arrays for a in (ids, end)]
+    if len(arrays) == 1:
+        return arrays[0].astype(dtype, copy=False)
     return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
 
 

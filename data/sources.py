@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from common.errors import UserError
+from data.tokenizers import last_lossless_cut
 
 BLOCK = 1 << 20  # bytes read at a time
 
@@ -56,7 +57,9 @@ class TextFile:
         return offset + step
 
     def documents(self, split: str) -> Iterator[str]:
-        """The split as consecutive pieces of about 1 MiB, each ending at a newline where there is one."""
+        """The split as consecutive pieces of about 1 MiB, each ending at a newline where there is one:
+        one between two characters that are not whitespace where there is one, so that BPE gives the ids
+        of the whole text (see data.tokenizers.split_losslessly)."""
         size = self._size()
         cut = self._split_offset(size)
         start, end = (0, cut) if split == "train" else (cut, size)
@@ -76,9 +79,9 @@ class TextFile:
                         f"{self.path} > fixed.txt"
                     ) from None
                 pos += len(raw)
-                newline = text.rfind("\n") + 1
-                if pos < end and newline > 0:
-                    text, carry = text[:newline], text[newline:]
+                cut = last_lossless_cut(text) or text.rfind("\n") + 1
+                if pos < end and cut > 0:
+                    text, carry = text[:cut], text[cut:]
                 else:
                     carry = ""
                 if text:
