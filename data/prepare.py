@@ -55,7 +55,7 @@ from data.tokenizers import (
 
 DATA_DIR = Path(__file__).resolve().parent
 SHAKESPEARE = str(DATA_DIR / "tinyshakespeare.txt")
-TASK_CHARS = 1 << 18  # characters of text per encoding task
+TASK_CHARS = 1 << 18  # characters per encoding task: a thread works on one (bpe:N needs ~30 MB for it)
 BPE_TRAIN_CHARS = 1 << 30  # bpe:N learns from at most this much of the train split (about 1 GB)
 TOKENIZER_JSON = "tokenizer.json"  # a trained tokenizer, in the dataset folder and in checkpoint folders
 

@@ -4,7 +4,7 @@ A source yields the text of a split ("train" or "val") as strings, lazily, so a 
 streams through. `separate_documents` says whether the strings are separate documents (an end-of-text
 token goes after each, when the tokenizer has one) or consecutive pieces of one text.
 - `TextFile`: one UTF-8 file; the first (1 - val_fraction) of its bytes (moved to a character boundary) are
-  the train split, the rest val, as nanoGPT splits Shakespeare. Read in 1 MiB blocks.
+  the train split, the rest val, as nanoGPT splits Shakespeare. Read in 256 KiB blocks.
 - `HFText`: `datasets.load_dataset(path, name, split=..., data_files=..., streaming=...)`, one document per
   row of `text_column`; every `val_every`-th document goes to val (or all of `val_split` when given).
 - `repeats` (data/repeats.py): synthetic sequences with repeated segments, for the induction-head study.
@@ -21,7 +21,7 @@ from typing import Optional
 from common.errors import UserError
 from data.tokenizers import last_lossless_cut
 
-BLOCK = 1 << 20  # bytes read at a time
+BLOCK = 1 << 18  # bytes read at a time: one encoding task each (see data.prepare.TASK_CHARS)
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class TextFile:
         return offset + step
 
     def documents(self, split: str) -> Iterator[str]:
-        """The split as consecutive pieces of about 1 MiB, each ending at a newline where there is one:
+        """The split as consecutive pieces of about BLOCK bytes, each ending at a newline where there is one:
         one between two characters that are not whitespace where there is one, so that BPE gives the ids
         of the whole text (see data.tokenizers.split_losslessly)."""
         size = self._size()
