@@ -263,8 +263,9 @@ class TrainedBPE:
         return self._bytes
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The bytes of ids; an id past the vocabulary (a model's padded embedding) stands for none."""
         table = self.token_bytes()
-        return b"".join(table[i] for i in ids)
+        return b"".join(table[i] if i < len(table) else b"" for i in ids)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")

@@ -75,6 +75,8 @@ def test_stream_decoder_holds_back_unfinished_characters(bpe: TrainedBPE):
     ids = [rng.randrange(bpe.vocab_size) for _ in range(300)] + bpe.encode(" end").tolist()
     stream = bpe.stream_decoder()
     assert "".join(stream([i]) for i in ids) == bpe.decode(ids)
+    # a model whose embedding is padded past the vocabulary (model.vocab_size) may sample such an id
+    assert bpe.decode(bpe.encode("a b").tolist() + [bpe.vocab_size, bpe.vocab_size + 63]) == "a b"
 
 
 def test_trained_bpe_is_byte_level_gpt2_style(bpe: TrainedBPE):

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from common.errors import run_cli  # noqa: E402
 from data.prepare import DATA_DIR, load_meta  # noqa: E402
 from data.tokenizers import bits_per_byte, from_meta  # noqa: E402
 from training import checkpoint  # noqa: E402
@@ -85,4 +86,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_cli(main)
