@@ -15,7 +15,8 @@ def checkpoint_and_prompt_parser(prog: str, description: str, prompt_help: str) 
     """The arguments sample.py and heads.py share: OUT_DIR and --prompt / --prompt-file."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument(
-        "out_dir", help="a training run's out_dir, one checkpoint folder in it, or a Hugging Face model folder"
+        "out_dir",
+        help="a training run's out_dir, one checkpoint folder in it, or a Hugging Face model folder",
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help=prompt_help)
@@ -44,9 +45,11 @@ def encode_prompt(text: str, tokenizer, block_size: int) -> list[int]:
     try:
         ids = tokenizer.encode(text).tolist()
     except UnknownCharacters as e:
-        raise UserError(f"the prompt has {e}; this model's vocabulary has only the characters of its "
-                        "training text") from None
+        raise UserError(
+            f"the prompt has {e}; this model's vocabulary has only the characters of its training text"
+        ) from None
     if len(ids) > block_size:
-        raise UserError(f"the prompt is {len(ids)} tokens, longer than the model's context of {block_size}; "
-                        "shorten it")
+        raise UserError(
+            f"the prompt is {len(ids)} tokens, longer than the model's context of {block_size}; shorten it"
+        )
     return ids

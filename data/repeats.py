@@ -13,9 +13,9 @@ split; about half a second per million characters.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -43,12 +43,19 @@ class Repeats:
         return {"type": "repeats", **self.__dict__}
 
     def check(self) -> None:
-        if not (0 < self.min_len <= self.max_len and 1 <= self.min_repeats <= self.max_repeats
-                and self.max_gap >= 0 and self.alphabet and 0.0 <= self.shakespeare <= 1.0):
+        if not (
+            0 < self.min_len <= self.max_len
+            and 1 <= self.min_repeats <= self.max_repeats
+            and self.max_gap >= 0
+            and self.alphabet
+            and 0.0 <= self.shakespeare <= 1.0
+        ):
             raise UserError(f"repeats dataset: impossible settings {self.describe()}")
         if self.distinct and self.max_len > len(set(self.alphabet)):
-            raise UserError(f"repeats dataset: distinct segments of up to {self.max_len} characters need at "
-                            f"least that many different characters, the alphabet has {len(set(self.alphabet))}")
+            raise UserError(
+                f"repeats dataset: distinct segments of up to {self.max_len} characters need at "
+                f"least that many different characters, the alphabet has {len(set(self.alphabet))}"
+            )
 
     def documents(self, split: str) -> Iterator[str]:
         rng = np.random.default_rng([self.seed, 0 if split == "train" else 1])
@@ -59,10 +66,10 @@ class Repeats:
         while made < total:
             if lines and rng.random() < self.shakespeare:
                 start = int(rng.integers(len(lines) - 8))
-                chunk = "".join(lines[start:start + 8])
+                chunk = "".join(lines[start : start + 8])
             else:
                 chunk = "".join(self._chunk(rng, letters))
-            chunk = chunk[:total - made]
+            chunk = chunk[: total - made]
             out.append(chunk)
             size += len(chunk)
             made += len(chunk)
@@ -80,7 +87,7 @@ class Repeats:
         filler = "".join(rng.choice(letters, int(gaps.sum())))
         parts, used = [], 0
         for gap in gaps:
-            parts += [segment, filler[used:used + gap]]
+            parts += [segment, filler[used : used + gap]]
             used += gap
         return parts
 

@@ -4,7 +4,7 @@ A source yields the text of a split ("train" or "val") as strings, lazily, so a 
 streams through. `separate_documents` says whether the strings are separate documents (an end-of-text
 token goes after each, when the tokenizer has one) or consecutive pieces of one text.
 - `TextFile`: one UTF-8 file; the first (1 - val_fraction) of its bytes (moved to a character boundary) are
-  the train split, the rest val, as nanoGPT splits Shakespeare. Read in 1 MiB blocks.
+  the train split, the rest val, as nanoGPT splits Shakespeare. Read in 256 KiB blocks.
 - `HFText`: `datasets.load_dataset(path, name, split=..., data_files=..., streaming=...)`, one document per
   row of `text_column`; every `val_every`-th document goes to val (or all of `val_split` when given).
 - `repeats` (data/repeats.py): synthetic sequences with repeated segments, for the induction-head study.
@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import codecs
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Optional
 
 from common.errors import UserError
+from data.tokenizers import last_lossless_cut
 
-BLOCK = 1 << 20  # bytes read at a time
+BLOCK = 1 << 18  # bytes read at a time: one encoding task each (see data.prepare.TASK_CHARS)
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class TextFile:
         return size
 
     def _split_offset(self, size: int) -> int:
-        """Byte offset where val starts: (1 - val_fraction) of the file, moved onto a UTF-8 character start."""
+        """Byte offset where val starts: (1 - val_fraction) of the file, moved to a UTF-8 character start."""
         offset = int(size * (1.0 - self.val_fraction))
         with open(self.path, "rb") as f:
             f.seek(offset)
@@ -55,7 +57,9 @@ class TextFile:
         return offset + step
 
     def documents(self, split: str) -> Iterator[str]:
-        """The split as consecutive pieces of about 1 MiB, each ending at a newline where there is one."""
+        """The split as consecutive pieces of about BLOCK bytes, each ending at a newline where there is one:
+        one between two characters that are not whitespace where there is one, so that BPE gives the ids
+        of the whole text (see data.tokenizers.split_losslessly)."""
         size = self._size()
         cut = self._split_offset(size)
         start, end = (0, cut) if split == "train" else (cut, size)
@@ -69,13 +73,15 @@ class TextFile:
                 try:
                     text = carry + decoder.decode(raw, final=pos + len(raw) >= end)
                 except UnicodeDecodeError as e:
-                    raise UserError(f"{self.path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset "
-                                    f"{pos + e.start}); convert it, e.g. iconv -f latin1 -t utf-8 "
-                                    f"{self.path} > fixed.txt") from None
+                    raise UserError(
+                        f"{self.path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset "
+                        f"{pos + e.start}); convert it, e.g. iconv -f latin1 -t utf-8 "
+                        f"{self.path} > fixed.txt"
+                    ) from None
                 pos += len(raw)
-                newline = text.rfind("\n") + 1
-                if pos < end and newline > 0:
-                    text, carry = text[:newline], text[newline:]
+                cut = last_lossless_cut(text) or text.rfind("\n") + 1
+                if pos < end and cut > 0:
+                    text, carry = text[:cut], text[cut:]
                 else:
                     carry = ""
                 if text:
@@ -84,7 +90,7 @@ class TextFile:
 
 @dataclass(frozen=True)
 class HFText:
-    path: str  # hub name ("HuggingFaceFW/fineweb-edu") or a builder for local files ("json", "parquet", "text")
+    path: str  # hub name ("HuggingFaceFW/fineweb-edu"), a local folder, or a builder ("json", "parquet")
     name: Optional[str] = None  # hub config, e.g. "sample-10BT"
     split: str = "train"
     text_column: str = "text"
@@ -106,17 +112,22 @@ class HFText:
 
         files = list(self.data_files) if self.data_files else None
         try:
-            return datasets.load_dataset(self.path, self.name, split=split, data_files=files,
-                                         streaming=self.streaming)
+            return datasets.load_dataset(
+                self.path, self.name, split=split, data_files=files, streaming=self.streaming
+            )
         except (FileNotFoundError, ConnectionError, ValueError, OSError) as e:
             what = f"{self.path}" + (f" ({self.name})" if self.name else "")
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"could not load Hugging Face dataset {what}, split {split!r}: {reason}. "
-                            "Check the name, config and split on huggingface.co/datasets, "
-                            "and your network (or HF_HUB_OFFLINE with a local copy)") from None
+            raise UserError(
+                f"could not load Hugging Face dataset {what}, split {split!r}: {reason}. "
+                "Check the name, config and split on huggingface.co/datasets, "
+                "and your network (or HF_HUB_OFFLINE with a local copy)"
+            ) from None
         except Exception as e:  # datasets raises its own classes (DatasetNotFoundError, ...)
             if type(e).__module__.startswith(("datasets", "huggingface_hub", "fsspec")):
-                raise UserError(f"could not load Hugging Face dataset {self.path}: {str(e).splitlines()[0]}") from None
+                raise UserError(
+                    f"could not load Hugging Face dataset {self.path}: {str(e).splitlines()[0]}"
+                ) from None
             raise
 
     def check(self) -> None:
@@ -129,8 +140,10 @@ class HFText:
             first = next(iter(ds), None)
             columns = list(first) if first is not None else []
         if self.text_column not in columns:
-            raise UserError(f"column {self.text_column!r} is not in dataset {self.path}; it has: "
-                            f"{', '.join(columns) or 'no columns'} (choose one with --text-column)")
+            raise UserError(
+                f"column {self.text_column!r} is not in dataset {self.path}; it has: "
+                f"{', '.join(columns) or 'no columns'} (choose one with --text-column)"
+            )
         return columns
 
     def _rows(self, split: str) -> Iterator[str]:

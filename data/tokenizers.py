@@ -1,21 +1,34 @@
-"""Tokenisers: characters (vocabulary built from the corpus) and GPT-2 BPE through tiktoken.
+"""Tokenisers: characters (vocabulary built from the corpus), GPT-2 BPE through tiktoken, and a byte-level
+BPE of your own size trained with Hugging Face `tokenizers`.
 
-A tokenizer is described by a small JSON-able dict (`to_meta()`), stored in a dataset's meta.json and beside
-every checkpoint, and rebuilt with `from_meta()`. `gpt2` resolves to tiktoken's `r50k_base`: the same
-50,257 tokens, split pattern and <|endoftext|> (50256), kept in one ranks file (tiktoken's own `gpt2`
-needs two other files), so one cached file makes it work offline.
+A tokenizer is described by a JSON-able dict (`to_meta()`), stored in a dataset's meta.json and beside every
+checkpoint, and rebuilt with `from_meta()`; `parse_spec()` turns a `--tokenizer` argument into a kind.
+- `gpt2` resolves to tiktoken's `r50k_base`: the same 50,257 tokens, split pattern and <|endoftext|> (50256),
+  kept in one ranks file (tiktoken's own `gpt2` needs two other files), so one cached file makes it work
+  offline.
+- `bpe:N` (`TrainedBPE`) is GPT-2's recipe at another size: the same split pattern over bytes shown as
+  printable characters, N tokens in all (256 bytes, <|endoftext|> = id 0, N - 257 merges). Every UTF-8
+  text round-trips exactly. Training is deterministic (merge ties break by token id), so the same text and
+  N give the same tokenizer byte for byte. Its metadata holds the whole tokenizer in the `tokenizers`
+  library's own JSON format (`tokenizer_json`): what Hugging Face loads as a model's tokenizer.json.
+All kinds encode text as ordinary text: a literal "<|endoftext|>" in a document stays characters.
 """
 
 from __future__ import annotations
 
 import codecs
-from typing import Iterable, Protocol
+import json
+import math
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import numpy as np
 
 from common.errors import UserError
 
 BPE_ALIASES = {"gpt2": "r50k_base"}
+EOT = "<|endoftext|>"
+PIECE_CHARS = 1 << 16  # tokenizers needs ~150 bytes per byte of a text it encodes: long texts go in pieces
 
 
 class UnknownCharacters(ValueError):
@@ -33,48 +46,71 @@ class Tokenizer(Protocol):
     eot_token: int | None  # appended after each document when the vocabulary has one
 
     def encode(self, text: str) -> np.ndarray: ...
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]: ...  # releases the GIL for the work
     def decode(self, ids: Iterable[int]) -> str: ...
-    def stream_decoder(self): ...
+    def stream_decoder(self) -> Callable[[list[int]], str]: ...
+    def byte_lengths(self) -> np.ndarray: ...
     def to_meta(self) -> dict: ...
 
 
 class CharTokenizer:
-    """One token per character; ids follow the sorted order of the characters in the corpus."""
+    """One token per character; ids follow the sorted order of the characters in the corpus.
+
+    With drop_unknown, characters outside the vocabulary are left out of the ids instead of refused."""
 
     name = "char"
     eot_token = None
 
-    def __init__(self, chars: Iterable[str]):
+    def __init__(self, chars: Iterable[str], drop_unknown: bool = False):
         self.chars = sorted(set(chars))
         if not self.chars:
             raise UserError("a character vocabulary needs at least one character: the text is empty")
         self.vocab_size = len(self.chars)
-        self._codes = np.array([ord(c) for c in self.chars], dtype=np.uint32)  # sorted, for searchsorted
+        self.drop_unknown = drop_unknown
+        codes = np.array([ord(c) for c in self.chars])
+        # code point -> id, a table lookup (4x faster than a binary search); `_unknown` marks the rest
+        dtype = np.uint16 if self.vocab_size < 1 << 16 else np.uint32
+        self._unknown = np.iinfo(dtype).max
+        self._ids = np.full(codes.max() + 2, self._unknown, dtype=dtype)
+        self._ids[codes] = np.arange(self.vocab_size)
 
     @classmethod
-    def from_texts(cls, texts: Iterable[str]) -> "CharTokenizer":
-        seen: set[str] = set()
+    def from_texts(cls, texts: Iterable[str]) -> CharTokenizer:
+        seen = np.zeros(0x110000, dtype=bool)  # every Unicode code point
         for t in texts:
-            seen.update(t)
-        return cls(seen)
+            seen[np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32)] = True
+        return cls(chr(c) for c in np.flatnonzero(seen))
 
     def encode(self, text: str) -> np.ndarray:
         codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        ids = np.searchsorted(self._codes, codes)
-        found = self._codes[np.minimum(ids, self.vocab_size - 1)] == codes
-        if not found.all():
-            missing = sorted({chr(c) for c in codes[~found]})
-            raise UnknownCharacters(missing)
-        return ids.astype(np.int64)
+        ids = self._ids[np.minimum(codes, len(self._ids) - 1)]
+        known = ids != self._unknown
+        if known.all():
+            return ids
+        if self.drop_unknown:
+            return ids[known]
+        raise UnknownCharacters(sorted({chr(c) for c in codes[~known]}))
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [self.encode(t) for t in texts]  # numpy releases the GIL in the lookups and compares
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self.chars[i] for i in ids)
 
-    def stream_decoder(self):
-        return lambda ids: self.decode(ids)
+    def stream_decoder(self) -> Callable[[list[int]], str]:
+        return self.decode
+
+    def byte_lengths(self) -> np.ndarray:
+        return np.array([len(c.encode("utf-8")) for c in self.chars], dtype=np.int64)
 
     def to_meta(self) -> dict:
         return {"kind": "char", "vocab_size": self.vocab_size, "chars": self.chars}
+
+
+def utf8_stream(decode_bytes: Callable[[list[int]], bytes]) -> Callable[[list[int]], str]:
+    """A function from new ids to the text they complete; holds back the bytes of unfinished characters."""
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    return lambda ids: utf8.decode(decode_bytes(ids))
 
 
 class BPETokenizer:
@@ -87,20 +123,25 @@ class BPETokenizer:
         try:
             self._enc = tiktoken.get_encoding(BPE_ALIASES.get(name, name))
         except ValueError:
-            raise UserError(f"unknown tokenizer {name!r}: use char, gpt2, or a tiktoken encoding "
-                            f"({', '.join(tiktoken.list_encoding_names())})") from None
+            raise UserError(
+                f"unknown tokenizer {name!r}: use char, bpe:N (train N tokens), gpt2, or a tiktoken "
+                f"encoding ({', '.join(tiktoken.list_encoding_names())})"
+            ) from None
         except Exception as e:  # the ranks file could not be downloaded
-            raise UserError(f"could not load the {name} vocabulary ({type(e).__name__}: {e}); tiktoken downloads "
-                            "it on first use: connect to the internet, or set TIKTOKEN_CACHE_DIR to a folder "
-                            "holding the cached ranks file") from None
+            raise UserError(
+                f"could not load the {name} vocabulary ({type(e).__name__}: {e}); tiktoken downloads "
+                "it on first use: connect to the internet, or set TIKTOKEN_CACHE_DIR to a folder "
+                "holding the cached ranks file"
+            ) from None
         self.vocab_size = self._enc.n_vocab
         self.eot_token = self._enc.eot_token
 
     def encode(self, text: str) -> np.ndarray:
-        return np.array(self._enc.encode_ordinary(text), dtype=np.int64)
+        # = encode_ordinary (nothing is special), straight into numpy instead of a list of ints
+        return self._enc.encode_to_numpy(text, disallowed_special=())
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._enc.encode_ordinary_batch(texts, num_threads=1)
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [self.encode(t) for t in texts]  # tiktoken releases the GIL while it encodes
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._enc.decode(list(ids))
@@ -109,13 +150,162 @@ class BPETokenizer:
         """The bytes of one token (hf/ writes the vocabulary out for transformers)."""
         return self._enc.decode_single_token_bytes(token)
 
-    def stream_decoder(self):
-        """A function from new ids to the text they complete; holds back bytes of unfinished characters."""
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        return lambda ids: utf8.decode(self._enc.decode_bytes(list(ids)))
+    def stream_decoder(self) -> Callable[[list[int]], str]:
+        return utf8_stream(self._enc.decode_bytes)
+
+    def byte_lengths(self) -> np.ndarray:
+        lengths = [len(self.token_bytes(i)) for i in range(self.vocab_size)]
+        lengths[self.eot_token] = 0  # a document boundary, not text
+        return np.array(lengths, dtype=np.int64)
 
     def to_meta(self) -> dict:
         return {"kind": "bpe", "vocab_size": self.vocab_size, "encoding": self.name}
+
+
+def byte_alphabet() -> dict[str, int]:
+    """The byte-level alphabet of GPT-2: the printable Latin-1 bytes stand for themselves, the other bytes
+    (controls, space, 0x7f-0xa0, 0xad) for U+0100, U+0101, ... in byte order."""
+    kept = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    moved = iter(range(256, 512))
+    return {chr(b if b in kept else next(moved)): b for b in range(256)}
+
+
+def _lossless_newline(text: str, j: int) -> bool:
+    """Whether text can be cut after the newline at j without changing any id: between two characters that
+    are not whitespace, GPT-2's split pattern makes the newline a pre-token of its own, cut or not."""
+    return 0 < j < len(text) - 1 and not text[j - 1].isspace() and not text[j + 1].isspace()
+
+
+def last_lossless_cut(text: str) -> int:
+    """The offset just after the last newline where text can be cut losslessly; 0 if there is none."""
+    j = text.rfind("\n", 0, len(text) - 1)
+    while j > 0 and not _lossless_newline(text, j):
+        j = text.rfind("\n", 0, j)
+    return j + 1 if j > 0 else 0
+
+
+def split_losslessly(text: str, size: int = PIECE_CHARS) -> list[str]:
+    """text cut into pieces of about `size` characters that encode to the ids of the whole text (a text
+    with no newline to cut at stays whole)."""
+    pieces, start, pos = [], 0, size
+    while (j := text.find("\n", pos, len(text) - 1)) >= 0:
+        if _lossless_newline(text, j):
+            pieces.append(text[start : j + 1])
+            start, j = j + 1, j + size
+        pos = j + 1
+    pieces.append(text[start:])
+    return pieces
+
+
+class TrainedBPE:
+    """A byte-level BPE trained on the corpus with Hugging Face `tokenizers`, held as its tokenizer.json."""
+
+    eot_token = 0
+
+    def __init__(self, tokenizer_json: str):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            self._tok = HFTokenizer.from_str(tokenizer_json)
+        except Exception as e:  # tokenizers raises its own Exception on bad JSON
+            raise UserError(f"the trained tokenizer's JSON is damaged ({str(e)[:200]})") from None
+        self._tok.encode_special_tokens = True  # not saved in the JSON: "<|endoftext|>" in text is text
+        self.vocab_size = self._tok.get_vocab_size()
+        if self._tok.token_to_id(EOT) != self.eot_token:
+            raise UserError(f"the trained tokenizer has no {EOT} at id 0; it was not made by bpe:N")
+        self.name = f"bpe:{self.vocab_size}"
+        self._bytes: list[bytes] | None = None
+
+    @staticmethod
+    def min_size() -> int:
+        return 256 + 1  # every byte, and <|endoftext|>
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> TrainedBPE:
+        """Learn vocab_size tokens (fewer if the texts run out of pairs to merge) from texts, streamed."""
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+
+        tok = HFTokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[EOT],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator((p for t in texts for p in split_losslessly(t)), trainer)
+        return cls(tok.to_str())
+
+    def to_json(self, pretty: bool = False) -> str:
+        """The tokenizer in the `tokenizers` library's JSON format (Hugging Face's tokenizer.json)."""
+        return self._tok.to_str(pretty=pretty)
+
+    def encode(self, text: str) -> np.ndarray:
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """The texts' ids, each text encoded in pieces of PIECE_CHARS (bounded memory, the same ids), all
+        pieces in one parallel call."""
+        split = [split_losslessly(t) for t in texts]
+        encodings = iter(
+            self._tok.encode_batch_fast([p for ps in split for p in ps], add_special_tokens=False)
+        )
+        parts = [[np.array(next(encodings).ids, dtype=np.uint32) for _ in ps] for ps in split]
+        return [ids[0] if len(ids) == 1 else np.concatenate(ids) for ids in parts]
+
+    def token_bytes(self) -> list[bytes]:
+        """The bytes each id stands for."""
+        if self._bytes is None:
+            alphabet = byte_alphabet()
+            special = {t.content for t in self._tok.get_added_tokens_decoder().values()}
+            table = [b""] * self.vocab_size
+            for token, i in self._tok.get_vocab().items():
+                table[i] = token.encode() if token in special else bytes(alphabet[c] for c in token)
+            self._bytes = table
+        return self._bytes
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The bytes of ids; an id past the vocabulary (a model's padded embedding) stands for none."""
+        table = self.token_bytes()
+        return b"".join(table[i] if i < len(table) else b"" for i in ids)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def stream_decoder(self) -> Callable[[list[int]], str]:
+        return utf8_stream(self.decode_bytes)
+
+    def byte_lengths(self) -> np.ndarray:
+        lengths = np.array([len(b) for b in self.token_bytes()], dtype=np.int64)
+        lengths[self.eot_token] = 0  # a document boundary, not text
+        return lengths
+
+    def to_meta(self) -> dict:
+        return {
+            "kind": "trained_bpe",
+            "vocab_size": self.vocab_size,
+            "tokenizer_json": json.loads(self.to_json()),
+        }
+
+
+def parse_spec(spec: str) -> tuple[str, int | None]:
+    """A --tokenizer argument as (kind, size): ("char", None), ("bpe", N) for bpe:N, (tiktoken name, None)."""
+    if not spec.startswith("bpe:"):
+        return spec, None
+    size = spec[len("bpe:") :]
+    if not size.isdigit():
+        raise UserError(
+            f"tokenizer {spec!r}: the size after bpe: must be a whole number of tokens, e.g. bpe:4096"
+        )
+    n, least = int(size), TrainedBPE.min_size()
+    if n < least:
+        raise UserError(
+            f"tokenizer {spec}: a byte-level BPE needs at least {least} tokens (the 256 bytes and {EOT}) "
+            f"before its first merge; use bpe:N with N >= {least} (small models use 512-8192)"
+        )
+    return "bpe", n
 
 
 def from_meta(meta: dict) -> Tokenizer:
@@ -124,5 +314,14 @@ def from_meta(meta: dict) -> Tokenizer:
         return CharTokenizer(meta["chars"])
     if kind == "bpe":
         return BPETokenizer(meta["encoding"])
-    raise ValueError(f"unknown tokenizer kind {kind!r} in metadata (expected 'char' or 'bpe')")
+    if kind == "trained_bpe":
+        return TrainedBPE(json.dumps(meta["tokenizer_json"]))
+    raise UserError(f"unknown tokenizer kind {kind!r} in the metadata (expected char, bpe or trained_bpe)")
 
+
+def bits_per_byte(total_nats: float, n_bytes: int) -> float:
+    """Loss in bits per UTF-8 byte of text: comparable across tokenizers, unlike loss per token.
+
+    total_nats is the summed cross-entropy over the predicted tokens; n_bytes the UTF-8 bytes they stand
+    for: `tokenizer.byte_lengths()[targets].sum()` (an <|endoftext|> counts 0 bytes)."""
+    return total_nats / math.log(2) / n_bytes
