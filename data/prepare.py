@@ -44,6 +44,7 @@ from common.errors import UserError, run_cli
 from data.repeats import Repeats
 from data.sources import HFText, TextFile
 from data.tokenizers import (
+    METADATA_FILE,
     BPETokenizer,
     CharTokenizer,
     Tokenizer,
@@ -57,7 +58,9 @@ DATA_DIR = Path(__file__).resolve().parent
 SHAKESPEARE = str(DATA_DIR / "tinyshakespeare.txt")
 TASK_CHARS = 1 << 18  # characters per encoding task: a thread works on one (bpe:N needs ~30 MB for it)
 BPE_TRAIN_CHARS = 1 << 30  # bpe:N learns from at most this much of the train split (about 1 GB)
-TOKENIZER_JSON = "tokenizer.json"  # a trained tokenizer, in the dataset folder and in checkpoint folders
+TOKENIZER_JSON = (
+    "tokenizer.json"  # a trained tokenizer in the dataset folder (our metadata in older checkpoints)
+)
 
 
 @dataclass(frozen=True)
@@ -305,22 +308,20 @@ def load_meta(path: Path | str) -> dict:
 
 
 def tokenizer_meta_from(path: Path | str) -> dict:
-    """The tokenizer metadata of a prepared dataset folder (its meta.json), a checkpoint folder (its
-    tokenizer.json), a training run's folder (its best/ or last/ checkpoint), or one of those JSON files;
-    a Hugging Face tokenizer.json made by bpe:N (a dataset folder's) works too."""
+    """The tokenizer metadata of a prepared dataset folder (its meta.json), a checkpoint folder or a model
+    folder exported by tinygpt (its tinygpt_tokenizer.json; tokenizer.json in older checkpoints), a training
+    run's folder (its best/ or last/ checkpoint), or one of those JSON files; a Hugging Face tokenizer.json
+    made by bpe:N (a dataset folder's) works too."""
     p = Path(path)
     if p.is_dir():
-        found = [
-            p / "meta.json",
-            p / TOKENIZER_JSON,
-            p / "best" / TOKENIZER_JSON,
-            p / "last" / TOKENIZER_JSON,
-        ]
+        names = ("meta.json", METADATA_FILE, TOKENIZER_JSON)
+        found = [folder / n for folder in (p, p / "best", p / "last") for n in names]
         file = next((f for f in found if f.is_file()), None)
         if file is None:
             raise UserError(
-                f"--tokenizer-from {path}: the folder holds no meta.json or {TOKENIZER_JSON}; give "
-                "a prepared dataset folder (data/NAME) or a checkpoint or run folder (out/NAME)"
+                f"--tokenizer-from {path}: the folder holds no meta.json, {METADATA_FILE} or "
+                f"{TOKENIZER_JSON}; give a prepared dataset folder (data/NAME) or a checkpoint or run "
+                "folder (out/NAME)"
             )
     elif p.is_file():
         file = p

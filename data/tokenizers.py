@@ -31,6 +31,10 @@ EOT = "<|endoftext|>"
 PIECE_CHARS = 1 << 16  # tokenizers needs ~150 bytes per byte of a text it encodes: long texts go in pieces
 
 
+# our tokenizer metadata (to_meta) as a file: in checkpoint folders and in exported model folders
+METADATA_FILE = "tinygpt_tokenizer.json"
+
+
 class UnknownCharacters(ValueError):
     """Text holds characters the character vocabulary lacks."""
 
@@ -135,6 +139,7 @@ class BPETokenizer:
             ) from None
         self.vocab_size = self._enc.n_vocab
         self.eot_token = self._enc.eot_token
+        self._bytes: list[bytes] | None = None
 
     def encode(self, text: str) -> np.ndarray:
         # = encode_ordinary (nothing is special), straight into numpy instead of a list of ints
@@ -146,17 +151,17 @@ class BPETokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._enc.decode(list(ids))
 
-    def token_bytes(self, token: int) -> bytes:
-        """The bytes of one token (hf/ writes the vocabulary out for transformers)."""
-        return self._enc.decode_single_token_bytes(token)
+    def token_bytes(self) -> list[bytes]:
+        """The bytes each id stands for."""
+        if self._bytes is None:
+            self._bytes = [self._enc.decode_single_token_bytes(i) for i in range(self.vocab_size)]
+        return self._bytes
 
     def stream_decoder(self) -> Callable[[list[int]], str]:
         return utf8_stream(self._enc.decode_bytes)
 
     def byte_lengths(self) -> np.ndarray:
-        lengths = [len(self.token_bytes(i)) for i in range(self.vocab_size)]
-        lengths[self.eot_token] = 0  # a document boundary, not text
-        return np.array(lengths, dtype=np.int64)
+        return byte_lengths(self.token_bytes(), self.eot_token)
 
     def to_meta(self) -> dict:
         return {"kind": "bpe", "vocab_size": self.vocab_size, "encoding": self.name}
@@ -278,9 +283,7 @@ class TrainedBPE:
         return utf8_stream(self.decode_bytes)
 
     def byte_lengths(self) -> np.ndarray:
-        lengths = np.array([len(b) for b in self.token_bytes()], dtype=np.int64)
-        lengths[self.eot_token] = 0  # a document boundary, not text
-        return lengths
+        return byte_lengths(self.token_bytes(), self.eot_token)
 
     def to_meta(self) -> dict:
         return {
@@ -317,6 +320,13 @@ def from_meta(meta: dict) -> Tokenizer:
     if kind == "trained_bpe":
         return TrainedBPE(json.dumps(meta["tokenizer_json"]))
     raise UserError(f"unknown tokenizer kind {kind!r} in the metadata (expected char, bpe or trained_bpe)")
+
+
+def byte_lengths(token_bytes: list[bytes], eot_token: int) -> np.ndarray:
+    """UTF-8 bytes per id, for bits per byte; the end-of-text token counts none (a boundary, not text)."""
+    lengths = np.array([len(b) for b in token_bytes], dtype=np.int64)
+    lengths[eot_token] = 0
+    return lengths
 
 
 def bits_per_byte(total_nats: float, n_bytes: int) -> float:

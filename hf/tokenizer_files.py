@@ -25,9 +25,9 @@ from itertools import pairwise
 from pathlib import Path
 
 from common.errors import UserError
-from data.tokenizers import BPE_ALIASES, BPETokenizer, from_meta
+from data.tokenizers import BPE_ALIASES, METADATA_FILE, BPETokenizer, byte_alphabet, from_meta
 
-OURS = "tinygpt_tokenizer.json"  # our metadata, in checkpoints and in exported folders
+OURS = METADATA_FILE  # our metadata, in checkpoints and in exported folders
 GPT2_ENCODINGS = ("gpt2", "r50k_base")
 
 
@@ -38,6 +38,8 @@ def describe(meta: dict) -> str:
         return f"char ({size} characters)"
     if kind == "bpe":
         return f"{meta.get('encoding')} BPE ({size} tokens)"
+    if kind == "trained_bpe":
+        return f"bpe:{size} (a BPE trained on its dataset)"
     return f"{kind} ({size} tokens)"
 
 
@@ -55,29 +57,20 @@ def same(a: dict, b: dict) -> bool:
 # --- GPT-2 BPE from tiktoken's ranks ---
 
 
-def byte_alphabet() -> dict[int, str]:
-    """GPT-2's stand-in character for each byte: printable Latin-1 bytes stand for themselves, the others
-    (controls, space, ...) for the characters from U+0100 on, in byte order."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    alphabet = {b: chr(b) for b in printable}
-    for n, b in enumerate(b for b in range(256) if b not in alphabet):
-        alphabet[b] = chr(256 + n)
-    return alphabet
+def _byte_text() -> dict[int, str]:
+    """Byte -> its character in GPT-2's byte alphabet (data.tokenizers.byte_alphabet, inverted)."""
+    return {b: c for c, b in byte_alphabet().items()}
 
 
 @lru_cache(maxsize=1)
 def _gpt2_ranks() -> dict[bytes, int]:
     tok = BPETokenizer("gpt2")
-    return {tok.token_bytes(i): i for i in range(tok.vocab_size) if i != tok.eot_token}
+    return {b: i for i, b in enumerate(tok.token_bytes()) if i != tok.eot_token}
 
 
 def gpt2_vocab() -> dict[str, int]:
     """GPT-2's vocab.json: each token in GPT-2's byte alphabet -> its id, and <|endoftext|>."""
-    alphabet = byte_alphabet()
+    alphabet = _byte_text()
     vocab = {"".join(alphabet[b] for b in token): rank for token, rank in _gpt2_ranks().items()}
     vocab["<|endoftext|>"] = BPETokenizer("gpt2").eot_token
     return vocab
@@ -99,7 +92,7 @@ def _merged_from(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[byte
 
 def gpt2_merges() -> list[tuple[str, str]]:
     """GPT-2's merges.txt, rebuilt from the ranks (about a second): one pair per multi-byte token, by rank."""
-    ranks, alphabet = _gpt2_ranks(), byte_alphabet()
+    ranks, alphabet = _gpt2_ranks(), _byte_text()
 
     def text(b: bytes) -> str:
         return "".join(alphabet[x] for x in b)
@@ -148,8 +141,8 @@ def _token_text(tokenizer_json: str, token: int) -> str | None:
 
 def write_tokenizer(folder: Path, meta: dict, block_size: int) -> int | None:
     """Write the tokenizer files for `meta` into folder; return its end-of-text token (None: it has none)."""
-    if "tokenizer_json" in meta:  # a trained tokenizer carries its tokenizers JSON: written as it is
-        tokenizer_json = meta["tokenizer_json"]
+    if "tokenizer_json" in meta:  # a trained BPE carries its tokenizers JSON: written as it is
+        tokenizer_json = json.dumps(meta["tokenizer_json"], ensure_ascii=False)
     elif meta.get("kind") == "char":
         tokenizer_json = _char_json(meta["chars"])
     elif meta.get("kind") == "bpe" and meta.get("encoding") in GPT2_ENCODINGS:
@@ -158,7 +151,7 @@ def write_tokenizer(folder: Path, meta: dict, block_size: int) -> int | None:
         merges = "".join(f"{a} {b}\n" for a, b in gpt2_merges())
         (folder / "merges.txt").write_text("#version: 0.2\n" + merges, encoding="utf-8")
     else:
-        raise UserError(f"cannot export the {describe(meta)} tokenizer; export supports char and gpt2")
+        raise UserError(f"cannot export the {describe(meta)} tokenizer; export supports char, gpt2 and bpe:N")
     eot = from_meta(meta).eot_token
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

@@ -189,7 +189,7 @@ def test_drop_unknown_leaves_out_what_a_char_vocabulary_lacks(tmp_path: Path):
 @pytest.mark.slow
 def test_a_model_on_a_trained_bpe_dataset_trains_samples_and_resumes(tmp_path: Path):
     """Prepare bpe:300 Shakespeare, train for real, resume from the checkpoint, sample (the stream of tokens
-    decodes to the text of the generated ids), and take the run's tokenizer for new text."""
+    decodes to the text of the generated ids), take the run's tokenizer for new text, export it."""
     from data.prompts import encode_prompt
     from model import generate
     from training import checkpoint
@@ -225,6 +225,16 @@ def test_a_model_on_a_trained_bpe_dataset_trains_samples_and_resumes(tmp_path: P
         == tok.encode(SHAKESPEARE_TEXT[-3000:]).tolist()
     )
     assert load_tokenizer(out).to_meta() == tok_meta
+
+    # exported, transformers' AutoTokenizer encodes and decodes as we do
+    from transformers import AutoTokenizer
+
+    run_script("export.py", str(out), str(tmp_path / "hf"), check=True)
+    theirs = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = SHAKESPEARE_TEXT[-2000:] + " ☃é 日本語\r\n\tdef f(x):  return x"
+    assert theirs(text)["input_ids"] == tok.encode(text).tolist()
+    assert theirs.decode(tok.encode(text).tolist()) == text
+    assert theirs.eos_token_id == tok.eot_token
 
 
 STORY_PARTS = {
@@ -289,7 +299,11 @@ def test_bits_per_byte():
         (None, ["--tokenizer", "bpe:abc"], "tokenizer 'bpe:abc': the size after bpe: must be a whole number"),
         (None, ["--tokenizer", "bpe:256"], "tokenizer bpe:256: a byte-level BPE needs at least 257 tokens"),
         (None, ["--tokenizer-from", "/no/such/dir"], "--tokenizer-from /no/such/dir: no such file or folder"),
-        ("empty_dir", ["--tokenizer-from", "{d}"], "the folder holds no meta.json or tokenizer.json"),
+        (
+            "empty_dir",
+            ["--tokenizer-from", "{d}"],
+            "the folder holds no meta.json, tinygpt_tokenizer.json or tokenizer.json",
+        ),
         ("garbage", ["--tokenizer-from", "{d}/meta.json"], "is not a tokenizer file (not JSON"),
         (
             "char",
