@@ -1,7 +1,9 @@
 """Tokenisers: characters (vocabulary built from the corpus) and GPT-2 BPE through tiktoken.
 
 A tokenizer is described by a small JSON-able dict (`to_meta()`), stored in a dataset's meta.json and beside
-every checkpoint, and rebuilt with `from_meta()`. `gpt2` resolves to tiktoken's `r50k_base`: the same
+every checkpoint, and rebuilt with `from_meta()`. `token_bytes()` gives the UTF-8 length of each token id,
+so the bytes behind any run of ids are one vectorised sum (`count_bytes`): the denominator of bits per byte,
+which compares models whatever their tokenizer. `gpt2` resolves to tiktoken's `r50k_base`: the same
 50,257 tokens, split pattern and <|endoftext|> (50256), kept in one ranks file (tiktoken's own `gpt2`
 needs two other files), so one cached file makes it work offline.
 """
@@ -36,6 +38,7 @@ class Tokenizer(Protocol):
     def decode(self, ids: Iterable[int]) -> str: ...
     def stream_decoder(self): ...
     def to_meta(self) -> dict: ...
+    def token_bytes(self) -> np.ndarray: ...  # (vocab_size,) int64: UTF-8 bytes of each id, 0 for specials
 
 
 class CharTokenizer:
@@ -76,6 +79,9 @@ class CharTokenizer:
     def to_meta(self) -> dict:
         return {"kind": "char", "vocab_size": self.vocab_size, "chars": self.chars}
 
+    def token_bytes(self) -> np.ndarray:
+        return np.array([len(c.encode("utf-8")) for c in self.chars], dtype=np.int64)
+
 
 class BPETokenizer:
     """A tiktoken encoding (GPT-2 BPE by default)."""
@@ -95,6 +101,7 @@ class BPETokenizer:
                             "holding the cached ranks file") from None
         self.vocab_size = self._enc.n_vocab
         self.eot_token = self._enc.eot_token
+        self._token_bytes = None
 
     def encode(self, text: str) -> np.ndarray:
         return np.array(self._enc.encode_ordinary(text), dtype=np.int64)
@@ -112,6 +119,28 @@ class BPETokenizer:
 
     def to_meta(self) -> dict:
         return {"kind": "bpe", "vocab_size": self.vocab_size, "encoding": self.name}
+
+    def token_bytes(self) -> np.ndarray:
+        """Byte-level BPE: each token is a byte string, and the bytes of a sequence are the sum of its tokens'
+        (a token may hold part of a character). Special tokens (<|endoftext|>) stand for no text: 0 bytes."""
+        if self._token_bytes is None:
+            special = self._enc.special_tokens_set
+            lengths = np.zeros(self.vocab_size, dtype=np.int64)
+            for i in range(self.vocab_size):
+                try:
+                    lengths[i] = len(self._enc.decode_single_token_bytes(i))
+                except KeyError:  # an id no token has (gaps in some encodings)
+                    pass
+            for token in special:
+                lengths[self._enc.encode_single_token(token)] = 0
+            self._token_bytes = lengths
+        return self._token_bytes
+
+
+def count_bytes(ids: np.ndarray, token_bytes: np.ndarray) -> int:
+    """UTF-8 bytes of the text that token ids decode to (ids outside the vocabulary count 0)."""
+    ids = np.asarray(ids)
+    return int(token_bytes[ids[(ids >= 0) & (ids < len(token_bytes))]].sum())
 
 
 def from_meta(meta: dict) -> Tokenizer:
