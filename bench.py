@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import multiprocessing as mp
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ import torch
 from common.errors import UserError, run_cli
 from model import generate, sample_next
 from training.config import Config, load_config
+from training.estimate import measure_training_memory
 from training.hardware import peak_flops
 from training.runtime import Runtime
 from training.trainer import Run, start_run, train_step
@@ -127,7 +127,7 @@ def train_result(s: Setup) -> dict:
     if rt.device.type == "cuda":
         memory = torch.cuda.max_memory_allocated(rt.device) / 2**20
     else:
-        memory = peak_memory_mb(s.config, s.overrides)
+        memory = measure_training_memory(s.config, s.overrides)[0]
     return {
         "setup": s.label,
         "params_M": round(run.raw_model.num_params() / 1e6, 3),
@@ -142,31 +142,6 @@ def train_result(s: Setup) -> dict:
         "device": str(rt.device),
         "steps_timed": len(s.times),
     }
-
-
-def _memory_probe(config: str | None, overrides: list[str]) -> float:
-    """In a fresh process: resident memory added by the first training steps (activations, gradients,
-    optimizer state), in MB."""
-    run = build(config, overrides)
-    with open("/proc/self/clear_refs", "w") as f:  # reset the peak resident size (VmHWM) to the current one
-        f.write("5")
-    before = _status_mb("VmRSS")
-    for it in range(2):
-        train_step(run, it)
-    return _status_mb("VmHWM") - before
-
-
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise UserError(f"/proc/self/status has no {field}: CPU memory measurement needs Linux")
-
-
-def peak_memory_mb(config: str | None, overrides: list[str]) -> float:
-    with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_memory_probe, (config, overrides))
 
 
 def memory_scaling(s: Setup) -> list[dict]:
@@ -184,7 +159,7 @@ def memory_scaling(s: Setup) -> list[dict]:
             mb = (torch.cuda.max_memory_allocated(device) - base) / 2**20
             del run
         else:
-            mb = peak_memory_mb(s.config, overrides)
+            mb = measure_training_memory(s.config, overrides)[0]
         rows.append({"setup": s.label, "context": T, "peak_train_mem_MB": round(mb, 1)})
     for a, b in itertools.pairwise(rows):
         b["growth_vs_previous"] = round(b["peak_train_mem_MB"] / a["peak_train_mem_MB"], 2)
