@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from common.errors import UserError, run_cli
 from data.evalsets import encode_text_file, read_choices
-from data.prepare import DATA_DIR, ensure_prepared, load_meta
+from data.prepare import DATA_DIR, trained_dataset
 from data.tokenizers import from_meta
 from training import checkpoint
 from training.evaluation import TokenLoss, evaluate_tokens, score_choices
@@ -61,15 +61,7 @@ def check_args(args: argparse.Namespace, block_size: int) -> None:
 
 def split_file(args: argparse.Namespace, cfg, tok_meta: dict) -> tuple[Path, dict]:
     """The split's bin file and the dataset's meta.json; the dataset must share the checkpoint's tokenizer."""
-    data_dir = Path(args.data_dir or cfg.data.dir or DATA_DIR)
-    folder = ensure_prepared(cfg.data.dataset, data_dir)
-    meta = load_meta(folder)
-    if meta["tokenizer"] != tok_meta:
-        raise UserError(
-            f"dataset {cfg.data.dataset} in {data_dir} was tokenised with another tokenizer than the "
-            "checkpoint's; give the folder of the dataset it was trained on with --data-dir, or use "
-            "--text-file"
-        )
+    folder, meta = trained_dataset(cfg.data.dataset, args.data_dir or cfg.data.dir or DATA_DIR, tok_meta)
     return folder / f"{args.split}.bin", meta
 
 
