@@ -83,6 +83,7 @@ class LogConfig:
     wandb_project: str = "tinygpt"
     wandb_run_name: Optional[str] = None
     head_scores: bool = False  # score attention heads at each eval (heads.py)
+    plot: bool = True  # keep OUT_DIR/loss.png up to date (at evals, within 1% of the run's time; at the end)
     sample_every: int = 0  # print (and log) a sample at the first eval after every N iterations; 0 = off
     sample_prompt: Optional[str] = None  # null: a newline (or <|endoftext|> for BPE), as sample.py
     sample_tokens: int = 200  # tokens per sample

@@ -119,7 +119,9 @@ class Tracker:
         (the last drawing's cost is the guess for the next; the first, which imports matplotlib, is guessed
         at a second). Always at the end, after the last step."""
         wall = time.perf_counter() - self.started
-        if not final and self.plot_seconds + (self.plot_cost or 1.0) > PLOT_SHARE * wall:
+        if not self.run.cfg.log.plot or (
+            not final and self.plot_seconds + (self.plot_cost or 1.0) > PLOT_SHARE * wall
+        ):
             return
         records = read_metrics(self.metrics_path)
         if sum("val_loss" in r for r in records) < 2 and not final:  # one point: wait for a line
