@@ -41,7 +41,7 @@ from model import GPT, GPTConfig
 from training.config import Config, load_config
 from training.evaluation import final_eval_wanted
 from training.hardware import GPU_PEAKS
-from training.runtime import cpu_auto_precision
+from training.runtime import compile_enabled, cpu_auto_precision
 from training.trainer import Run, start_run, train_step
 
 MB = 2**20
@@ -275,7 +275,7 @@ def target_device(cfg: Config) -> tuple[str, str, bool]:
 
 
 def _mb(n: float) -> str:
-    return f"{n / MB:,.1f} MB" if n < 10 * 2**30 else f"{n / 2**30:,.1f} GB"
+    return f"{n / MB:,.1f} MB" if n < 2**30 else f"{n / 2**30:,.1f} GB"
 
 
 def _duration(s: float) -> str:
@@ -326,7 +326,7 @@ def dry_run(cfg: Config, name: str) -> str:
     else:
         timing = _time(cfg)
     lines += _token_lines(cfg, meta, timing, params)
-    lines += _memory_lines(cfg, mem, params)
+    lines += _memory_lines(cfg, mem, params, present)
     lines += _time_lines(cfg, meta, params, timing, why_not, device, precision)
     return "\n".join(lines)
 
@@ -379,7 +379,7 @@ def _token_lines(cfg: Config, meta: dict | None, timing: Timing | None, params: 
     ]
 
 
-def _memory_lines(cfg: Config, mem: Memory, params: Params) -> list[str]:
+def _memory_lines(cfg: Config, mem: Memory, params: Params, present: bool) -> list[str]:
     optimizer = "AdamW + Muon state" if params.muon else "AdamW state"
     lines = [
         f"memory      peak {_mb(mem.peak)} training on {mem.device} in {mem.precision}: weights "
@@ -392,7 +392,12 @@ def _memory_lines(cfg: Config, mem: Memory, params: Params) -> list[str]:
     if mem.device in ("cpu", "cuda"):
         alt = memory(cfg, other, mem.device, params)
         lines.append(f"            in {other} instead: {_mb(alt.peak)}")
-    free = _available_bytes(mem.device)
+    if compile_enabled(cfg.train.compile, torch.device(mem.device)):
+        lines.append(
+            "            torch.compile on: counted as eager (on a CPU its training memory measured ~10% "
+            "less, plus ~55 MB while compiling)"
+        )
+    free = _available_bytes(mem.device) if present else None
     if free is not None:
         fits = "fits" if mem.peak < free else "DOES NOT FIT: lower train.batch_size (raise train.grad_accum)"
         lines.append(f"            {_mb(free)} free here: {fits}")
