@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import train
+from conftest import TINY, train
 
 from common.errors import UserError
 from data.evalsets import read_choices
@@ -44,6 +44,7 @@ def trained(data_dir: Path, tmp_path_factory) -> Path:
         "log.sample_every=400",
         "log.sample_tokens=30",
         'log.sample_prompt="ROMEO:"',  # YAML: quoted, or the colon makes a mapping
+        "log.plot=true",
     )
     (out / "stdout.txt").write_text(result.stdout)
     return out
@@ -63,13 +64,13 @@ def test_windows_predict_every_token_once_with_the_promised_context():
         assert context[later].min() >= block - (stride or block) + 1
 
 
-def test_exact_val_loss_matches_a_plain_computation(trained: Path, data_dir: Path):
+def test_exact_val_loss_matches_a_plain_computation(trained: Path, data_dir: Path, capsys):
     """eval.py's loss over every val token against a plain loop over the same tokens, and the final eval of
     train.py (metrics.jsonl, the done line) against eval.py on the same (last) checkpoint."""
-    from conftest import run_script
+    import eval as command
 
-    result = run_script("eval.py", str(trained / "last"), "--json", check=True)
-    r = json.loads(result.stdout)
+    command.main([str(trained / "last"), "--json"])
+    r = json.loads(capsys.readouterr().out)
     model, *_ = checkpoint.load_model(trained / "last")
     val = torch.from_numpy(
         np.fromfile(data_dir / "shakespeare_char" / "val.bin", dtype=np.uint16).astype(np.int64)
@@ -97,7 +98,8 @@ def test_exact_val_loss_matches_a_plain_computation(trained: Path, data_dir: Pat
     assert (
         "sample at iteration 400" in stdout and "\nROMEO:" in stdout and final["sample"].startswith("ROMEO:")
     )
-    table = run_script("eval.py", str(trained), "--stride", "16", check=True).stdout
+    command.main([str(trained), "--stride", "16"])
+    table = capsys.readouterr().out
     assert "sliding by 16" in table and "bits/byte" in table and "checkpoint" in table
 
 
@@ -141,11 +143,14 @@ def choices_file(path: Path, n: int = 80, ending: int = 14, context: int = 40, s
     return path
 
 
-def test_multiple_choice_far_above_chance_trained_and_at_chance_untrained(trained: Path, tmp_path: Path):
-    from conftest import run_script
+def test_multiple_choice_far_above_chance_trained_and_at_chance_untrained(
+    trained: Path, tmp_path: Path, capsys
+):
+    import eval as command
 
     path = choices_file(tmp_path / "choices.jsonl")
-    r = json.loads(run_script("eval.py", str(trained), "--choices", str(path), "--json", check=True).stdout)
+    command.main([str(trained), "--choices", str(path), "--json"])
+    r = json.loads(capsys.readouterr().out)
     assert r["items"] == 80 and r["chance"] == 0.25
     assert r["accuracy_norm"] >= 0.6 and r["accuracy"] >= 0.6  # true text against its own letters shuffled
     model, *_, ckpt = checkpoint.load_model(trained)
@@ -153,6 +158,8 @@ def test_multiple_choice_far_above_chance_trained_and_at_chance_untrained(traine
     torch.manual_seed(0)
     untrained = GPT(model.config).eval()
     score = score_choices(untrained, tokenizer, read_choices(path))
+    trained_scores = f"{r['accuracy_norm']:.0%} (acc_norm) / {r['accuracy']:.0%} (acc)"
+    print(f"multiple choice: trained {trained_scores}, untrained {score.accuracy_norm:.0%}")
     assert score.accuracy_norm <= 0.45  # 25% expected; 80 items
 
 
@@ -181,13 +188,29 @@ def test_eval_refuses_bad_inputs_with_one_line(trained: Path, tmp_path: Path):
             command.main([str(trained), *args])
 
 
+def test_a_sample_prompt_the_vocabulary_lacks_stops_before_training(data_dir: Path, tmp_path: Path):
+    import train as command
+
+    out = tmp_path / "out"
+    args = [
+        f"data.dir={data_dir}",
+        f"train.out_dir={out}",
+        *TINY,
+        "log.sample_every=10",
+        "log.sample_prompt=é",
+    ]
+    with pytest.raises(UserError, match=r"^the prompt has 1 character\(s\) not in the vocabulary: 'é'"):
+        command.main(["configs/shakespeare_char.yaml", *args])
+    assert not (out / "last").exists()
+
+
 def test_plot_overlays_runs_and_every_run_draws_its_curves(trained: Path, run: Path, tmp_path: Path):
     from matplotlib.image import imread
 
     import plot as command
 
-    for out in (run, trained):  # drawn at the end of every run
-        assert imread(out / "loss.png").shape[1] >= 800
+    assert imread(trained / "loss.png").shape[1] >= 800  # drawn at the end of every run (log.plot)
+    assert not (run / "loss.png").exists()  # the tests' other runs turn it off
     png = tmp_path / "runs.png"
     command.main([str(run), str(trained), "--metric", "val_bpb", "--x", "time", "--out", str(png)])
     assert imread(png).shape[0] >= 400
