@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import multiprocessing as mp
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ import torch
 from common.errors import UserError, run_cli
 from model import generate, sample_next
 from training.config import Config, load_config
+from training.estimate import measure_training_memory
 from training.hardware import peak_flops
 from training.runtime import Runtime
 from training.trainer import Run, start_run, train_step
@@ -148,7 +148,8 @@ def train_result(s: Setup) -> dict:
     if rt.device.type == "cuda":
         memory = (s.held + s.peak_above) / 2**20
     else:
-        memory = peak_memory_mb(s.config, s.overrides)
+        measured = measure_training_memory(s.config, s.overrides)
+        memory = measured[0] if measured else None
     return {
         "setup": s.label,
         "params_M": round(run.raw_model.num_params() / 1e6, 3),
@@ -163,44 +164,6 @@ def train_result(s: Setup) -> dict:
         "device": str(rt.device),
         "steps_timed": len(s.times),
     }
-
-
-CLEAR_REFS = "/proc/self/clear_refs"  # Linux: writing 5 resets the peak resident size (VmHWM) to the current
-
-
-def _memory_probe(config: str | None, overrides: list[str]) -> float | None:
-    """In a fresh process: memory added by the first training steps (activations, gradients, optimizer
-    state), in MB. CPU: resident memory, where Linux's /proc lets it be measured (else None); MPS: what the
-    Metal driver allocated."""
-    run = build(config, overrides)
-    if run.rt.device.type == "mps":
-        before = torch.mps.driver_allocated_memory()
-        for it in range(2):
-            train_step(run, it)
-        torch.mps.synchronize()
-        return (torch.mps.driver_allocated_memory() - before) / 2**20
-    try:
-        with open(CLEAR_REFS, "w") as f:
-            f.write("5")
-        before = _status_mb("VmRSS")
-    except OSError:  # macOS, Windows, sandboxes without /proc: not measured
-        return None
-    for it in range(2):
-        train_step(run, it)
-    return _status_mb("VmHWM") - before
-
-
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise OSError(f"/proc/self/status has no {field}")
-
-
-def peak_memory_mb(config: str | None, overrides: list[str]) -> float | None:
-    with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_memory_probe, (config, overrides))
 
 
 def memory_scaling(s: Setup) -> list[dict]:
@@ -218,7 +181,8 @@ def memory_scaling(s: Setup) -> list[dict]:
             mb = (torch.cuda.max_memory_allocated(device) - base) / 2**20
             del run
         else:
-            mb = peak_memory_mb(s.config, overrides)
+            measured = measure_training_memory(s.config, overrides)
+            mb = measured[0] if measured else None
         rows.append({"setup": s.label, "context": T, "peak_train_mem_MB": round(mb, 1) if mb else None})
     for a, b in itertools.pairwise(rows):
         if a["peak_train_mem_MB"] and b["peak_train_mem_MB"]:

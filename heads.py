@@ -29,7 +29,7 @@ import torch
 
 from common.errors import UserError, run_cli
 from data.loader import TokenWindows
-from data.prepare import DATA_DIR, ensure_prepared, load_meta
+from data.prepare import DATA_DIR, trained_dataset
 from data.prompts import checkpoint_and_prompt_parser, encode_prompt, read_prompt
 from data.tokenizers import from_meta
 from interp.explorer import write_page
@@ -93,14 +93,7 @@ def check_args(args: argparse.Namespace, n_layer: int, n_head: int) -> None:
 
 def validation_split(cfg, tok_meta: dict, data_dir: str | None, device: torch.device) -> TokenWindows:
     """The validation windows of the dataset the model was trained on."""
-    root = Path(data_dir or cfg.data.dir or DATA_DIR)
-    path = ensure_prepared(cfg.data.dataset, root)
-    meta = load_meta(path)
-    if meta["tokenizer"] != tok_meta:
-        raise UserError(
-            f"the dataset in {path} has another tokenizer than the checkpoint; point --data-dir "
-            "at the data the model was trained on"
-        )
+    path, meta = trained_dataset(cfg.data.dataset, data_dir or cfg.data.dir or DATA_DIR, tok_meta)
     return TokenWindows(path / "val.bin", meta["dtype"], cfg.model.block_size, device, cfg.train.seed, "val")
 
 

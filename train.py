@@ -3,13 +3,15 @@
     python train.py                                   # configs/shakespeare_char.yaml
     python train.py CONFIG [section.key=value ...]    # any config, any value overridden
     python train.py CONFIG --print-config             # show the resolved config and stop
+    python train.py CONFIG --dry-run                  # what the run will cost (memory, time), then stop
     torchrun --nproc_per_node=N train.py CONFIG       # data parallel (train.parallel: ddp | fsdp)
 
 Each iteration runs train.grad_accum micro-batches of train.batch_size sequences, split across processes, then
-one optimizer step. Every train.eval_interval iterations (and at the end) it measures train and val loss on
-fixed batches, appends a line to OUT_DIR/metrics.jsonl, and writes OUT_DIR/last (and OUT_DIR/best when val
-improved). Ctrl-C or SIGTERM finishes the step, writes a checkpoint and says how to resume. Errors in the
-config, data or out_dir stop it before training with one line (--debug shows the traceback).
+one optimizer step. Every train.eval_interval iterations (and at the end) it estimates train and val loss
+on fixed batches, appends a line to OUT_DIR/metrics.jsonl, redraws OUT_DIR/loss.png, and writes OUT_DIR/last
+(and OUT_DIR/best when val improved); at the end it measures the loss over the whole val split exactly.
+Ctrl-C or SIGTERM finishes the step, writes a checkpoint and says how to resume. Errors in the config, data
+or out_dir stop it before training with one line (--debug shows the traceback).
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ import time
 import torch
 
 from common.errors import ConfigError, UserError, run_cli
+from data.prompts import default_prompt, encode_prompt
+from data.tokenizers import from_meta
 from interp import scores as heads
-from training import checkpoint, distributed
+from model import generate
+from training import checkpoint, distributed, estimate
 from training.config import CONFIG_DIR, Config, load_config, shipped_configs, to_yaml
+from training.evaluation import default_batch_size, evaluate_tokens, final_eval_wanted
 from training.optim import lr_factor, schedule_progress, set_lr
 from training.tracking import Tracker, check_wandb_login, read_metrics
 from training.trainer import Run, evaluate, save, start_run, train_step
@@ -120,7 +126,7 @@ def main(argv: list[str]) -> int:
             if (p.iter % cfg.train.eval_interval == 0 or done) and p.evaluated_at != p.iter:
                 with clock.paused():
                     p.elapsed_s = elapsed
-                    evaluate_and_save(run, log)
+                    evaluate_and_save(run, log, final=done)
             if signum:
                 return stop_with_checkpoint(run, log, clock, argv, int(signum))
             if done:
@@ -147,11 +153,11 @@ def parse_command_line(argv: list[str]) -> tuple[Config, dict[str, str]] | None:
     if flags & {"-h", "--help"}:
         print(usage())
         return None
-    unknown = flags - {"--print-config"}
+    unknown = flags - {"--print-config", "--dry-run"}
     if unknown:
         raise ConfigError(
             f"unknown option {sorted(unknown)[0]}; usage: python train.py [CONFIG] [section.key=value ...] "
-            "[--print-config] [--debug] (python train.py --help for more)"
+            "[--print-config] [--dry-run] [--debug] (python train.py --help for more)"
         )
     args = [a for a in argv if not a.startswith("-")]
     config_path = args[0] if args and "=" not in args[0] else None
@@ -161,6 +167,9 @@ def parse_command_line(argv: list[str]) -> tuple[Config, dict[str, str]] | None:
             print(f"# the model keys not set explicitly will follow train.init_from {cfg.train.init_from}")
         print(to_yaml(cfg), end="")
         return None
+    if "--dry-run" in flags:
+        print(estimate.dry_run(cfg, config_path or "the default config"))
+        return None
     if cfg.log.wandb:
         check_wandb_login()
     return cfg, origins
@@ -168,7 +177,7 @@ def parse_command_line(argv: list[str]) -> tuple[Config, dict[str, str]] | None:
 
 def usage() -> str:
     configs = "\n".join(f"  {name:<26}{about}" for name, about in shipped_configs())
-    return f"""usage: python train.py [CONFIG] [section.key=value ...] [--print-config] [--debug]
+    return f"""usage: python train.py [CONFIG] [section.key=value ...] [--print-config] [--dry-run] [--debug]
        torchrun --nproc_per_node=N train.py [CONFIG] [section.key=value ...]
 
 Train a GPT on a dataset, writing checkpoints and metrics to train.out_dir.
@@ -187,6 +196,7 @@ Any key can be overridden as section.key=value (YAML syntax):
 options:
   -h, --help        show this help and exit
   --print-config    print the resolved config and exit
+  --dry-run         print what the run will cost (parameters, tokens, memory, time) and exit
   --debug           show the traceback of an error (also TINYGPT_DEBUG=1)"""
 
 
@@ -204,6 +214,10 @@ def prepare(run: Run) -> None:
         f"of {mc.head_dim}, n_embd {mc.n_embd}, context {mc.block_size}); dataset {cfg.data.dataset}: "
         f"{meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens"
     )
+    if cfg.log.sample_every:  # a prompt the vocabulary cannot encode stops here, not at the first sample
+        tokenizer = from_meta(meta["tokenizer"])
+        prompt = cfg.log.sample_prompt
+        encode_prompt(prompt if prompt is not None else default_prompt(tokenizer), tokenizer, mc.block_size)
     print(
         f"device {rt.device}, precision {rt.precision}, compile {'on' if run.compiled else 'off'}, "
         f"{torch.get_num_threads()} threads; batch {cfg.train.batch_size} x {mc.block_size} tokens x "
@@ -214,32 +228,69 @@ def prepare(run: Run) -> None:
         print(f"starting from the weights of {cfg.train.init_from} (fresh optimizer, iteration 0)")
 
 
-def evaluate_and_save(run: Run, log: Tracker) -> None:
-    """Losses on the fixed eval batches (and head scores when asked), one metrics line, checkpoints."""
+def evaluate_and_save(run: Run, log: Tracker, final: bool = False) -> None:
+    """Losses on the fixed eval batches (and head scores, a sample, and at the end the exact val loss, when
+    asked), one metrics line, checkpoints."""
     cfg, p = run.cfg, run.progress
     skip_or_stop(run, log)  # a checkpoint records the steps skipped so far
     losses = evaluate(run)
     improved = losses["val"] <= p.best_val_loss
-    p.best_val_loss, p.evaluated_at = min(p.best_val_loss, losses["val"]), p.iter
+    previous, p.best_val_loss, p.evaluated_at = p.evaluated_at, min(p.best_val_loss, losses["val"]), p.iter
     record = {
         "iter": p.iter,
         "train_loss": round(losses["train"], 5),
         "val_loss": round(losses["val"], 5),
+        **({"val_bpb": round(losses["val_bpb"], 5)} if "val_bpb" in losses else {}),
         "lr": run.optimizers[0].param_groups[0]["lr"],
         "tokens": p.iter * run.tokens_per_iter,
         "elapsed_s": round(p.elapsed_s, 3),
     }
-    if cfg.log.head_scores and (run.rt.is_main or cfg.train.parallel == "fsdp"):  # FSDP: all ranks gather
+    every_rank = run.rt.is_main or cfg.train.parallel == "fsdp"  # FSDP: all ranks gather for a forward
+    if cfg.log.head_scores and every_rank:
         record["heads"] = heads.score_heads(run.raw_model, run.splits["val"])
         log.log(p.iter, heads.flat_scores(record["heads"]))
-    log.eval(record)
-    log.write(
-        f"iter {p.iter}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} ({p.elapsed_s:.1f}s)"
-    )
+    if final and final_eval_wanted(cfg.train.final_eval, run.meta["val_tokens"]):
+        record |= exact_val_loss(run)
+    n = cfg.log.sample_every
+    if n and p.iter and (final or p.iter // n > max(previous, 0) // n) and every_rank:
+        record["sample"] = sample_text(run)
+    log.eval(record, final)
+    bpb = f", val bpb {record['val_bpb']:.3f}" if "val_bpb" in record else ""
+    train, val = losses["train"], losses["val"]
+    log.write(f"iter {p.iter}: train loss {train:.4f}, val loss {val:.4f}{bpb} ({p.elapsed_s:.1f}s)")
     if "heads" in record:
         log.write(f"  heads: {heads.strongest_heads(record['heads'])}")
+    if "sample" in record:
+        log.write(f"sample at iteration {p.iter} (temperature 0.8, seed {cfg.train.seed}):")
+        log.write(record["sample"].strip("\n") + "\n")
     if cfg.train.save:
         save(run, improved)
+
+
+def exact_val_loss(run: Run) -> dict:
+    """The loss over every token of the val split (training/evaluation.py), all ranks together."""
+    cfg = run.cfg
+    batch = default_batch_size(cfg.train.batch_size, cfg.model.block_size, cfg.model.vocab_size)
+    byte_lengths = run.byte_lengths if run.byte_lengths is not None else torch.zeros(cfg.model.vocab_size)
+    val = run.splits["val"]
+    result = evaluate_tokens(run.raw_model, val.path, byte_lengths, batch, rt=run.rt, dtype=val.dtype.name)
+    out = {"final_val_loss": round(result.loss, 5), "final_val_tokens": result.tokens}
+    return out | ({"final_val_bpb": round(result.bpb, 5)} if result.bytes else {})
+
+
+def sample_text(run: Run) -> str:
+    """log.sample_tokens tokens from the model as it is now: temperature 0.8, seeded by train.seed, in fp32
+    (as sample.py), after log.sample_prompt."""
+    cfg, model = run.cfg, run.raw_model
+    tokenizer = from_meta(run.meta["tokenizer"])
+    prompt = cfg.log.sample_prompt if cfg.log.sample_prompt is not None else default_prompt(tokenizer)
+    ids = encode_prompt(prompt, tokenizer, cfg.model.block_size)
+    generator = torch.Generator(device=run.rt.device).manual_seed(cfg.train.seed)
+    idx = torch.tensor([ids], device=run.rt.device)
+    model.eval()
+    tokens = [t.item() for t in generate(model, idx, cfg.log.sample_tokens, 0.8, None, None, generator)]
+    model.train()
+    return prompt + tokenizer.decode(tokens)
 
 
 def skip_or_stop(run: Run, log: Tracker) -> None:
@@ -271,17 +322,27 @@ def stop_with_checkpoint(run: Run, log: Tracker, clock: Clock, argv: list[str], 
 
 
 def finish(run: Run, log: Tracker) -> None:
-    p, out_dir = run.progress, run.out_dir
+    p, out_dir, last = run.progress, run.out_dir, log.last_record
     if not run.rt.is_main:
         return
     if run.cfg.log.head_scores:
         from interp.plots import plot_training_curves  # matplotlib only when plotting
 
         plot_training_curves(read_metrics(log.metrics_path), out_dir / "heads_training.png")
+    exact, n_val = "", run.meta["val_tokens"]
+    if "final_val_loss" in last:
+        bpb = f"; {last['final_val_bpb']:.3f} bits per byte" if "final_val_bpb" in last else ""
+        n = last["final_val_tokens"]
+        exact = f", final val loss {last['final_val_loss']:.4f} (exact: all {n:,} tokens{bpb})"
+    elif str(run.cfg.train.final_eval).lower() == "auto" and not final_eval_wanted("auto", n_val):
+        log.write(
+            f"the val split has {n_val:,} tokens, too many for an exact eval at the end "
+            f"(train.final_eval=auto); measure it with: python eval.py {out_dir}"
+        )
     where = f"; checkpoints in {out_dir}" if run.cfg.train.save else ""
     log.write(
-        f"done: {p.iter} iterations in {p.elapsed_s:.1f}s of training, best val loss "
-        f"{p.best_val_loss:.4f}{where}"
+        f"done: {p.iter} iterations in {p.elapsed_s:.1f}s of training ({log.wall():.1f}s wall), best val "
+        f"loss {p.best_val_loss:.4f} (estimated){exact}{where}"
     )
 
 

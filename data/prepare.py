@@ -376,6 +376,19 @@ def ensure_prepared(name: str, data_dir: Path | str = DATA_DIR) -> Path:
     )
 
 
+def trained_dataset(name: str, data_dir: Path | str, tokenizer_meta: dict) -> tuple[Path, dict]:
+    """The folder and meta.json of the dataset a checkpoint was trained on (prepared first when it is a known
+    one), refused when it was tokenised otherwise than the checkpoint's `tokenizer_meta` says."""
+    path = ensure_prepared(name, data_dir)
+    meta = load_meta(path)
+    if meta["tokenizer"] != tokenizer_meta:
+        raise UserError(
+            f"the dataset in {path} has another tokenizer than the checkpoint; point --data-dir "
+            "at the data the model was trained on"
+        )
+    return path, meta
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.split("\n\n")[0])
     p.add_argument("name", help=f"dataset name: a known one ({', '.join(RECIPES)}) or a new folder name")

@@ -34,6 +34,11 @@ def read_prompt(args: argparse.Namespace, tokenizer) -> str:
             raise UserError(f"prompt file {args.prompt_file} is not UTF-8 text") from None
     if args.prompt is not None:
         return args.prompt
+    return default_prompt(tokenizer)
+
+
+def default_prompt(tokenizer) -> str:
+    """A newline for a character model; empty (the prompt becomes <|endoftext|>) for BPE."""
     return "\n" if tokenizer.eot_token is None else ""
 
 

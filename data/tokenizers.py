@@ -3,6 +3,8 @@ BPE of your own size trained with Hugging Face `tokenizers`.
 
 A tokenizer is described by a JSON-able dict (`to_meta()`), stored in a dataset's meta.json and beside every
 checkpoint, and rebuilt with `from_meta()`; `parse_spec()` turns a `--tokenizer` argument into a kind.
+`byte_lengths()` gives the UTF-8 bytes of each id (0 for <|endoftext|>), so the bytes behind any run of ids
+are one vectorised sum: the denominator of bits per byte, which compares models whatever their tokenizer.
 - `gpt2` resolves to tiktoken's `r50k_base`: the same 50,257 tokens, split pattern and <|endoftext|> (50256),
   kept in one ranks file (tiktoken's own `gpt2` needs two other files), so one cached file makes it work
   offline.
@@ -152,16 +154,24 @@ class BPETokenizer:
         return self._enc.decode(list(ids))
 
     def token_bytes(self) -> list[bytes]:
-        """The bytes each id stands for."""
+        """The bytes each id stands for (none for an id no token has: some encodings have gaps)."""
         if self._bytes is None:
-            self._bytes = [self._enc.decode_single_token_bytes(i) for i in range(self.vocab_size)]
+            self._bytes = [self._single_bytes(i) for i in range(self.vocab_size)]
         return self._bytes
+
+    def _single_bytes(self, token: int) -> bytes:
+        try:
+            return self._enc.decode_single_token_bytes(token)
+        except KeyError:
+            return b""
+
+    def byte_lengths(self) -> np.ndarray:
+        lengths = byte_lengths(self.token_bytes(), self.eot_token)
+        lengths[[self._enc.encode_single_token(t) for t in self._enc.special_tokens_set]] = 0
+        return lengths
 
     def stream_decoder(self) -> Callable[[list[int]], str]:
         return utf8_stream(self._enc.decode_bytes)
-
-    def byte_lengths(self) -> np.ndarray:
-        return byte_lengths(self.token_bytes(), self.eot_token)
 
     def to_meta(self) -> dict:
         return {"kind": "bpe", "vocab_size": self.vocab_size, "encoding": self.name}
@@ -329,9 +339,10 @@ def byte_lengths(token_bytes: list[bytes], eot_token: int) -> np.ndarray:
     return lengths
 
 
-def bits_per_byte(total_nats: float, n_bytes: int) -> float:
-    """Loss in bits per UTF-8 byte of text: comparable across tokenizers, unlike loss per token.
+def bits_per_byte(total_nats: float, n_bytes: float) -> float:
+    """Loss in bits per UTF-8 byte of text: comparable across tokenizers, unlike loss per token (nan for no
+    bytes).
 
     total_nats is the summed cross-entropy over the predicted tokens; n_bytes the UTF-8 bytes they stand
     for: `tokenizer.byte_lengths()[targets].sum()` (an <|endoftext|> counts 0 bytes)."""
-    return total_nats / math.log(2) / n_bytes
+    return total_nats / math.log(2) / n_bytes if n_bytes else float("nan")

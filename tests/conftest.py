@@ -54,6 +54,8 @@ TINY = [
     "train.batch_size=8",
     "train.eval_iters=4",
     "optim.warmup_iters=5",
+    "log.plot=false",  # drawing loss.png costs ~1 s a run; tests/test_eval.py checks it
+    "train.final_eval=false",  # the exact val eval costs ~0.5 s a run; tests/test_eval.py checks it
 ]
 
 

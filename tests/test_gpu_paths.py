@@ -222,7 +222,7 @@ def test_bench_memory_where_there_is_no_proc_is_not_measured(data_dir: Path, mon
     all its timing rounds. Now the CPU memory is 'not measured' and everything else is reported."""
     import builtins
 
-    import bench
+    from training import estimate
 
     real_open = builtins.open
 
@@ -232,9 +232,8 @@ def test_bench_memory_where_there_is_no_proc_is_not_measured(data_dir: Path, mon
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "open", without_proc)
-    assert (
-        bench._memory_probe("shakespeare_char", [f"data.dir={data_dir}", *TINY, "train.device=cpu"]) is None
-    )
+    overrides = [f"data.dir={data_dir}", *TINY, "train.device=cpu"]
+    assert estimate._memory_probe("shakespeare_char", overrides) is None
 
 
 @pytest.mark.parametrize(

@@ -389,7 +389,7 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[GP
     if source.tokenizer is None:
         raise UserError(
             f"{source.where} uses a tokenizer tinygpt cannot run: {source.tokenizer_about}; tinygpt runs "
-            "char and GPT-2 BPE models"
+            "char, GPT-2 BPE and its own bpe:N models"
         )
     cfg = source.config
     if cfg is None:

@@ -56,6 +56,7 @@ class TrainConfig:
     # torchrun: minutes a rank waits in a collective before it fails (a hang becomes an error)
     dist_timeout: float = 10.0
     skip_nonfinite: int = 0  # steps with a non-finite loss to skip before stopping
+    final_eval: str = "auto"  # exact loss over the whole val split at the end: auto | true | false
     # start from these weights (fresh optimizer, iteration 0): a checkpoint or run folder of ours, a Hugging
     # Face model folder (GPT-2 or Llama), or a hub name (gpt2); the model's shape comes from it
     init_from: Optional[str] = None
@@ -87,6 +88,10 @@ class LogConfig:
     wandb_project: str = "tinygpt"
     wandb_run_name: Optional[str] = None
     head_scores: bool = False  # score attention heads at each eval (heads.py)
+    plot: bool = True  # keep OUT_DIR/loss.png up to date (at evals, within 1% of the run's time; at the end)
+    sample_every: int = 0  # print (and log) a sample at the first eval after every N iterations; 0 = off
+    sample_prompt: Optional[str] = None  # null: a newline (or <|endoftext|> for BPE), as sample.py
+    sample_tokens: int = 200  # tokens per sample
 
 
 @dataclass
@@ -223,6 +228,7 @@ def problems(cfg: Config) -> list[tuple[str, str]]:
         ("train.grad_accum", t.grad_accum),
         ("optim.lr", o.lr),
         ("log.interval", cfg.log.interval),
+        ("log.sample_tokens", cfg.log.sample_tokens),
     ]
     out += [(k, f"must be positive, got {v}") for k, v in positive if v <= 0]
     non_negative = [
@@ -234,14 +240,16 @@ def problems(cfg: Config) -> list[tuple[str, str]]:
         ("optim.grad_clip", o.grad_clip),
         ("optim.muon_lr", o.muon_lr),
         ("optim.muon_weight_decay", o.muon_weight_decay),
+        ("log.sample_every", cfg.log.sample_every),
     ]
     out += [(k, f"must not be negative, got {v}") for k, v in non_negative if v < 0]
     if t.dist_timeout <= 0:
         out.append(("train.dist_timeout", f"must be a positive number of minutes, got {t.dist_timeout}"))
     if t.max_time is not None and t.max_time <= 0:
         out.append(("train.max_time", f"must be a positive number of seconds or null, got {t.max_time}"))
-    if str(t.compile).lower() not in ("auto", "true", "false"):
-        out.append(("train.compile", f"must be auto, true or false, got {t.compile}"))
+    for key in ("compile", "final_eval"):
+        if str(getattr(t, key)).lower() not in ("auto", "true", "false"):
+            out.append((f"train.{key}", f"must be auto, true or false, got {getattr(t, key)}"))
     if not 0.0 <= o.min_lr_ratio <= 1.0:
         out.append(("optim.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}"))
     if not 0.0 < o.decay_frac <= 1.0:

@@ -1,15 +1,17 @@
-"""What a run shows and records: the progress bar and eval lines, OUT_DIR/metrics.jsonl, and Weights & Biases.
+"""What a run shows and records: the progress bar and eval lines, OUT_DIR/metrics.jsonl, OUT_DIR/loss.png and
+Weights & Biases.
 
 Without a terminal (a batch job's log, a pipe) the progress bar gives way to one line per log step:
 `iteration 10/19073: loss 4.2102, lr 6.00e-05, 312,115 tokens/s`.
 
 metrics.jsonl holds one JSON line per eval with at least iter, train_loss, val_loss, lr, tokens (trained on
 so far) and elapsed_s (training seconds so far, evals excluded), so runs can be plotted and compared by
-scripts. Only rank 0 prints and writes. wandb is imported only when enabled; it follows WANDB_MODE (offline,
-disabled, ...) and the rest of its environment, writes under OUT_DIR/wandb, and a resumed run continues the
-same wandb run. Losses, gradient norms and finite flags stay on the device between log steps: they are read
-back every log.interval iterations (and when train.py asks, before evals and stops), so the GPU never waits
-for the host in between.
+scripts (plot.py). loss.png is redrawn from it at each eval, unless drawing has already taken 1% of the
+run's wall time (it is always drawn at the end). Only rank 0 prints and writes. wandb is imported only when
+enabled; it follows WANDB_MODE (offline, disabled, ...) and the rest of its environment, writes under
+OUT_DIR/wandb, and a resumed run continues the same wandb run. Losses, gradient norms and finite flags stay on
+the device between log steps: they are read back every log.interval iterations (and when train.py asks,
+before evals and stops), so the GPU never waits for the host in between.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import configparser
 import json
 import netrc
 import os
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -30,12 +33,17 @@ from training import distributed
 from training.config import to_dict
 from training.trainer import Run
 
+PLOT_SHARE = 0.01  # the most of a run's wall time that redrawing loss.png may take
+
 
 class Tracker:
     def __init__(self, run: Run):
         self.run, self.main = run, run.rt.is_main
         self.metrics_path = run.out_dir / "metrics.jsonl"
         self.wandb = None
+        self.last_record: dict[str, Any] = {}
+        self.samples: list[list] = []  # [iteration, text] of each sample, for a wandb table
+        self.started, self.plot_seconds, self.plot_cost = time.perf_counter(), 0.0, 0.0
         self.loss_sum = torch.zeros((), device=run.rt.device)
         self.steps: list[tuple[int, torch.Tensor]] = []  # (iteration, [loss, gradient norm, finite]) not read
         self.last_log = (run.progress.iter, run.progress.elapsed_s)  # (iteration, training seconds)
@@ -64,6 +72,10 @@ class Tracker:
                 resume="allow" if wandb_id else None,
             )
             run.progress.wandb_id = self.wandb.id
+
+    def wall(self) -> float:
+        """Seconds since the run started training (this process)."""
+        return time.perf_counter() - self.started
 
     def write(self, line: str, file=None) -> None:
         if self.main:
@@ -108,13 +120,41 @@ class Tracker:
         if self.wandb is not None:
             self.wandb.log(values, step=it)
 
-    def eval(self, record: dict[str, Any]) -> None:
+    def eval(self, record: dict[str, Any], final: bool = False) -> None:
+        """Record one eval: a metrics.jsonl line, wandb (scalars, and the sample in a table), loss.png."""
         if not self.main:
             return
+        self.last_record = record
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         scalars = {f"eval/{k}": v for k, v in record.items() if k != "iter" and isinstance(v, (int, float))}
         self.log(record["iter"], scalars)
+        if "sample" in record and self.wandb is not None:
+            import wandb
+
+            self.samples.append([record["iter"], record["sample"]])
+            table = wandb.Table(columns=["iter", "sample"], data=self.samples)
+            self.wandb.log({"samples": table}, step=record["iter"])
+        self.plot(final)
+
+    def plot(self, final: bool = False) -> None:
+        """Redraw OUT_DIR/loss.png, unless that would take drawing past PLOT_SHARE of the wall time so far
+        (the last drawing's cost is the guess for the next; the first, which imports matplotlib, is guessed
+        at a second). Always at the end, after the last step."""
+        wall = time.perf_counter() - self.started
+        if not self.run.cfg.log.plot or (
+            not final and self.plot_seconds + (self.plot_cost or 1.0) > PLOT_SHARE * wall
+        ):
+            return
+        records = read_metrics(self.metrics_path)
+        if sum("val_loss" in r for r in records) < 2 and not final:  # one point: wait for a line
+            return
+        start = time.perf_counter()
+        from interp.curves import plot_run  # matplotlib only once a run draws
+
+        plot_run(records, self.run.out_dir / "loss.png", title=str(self.run.out_dir))
+        self.plot_cost = time.perf_counter() - start
+        self.plot_seconds += self.plot_cost
 
     def close(self) -> None:
         self.bar.close()

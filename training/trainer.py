@@ -11,8 +11,8 @@ pretrained model (a checkpoint of ours, or a Hugging Face GPT-2 or Llama), with 
 `train_step` runs one iteration: the micro-batches of this process (gradients all-reduced on the last one
 only), gradient clipping, and the optimizer step, which is skipped on the device when the loss or the
 gradient is not finite. It reads nothing back, so the GPU never waits for the host; train.py reads losses and
-non-finite flags at log steps. `evaluate` measures the loss on fixed batches; `save` writes OUT_DIR/last (and
-best).
+non-finite flags at log steps. `evaluate` estimates the loss (and bits per byte) on fixed batches; `save`
+writes OUT_DIR/last (and best). The exact loss over a whole split is training/evaluation.py's.
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ import torch
 from common.errors import UserError
 from data.loader import TokenWindows
 from data.prepare import DATA_DIR, ensure_prepared, load_meta
+from data.tokenizers import bits_per_byte
 from model import GPT
 from training import checkpoint, distributed
 from training.config import Config, adopt_model
+from training.evaluation import byte_lengths_of
 from training.optim import make_optimizers, step_unless
 from training.runtime import Runtime, compile_enabled, setup
 
@@ -65,6 +67,7 @@ class Run:
     optimizers: list[torch.optim.Optimizer]
     scaler: torch.amp.GradScaler  # enabled for fp16 only; a pass-through otherwise
     progress: Progress
+    byte_lengths: torch.Tensor | None = None  # UTF-8 bytes of each token id, for bits per byte
 
     @property
     def out_dir(self) -> Path:
@@ -164,6 +167,8 @@ def start_run(cfg: Config, origins: dict[str, str] | None = None) -> Run:
         else model
     )
     run = Run(cfg, rt, meta, splits, raw, model, step_model, optimizers, scaler, Progress())
+    lengths = byte_lengths_of(meta["tokenizer"])
+    run.byte_lengths = torch.from_numpy(lengths).to(rt.device) if lengths is not None else None
     if ckpt is not None:
         _restore(run, ckpt)
     return run
@@ -210,8 +215,7 @@ def train_step(run: Run, it: int) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
         key = it * cfg.train.grad_accum + micro * rt.world_size + rt.rank
         x, y = run.splits["train"].batch(key, cfg.train.batch_size)
         with distributed.sync_gradients(run.model, micro == run.micro_steps - 1, rt), rt.autocast():
-            _, loss = run.step_model(x, y)
-            loss = loss / run.micro_steps
+            loss = run.step_model(x, y)[1] / run.micro_steps  # logits not kept: freed before backward
         scaler.scale(loss).backward()
         loss_sum += loss.detach()
     for opt in run.optimizers:
@@ -230,22 +234,28 @@ def train_step(run: Run, it: int) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 @torch.no_grad()
 def evaluate(run: Run) -> dict[str, float]:
-    """Mean loss over the same train.eval_iters batches of each split at every eval, shared across ranks.
-    Every rank runs the same number of forward passes (under FSDP each is a collective): where eval_iters is
-    not a multiple of the number of ranks, the ranks short of a batch run one more that counts for nothing."""
+    """Mean loss over the same train.eval_iters batches of each split at every eval, shared across ranks:
+    {"train": loss, "val": loss, "train_bpb": bits per byte, "val_bpb": ...} (bpb: where byte_lengths is
+    known). Every rank runs the same number of forward passes (under FSDP each is a collective): where
+    eval_iters is not a multiple of the number of ranks, the ranks short of a batch run one more that counts
+    for nothing."""
     cfg, rt = run.cfg, run.rt
     run.step_model.eval()
     out = {}
     per_rank = -(-cfg.train.eval_iters // rt.world_size)
     for name, data in run.splits.items():
-        total = torch.zeros(2, device=rt.device)
+        total = torch.zeros(3, device=rt.device)  # sum of batch losses, batches, sum of bytes per token
         for key in range(rt.rank, per_rank * rt.world_size, rt.world_size):
             x, y = data.batch(key, cfg.train.batch_size, stream=1)
             with rt.autocast():
                 _, loss = run.step_model(x, y)
             if key < cfg.train.eval_iters:  # past it, a forward only keeps FSDP's collectives in step
-                total += torch.stack([loss.float(), torch.ones((), device=rt.device)])
-        loss_sum, count = distributed.all_sum(total, rt).tolist()
+                one = torch.ones((), device=rt.device)
+                n_bytes = run.byte_lengths[y].sum().float() if run.byte_lengths is not None else 0 * one
+                total += torch.stack([loss.float(), one, n_bytes / y.numel()])
+        loss_sum, count, bytes_per_token = distributed.all_sum(total, rt).tolist()
         out[name] = loss_sum / count
+        if bytes_per_token:  # every batch has the same number of tokens
+            out[f"{name}_bpb"] = bits_per_byte(loss_sum, bytes_per_token)
     run.step_model.train()
     return out

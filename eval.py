@@ -1,0 +1,136 @@
+"""Evaluate a checkpoint exactly: the loss over every token, bits per byte, or multiple-choice accuracy.
+
+    python eval.py CHECKPOINT                          # every token of the dataset's val split
+    python eval.py CHECKPOINT --split train --stride 32
+    python eval.py CHECKPOINT --text-file notes.txt    # any text, with the model's tokenizer
+    python eval.py CHECKPOINT --choices hellaswag_val.jsonl
+    options: --batch-size N --device D --precision P --data-dir DIR --json
+
+CHECKPOINT is a training run's folder (its best checkpoint is used, else its last) or a checkpoint folder.
+Every token is predicted once, in windows of the model's context (non-overlapping, or sliding by --stride for
+more context per prediction); bits per byte divide the loss by the UTF-8 bytes of the text, so models with
+different tokenizers compare. Multiple choice reads HellaSwag's JSONL format (ctx, endings, label) and scores
+each ending by the mean loss of its tokens given the context. See training/evaluation.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tqdm import tqdm
+
+from common.errors import UserError, run_cli
+from data.evalsets import encode_text_file, read_choices
+from data.prepare import DATA_DIR, trained_dataset
+from data.tokenizers import from_meta
+from training import checkpoint
+from training.evaluation import TokenLoss, evaluate_tokens, score_choices
+from training.runtime import Runtime, pick_device, pick_precision
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python eval.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint", help="a training run's out_dir, or one checkpoint folder in it")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--split", choices=["train", "val"], default="val", help="(default: %(default)s)")
+    what.add_argument("--text-file", help="evaluate on this UTF-8 text instead of a split")
+    what.add_argument(
+        "--choices", help="multiple-choice items, one JSON object per line (ctx, endings, label)"
+    )
+    p.add_argument("--stride", type=int, help="slide the windows by this many tokens (default: the context)")
+    p.add_argument("--batch-size", type=int, help="windows per forward pass (default: train.batch_size)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    p.add_argument(
+        "--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"], help="as train.precision"
+    )
+    p.add_argument(
+        "--data-dir", help="where prepared datasets live (default: the config's data.dir, or data/)"
+    )
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    return p.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace, block_size: int) -> None:
+    if args.stride is not None and not 1 <= args.stride <= block_size:
+        raise UserError(f"--stride must be between 1 and the model's context {block_size}, got {args.stride}")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+
+
+def split_file(args: argparse.Namespace, cfg, tok_meta: dict) -> tuple[Path, dict]:
+    """The split's bin file and the dataset's meta.json; the dataset must share the checkpoint's tokenizer."""
+    folder, meta = trained_dataset(cfg.data.dataset, args.data_dir or cfg.data.dir or DATA_DIR, tok_meta)
+    return folder / f"{args.split}.bin", meta
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    model, cfg, tok_meta, ckpt = checkpoint.load_model(args.checkpoint, device)
+    check_args(args, model.config.block_size)
+    tokenizer = from_meta(tok_meta)
+    rt = Runtime(device, pick_precision(args.precision, device, model.config.n_embd))
+    result = {"checkpoint": str(ckpt), "device": str(device), "precision": rt.precision}
+    if args.choices:
+        items = read_choices(args.choices)
+        with tqdm(total=len(items), unit="item", disable=None, dynamic_ncols=True) as bar:
+            score = score_choices(model, tokenizer, items, rt.autocast, bar.update)
+        result |= {"choices": args.choices, **vars(score)}
+    else:
+        if args.text_file:
+            tokens, dtype, what = encode_text_file(args.text_file, tokenizer), None, args.text_file
+        else:
+            path, meta = split_file(args, cfg, tok_meta)
+            tokens, dtype, what = path, meta["dtype"], f"{cfg.data.dataset} {args.split} split"
+        batch = args.batch_size or cfg.train.batch_size
+        with tqdm(unit="tok", unit_scale=True, disable=None, dynamic_ncols=True) as bar:
+            loss = evaluate_tokens(
+                model, tokens, tokenizer.byte_lengths(), batch, args.stride, rt, bar.update, dtype or "uint16"
+            )
+        result |= {
+            "data": what,
+            "context": model.config.block_size,
+            "stride": args.stride,
+            **loss_fields(loss),
+        }
+    print(json.dumps(result, indent=1) if args.json else table(result))
+    return 0
+
+
+def loss_fields(loss: TokenLoss) -> dict:
+    return {
+        "tokens": loss.tokens,
+        "bytes": loss.bytes,
+        "loss": round(loss.loss, 5),
+        "perplexity": round(loss.perplexity, 4),
+        "bpb": round(loss.bpb, 5),
+        "seconds": round(loss.seconds, 2),
+        "tokens_per_s": round(loss.tokens_per_s),
+    }
+
+
+def table(r: dict) -> str:
+    rows = [("checkpoint", r["checkpoint"])]
+    if "choices" in r:
+        rows += [
+            ("choices", f"{r['choices']}: {r['items']:,} items (chance {r['chance']:.1%})"),
+            ("accuracy", f"{r['accuracy_norm']:.2%} by mean loss per ending token (acc_norm)"),
+            ("", f"{r['accuracy']:.2%} by total loss of the ending (acc)"),
+        ]
+    else:
+        windows = f"sliding by {r['stride']}" if r["stride"] else "non-overlapping"
+        rows += [
+            ("text", f"{r['data']}: {r['tokens']:,} tokens predicted, {r['bytes']:,} bytes"),
+            ("windows", f"{r['context']} tokens, {windows}"),
+            ("loss", f"{r['loss']:.4f} nats per token (perplexity {r['perplexity']:.2f})"),
+            ("bits/byte", f"{r['bpb']:.4f}"),
+            ("speed", f"{r['tokens_per_s']:,} tokens/s ({r['seconds']:.1f} s)"),
+        ]
+    rows.append(("device", f"{r['device']}, {r['precision']}"))
+    return "\n".join(f"{k:<12}{v}" for k, v in rows)
+
+
+if __name__ == "__main__":
+    run_cli(main)

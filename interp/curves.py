@@ -1,0 +1,78 @@
+"""Curves of training runs, from their metrics.jsonl records: one run's OUT_DIR/loss.png, and runs overlaid.
+
+`plot_run` draws train and val loss against tokens seen and, in a second panel, against training seconds,
+with the learning rate on a twin axis; the exact loss over the whole val split (`final_val_loss`), where the
+run measured one, is a star at its end. `plot_runs` overlays one metric of several runs against tokens,
+training seconds or iterations (plot.py). Drawn with matplotlib's object API onto its Agg canvas, small and
+without layout engines: train.py redraws loss.png at every eval and it must stay cheap (see Tracker.plot).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter
+
+X_AXES = {
+    "tokens": ("tokens", "tokens seen"),
+    "time": ("elapsed_s", "training seconds"),
+    "iter": ("iter", "iteration"),
+}
+STYLE = {"train_loss": ("train", "tab:blue"), "val_loss": ("val", "tab:orange")}
+
+
+def evals(records: list[dict]) -> list[dict]:
+    """The eval records (metrics.jsonl may hold other lines)."""
+    return [r for r in records if "val_loss" in r]
+
+
+def plot_run(records: list[dict], path: Path, title: str = "") -> None:
+    """Train and val loss against tokens (the learning rate on a twin axis) and against training seconds."""
+    rows = evals(records)
+    fig = Figure(figsize=(11, 3.8), dpi=90)
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.14, top=0.88, wspace=0.36)
+    axes = fig.subplots(1, 2)
+    for ax, x in zip(axes, ("tokens", "time")):
+        key, label = X_AXES[x]
+        xs = [r[key] for r in rows]
+        for metric, (name, color) in STYLE.items():
+            ax.plot(xs, [r[metric] for r in rows], color=color, marker=".", label=name)
+        final = rows[-1].get("final_val_loss") if rows else None
+        if final is not None:
+            ax.plot([xs[-1]], [final], "*", color="tab:red", markersize=10, label=f"val, exact: {final:.4f}")
+        ax.set(xlabel=label, ylabel="loss (nats per token)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper right")
+    axes[0].xaxis.set_major_formatter(EngFormatter(sep=""))
+    lr = axes[0].twinx()
+    lr.plot([r["tokens"] for r in rows], [r["lr"] for r in rows], color="grey", linestyle=":", linewidth=1)
+    lr.set_ylabel("learning rate (dotted)", color="grey")
+    lr.tick_params(axis="y", colors="grey", labelsize=8)
+    lr.set_ylim(bottom=0)
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path)
+
+
+def plot_runs(runs: list[tuple[str, list[dict]]], metric: str, x: str, path: Path) -> None:
+    """One line per run: `metric` against `x` (tokens | time | iter); a star for the exact final value."""
+    key, label = X_AXES[x]
+    fig = Figure(figsize=(9, 5.2), dpi=110, layout="constrained")
+    ax = fig.subplots()
+    for name, records in runs:
+        rows = [r for r in evals(records) if metric in r]
+        xs = [r[key] for r in rows]
+        (line,) = ax.plot(xs, [r[metric] for r in rows], marker=".", label=name)
+        final = rows[-1].get(f"final_{metric}") if rows else None
+        if final is not None:
+            ax.plot([xs[-1]], [final], "*", color=line.get_color(), markersize=11)
+    ax.set(xlabel=label, ylabel=metric.replace("_", " "), title=f"{metric} against {label}")
+    if x == "tokens":
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if any(f"final_{metric}" in r for _, records in runs for r in records):
+        ax.text(
+            0.99, 0.01, "★ exact, over the whole val split", transform=ax.transAxes, ha="right", fontsize=8
+        )
+    fig.savefig(path)

@@ -1,0 +1,101 @@
+"""Plot training runs against each other: one metric from each run's metrics.jsonl, overlaid in one PNG.
+
+    python plot.py RUN [RUN ...] [--x tokens|time|iter] [--metric val_loss|val_bpb|train_loss|...] [--out F]
+
+Each RUN is a training run's out_dir. A line's label is its out_dir and the config keys whose values differ
+between the runs (read from the config.yaml of each run's checkpoint). A star marks the exact value over the
+whole val split that train.py measures at the end (final_val_loss, final_val_bpb). --x time is training
+seconds (evals excluded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from common.errors import UserError, run_cli
+from interp.curves import X_AXES, evals, plot_runs
+from training import checkpoint
+from training.config import to_dict
+
+IGNORED = {"train.out_dir", "train.resume", "train.overwrite", "data.dir", "log.interval"}  # bookkeeping
+MAX_KEYS = 5  # config differences written into a label
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python plot.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", metavar="RUN", help="training runs' out_dirs")
+    p.add_argument("--x", choices=list(X_AXES), default="tokens", help="the x axis (default: %(default)s)")
+    p.add_argument("--metric", default="val_loss", help="a key of metrics.jsonl (default: %(default)s)")
+    p.add_argument("--out", default="runs.png", help="the PNG to write (default: %(default)s)")
+    return p.parse_args(argv)
+
+
+def read_run(run: str) -> list[dict]:
+    """The eval records of a run's metrics.jsonl."""
+    path = Path(run) / "metrics.jsonl"
+    if not Path(run).is_dir():
+        raise UserError(f"no run at {run}: the folder does not exist")
+    try:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        raise UserError(
+            f"{run} has no metrics.jsonl; give a training run's out_dir (train.out_dir)"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} is damaged ({e.msg} at line {e.lineno})") from None
+    if not evals(records):
+        raise UserError(f"{path} has no evals yet; plot once the run has reached its first eval")
+    return records
+
+
+def flat_config(run: str) -> dict[str, Any]:
+    """The run's config as dotted keys (empty when it wrote no checkpoint)."""
+    try:
+        cfg = checkpoint.load_config(checkpoint.find(run))
+    except UserError:
+        return {}
+    out = {}
+    for section, values in to_dict(cfg).items():
+        out.update({f"{section}.{k}": v for k, v in values.items() if f"{section}.{k}" not in IGNORED})
+    return out
+
+
+def labels(runs: list[str]) -> list[str]:
+    """Each run's out_dir and the config values in which the runs differ."""
+    configs = [flat_config(r) for r in runs]
+    keys = (
+        [k for k in configs[0] if len({json.dumps(c.get(k)) for c in configs}) > 1] if len(runs) > 1 else []
+    )
+    keys += [k for c in configs[1:] for k in c if k not in configs[0] and k not in keys]
+    out = []
+    for run, cfg in zip(runs, configs):
+        shown = [f"{k}={cfg.get(k)}" for k in keys[:MAX_KEYS]]
+        more = f" +{len(keys) - MAX_KEYS} more" if len(keys) > MAX_KEYS else ""
+        out.append(run + (": " + ", ".join(shown) + more if shown else ""))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    records = [read_run(r) for r in args.runs]
+    if not any(args.metric in r for rows in records for r in evals(rows)):
+        have = sorted({k for rows in records for r in evals(rows) for k, v in r.items() if _number(v)})
+        raise UserError(f"--metric {args.metric}: no run has it; metrics.jsonl has {', '.join(have)}")
+    out = Path(args.out)
+    if out.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise UserError(f"--out {out}: give a .png (or .pdf, .svg) file name")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plot_runs(list(zip(labels(args.runs), records)), args.metric, args.x, out)
+    print(f"wrote {out}")
+    return 0
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+if __name__ == "__main__":
+    run_cli(main)

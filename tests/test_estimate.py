@@ -1,0 +1,122 @@
+"""train.py --dry-run: its memory model against autograd and measured peaks, its time against a run."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY, run_script, train
+
+from common.errors import UserError
+from model import GPT, GPTConfig
+from training import estimate
+from training.config import load_config
+from training.trainer import with_vocabulary
+
+OPTIONS = [
+    {},
+    {"pos_emb": "rope", "norm": "rmsnorm", "qk_norm": True, "activation": "relu2", "bias": False},
+    {"activation": "swiglu", "n_kv_head": 2, "tie_embeddings": False, "logit_softcap": 30.0},
+    {"dropout": 0.1, "mlp": False},
+]
+
+
+def saved_bytes(model: GPT, idx: torch.Tensor, precision: str) -> int:
+    """Bytes of the tensors autograd keeps for backward (each storage once), parameters left out."""
+    own = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in own:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        model(idx, idx)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=["gpt2", "modern", "swiglu-gqa", "dropout-no-mlp"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_activation_model_counts_what_autograd_keeps(options: dict, precision: str):
+    m = GPTConfig(vocab_size=65, block_size=48, n_layer=2, n_head=4, n_embd=64, **options)
+    torch.manual_seed(0)
+    model = GPT(m)
+    got = saved_bytes(model, torch.randint(0, 65, (3, 48)), precision)
+    per_token = m.n_layer * estimate.block_bytes_per_token(m, precision, "cpu")
+    predicted = (per_token + estimate.head_bytes_per_token(m, precision)) * 3 * 48
+    if precision == "bf16":  # the weights cast for matrix products are kept too
+        predicted += 2 * estimate.count_params(m).linear
+    assert abs(predicted / got - 1) < 0.03, (predicted, got)
+
+
+MEMORY_CONFIGS = {
+    "small": [
+        "model.n_layer=2",
+        "model.n_head=2",
+        "model.n_embd=64",
+        "model.block_size=128",
+        "train.batch_size=8",
+    ],
+    "default": [],
+    "6x384x256": ["model.n_layer=6", "model.n_head=6", "model.n_embd=384", "model.block_size=256"],
+}
+
+
+@pytest.mark.slow
+def test_predicted_peak_memory_is_within_30_percent_of_the_measured_one(data_dir: Path):
+    """Two real steps of each config in a fresh process (bench.py's measure: the peak resident memory they
+    add), less the file-backed pages of PyTorch's code they page in, against the prediction less weights."""
+    runs = [("shakespeare_char", [f"data.dir={data_dir}", *o]) for o in MEMORY_CONFIGS.values()]
+    with mp.get_context("spawn").Pool(len(runs)) as pool:  # a fresh process each, side by side
+        measured = pool.starmap(estimate._memory_probe, runs)
+    rows = []
+    for name, (config, overrides), (added, code) in zip(MEMORY_CONFIGS, runs, measured):
+        cfg = with_vocabulary(load_config(config, overrides)[0], {"vocab_size": 65})
+        precision = estimate.target_device(cfg)[1]
+        predicted = estimate.memory(cfg, precision, "cpu").training / 2**20
+        rows.append((name, precision, round(predicted, 1), round(added - code, 1)))
+    print("memory (config, precision, predicted MB, measured MB):", rows)
+    for _, _, predicted, measured in rows:
+        assert abs(predicted / measured - 1) <= 0.3, rows
+
+
+def dry_run(*args: str) -> str:
+    return run_script("train.py", *args, "--dry-run", check=True).stdout
+
+
+@pytest.mark.slow
+def test_dry_run_predicts_a_real_runs_time(data_dir: Path, tmp_path: Path):
+    args = [*TINY, "model.n_embd=64", "model.block_size=64", "train.batch_size=16", "train.max_iters=200"]
+    args.append("train.eval_interval=100")
+    out = tmp_path / "out"
+    report = dry_run("configs/shakespeare_char.yaml", f"data.dir={data_dir}", f"train.out_dir={out}", *args)
+    assert "nothing is trained or written" in report and not out.exists()
+    for line in ("model ", "compute ", "tokens ", "memory ", "checkpoint ", "speed ", "time "):
+        assert f"\n{line}" in report, report
+    assert "200 iterations = 204,800 tokens = 0.20 epochs" in report
+    ms = float(re.search(r"speed +([\d,.]+) ms per iteration", report).group(1).replace(",", ""))
+    train(data_dir, out, *args[len(TINY) :])
+    elapsed = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["elapsed_s"]
+    predicted = 200 * ms / 1e3
+    print(f"dry run: {predicted:.2f} s of training predicted, {elapsed:.2f} s measured")
+    assert abs(predicted / elapsed - 1) <= 0.3, (ms, elapsed, report)
+
+
+def test_dry_run_of_a_gpu_config_without_a_gpu_projects_from_flops():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the dry run times real steps instead")
+    cfg, _ = load_config("gpt2", ["train.device=cuda"])
+    report = estimate.dry_run(cfg, "gpt2")
+    assert "124.48M parameters: 85.06M non-embedding + 39.42M embedding" in report
+    assert "not measured: train.device=cuda but no CUDA GPU is visible here" in report
+    assert re.search(r"on a GPU .* at 40% MFU .*H100 [\d.]+ h, A100 [\d.]+ h", report), report
+    assert "peak" in report and "on cuda in bf16" in report and "in fp32 instead" in report
+    with pytest.raises(UserError, match="dataset nothing_here is not prepared, so its vocabulary is unknown"):
+        estimate.dry_run(load_config(None, ["data.dataset=nothing_here"])[0], "x")
