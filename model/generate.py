@@ -70,14 +70,14 @@ def decode_step(
     return logits[:, -1]
 
 
-_compiled_steps: dict[tuple[str, bool], Callable] = {}
+_compiled_steps: dict[str, Callable] = {}
 
 
-def compiled_decode_step(device: torch.device, batch_size: int) -> Callable:
-    """decode_step through torch.compile, built once per kind of step (recompiled per model and batch)."""
-    kind = (device.type, device.type == "cpu" and batch_size == 1)
+def compiled_decode_step(device: torch.device) -> Callable:
+    """decode_step through torch.compile, built once per device type (recompiled per model and batch size)."""
+    kind = device.type
     if kind not in _compiled_steps:
-        if device.type == "cuda":  # CUDA graphs; the cache's tensors are marked static in `generate`
+        if kind == "cuda":  # CUDA graphs; the cache's tensors are marked static in `generate`
             compiled = torch.compile(decode_step, mode="reduce-overhead", fullgraph=True, dynamic=False)
 
             def step(*args):
@@ -85,11 +85,9 @@ def compiled_decode_step(device: torch.device, batch_size: int) -> Callable:
                 return compiled(*args)
 
             _compiled_steps[kind] = step
-        elif kind[1]:  # batch-1 matrix products as inductor's own reductions (see the module docstring)
+        else:  # batch-1 matrix products as inductor's own reductions (see the module docstring)
             options = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
             _compiled_steps[kind] = torch.compile(decode_step, fullgraph=True, dynamic=False, options=options)
-        else:  # several samples: MKL's matrix products (decomposed, a batch-8 step took 2.8x eager's time)
-            _compiled_steps[kind] = torch.compile(decode_step, fullgraph=True, dynamic=False)
     return _compiled_steps[kind]
 
 
@@ -117,7 +115,7 @@ def generate(
     cache = KVCache.for_model(model, B) if use_cache else None
     step = decode_step
     if compile and cache is not None:
-        step = compiled_decode_step(idx.device, B)
+        step = compiled_decode_step(idx.device)
         if idx.device.type == "cuda":
             torch._dynamo.mark_static_address(cache.keys)
             torch._dynamo.mark_static_address(cache.values)
