@@ -15,6 +15,8 @@ slots of the static cache (model/kv_cache.py) under a mask. So `compile=True` ca
 once: on CUDA with CUDA graphs (mode reduce-overhead: the whole step is one replay instead of hundreds of
 kernel launches), on a CPU with inductor's decomposition of matrix-vector products into its own
 vectorised, multi-threaded loops (MKL's GEMV uses one core at batch 1; BENCHMARKS.md has the numbers).
+On a CPU a batch of several samples is decoded eagerly even with `compile`: compiled, its step took 2.8x
+as long (with the matrix products decomposed or not).
 The prompt and each slide are encoded eagerly. Sampling never waits for the device: it draws with the
 exponential race below, and reading the token (to print it) is the one host sync per step, the caller's.
 """
@@ -114,7 +116,7 @@ def generate(
     window[:, :n] = idx[:, -n:]
     cache = KVCache.for_model(model, B) if use_cache else None
     step = decode_step
-    if compile and cache is not None:
+    if compile and cache is not None and (B == 1 or idx.device.type != "cpu"):  # where it pays
         step = compiled_decode_step(idx.device)
         if idx.device.type == "cuda":
             torch._dynamo.mark_static_address(cache.keys)
