@@ -14,7 +14,7 @@ shapes every time: one token per sample at a position given as a tensor, attendi
 slots of the static cache (model/kv_cache.py) under a mask. So `compile=True` can hand it to torch.compile
 once: on CUDA with CUDA graphs (mode reduce-overhead: the whole step is one replay instead of hundreds of
 kernel launches), on a CPU with inductor's decomposition of matrix-vector products into its own
-vectorised, multi-threaded loops (MKL's GEMV uses one core at batch 1; BENCHMARKS.md has the numbers).
+vectorised loops (1.6x eager's tokens/s for the 6 x 384 model; BENCHMARKS.md has the numbers).
 On a CPU a batch of several samples is decoded eagerly even with `compile`: compiled, its step took 2.8x
 as long (with the matrix products decomposed or not).
 The prompt and each slide are encoded eagerly. Sampling never waits for the device: it draws with the
