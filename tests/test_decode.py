@@ -86,8 +86,7 @@ def test_sample_cli_batches_and_int8(run: Path):
     one = run_script(*greedy, check=True).stdout
     many = run_script(*greedy, "--num-samples", "3", "--batch-size", "2", check=True).stdout
     assert many.split("\n---------------\n") == [one.rstrip("\n")] * 2 + [one]
-    sampled = ("sample.py", str(run), "--num-samples", "3", "--max-new-tokens", "30", "--seed", "3")
-    a, b = run_script(*sampled, check=True).stdout, run_script(*sampled, check=True).stdout
-    assert a == b and len(set(a.split("\n---------------\n"))) == 3
+    sampled = run_script("sample.py", str(run), "--num-samples", "3", "--max-new-tokens", "30", check=True)
+    assert len(set(sampled.stdout.split("\n---------------\n"))) == 3  # each sample of a batch its own
     int8 = run_script(*greedy, "--quantize", "int8", check=True).stdout
     assert len(int8) == len(one) and int8.startswith("\n")
