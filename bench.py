@@ -12,17 +12,20 @@ resident memory a fresh process adds during its first steps (Linux only: /proc/s
 not measured); MPS, the Metal driver's allocation a fresh process adds. --compare runs the two setups in one
 process, alternating rounds, so their ratio holds on a noisy machine; B defaults to A's config plus B's
 overrides.
-Sampling: tokens/s generating --sample-tokens tokens in fp32 (as sample.py does) with the KV cache, with a
-full forward per token over the same windows, and with nanoGPT's generator (a full forward over the last
-block_size tokens per token).
+Sampling: tokens/s generating --sample-tokens tokens against the floor that memory bandwidth sets (the bytes
+of weights a step reads, over the bandwidth of a GEMV that size), in fp32 as sample.py generates, compiled,
+int8, 8 samples at once, with a full forward per token over the same windows, and with nanoGPT's generator
+(a full forward over the last block_size tokens per token).
 Memory: peak training memory at batch size 1 as the context grows (T = 512 ... 4096).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import json
+import math
 import statistics
 import sys
 import time
@@ -33,7 +36,7 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError, run_cli
-from model import generate, sample_next
+from model import generate, quantize_int8, sample_next
 from training.config import Config, load_config
 from training.estimate import measure_training_memory
 from training.hardware import peak_flops
@@ -199,34 +202,109 @@ def nanogpt_generate(
         idx = torch.cat([idx, sample_next(logits[:, -1], 1.0, None, None, generator)[:, None]], dim=1)
 
 
-def sampling(s: Setup, n_tokens: int) -> dict:
-    """Tokens/s generating n_tokens at temperature 1 from a one-token prompt, in fp32 as sample.py generates:
-    with the KV cache, with a full forward per token over the same windows, and with nanoGPT's generator (a
-    full forward over the last block_size tokens per token)."""
+def weight_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes of weights one decoding step reads: every parameter and buffer once (a tied weight once), but
+    one row of a table it looks up (embeddings, rotary tables) unless the LM head reads the table whole."""
+    tensors = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    lookups = [model.token_emb.weight] + [model.pos_emb.weight] * (model.pos_emb is not None)
+    lookups += [b for name, b in model.named_buffers() if name.startswith("rope_")]
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    for t in lookups:
+        if t is not model.lm_head.weight:
+            total -= (t.numel() - t.size(-1)) * t.element_size()
+    return total
+
+
+def gemv_bandwidth(n_bytes: int, rt: Runtime) -> float:
+    """Bytes/s through one fp32 matrix-vector product over a square matrix of n_bytes (median of 20): how
+    fast torch streams weights on this device, the bound of a decoding step at batch 1."""
+    side = math.isqrt(n_bytes // 4)
+    matrix, vector = torch.randn(side, side, device=rt.device), torch.randn(side, device=rt.device)
+    times = []
+    for i in range(23):
+        start = time.perf_counter()
+        torch.mv(matrix, vector)
+        rt.synchronize()
+        if i >= 3:  # warm-up
+            times.append(time.perf_counter() - start)
+    return side * side * 4 / statistics.median(times)
+
+
+def decode_prompt(rt: Runtime, batch: int = 1) -> torch.Tensor:
+    return torch.zeros((batch, 1), dtype=torch.long, device=rt.device)
+
+
+def decoders(model: torch.nn.Module, compiled: bool) -> dict[str, tuple[torch.nn.Module, int, bool]]:
+    """The decoding paths bench.py times: name -> (model, batch size, compile); the compiled ones when the
+    setup compiles (train.compile)."""
+    int8 = quantize_int8(copy.deepcopy(model))
+    paths = {"fp32": (model, 1, False), "int8": (int8, 1, False), "fp32 x8 samples": (model, 8, False)}
+    if compiled:  # on a CPU, generate compiles batch 1 only
+        cpu = next(model.parameters()).device.type == "cpu"
+        paths |= {f"{k} compiled": (m, b, True) for k, (m, b, _) in paths.items() if b == 1 or not cpu}
+    return paths
+
+
+def sampling(s: Setup, n_tokens: int, rounds: int) -> tuple[dict, list[dict]]:
+    """Decoding speed against the memory-bandwidth floor, generating n_tokens at temperature 1 from a
+    one-token prompt, in fp32 as sample.py generates, in int8, 8 samples at once, and compiled when the setup
+    compiles: the paths alternate over `rounds`, each timed on the whole n_tokens (medians), between
+    measurements of the GEMV bandwidth. Then, once each, full recompute over the same windows and nanoGPT's
+    generator. Returns (the floor, one row per path)."""
     model = s.run.raw_model.eval()
     torch.set_num_threads(s.threads)
-    prompt = torch.zeros((1, 1), dtype=torch.long, device=s.rt.device)
-    out = {"setup": s.label, "new_tokens": n_tokens, "context": s.cfg.model.block_size}
-    runs = {
-        "kv_cache_tok_s": lambda gen: deque(generate(model, prompt, n_tokens, 1.0, None, None, gen), 0),
-        "full_recompute_tok_s": lambda gen: deque(
-            generate(model, prompt, n_tokens, 1.0, None, None, gen, use_cache=False), 0
-        ),
-        "nanogpt_tok_s": lambda gen: nanogpt_generate(model, prompt, n_tokens, gen),
+    paths = decoders(model, compiled=s.run.step_model is not s.run.model)
+    gen = torch.Generator(device=s.rt.device)
+
+    def seconds(fn) -> float:
+        gen.manual_seed(0)
+        start = time.perf_counter()
+        fn()
+        s.rt.synchronize()
+        return time.perf_counter() - start
+
+    def decode(m: torch.nn.Module, batch: int, compile: bool, n: int = n_tokens, use_cache: bool = True):
+        prompt = decode_prompt(s.rt, batch)
+        return lambda: deque(generate(m, prompt, n, 1.0, None, None, gen, use_cache, compile), 0)
+
+    compile_s = {name: seconds(decode(*p, n=8)) for name, p in paths.items()}  # warm-up (and compile)
+    weights, bandwidth, times = weight_bytes_per_token(model), [], {name: [] for name in paths}
+    for _ in range(rounds):  # alternate, so slow spells of a shared machine hit every path
+        bandwidth.append(gemv_bandwidth(weights, s.rt))
+        for name, p in paths.items():
+            times[name].append(seconds(decode(*p)))
+    times["full recompute"] = [seconds(decode(model, 1, False, use_cache=False))]
+    times["nanoGPT generator"] = [
+        seconds(lambda: nanogpt_generate(model, decode_prompt(s.rt), n_tokens, gen))
+    ]
+    floor_s = weights / statistics.median(bandwidth)  # per step
+    floor = {
+        "setup": s.label,
+        "weights_MB_per_token": round(weights / 1e6, 2),
+        "int8_weights_MB_per_token": round(weight_bytes_per_token(paths["int8"][0]) / 1e6, 2),
+        "gemv_GB_s": round(statistics.median(bandwidth) / 1e9, 1),
+        "floor_ms_per_token": round(floor_s * 1e3, 2),
+        "floor_tok_s": round(1 / floor_s, 1),
+        "threads": s.threads,
     }
-    with torch.no_grad():
-        for use_cache in (True, False):  # warm up
-            deque(generate(model, prompt, 8, 1.0, None, None, None, use_cache=use_cache), 0)
-        for key, fn in runs.items():
-            gen = torch.Generator(device=s.rt.device).manual_seed(0)
-            start = time.perf_counter()
-            fn(gen)
-            s.rt.synchronize()
-            out[key] = round(n_tokens / (time.perf_counter() - start), 1)
-    out["speedup"] = round(out["kv_cache_tok_s"] / out["full_recompute_tok_s"], 2)
-    out["speedup_vs_nanogpt"] = round(out["kv_cache_tok_s"] / out["nanogpt_tok_s"], 2)
+    nanogpt_step = statistics.median(times["nanoGPT generator"]) / n_tokens
+    rows = []
+    for name, t in times.items():
+        step, batch = statistics.median(t) / n_tokens, paths[name][1] if name in paths else 1
+        rows.append(
+            {
+                "setup": s.label,
+                "path": name,
+                "batch": batch,
+                "tok_s": round(batch / step, 1),
+                "ms_per_step": round(step * 1e3, 2),
+                "of_floor": float(f"{floor_s / step:.3g}"),  # the floor's time per step over this path's
+                "vs_nanogpt": round(batch * nanogpt_step / step, 1),
+                "compile_s": round(compile_s[name], 1) if name in paths and paths[name][2] else "",
+            }
+        )
     model.train()
-    return out
+    return floor, rows
 
 
 def table(rows: list[dict]) -> str:
@@ -272,7 +350,10 @@ def main(argv: list[str]) -> int:
         if "ratio_B_over_A_tokens_per_s" in results:
             print(f"B / A training tokens/s: {results['ratio_B_over_A_tokens_per_s']}")
     if "sample" in only:
-        results["sample"] = [sampling(s, args.sample_tokens) for s in setups]
+        measured = [sampling(s, args.sample_tokens, args.rounds) for s in setups]
+        results["sample_floor"] = [floor for floor, _ in measured]
+        results["sample"] = [row for _, rows in measured for row in rows]
+        print(table(results["sample_floor"]))
         print(table(results["sample"]))
     if "memory" in only:
         results["memory"] = [row for s in setups for row in memory_scaling(s)]

@@ -14,7 +14,8 @@ Notable:
   `activation: gelu_tanh` the network is GPT-2 exactly; with rotary positions, RMSNorm, SwiGLU and no biases
   it is Llama (hf/ converts the weights both ways).
 - GPT-2 initialisation: N(0, 0.02), the residual projections (W_O, MLP output) scaled by 1/sqrt(2 n_layer).
-- `kv_cache` (model/kv_cache.py) lets generation encode a prompt once, then run one token per step.
+- `kv_cache` (model/kv_cache.py, static: one slot per position) lets generation encode a prompt once, then
+  run one token per step at a position given as a tensor (`input_pos`), so the step's shapes never change.
 """
 
 from __future__ import annotations
@@ -49,14 +50,15 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
-def causal_mask(n_queries: int, n_keys: int, window: Optional[int], device: torch.device) -> torch.Tensor:
+def causal_mask(query_pos: torch.Tensor, n_keys: int, window: Optional[int]) -> torch.Tensor:
     """Boolean (n_queries, n_keys) mask, True where attention is allowed.
 
-    The queries are the last n_queries of the n_keys positions: query i sits at position n_keys - n_queries
-    + i and may attend to keys at or before it (and, with a window, not further back than window - 1 tokens).
+    Keys sit at positions 0 .. n_keys - 1 and the queries at `query_pos`: a query at position p may attend to
+    the keys at positions up to p (and, with a window, not further back than window - 1 tokens). With a KV
+    cache, the slots past the last query are empty or stale, and this mask hides them.
     """
-    q_pos = torch.arange(n_keys - n_queries, n_keys, device=device)[:, None]
-    k_pos = torch.arange(n_keys, device=device)[None, :]
+    q_pos = query_pos[:, None]
+    k_pos = torch.arange(n_keys, device=query_pos.device)[None, :]
     allowed = k_pos <= q_pos
     if window is not None:
         allowed &= k_pos > q_pos - window
@@ -64,34 +66,47 @@ def causal_mask(n_queries: int, n_keys: int, window: Optional[int], device: torc
 
 
 def attend(
-    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: Optional[int], dropout: float
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    dropout: float,
 ) -> torch.Tensor:
-    """softmax(Q K^T / sqrt(d) + causal mask) V through F.scaled_dot_product_attention, which picks a flash
-    kernel. The queries are the last T of the keys' positions (T < n_keys when a KV cache holds the rest).
+    """softmax(Q K^T / sqrt(d) + mask) V through F.scaled_dot_product_attention, which picks a flash kernel.
+
+    `mask` is None for plain causal attention of T queries over the same T keys (training), else a boolean
+    (T, n_keys) mask from `causal_mask` (a sliding window, or the slots of a KV cache). Keys and values may
+    have fewer heads than the queries (grouped-query attention): SDPA's `enable_gqa` lets each serve its
+    group of query heads without copying it.
 
     On a CPU, bf16 attention runs in fp32 outside autocast: PyTorch's CPU flash kernel is several times
     slower in bf16 (6.8 vs 1.0 ms forward + backward at B=12, H=4, T=64, d=32; BENCHMARKS.md).
     """
-    T, n_keys = queries.size(2), keys.size(2)
     dtype = queries.dtype
     if dtype == torch.bfloat16 and queries.device.type == "cpu":
         with torch.autocast("cpu", enabled=False):
-            return attend(queries.float(), keys.float(), values.float(), window, dropout).to(dtype)
-    if window is None and n_keys == T:
-        return F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout, is_causal=True)
-    if window is None and T == 1:  # one new query sees every cached key
-        return F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout)
-    mask = causal_mask(T, n_keys, window, queries.device)
-    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout)
+            return attend(queries.float(), keys.float(), values.float(), mask, dropout).to(dtype)
+    gqa = keys.size(1) != queries.size(1)
+    return F.scaled_dot_product_attention(
+        queries, keys, values, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, enable_gqa=gqa
+    )
 
 
 def attend_explicitly(
-    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: Optional[int], dropout: float
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    dropout: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same as `attend`, written out, also returning the attention weights (B, H, T, n_keys)."""
-    T, n_keys = queries.size(2), keys.size(2)
+    T = queries.size(2)
+    if mask is None:
+        mask = causal_mask(torch.arange(T, device=queries.device), T, None)
+    group = queries.size(1) // keys.size(1)  # query heads per key/value head
+    keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
     scores = (queries @ keys.transpose(-2, -1)) / math.sqrt(queries.size(-1))
-    scores = scores.masked_fill(~causal_mask(T, n_keys, window, queries.device), float("-inf"))
+    scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
     weights = weights.type_as(queries)
     return F.dropout(weights, dropout) @ values, weights
@@ -105,7 +120,6 @@ class CausalSelfAttention(nn.Module):
         self.W_QKV = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim, bias=cfg.bias)
         self.W_O = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.qk_norm = cfg.qk_norm
-        self.window = cfg.window
         self.attn_dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
@@ -113,7 +127,9 @@ class CausalSelfAttention(nn.Module):
         self,
         x: torch.Tensor,
         rotary: Optional[tuple[torch.Tensor, torch.Tensor]],
-        kv_cache: Optional[KVCache],
+        mask: Optional[torch.Tensor],
+        kv_cache: Optional[KVCache] = None,
+        positions: Optional[torch.Tensor] = None,
         return_weights: bool = False,
     ):
         B, T, C = x.shape
@@ -125,19 +141,14 @@ class CausalSelfAttention(nn.Module):
         if self.qk_norm:
             queries, keys = F.rms_norm(queries, (d,)), F.rms_norm(keys, (d,))
         if rotary is not None:
-            start = kv_cache.pos if kv_cache is not None else 0
-            cos, sin = rotary[0][start : start + T], rotary[1][start : start + T]
-            queries, keys = apply_rotary(queries, cos, sin), apply_rotary(keys, cos, sin)
-        if kv_cache is not None:
-            keys, values = kv_cache.update(self.layer_idx, keys, values)  # all positions so far
-        if H_kv != H:  # grouped-query attention: each key/value head serves H / H_kv query heads
-            keys = keys.repeat_interleave(H // H_kv, dim=1)
-            values = values.repeat_interleave(H // H_kv, dim=1)
+            queries, keys = apply_rotary(queries, *rotary), apply_rotary(keys, *rotary)
+        if kv_cache is not None:  # write this step's keys and values; attend over every slot of the cache
+            keys, values = kv_cache.update(self.layer_idx, positions, keys, values)
         dropout = self.attn_dropout if self.training else 0.0
         if return_weights:
-            y, weights = attend_explicitly(queries, keys, values, self.window, dropout)
+            y, weights = attend_explicitly(queries, keys, values, mask, dropout)
         else:
-            y, weights = attend(queries, keys, values, self.window, dropout), None
+            y, weights = attend(queries, keys, values, mask, dropout), None
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # concatenate the heads
         return self.resid_dropout(self.W_O(y)), weights
 
@@ -173,8 +184,8 @@ class Block(nn.Module):
         self.norm2 = make_norm(cfg) if cfg.mlp else None
         self.mlp = MLP(cfg) if cfg.mlp else None
 
-    def forward(self, x, rotary, kv_cache, return_weights=False):
-        a, weights = self.attn(self.norm1(x), rotary, kv_cache, return_weights)
+    def forward(self, x, rotary, mask, kv_cache=None, positions=None, return_weights=False):
+        a, weights = self.attn(self.norm1(x), rotary, mask, kv_cache, positions, return_weights)
         x = x + a
         if self.mlp is not None:
             x = x + self.mlp(self.norm2(x))
@@ -236,18 +247,26 @@ class GPT(nn.Module):
         span = min(seq_len, cfg.window) if cfg.window else seq_len
         return 6 * self.num_params(non_embedding=True) + 12 * cfg.n_layer * cfg.n_embd * span
 
-    def _rotary(self):
-        return (self.rope_cos, self.rope_sin) if self.pos_emb is None else None
+    def _positions(self, idx: torch.Tensor, input_pos: Optional[torch.Tensor]) -> torch.Tensor:
+        T, block_size = idx.size(1), self.config.block_size
+        if block_size < T:
+            raise ValueError(f"sequence of {T} tokens is longer than block_size={block_size}")
+        return torch.arange(T, device=idx.device) if input_pos is None else input_pos
 
-    def _embed(self, idx: torch.Tensor, start: int) -> torch.Tensor:
-        T = idx.size(1)
-        if start + T > self.config.block_size:
-            raise ValueError(
-                f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}"
-            )
+    def _rotary(self, positions: torch.Tensor):
+        return (self.rope_cos[positions], self.rope_sin[positions]) if self.pos_emb is None else None
+
+    def _mask(self, positions: torch.Tensor, kv_cache: Optional[KVCache]) -> Optional[torch.Tensor]:
+        """None (plain causal attention) unless a window or a cache needs the mask spelt out."""
+        if kv_cache is None and self.config.window is None:
+            return None
+        n_keys = kv_cache.max_len if kv_cache is not None else positions.size(0)
+        return causal_mask(positions, n_keys, self.config.window)
+
+    def _embed(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.token_emb(idx)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
+            x = x + self.pos_emb(positions)
         return self.drop(x)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -261,19 +280,20 @@ class GPT(nn.Module):
         targets: Optional[torch.Tensor] = None,
         kv_cache: Optional[KVCache] = None,
         last_only: bool = False,
+        input_pos: Optional[torch.Tensor] = None,
     ):
         """idx (B, T) token ids -> (logits (B, T, vocab), mean cross-entropy against targets or None).
 
-        With `last_only` the logits are computed for the last position alone (generation); with a
-        `kv_cache` the tokens continue the cached sequence and their keys and values are appended to it.
-        Targets of -1 are ignored by the loss.
+        With `last_only` the logits are computed for the last position alone (generation). With a
+        `kv_cache` the tokens sit at positions `input_pos` (T,) of the cached sequence (default 0 .. T-1: a
+        prefill): their keys and values are written into those slots, and each token attends to the cached
+        positions up to its own. Targets of -1 are ignored by the loss.
         """
-        rotary = self._rotary()
-        x = self._embed(idx, kv_cache.pos if kv_cache is not None else 0)
+        positions = self._positions(idx, input_pos)
+        rotary, mask = self._rotary(positions), self._mask(positions, kv_cache)
+        x = self._embed(idx, positions)
         for block in self.blocks:
-            x, _ = block(x, rotary, kv_cache)
-        if kv_cache is not None:
-            kv_cache.advance(idx.size(1))
+            x, _ = block(x, rotary, mask, kv_cache, positions)
         logits = self._logits(x[:, -1:] if last_only else x)
         loss = None
         if targets is not None:
@@ -284,10 +304,11 @@ class GPT(nn.Module):
     def attention_weights(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Forward through the explicit attention path: (logits (B, T, vocab), one (B, n_head, T, T)
         tensor of attention weights per layer; row q holds how query q distributes over the keys)."""
-        rotary = self._rotary()
-        x = self._embed(idx, 0)
+        positions = self._positions(idx, None)
+        rotary, mask = self._rotary(positions), self._mask(positions, None)
+        x = self._embed(idx, positions)
         weights = []
         for block in self.blocks:
-            x, w = block(x, rotary, None, return_weights=True)
+            x, w = block(x, rotary, mask, return_weights=True)
             weights.append(w)
         return self._logits(x), weights

@@ -1,8 +1,10 @@
-"""A key/value cache for generation: each layer's keys and values for the tokens seen so far.
+"""A static key/value cache for generation: each layer's keys and values, one slot per position.
 
-Preallocated once for `max_len` positions (at most the model's block_size); `update` writes a layer's new
-keys and values at the current position and returns every position up to and including them; `advance`
-moves the position on once all layers have run.
+Allocated once for `max_len` positions (the model's block_size) and never reallocated: `update` writes the
+keys and values of the tokens at the given positions into their slots (in place, with `index_copy_`) and
+returns the layer's whole cache; the attention mask (`model.gpt.causal_mask`) hides the slots past each
+query. The shapes are the same at every decoding step, which is what lets `torch.compile` (and CUDA graphs)
+take the step once and replay it. The cache keeps no position of its own: the caller says where the tokens go.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ class KVCache:
         dtype: torch.dtype,
     ):
         shape = (n_layer, batch_size, n_kv_head, max_len, head_dim)
-        self.keys = torch.empty(shape, device=device, dtype=dtype)
-        self.values = torch.empty(shape, device=device, dtype=dtype)
+        # zeros rather than empty: masked slots get attention weight 0, but 0 * NaN would still be NaN
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
-        self.pos = 0
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, batch_size: int, dtype: torch.dtype | None = None) -> KVCache:
@@ -41,18 +43,11 @@ class KVCache:
             dtype or weight.dtype,
         )
 
-    def reset(self) -> None:
-        self.pos = 0
-
     def update(
-        self, layer: int, keys: torch.Tensor, values: torch.Tensor
+        self, layer: int, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self.pos + keys.size(2)
-        if end > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions; cannot append up to {end}")
-        self.keys[layer, :, :, self.pos : end] = keys
-        self.values[layer, :, :, self.pos : end] = values
-        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
-
-    def advance(self, n: int) -> None:
-        self.pos += n
+        """Write keys and values (B, n_kv_head, T, head_dim) into the slots `positions` (T,) of `layer`;
+        return that layer's keys and values for all max_len slots."""
+        self.keys[layer].index_copy_(2, positions, keys)
+        self.values[layer].index_copy_(2, positions, values)
+        return self.keys[layer], self.values[layer]

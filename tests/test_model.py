@@ -173,10 +173,10 @@ def test_kv_cache_logits_match_full_forward_and_crop_semantics_within_context():
     full, _ = m(idx)
     cache = KVCache.for_model(m, 2)
     prefill, _ = m(idx[:, :6], kv_cache=cache)
-    steps = [m(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(6, 16)]
+    steps = [m(idx[:, t : t + 1], kv_cache=cache, input_pos=torch.tensor([t]))[0] for t in range(6, 16)]
     torch.testing.assert_close(torch.cat([prefill, *steps], dim=1), full)
-    with pytest.raises(ValueError):
-        m(idx[:, :1], kv_cache=cache)  # the cache holds block_size positions, no more
+    with pytest.raises(IndexError):
+        m(idx[:, :1], kv_cache=cache, input_pos=torch.tensor([16]))  # the cache holds block_size slots
 
 
 def test_batched_generation_is_rowwise():

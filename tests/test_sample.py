@@ -71,6 +71,11 @@ def test_sample_cli_is_reproducible_and_streams_the_prompt(run: Path):
         (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
         (["--prompt", "a" * 33], "the prompt is 33 tokens, longer than the model's context of 32"),
         (["--prompt-file", "/no/such/file"], "prompt file /no/such/file not found"),
+        (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+        (
+            ["--quantize", "int4"],
+            "--quantize takes int8 (or leave it out for the checkpoint's precision), got int4",
+        ),
     ],
 )
 def test_bad_sampling_input_is_one_line(run: Path, args, message):
