@@ -22,7 +22,7 @@ from conftest import TINY, train
 from common.errors import UserError
 from data.evalsets import read_choices
 from data.prepare import SHAKESPEARE
-from data.tokenizers import BPETokenizer, CharTokenizer
+from data.tokenizers import BPETokenizer, CharTokenizer, from_meta
 from model import GPT, GPTConfig
 from training import checkpoint
 from training.config import load_config
@@ -153,8 +153,8 @@ def test_multiple_choice_far_above_chance_trained_and_at_chance_untrained(
     r = json.loads(capsys.readouterr().out)
     assert r["items"] == 80 and r["chance"] == 0.25
     assert r["accuracy_norm"] >= 0.6 and r["accuracy"] >= 0.6  # true text against its own letters shuffled
-    model, *_, ckpt = checkpoint.load_model(trained)
-    tokenizer = CharTokenizer(json.loads((ckpt / "tokenizer.json").read_text())["chars"])
+    model, _, tokenizer_meta, _ = checkpoint.load_model(trained)
+    tokenizer = from_meta(tokenizer_meta)
     torch.manual_seed(0)
     untrained = GPT(model.config).eval()
     score = score_choices(untrained, tokenizer, read_choices(path))

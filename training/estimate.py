@@ -47,7 +47,14 @@ from training.trainer import Run, start_run, train_step
 MB = 2**20
 CHINCHILLA_TOKENS_PER_PARAM = 20
 PROJECTION_MFU = 0.4  # the MFU assumed for GPUs not at hand (nanoGPT reaches ~40% on an A100 for GPT-2 small)
-PROJECTED_GPUS = ("H100", "A100", "L40S", "RTX 4090", "L4")
+# GPUs the dry run projects to: the name it prints -> the exact product name in hardware.GPU_PEAKS
+PROJECTED_GPUS = {
+    "H100": "H100 80GB HBM3",
+    "A100": "A100-SXM4-80GB",
+    "L40S": "L40S",
+    "RTX 4090": "GeForce RTX 4090",
+    "L4": "L4",
+}
 CPU_RUNTIME_MB = 15  # PyTorch code paged in by the first steps on a CPU (file-backed; measured, see above)
 
 
@@ -459,8 +466,8 @@ def _time_lines(
     if timing is None or (device != "cuda" and iters * timing.step_s * t.grad_accum > 3600):
         flops = tokens * params.flops_per_token
         projected = []
-        for gpu in PROJECTED_GPUS:
-            peaks = GPU_PEAKS[gpu]
+        for gpu, product in PROJECTED_GPUS.items():
+            peaks = GPU_PEAKS[product]
             peak = peaks.get("bf16") or peaks["fp16"]
             projected.append(f"{gpu} {_duration(flops / (peak * 1e12 * PROJECTION_MFU))}")
         lines.append(
