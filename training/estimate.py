@@ -104,11 +104,11 @@ def block_bytes_per_token(m: GPTConfig, precision: str, device: str) -> float:
         b = 4 if attn_fp32 else a
         total += 3 * C * b + 3 * H * T * b + C * a + norms * C * a  # + a dropout mask per residual branch
     elif a == 4:  # fp32: q, k, v are views of the QKV output
-        total += qkv * 4 + (2 * C * 4 if m.kv_heads != H else 0) + (3 * C * 4 if reshaped else 0) + C * 4
+        total += qkv * 4 + (3 * C * 4 if reshaped else 0) + C * 4  # GQA: SDPA's enable_gqa copies nothing
     elif attn_fp32:  # autocast on a CPU: fp32 copies of q, k, v (qk-norm casts q and k once more)
-        total += 3 * C * 4 + (2 * C * 4 if m.qk_norm else 0) + C * 4 + C * a
+        total += qkv * 4 + (2 * C * 4 if m.qk_norm else 0) + C * 4 + C * a
     else:  # autocast on a GPU: attention in the autocast type
-        total += qkv * a + (2 * C * a if m.kv_heads != H else 0) + (2 * C * (4 + a) if m.qk_norm else 0)
+        total += qkv * a + (2 * C * (4 + a) if m.qk_norm else 0)
         total += (2 * C * a if m.pos_emb == "rope" else 0) + C * a + (C * a if reshaped else 0)
     total += H * 4  # attention's log-sum-exp
     if m.mlp:
