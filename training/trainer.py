@@ -123,13 +123,7 @@ def open_dataset(cfg: Config, rt: Runtime) -> dict:
 def start_run(cfg: Config, origins: dict[str, str] | None = None) -> Run:
     """Everything a run needs (see the module docstring); with train.resume, continued from OUT_DIR/last.
     `origins` (from load_config) says which keys were set explicitly, for train.init_from."""
-    ckpt = checkpoint.find_last(cfg.train.out_dir) if cfg.train.resume else None
-    source = None
-    if cfg.train.init_from and ckpt is None:  # a fresh run: shape and weights of a pretrained model
-        source = checkpoint.load_pretrained(cfg.train.init_from, hub=True)
-        cfg = adopt_model(cfg, source.model, origins or {}, f"train.init_from {source.where}")
-    elif cfg.train.init_from:  # resuming one: the shape it was given, without reading the source again
-        cfg = adopt_model(cfg, checkpoint.load_config(ckpt).model, origins or {}, f"checkpoint {ckpt}")
+    cfg, ckpt, source = _starting_point(cfg, origins or {})
     t = cfg.train
     rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
     meta = open_dataset(cfg, rt)  # before the process group: see open_dataset
@@ -137,22 +131,10 @@ def start_run(cfg: Config, origins: dict[str, str] | None = None) -> Run:
     if source is not None:
         checkpoint.check_tokenizer(source, cfg.data.dataset, meta["tokenizer"])
     cfg = with_vocabulary(cfg, meta)
-    folder = Path(cfg.data.dir) if cfg.data.dir else DATA_DIR
-    splits = {
-        s: TokenWindows(
-            folder / cfg.data.dataset / f"{s}.bin",
-            meta["dtype"],
-            cfg.model.block_size,
-            rt.device,
-            cfg.train.seed,
-            s,
-        )
-        for s in ("train", "val")
-    }
     if ckpt is not None:
         checkpoint.check_resumable(ckpt, cfg, meta["tokenizer"])
 
-    torch.manual_seed(cfg.train.seed)
+    torch.manual_seed(t.seed)
     raw = GPT(cfg.model).to(rt.device)
     if ckpt is not None:  # whole weights, before FSDP shards them
         checkpoint.load_into(raw, checkpoint.load_weights(ckpt), ckpt)
@@ -161,17 +143,39 @@ def start_run(cfg: Config, origins: dict[str, str] | None = None) -> Run:
     model, raw = distributed.wrap(raw, cfg, rt)
     optimizers = make_optimizers(raw, cfg.optim, rt.device)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.precision == "fp16")
-    step_model = (
-        torch.compile(model, mode=cfg.train.compile_mode)
-        if compile_enabled(cfg.train.compile, rt.device)
-        else model
-    )
-    run = Run(cfg, rt, meta, splits, raw, model, step_model, optimizers, scaler, Progress())
+    compiled = compile_enabled(t.compile, rt.device)
+    step_model = torch.compile(model, mode=t.compile_mode) if compiled else model
+    run = Run(cfg, rt, meta, _splits(cfg, meta, rt), raw, model, step_model, optimizers, scaler, Progress())
     lengths = byte_lengths_of(meta["tokenizer"])
     run.byte_lengths = torch.from_numpy(lengths).to(rt.device) if lengths is not None else None
     if ckpt is not None:
         _restore(run, ckpt)
     return run
+
+
+def _starting_point(
+    cfg: Config, origins: dict[str, str]
+) -> tuple[Config, Path | None, checkpoint.Pretrained | None]:
+    """(the config with the model's shape from train.init_from where one is given, the checkpoint to resume
+    from or None, the pretrained model to start from or None)."""
+    ckpt = checkpoint.find_last(cfg.train.out_dir) if cfg.train.resume else None
+    source = None
+    if cfg.train.init_from and ckpt is None:  # a fresh run: shape and weights of a pretrained model
+        source = checkpoint.load_pretrained(cfg.train.init_from, hub=True)
+        cfg = adopt_model(cfg, source.model, origins, f"train.init_from {source.where}")
+    elif cfg.train.init_from:  # resuming one: the shape it was given, without reading the source again
+        cfg = adopt_model(cfg, checkpoint.load_config(ckpt).model, origins, f"checkpoint {ckpt}")
+    return cfg, ckpt, source
+
+
+def _splits(cfg: Config, meta: dict, rt: Runtime) -> dict[str, TokenWindows]:
+    """The train and val token windows of the run's dataset."""
+    folder = (Path(cfg.data.dir) if cfg.data.dir else DATA_DIR) / cfg.data.dataset
+    m, seed = cfg.model, cfg.train.seed
+    return {
+        s: TokenWindows(folder / f"{s}.bin", meta["dtype"], m.block_size, rt.device, seed, s)
+        for s in ("train", "val")
+    }
 
 
 def _restore(run: Run, ckpt: Path) -> None:
