@@ -128,3 +128,19 @@ def test_a_time_budget_ends_with_the_lr_decayed_and_a_final_eval(data_dir: Path,
     assert rows[0]["iter"] == 0 and rows[-1]["iter"] > 0
     assert 4.0 <= rows[-1]["elapsed_s"] < 6.0
     assert rows[-1]["lr"] == pytest.approx(1e-4, rel=1e-6)  # the floor: the schedule followed the clock
+
+
+def test_muon_iterates_in_fp32_on_a_cpu_without_bf16_matrix_instructions(monkeypatch):
+    """Emulated bf16 matrix products made a Muon step 10x slower on such CPUs (BENCHMARKS.md)."""
+    from training import muon
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(muon, "cpu_has_bf16_matmul", lambda: False)
+    assert muon.iteration_dtype(cpu) == torch.float32 and muon.iteration_dtype(cuda) == torch.bfloat16
+    monkeypatch.setattr(muon, "cpu_has_bf16_matmul", lambda: True)
+    assert muon.iteration_dtype(cpu) == torch.bfloat16
+    # in fp32 the iteration is the same map, only finer: it agrees with the bf16 one to bf16 precision
+    G = torch.randn(3, 32, 96, generator=torch.Generator().manual_seed(0))
+    fp32, bf16 = muon.newton_schulz(G), muon.newton_schulz(G.bfloat16())
+    assert fp32.dtype == torch.float32 and bf16.dtype == torch.bfloat16
+    torch.testing.assert_close(fp32, bf16.float(), atol=0.05, rtol=0)

@@ -1,7 +1,9 @@
 """Muon, batched: the update of torch.optim.Muon, computed for many matrices at once.
 
 Muon (Jordan et al. 2024) replaces each 2-D weight's momentum update by its nearest semi-orthogonal matrix,
-found with five Newton-Schulz iterations in bf16. torch.optim.Muon (torch >= 2.9) runs them matrix by matrix;
+found with five Newton-Schulz iterations in bf16 (fp32 on a CPU without bf16 matrix instructions, where
+PyTorch's bf16 matrix products are emulated and the step took 13 s instead of 1.7 s for a 4 x 256 model;
+BENCHMARKS.md). torch.optim.Muon (torch >= 2.9) runs them matrix by matrix;
 for the small matrices of a small GPT that is a long chain of tiny matrix products, and on a CPU the optimizer
 step took 18-25 ms for the 16 hidden matrices of a 4 x 128 model, about half a whole training step. Batched,
 it takes 11-14 ms (BENCHMARKS.md).
@@ -21,19 +23,26 @@ import math
 
 import torch
 
+from training.runtime import cpu_has_bf16_matmul
+
 COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's (Keller Jordan's) quintic iteration
 
 
 def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """Approximately orthogonalise each matrix of G (batch, rows, cols) with rows <= cols, in bf16."""
+    """Approximately orthogonalise each matrix of G (batch, rows, cols) with rows <= cols, in G's dtype."""
     a, b, c = COEFFICIENTS
-    X = G.bfloat16()
+    X = G
     X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
     for _ in range(steps):
         A = X @ X.mT
         B = torch.baddbmm(A, A, A, beta=b, alpha=c)
         X = torch.baddbmm(X, B, X, beta=a)
     return X
+
+
+def iteration_dtype(device: torch.device) -> torch.dtype:
+    """bf16 where matrix products are native in it (GPUs, CPUs with AMX or AVX512-BF16), else fp32."""
+    return torch.bfloat16 if device.type != "cpu" or cpu_has_bf16_matmul() else torch.float32
 
 
 class Muon(torch.optim.Optimizer):
@@ -84,7 +93,7 @@ class Muon(torch.optim.Optimizer):
                 by_short_side.setdefault((min(p.shape), p.device), []).append(i)
             for (short, device), members in by_short_side.items():
                 long = max(max(params[i].shape) for i in members)
-                batch = torch.zeros(len(members), short, long, device=device, dtype=torch.bfloat16)
+                batch = torch.zeros(len(members), short, long, device=device, dtype=iteration_dtype(device))
                 for row, i in enumerate(members):
                     u = updates[i] if updates[i].size(0) <= updates[i].size(1) else updates[i].mT
                     batch[row, :, : u.size(1)] = u

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -74,6 +75,7 @@ def pick_device(setting: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
+@functools.cache
 def cpu_has_bf16_matmul() -> bool:
     """True on CPUs with bf16 matrix instructions (Intel AMX, AVX512-BF16)."""
     try:
