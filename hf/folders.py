@@ -18,6 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from common.errors import UserError
+from data.tokenizers import METADATA_FILE
 from hf import convert, tokenizer_files
 from model import GPTConfig
 
@@ -33,7 +34,7 @@ HUB_FILES = [
     "tokenizer_config.json",
     "vocab.json",
     "merges.txt",
-    tokenizer_files.OURS,
+    METADATA_FILE,
 ]
 
 

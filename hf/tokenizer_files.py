@@ -27,7 +27,6 @@ from pathlib import Path
 from common.errors import UserError
 from data.tokenizers import BPE_ALIASES, METADATA_FILE, BPETokenizer, byte_alphabet, from_meta
 
-OURS = METADATA_FILE  # our metadata, in checkpoints and in exported folders
 GPT2_ENCODINGS = ("gpt2", "r50k_base")
 
 
@@ -163,7 +162,7 @@ def write_tokenizer(folder: Path, meta: dict, block_size: int) -> int | None:
         config |= {"bos_token": text, "eos_token": text}
     (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
-    (folder / OURS).write_text(json.dumps(meta, indent=1))
+    (folder / METADATA_FILE).write_text(json.dumps(meta, indent=1))
     return eot
 
 
@@ -174,8 +173,8 @@ def tokenizer_of(folder: Path, model_type: str, vocab_size: int) -> tuple[dict |
     """(our tokenizer metadata for the tokenizer of a Hugging Face folder, or None when it is none of ours;
     a few words on what it is). A GPT-2 model without tokenizer files, with room for GPT-2's vocabulary,
     is taken to use GPT-2's BPE."""
-    if (folder / OURS).is_file():
-        meta = _read_json(folder / OURS)
+    if (folder / METADATA_FILE).is_file():
+        meta = _read_json(folder / METADATA_FILE)
         return meta, describe(meta)
     vocab = None
     if (folder / "tokenizer.json").is_file():
