@@ -35,9 +35,8 @@ from data.tokenizers import Tokenizer, bits_per_byte, from_meta
 from training import distributed
 from training.runtime import Runtime
 
-FINAL_EVAL_AUTO_TOKENS = (
-    4_000_000  # train.final_eval=auto: the exact eval at the end up to this many val tokens
-)
+# train.final_eval=auto: the exact eval at the end up to this many val tokens
+FINAL_EVAL_AUTO_TOKENS = 4_000_000
 
 
 @dataclass
