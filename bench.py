@@ -37,10 +37,10 @@ import torch
 
 from common.errors import UserError, run_cli
 from model import generate, quantize_int8, sample_next
-from training.config import Config, load_config
+from runs.config import Config, load_config
+from runs.runtime import Runtime
 from training.estimate import measure_training_memory
 from training.hardware import peak_flops
-from training.runtime import Runtime
 from training.trainer import Run, start_run, train_step
 
 CONTEXTS = (512, 1024, 2048, 4096)

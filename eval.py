@@ -25,9 +25,9 @@ from common.errors import UserError, run_cli
 from data.evalsets import encode_text_file, read_choices
 from data.prepare import DATA_DIR, trained_dataset
 from data.tokenizers import from_meta
-from training import checkpoint
+from runs import checkpoint
+from runs.runtime import Runtime, pick_device, pick_precision
 from training.evaluation import TokenLoss, evaluate_tokens, score_choices
-from training.runtime import Runtime, pick_device, pick_precision
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common.errors import UserError, run_cli
 from hf import folders
-from training import checkpoint
+from runs import checkpoint
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

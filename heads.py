@@ -35,8 +35,8 @@ from data.tokenizers import from_meta
 from interp.explorer import write_page
 from interp.plots import MAX_LABELS, plot_head, plot_layer, plot_scores, token_labels
 from interp.scores import ROLES, THRESHOLD, role_name, score_heads
-from training import checkpoint
-from training.runtime import pick_device
+from runs import checkpoint
+from runs.runtime import pick_device
 
 DEFAULT_PROMPT_TOKENS = 40  # without --prompt: this many tokens from the start of the validation split
 

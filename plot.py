@@ -17,8 +17,8 @@ from typing import Any
 
 from common.errors import UserError, run_cli
 from interp.curves import X_AXES, evals, plot_runs
-from training import checkpoint
-from training.config import to_dict
+from runs import checkpoint
+from runs.config import to_dict
 
 IGNORED = {"train.out_dir", "train.resume", "train.overwrite", "data.dir", "log.interval"}  # bookkeeping
 MAX_KEYS = 5  # config differences written into a label

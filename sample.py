@@ -23,8 +23,8 @@ from common.errors import UserError, run_cli
 from data.prompts import checkpoint_and_prompt_parser, encode_prompt, read_prompt
 from data.tokenizers import from_meta
 from model import generate, quantize_int8
-from training import checkpoint
-from training.runtime import pick_device
+from runs import checkpoint
+from runs.runtime import pick_device
 
 SEPARATOR = "\n---------------\n"
 

@@ -30,8 +30,9 @@ from data.prompts import default_prompt, encode_prompt
 from data.tokenizers import from_meta
 from interp import scores as heads
 from model import generate
-from training import checkpoint, distributed, estimate
-from training.config import CONFIG_DIR, Config, load_config, shipped_configs, to_yaml
+from runs import checkpoint
+from runs.config import CONFIG_DIR, Config, load_config, shipped_configs, to_yaml
+from training import distributed, estimate
 from training.evaluation import default_batch_size, evaluate_tokens, final_eval_wanted
 from training.optim import lr_factor, schedule_progress, set_lr
 from training.tracking import Tracker, check_wandb_login, read_metrics

@@ -88,7 +88,7 @@ def train_induction(config: str, data_dir: Path, out: Path) -> dict:
     from data.loader import TokenWindows
     from data.prepare import load_meta
     from interp.scores import score_heads
-    from training import checkpoint
+    from runs import checkpoint
 
     run_script(
         "train.py",

@@ -9,7 +9,7 @@ import yaml
 from conftest import run_script
 
 from common.errors import UserError
-from training.config import CONFIG_DIR, load_config, to_yaml
+from runs.config import CONFIG_DIR, load_config, to_yaml
 
 REQUIRED = [
     "train.out_dir",

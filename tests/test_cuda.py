@@ -12,7 +12,7 @@ import torch
 from conftest import TINY, train
 
 from model import GPT, GPTConfig, generate
-from training.config import load_config
+from runs.config import load_config
 from training.trainer import start_run, train_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

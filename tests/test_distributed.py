@@ -20,8 +20,8 @@ import pytest
 import torch
 from conftest import ROOT, TINY, run_script, train
 
-from training import checkpoint
-from training.config import load_config
+from runs import checkpoint
+from runs.config import load_config
 from training.trainer import evaluate, start_run
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ from conftest import TINY, run_script, train
 
 from common.errors import UserError
 from model import GPT, GPTConfig
+from runs.config import load_config
 from training import estimate
-from training.config import load_config
 from training.trainer import with_vocabulary
 
 OPTIONS = [

@@ -24,8 +24,8 @@ from data.evalsets import read_choices
 from data.prepare import SHAKESPEARE
 from data.tokenizers import BPETokenizer, CharTokenizer, from_meta
 from model import GPT, GPTConfig
-from training import checkpoint
-from training.config import load_config
+from runs import checkpoint
+from runs.config import load_config
 from training.evaluation import evaluate_tokens, score_choices, window_batch, windows
 
 

@@ -14,9 +14,10 @@ import torch.utils._triton
 from conftest import TINY
 
 from common.errors import ConfigError, UserError
-from training import checkpoint, distributed, runtime
-from training.config import load_config
-from training.runtime import Runtime
+from runs import checkpoint, runtime
+from runs.config import load_config
+from runs.runtime import Runtime
+from training import distributed
 from training.trainer import open_dataset, start_run, train_step
 
 

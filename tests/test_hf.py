@@ -36,8 +36,8 @@ from common.errors import run_cli
 from data.prepare import RECIPES, SHAKESPEARE, prepare
 from data.tokenizers import from_meta
 from model import GPT, generate
-from training import checkpoint
-from training.config import load_config
+from runs import checkpoint
+from runs.config import load_config
 
 transformers.logging.set_verbosity_error()
 MIXED = (

@@ -1,4 +1,4 @@
-"""The code's layers go one way: common <- model <- data <- interp <- hf <- training <- scripts.
+"""The code's layers go one way: common <- model <- data <- interp <- hf <- runs <- training <- scripts.
 
 Every import of every module (lazy ones inside functions included) is read from the source with `ast`:
 a package may import only from itself and the packages below it, scripts (the top-level .py files) import
@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ["common", "model", "data", "interp", "hf", "training"]  # bottom first; scripts sit on top
+LAYERS = ["common", "model", "data", "interp", "hf", "runs", "training"]  # bottom first; scripts sit on top
 
 
 def modules() -> dict[str, Path]:
@@ -90,4 +90,4 @@ def test_the_check_sees_real_imports():
     assert "model" in edges["training.trainer"] or "model.gpt" in edges["training.trainer"]
     assert "common.errors" in edges["data.prepare"]
     assert layer("sample") == len(LAYERS) and layer("data.loader") == 2
-    assert "hf.folders" in edges["training.checkpoint"] and "model" in edges["hf.convert"]
+    assert "hf.folders" in edges["runs.checkpoint"] and "model" in edges["hf.convert"]

@@ -10,7 +10,7 @@ import torch
 from conftest import train
 
 from model import GPT, GPTConfig
-from training.config import OptimConfig
+from runs.config import OptimConfig
 from training.optim import lr_factor, make_optimizers, set_lr
 
 

@@ -192,7 +192,7 @@ def test_a_model_on_a_trained_bpe_dataset_trains_samples_and_resumes(tmp_path: P
     decodes to the text of the generated ids), take the run's tokenizer for new text, export it."""
     from data.prompts import encode_prompt
     from model import generate
-    from training import checkpoint
+    from runs import checkpoint
 
     text = write(tmp_path / "text.txt", SHAKESPEARE_TEXT[:300_000])
     prepare("sh_bpe", Recipe(TextFile(str(text)), "bpe:300"), tmp_path, workers=2)

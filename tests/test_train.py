@@ -15,7 +15,7 @@ from conftest import ROOT, TINY, train
 from safetensors.torch import load_file
 
 from model import GPT
-from training import checkpoint
+from runs import checkpoint
 
 
 def metrics(out: Path) -> list[dict]:
@@ -49,7 +49,7 @@ def test_checkpoint_load_gives_the_same_model(run: Path):
 
 
 def test_save_load_round_trip_in_process(tmp_path: Path):
-    from training.config import load_config
+    from runs.config import load_config
 
     cfg, _ = load_config(
         None,

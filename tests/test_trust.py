@@ -18,7 +18,7 @@ import torch
 from conftest import ROOT, TINY, run_script, train
 
 from common.errors import UserError
-from training import checkpoint
+from runs import checkpoint
 
 
 def one_line_error(result: subprocess.CompletedProcess, message: str) -> None:
@@ -135,7 +135,7 @@ def test_unwritable_out_dir_is_reported_before_training(data_dir: Path, tmp_path
 def test_too_little_disk_is_reported_before_training(monkeypatch, tmp_path: Path):
     import shutil
 
-    from training.config import load_config
+    from runs.config import load_config
 
     cfg, _ = load_config(None)
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from common.errors import run_cli  # noqa: E402
 from data.prepare import DATA_DIR, load_meta  # noqa: E402
 from data.tokenizers import from_meta  # noqa: E402
-from training import checkpoint  # noqa: E402
+from runs import checkpoint  # noqa: E402
 from training.evaluation import evaluate_tokens  # noqa: E402
 
 

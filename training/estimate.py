@@ -38,10 +38,10 @@ from common.errors import UserError
 from data.prepare import DATA_DIR, RECIPES, ensure_prepared, load_meta
 from data.sources import HFText
 from model import GPT, GPTConfig
-from training.config import Config, load_config
+from runs.config import Config, load_config
+from runs.runtime import compile_enabled, cpu_auto_precision
 from training.evaluation import final_eval_wanted
 from training.hardware import GPU_PEAKS
-from training.runtime import compile_enabled, cpu_auto_precision
 from training.trainer import Run, start_run, train_step
 
 MB = 2**20

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from common.errors import UserError
 from data.evalsets import Choice, encode_choice
 from data.tokenizers import Tokenizer, bits_per_byte, from_meta
+from runs.runtime import Runtime
 from training import distributed
-from training.runtime import Runtime
 
 # train.final_eval=auto: the exact eval at the end up to this many val tokens
 FINAL_EVAL_AUTO_TOKENS = 4_000_000

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from training.runtime import cpu_has_bf16_matmul
+from runs.runtime import cpu_has_bf16_matmul
 
 COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's (Keller Jordan's) quintic iteration
 

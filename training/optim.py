@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from training.config import OptimConfig, TrainConfig
+from runs.config import OptimConfig, TrainConfig
 from training.muon import Muon
 
 

@@ -29,8 +29,8 @@ import torch
 from tqdm import tqdm
 
 from common.errors import UserError
+from runs.config import to_dict
 from training import distributed
-from training.config import to_dict
 from training.trainer import Run
 
 PLOT_SHARE = 0.01  # the most of a run's wall time that redrawing loss.png may take

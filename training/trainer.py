@@ -29,11 +29,12 @@ from data.loader import TokenWindows
 from data.prepare import DATA_DIR, ensure_prepared, load_meta
 from data.tokenizers import bits_per_byte
 from model import GPT
-from training import checkpoint, distributed
-from training.config import Config, adopt_model
+from runs import checkpoint
+from runs.config import Config, adopt_model
+from runs.runtime import Runtime, compile_enabled, setup
+from training import distributed
 from training.evaluation import byte_lengths_of
 from training.optim import make_optimizers, step_unless
-from training.runtime import Runtime, compile_enabled, setup
 
 
 @dataclass

@@ -48,7 +48,7 @@ from common.errors import UserError
 from data.tokenizers import METADATA_FILE
 from hf import folders, tokenizer_files
 from model import GPT, GPTConfig
-from training.config import Config, DataConfig, to_yaml
+from runs.config import Config, DataConfig, to_yaml
 
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.yaml", METADATA_FILE, "state.pt"
 OLD_TOKENIZER = "tokenizer.json"  # checkpoints written before the rename
