@@ -54,7 +54,7 @@ def read_run(run: str) -> list[dict]:
 def flat_config(run: str) -> dict[str, Any]:
     """The run's config as dotted keys (empty when it wrote no checkpoint)."""
     try:
-        cfg = checkpoint.load_config(checkpoint.find(run))
+        cfg = checkpoint.find(run).config()
     except UserError:
         return {}
     out = {}

@@ -29,7 +29,7 @@ class TokenWindows:
         self.path, self.dtype, self.block_size = str(path), np.dtype(dtype), block_size
         self.device, self.seed, self.split_id = device, seed, 0 if split == "train" else 1
         if not Path(self.path).is_file():
-            raise UserError(f"{self.path} is missing; prepare the dataset again (python -m data.prepare ...)")
+            raise UserError(f"{self.path} is missing; prepare the dataset again (python prepare.py ...)")
         self.n_tokens = Path(self.path).stat().st_size // self.dtype.itemsize
         if self.n_tokens < block_size + 1:
             raise UserError(

@@ -1,13 +1,13 @@
 """The shape and options of a GPT, and the checks that say which field is wrong.
 
-`GPTConfig` is a plain dataclass: the model section of a training config (see `training/config.py`),
+`GPTConfig` is a plain dataclass: the model section of a training config (see `runs/config.py`),
 stored as YAML beside every checkpoint. The defaults describe a GPT-2 style network (learned positions,
 LayerNorm, GELU MLP, tied LM head); every other option is off unless a config turns it on.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal, Optional
 
 
@@ -99,11 +99,3 @@ class GPTConfig:
         if problems:
             name, msg = problems[0]
             raise ValueError(f"model.{name}: {msg}")
-
-    @classmethod
-    def from_dict(cls, d: dict) -> GPTConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown model config field(s): {', '.join(unknown)}")
-        return cls(**d)

@@ -39,10 +39,11 @@ def run_script(
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
     """A data folder with shakespeare_char prepared (shared by the tests that train)."""
-    from data.prepare import RECIPES, prepare
+    from data.prepare import prepare_dataset
+    from data.recipes import RECIPES
 
     d = tmp_path_factory.mktemp("data")
-    prepare("shakespeare_char", RECIPES["shakespeare_char"], d, workers=1)
+    prepare_dataset("shakespeare_char", RECIPES["shakespeare_char"], d, workers=1)
     return d
 
 
@@ -85,8 +86,7 @@ def train_induction(config: str, data_dir: Path, out: Path) -> dict:
     """Train configs/{config}.yaml with train.py (repeats prepared in data_dir) and score its heads."""
     import torch
 
-    from data.loader import TokenWindows
-    from data.prepare import load_meta
+    from data.dataset import Dataset
     from interp.scores import score_heads
     from runs import checkpoint
 
@@ -102,14 +102,8 @@ def train_induction(config: str, data_dir: Path, out: Path) -> dict:
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["elapsed_s"] < 60  # the issue's budget: under a minute of CPU training
     model, cfg, _, _ = checkpoint.load_model(out)
-    meta = load_meta(data_dir / "repeats")
-    val = TokenWindows(
-        data_dir / "repeats" / "val.bin",
-        meta["dtype"],
-        cfg.model.block_size,
-        torch.device("cpu"),
-        cfg.train.seed,
-        "val",
+    val = Dataset.open("repeats", data_dir).windows(
+        "val", cfg.model.block_size, torch.device("cpu"), cfg.train.seed
     )
     return score_heads(model, val)
 

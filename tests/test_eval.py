@@ -21,7 +21,7 @@ from conftest import TINY, train
 
 from common.errors import UserError
 from data.evalsets import read_choices
-from data.prepare import SHAKESPEARE
+from data.recipes import SHAKESPEARE
 from data.tokenizers import BPETokenizer, CharTokenizer, from_meta
 from model import GPT, GPTConfig
 from runs import checkpoint
@@ -196,7 +196,7 @@ def test_a_sample_prompt_the_vocabulary_lacks_stops_before_training(data_dir: Pa
         f"data.dir={data_dir}",
         f"train.out_dir={out}",
         *TINY,
-        "log.sample_every=10",
+        "log.sample_every=250",
         "log.sample_prompt=é",
     ]
     with pytest.raises(UserError, match=r"^the prompt has 1 character\(s\) not in the vocabulary: 'é'"):

@@ -33,7 +33,8 @@ import heads as heads_script
 import sample as sample_script
 import train as train_script
 from common.errors import run_cli
-from data.prepare import RECIPES, SHAKESPEARE, prepare
+from data.prepare import prepare_dataset
+from data.recipes import RECIPES, SHAKESPEARE
 from data.tokenizers import from_meta
 from model import GPT, generate
 from runs import checkpoint
@@ -102,7 +103,7 @@ def hf_llama(tmp_path_factory) -> tuple[Path, LlamaForCausalLM]:
 def bpe_data(data_dir: Path) -> Path:
     """data_dir with `shakespeare` (GPT-2 BPE) prepared as well."""
     if not (data_dir / "shakespeare" / "meta.json").is_file():
-        prepare("shakespeare", RECIPES["shakespeare"], data_dir, workers=1)
+        prepare_dataset("shakespeare", RECIPES["shakespeare"], data_dir, workers=1)
     return data_dir
 
 
@@ -261,10 +262,10 @@ def test_round_trip_export_then_init_from_keeps_every_weight(
             "train.max_iters=0",
             "train.eval_iters=1",
         )
-        before = load_file(str(checkpoint.find(run) / "model.safetensors"))
+        before = load_file(str(checkpoint.find(run).folder / "model.safetensors"))
         after = load_file(str(out / "last" / "model.safetensors"))
         assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
-        saved = load_config(out / "last" / "config.yaml")[0]
+        saved = load_config(out / "last" / "config.yaml").cfg
         assert saved.train.init_from == str(tmp_path / name)
 
 
@@ -301,7 +302,7 @@ def test_finetuning_a_gpt2_folder_trains_and_resumes(finetuned: Path, hf_gpt2, b
     assert [r["iter"] for r in rows] == [0, 4, 8] and rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.1
     files = sorted(p.name for p in (finetuned / "last").iterdir())
     assert files == ["config.yaml", "model.safetensors", "state.pt", "tinygpt_tokenizer.json"]
-    cfg = load_config(finetuned / "last" / "config.yaml")[0]
+    cfg = load_config(finetuned / "last" / "config.yaml").cfg
     assert cfg.train.init_from == str(hf_gpt2[0]) and cfg.model.block_size == 32
     assert (cfg.model.n_embd, cfg.model.activation, cfg.model.n_layer) == (32, "gelu_tanh", 2)
     train_here(*finetune_args(hf_gpt2[0], bpe_data, finetuned), "train.max_iters=12", "train.resume=true")
@@ -360,9 +361,9 @@ def test_bad_inputs_are_one_line(hf_gpt2, char_models, no_model_keys, data_dir: 
         "model.n_head=2",
         "model.n_embd=8",
     ]
-    cfg, _ = load_config(None, [*shape, "model.qk_norm=true"])
+    cfg = load_config(None, [*shape, "model.qk_norm=true"]).cfg
     chars = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"]
-    checkpoint.save(qk, "last", GPT(cfg.model), cfg, chars)
+    checkpoint.write_checkpoint(qk, "last", GPT(cfg.model), cfg, chars)
 
     def init(source: Path, *more: str) -> list[str]:
         return [str(no_model_keys), f"data.dir={data_dir}", f"train.out_dir={tmp_path / 'out'}",

@@ -12,7 +12,7 @@ With one process every function here is a no-op or a plain call, so train.py rea
   FSDP set_requires_gradient_sync on the others).
 - `explain_hangs`: a collective that waited longer than `train.dist_timeout` (a rank stopped, died or took
   another path) becomes one error line naming the collective and where it was called, not a traceback.
-Checkpoints of every kind of run are written and read by training/checkpoint.py.
+Checkpoints of every kind of run are written and read by runs/checkpoint.py.
 """
 
 from __future__ import annotations
@@ -161,10 +161,11 @@ def shutdown(rt) -> None:
         dist.destroy_process_group()
 
 
-def wrap(model: torch.nn.Module, cfg, rt) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(the module to run steps on, the underlying GPT) for this process."""
+def wrap(model: torch.nn.Module, cfg, rt) -> torch.nn.Module:
+    """The module this process runs forward passes through: the model itself (FSDP shards it in place), or
+    its DDP wrapper."""
     if not rt.distributed:
-        return model, model
+        return model
     if cfg.train.parallel == "fsdp":
         try:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -179,15 +180,17 @@ def wrap(model: torch.nn.Module, cfg, rt) -> tuple[torch.nn.Module, torch.nn.Mod
         for block in model.blocks:
             fully_shard(block, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
-        return model, model
+        return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [rt.local_rank] if rt.device.type == "cuda" else None
-    return DDP(model, device_ids=ids), model
+    return DDP(model, device_ids=ids)
 
 
-def sync_gradients(model: torch.nn.Module, sync: bool, rt):
-    """Context for one micro-step's forward and backward: all-reduce gradients only when `sync`."""
+def sync_gradients(forward: torch.nn.Module, sync: bool, rt):
+    """Context for one micro-step's forward and backward through `forward` (what `wrap` returned, compiled
+    or not): all-reduce gradients only when `sync`."""
+    model = getattr(forward, "_orig_mod", forward)  # under torch.compile: the module it compiled
     if not rt.distributed or sync:
         if rt.distributed and hasattr(model, "set_requires_gradient_sync"):
             model.set_requires_gradient_sync(True)

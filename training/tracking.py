@@ -83,28 +83,27 @@ class Tracker:
 
     def step(
         self, it: int, loss: torch.Tensor, grad_norm: torch.Tensor, finite: torch.Tensor, elapsed: float
-    ) -> bool:
+    ) -> None:
         """After iteration it - 1 (`it` done): keep its results; every log.interval iterations (and at
-        max_iters) show and log the mean loss and return True (time to look at `nonfinite_steps`)."""
+        max_iters) show and log the mean loss."""
         self.loss_sum += loss
         self.steps.append((it - 1, torch.stack([loss.float(), grad_norm.float(), finite.float()])))
         self.bar.update(1)
         if it % self.run.cfg.log.interval and it != self.run.cfg.train.max_iters:
-            return False
+            return
         last_it, last_elapsed = self.last_log
         world = self.run.rt.world_size
         mean_loss = distributed.all_sum(self.loss_sum, self.run.rt).item() / (world * (it - last_it))
         lr = self.run.optimizers[0].param_groups[0]["lr"]
-        tok_s = self.run.tokens_per_iter * (it - last_it) / max(elapsed - last_elapsed, 1e-9)
+        tok_s = self.run.cfg.tokens_per_iter * (it - last_it) / max(elapsed - last_elapsed, 1e-9)
         self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
         if self.bar.disable:  # no terminal (a batch job's log, a pipe): one line per log step instead
             total = self.run.cfg.train.max_iters
             self.write(f"iteration {it}/{total}: loss {mean_loss:.4f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s")
-        tokens = it * self.run.tokens_per_iter
+        tokens = it * self.run.cfg.tokens_per_iter
         self.log(it, {"train/loss": mean_loss, "lr": lr, "tokens_per_s": tok_s, "tokens": tokens})
         self.loss_sum.zero_()
         self.last_log = (it, elapsed)
-        return True
 
     def nonfinite_steps(self) -> list[tuple[int, float, float]]:
         """(iteration, loss, gradient norm) of each step since the last call whose loss or gradient was not
