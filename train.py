@@ -23,7 +23,7 @@ import sys
 import torch
 
 from common.errors import ConfigError, UserError, run_cli
-from data.prompts import default_prompt, encode_prompt
+from data.prompts import encode_prompt, read_prompt
 from interp.scores import flat_scores, score_heads, strongest_heads
 from model import generate
 from runs import checkpoint
@@ -219,9 +219,8 @@ def exact_val_loss(run: Run) -> dict:
 def sample_prompt(run: Run) -> list[int]:
     """The ids of log.sample_prompt (default: a newline, or <|endoftext|> for BPE), as sample.py has them."""
     tokenizer = run.dataset.tokenizer()
-    prompt = run.cfg.log.sample_prompt
     return encode_prompt(
-        prompt if prompt is not None else default_prompt(tokenizer), tokenizer, run.cfg.model.block_size
+        read_prompt(run.cfg.log.sample_prompt, None, tokenizer), tokenizer, run.cfg.model.block_size
     )
 
 

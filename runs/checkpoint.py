@@ -1,27 +1,16 @@
 """Checkpoints you can trust: the format, written atomically and read back without unpickling, in one place.
 
-OUT_DIR/last/ and OUT_DIR/best/ each hold
-    model.safetensors       the weights, whole (safetensors: tensors only, no code); the LM head is left
-                            out when it is tied to the token embedding
-    config.yaml             the resolved training config
-    tinygpt_tokenizer.json  the tokenizer metadata (data/tokenizers.py: to_meta); not tokenizer.json, a name
-                            AutoTokenizer would take for its own format
-    state.pt                training state: the optimizer state keyed by parameter name, iteration, RNG
-                            states, best val loss; plain tensors and numbers, read with
-                            torch.load(weights_only=True), which refuses anything else
-Notable:
-- Atomic: `atomic_folder` writes into a temporary folder, flushes it to disk, then swaps it in by renames
-  (the old folder moves to .NAME.old, the new one takes its name, the old one is deleted). A crash at any
-  moment leaves NAME or .NAME.old complete, and `find` takes whichever exists. `best` shares the files of
-  `last` by hard links (files are never modified in place, only replaced).
-- One format for every way of training: one process, DDP or FSDP. Under FSDP every rank takes part in
-  gathering the full weights and optimizer state (torch.distributed.checkpoint.state_dict, full state
-  dicts offloaded to rank 0's CPU), and rank 0 writes them. Loading shards them again for whatever number
-  of ranks resumes, so a run saved on 8 GPUs resumes on 1 and back, and sample.py reads it like any other.
-  (torch.distributed.checkpoint's own file format is not used: its metadata file is a pickle.)
-- Reading: `find` turns a run's folder or a checkpoint folder into a `Checkpoint`, whose files are read on
-  demand. `load_pretrained` reads the weights a run starts from (train.init_from) or that sample.py, eval.py
-  and heads.py run: a checkpoint, or a Hugging Face model folder or hub name (converted by hf/).
+OUT_DIR/last/ and OUT_DIR/best/ each hold model.safetensors (the weights, whole; a tied LM head left out),
+config.yaml (the run's final config), tinygpt_tokenizer.json (data/tokenizers.py's metadata) and state.pt
+(optimizer state keyed by parameter name, progress, RNG states: tensors and numbers only, read with
+torch.load(weights_only=True), which refuses anything else).
+- Atomic: `atomic_folder` writes a temporary folder, flushes it, and swaps it in by renames (the old one moves
+  to .NAME.old first): a crash at any moment leaves NAME or .NAME.old complete, and `find` takes either.
+  best/ shares last/'s files by hard links (files are replaced, never modified in place).
+- One format for one process, DDP and FSDP: under FSDP every rank helps gather the full state and rank 0
+  writes it, so a run saved on 8 GPUs resumes on 1 (torch.distributed.checkpoint's metadata is a pickle).
+- Reading: `find` gives a `Checkpoint`, whose files are read on demand; `load_pretrained` reads the weights a
+  run starts from or a script runs: a checkpoint, or a Hugging Face model folder or hub name (via hf/).
 """
 
 from __future__ import annotations
@@ -58,17 +47,13 @@ WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.yaml", METADATA
 
 
 def _fsync(path: Path) -> None:
-    """Flush a file or a folder's entries to disk (best effort for folders, which some systems refuse)."""
-    try:
+    """Flush a file or a folder's entries to disk (best effort: some systems refuse it for folders)."""
+    with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _recover(out_dir: Path, name: str) -> None:
@@ -117,11 +102,9 @@ def atomic_folder(
 def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights to save, whole, as contiguous CPU tensors named as in GPT (no wrapper prefixes), without
     the tied copy of the embedding. Under FSDP every rank must call it; only rank 0 gets the tensors."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    options = StateDictOptions(full_state_dict=True, cpu_offload=distributed)
-    state = get_model_state_dict(model, options=options)
+    state = get_model_state_dict(model, options=_whole())
     if getattr(getattr(model, "config", None), "tie_embeddings", True):
         state.pop("lm_head.weight", None)
     return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
@@ -129,11 +112,17 @@ def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def optimizer_state(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict:
     """The optimizers' state keyed by parameter name, whole (FSDP: gathered; every rank calls it)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizers, options=_whole())
+
+
+def _whole():
+    """Full (unsharded) state dicts; under torchrun gathered to rank 0's CPU."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    options = StateDictOptions(full_state_dict=True, cpu_offload=distributed)
-    return get_optimizer_state_dict(model, optimizers, options=options)
+    return StateDictOptions(full_state_dict=True, cpu_offload=distributed)
 
 
 def write_checkpoint(
@@ -226,51 +215,47 @@ class Checkpoint:
         return str(self.folder)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        path = self.folder / WEIGHTS
-        try:
-            return load_file(str(path))
-        except FileNotFoundError:
-            raise UserError(f"{path} is missing; the checkpoint is incomplete") from None
-        except (SafetensorError, OSError, ValueError) as e:
-            raise UserError(
-                f"{path} is damaged or not a safetensors file ({str(e).splitlines()[0]}); "
-                "use another checkpoint (e.g. last/ instead of best/) or train again"
-            ) from None
+        return self._read(
+            WEIGHTS,
+            lambda path: load_file(str(path)),
+            (SafetensorError, OSError, ValueError),
+            " or not a safetensors file ({}); use another checkpoint (e.g. last/ instead of best/) or train "
+            "again",
+        )
 
     def config(self) -> Config:
-        path = self.folder / CONFIG
-        try:
+        def parse(path: Path) -> Config:
             data = yaml.safe_load(path.read_text())
             return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), data or {}))
-        except FileNotFoundError:
-            raise UserError(f"{path} is missing; the checkpoint is incomplete") from None
-        except (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError) as e:
-            raise UserError(f"{path} is damaged ({str(e).splitlines()[0]})") from None
+
+        return self._read(CONFIG, parse, (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError))
 
     def tokenizer(self) -> dict:
-        path = self.folder / TOKENIZER
-        try:
-            return json.loads(path.read_text())
-        except FileNotFoundError:
-            raise UserError(f"{path} is missing; the checkpoint is incomplete") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"{path} is damaged ({e})") from None
+        return self._read(TOKENIZER, lambda path: json.loads(path.read_text()), (ValueError,))
 
     def train_state(self) -> dict[str, Any]:
-        """state.pt, never unpickling code."""
-        path = self.folder / STATE
+        """state.pt, never unpickling code: weights_only refuses it (UnpicklingError)."""
+        return self._read(
+            STATE,
+            lambda path: torch.load(path, map_location="cpu", weights_only=True),
+            (Exception,),
+            " or holds something other than tensors and numbers (refused to load it: {})",
+        )
+
+    def _read(self, name: str, parse, damage: tuple[type[Exception], ...], damaged: str = " ({})"):
+        """parse(folder / name); a missing file, or one that fails with a `damage` exception, is one line."""
+        path = self.folder / name
+        if not path.is_file():
+            if name == STATE:
+                raise UserError(
+                    f"{path} is missing: this checkpoint holds weights only and cannot resume training"
+                )
+            raise UserError(f"{path} is missing; the checkpoint is incomplete")
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except FileNotFoundError:
-            raise UserError(
-                f"{path} is missing: this checkpoint holds weights only and cannot resume training"
-            ) from None
-        except Exception as e:  # weights_only refuses pickled code with UnpicklingError; damage gives others
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(
-                f"{path} is damaged or holds something other than tensors and numbers "
-                f"(refused to load it: {first[:200]})"
-            ) from None
+            return parse(path)
+        except damage as e:
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise UserError(f"{path} is damaged" + damaged.format(first)) from None
 
 
 def find(path: Path | str, prefer: tuple[str, ...] = ("best", "last")) -> Checkpoint:

@@ -1,13 +1,9 @@
 """Training configs: typed YAML with sections, `base:` inheritance and `section.key=value` overrides.
 
-The schema is a tree of dataclasses (OmegaConf structured configs), so an unknown key or a value of the
-wrong type is caught when a file or override is merged in. Sources merge in order: schema defaults <- the
-`base:` chain (a path relative to the file that names it) <- the file <- command-line overrides. Every
-error names the key, the closest valid key for a typo, and the file or override it came from.
-
-`load_config` returns a `Request`: the config as the command line asks for it, and which keys it set
-explicitly. training/plan.py settles it into the final config (the model's shape from train.init_from, the
-vocabulary from the dataset). A checkpoint's config.yaml is that final config (runs/checkpoint.py reads it).
+The schema is a tree of dataclasses (OmegaConf structured configs): an unknown key or a value of the wrong
+type is caught when a file or override is merged in (defaults <- the `base:` chain <- the file <- overrides),
+and the error names the key, the closest valid one, and where it came from. `load_config` returns a
+`Request`; training/plan.py settles it into the final config that checkpoints keep as config.yaml.
 """
 
 from __future__ import annotations
@@ -265,13 +261,8 @@ def problems(cfg: Config) -> list[tuple[str, str]]:
     n, every = cfg.log.sample_every, t.eval_interval
     if n > 0 and every > 0 and n % every:
         fix = every * max(1, round(n / every))
-        out.append(
-            (
-                "log.sample_every",
-                f"{n} is not a multiple of train.eval_interval={every} (samples are drawn at evals); set "
-                f"log.sample_every={fix}",
-            )
-        )
+        msg = f"{n} is not a multiple of train.eval_interval={every} (samples are drawn at evals)"
+        out.append(("log.sample_every", f"{msg}; set log.sample_every={fix}"))
     if t.dist_timeout <= 0:
         out.append(("train.dist_timeout", f"must be a positive number of minutes, got {t.dist_timeout}"))
     if t.max_time is not None and t.max_time <= 0:
@@ -294,48 +285,39 @@ def problems(cfg: Config) -> list[tuple[str, str]]:
 
 
 def _setup_problems(cfg: Config) -> list[tuple[str, str]]:
-    """Combinations that cannot run: an optimizer with a kind of parallelism, a batch split, a name."""
-    t, o, out = cfg.train, cfg.optim, []
-    if o.name == "muon" and t.parallel == "fsdp":
-        out.append(
-            (
-                "optim.name",
-                "muon needs whole matrices and cannot run on FSDP shards; use "
-                "train.parallel=ddp or optim.name=adamw",
-            )
-        )
+    """Combinations that cannot run: an optimizer with a kind of parallelism, a batch split, CUDA graphs."""
+    t, out = cfg.train, []
+    if cfg.optim.name == "muon" and t.parallel == "fsdp":
+        msg = "muon needs whole matrices and cannot run on FSDP shards"
+        out.append(("optim.name", f"{msg}; use train.parallel=ddp or optim.name=adamw"))
     world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun
     if t.grad_accum % world:
         fix = world * max(1, round(t.grad_accum / world))
+        msg = f"{t.grad_accum} micro-batches per step (over all processes) cannot be split evenly over the"
         out.append(
             (
                 "train.grad_accum",
-                f"{t.grad_accum} micro-batches per step (over all processes) cannot be split evenly over the "
-                f"{world} processes; set train.grad_accum={fix} (a multiple of {world})",
+                f"{msg} {world} processes; set train.grad_accum={fix} (a multiple of {world})",
             )
         )
-    out += _cuda_graph_problems(t, world)
+    # CUDA graphs cannot accumulate gradients: the graph's outputs become the .grad of the first micro-step
+    # and the next replay overwrites them (pytorch#169545, open; older torch gives silently wrong gradients)
+    micro_steps = t.grad_accum // world
+    if t.compile_mode == "reduce-overhead" and micro_steps > 1 and str(t.compile).lower() != "false":
+        msg = (
+            f"reduce-overhead (CUDA graphs) cannot accumulate gradients over {micro_steps} micro-steps per "
+            "process: each graph replay overwrites the gradients of the one before (pytorch#169545)"
+        )
+        fix = f"train.grad_accum={world}, with a larger train.batch_size"
+        out.append(
+            (
+                "train.compile_mode",
+                f"{msg}; use train.compile_mode=default, or one micro-step per process ({fix})",
+            )
+        )
     if not cfg.data.dataset or "/" in cfg.data.dataset:
         out.append(("data.dataset", f"must be a dataset folder name, got {cfg.data.dataset!r}"))
     return out
-
-
-def _cuda_graph_problems(t: TrainConfig, world: int) -> list[tuple[str, str]]:
-    """CUDA graphs (compile_mode reduce-overhead) cannot accumulate gradients: the graph's outputs become the
-    .grad of the first micro-step and the next replay overwrites them (pytorch#169545, open; older torch
-    gives silently wrong gradients)."""
-    micro_steps = t.grad_accum // world
-    if t.compile_mode != "reduce-overhead" or micro_steps <= 1 or str(t.compile).lower() == "false":
-        return []
-    return [
-        (
-            "train.compile_mode",
-            f"reduce-overhead (CUDA graphs) cannot accumulate gradients over {micro_steps} micro-steps per "
-            "process: each graph replay overwrites the gradients of the one before (pytorch#169545); use "
-            f"train.compile_mode=default, or one micro-step per process (train.grad_accum={world}, with "
-            "a larger train.batch_size)",
-        )
-    ]
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Request:

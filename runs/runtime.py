@@ -1,15 +1,9 @@
-"""Where and how training runs: the device, the numeric precision, threads, compile, and torchrun ranks.
+"""Where and how a run computes: device, precision, threads, compile, and this process's torchrun rank.
 
-- device `auto`: CUDA, else Apple MPS, else CPU. Under torchrun each rank takes cuda:LOCAL_RANK.
-- precision `auto`: bf16 autocast on CUDA GPUs with bf16 tensor cores (compute capability 8.0 and newer),
-  fp16 autocast with a GradScaler on older ones (T4, V100: torch would emulate bf16 there, slowly),
-  fp32 on MPS; on a CPU, bf16 autocast where the model is wide enough for bf16 matrix units to pay for the
-  casts (see `cpu_auto_precision`), else fp32.
-- compile `auto`: torch.compile on CUDA where Triton works (it needs a GPU of compute capability 7.0 or
-  newer and is not built for native Windows); `true` without a working Triton is refused in one line.
-- TF32 matmuls on CUDA; `train.threads` sets torch's CPU threads.
-- torchrun: the rank of this process, read from torchrun's environment (training/distributed.py joins the
-  process group, once the data is ready).
+`auto` picks CUDA (each torchrun rank takes cuda:LOCAL_RANK), else Apple MPS, else the CPU; bf16 autocast on
+GPUs with bf16 tensor cores, fp16 with a GradScaler on older ones (T4, V100), fp32 on MPS, and on a CPU bf16
+only where bf16 matrix units pay for the casts (`cpu_auto_precision`); torch.compile on CUDA where Triton
+works. The rank is read from torchrun's environment; training/distributed.py joins the process group.
 """
 
 from __future__ import annotations

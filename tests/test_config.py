@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conftest import run_script
 
-from common.errors import UserError
+from common.errors import ConfigError, UserError
 from runs.config import CONFIG_DIR, load_config, to_yaml
 
 REQUIRED = [
@@ -182,3 +182,11 @@ def test_wandb_without_a_login_is_one_line_before_training(tmp_path: Path):
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "no wandb login" in result.stderr and "wandb login" in result.stderr
     assert "WANDB_MODE=offline" in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_samples_are_drawn_at_evals():
+    with pytest.raises(
+        ConfigError, match=r"^log\.sample_every: 300 is not a multiple of train\.eval_interval=250 "
+    ):
+        load_config(None, ["log.sample_every=300"])
+    assert load_config(None, ["log.sample_every=500"]).cfg.log.sample_every == 500

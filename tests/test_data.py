@@ -209,3 +209,31 @@ print(rss_mb() - before)
 """
     grew = float(run_script("-c", script, timeout=300, check=True).stdout)
     assert grew < 32, f"resident memory grew {grew:.0f} MB"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[1, 2]", "it holds a list, not an object"),
+        ('{"name": "x"}', "it has no tokenizer"),
+        ("\x00\x01 garbage", "Expecting value"),
+        ('{"name": "x", "tokenizer": {"kind": "char"}, "vocab_size": 70000, "dtype": "uint16", '
+         '"train_tokens": 5, "val_tokens": 5}', "dtype uint16 cannot hold ids up to 69999"),
+        ('{"name": "x", "tokenizer": {"kind": "char"}, "vocab_size": 65, "dtype": "float32", '
+         '"train_tokens": 5, "val_tokens": 5}', "dtype must be one of uint16, uint32, not 'float32'"),
+    ],
+)  # fmt: skip
+def test_a_damaged_meta_json_is_one_line(tmp_path: Path, content: str, message: str):
+    from data.dataset import Dataset
+
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "meta.json").write_text(content)
+    with pytest.raises(UserError, match=rf"meta\.json is damaged.*{message}.*prepare the dataset again"):
+        Dataset.open("x", tmp_path)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", ""])
+def test_a_dataset_name_is_a_name_not_a_path(tmp_path: Path, name: str):
+    result = run_script("prepare.py", name, "--data-dir", str(tmp_path / "data"), "--text-file", __file__)
+    assert result.returncode == 2 and "must be a plain folder name" in result.stderr, result.stderr
+    assert not any(tmp_path.rglob("*.bin"))

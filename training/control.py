@@ -1,12 +1,5 @@
-"""What the training loop acts on besides the data: a request to stop, the training clock, and, under
-torchrun, every rank's agreement on both.
-
-- `StopRequest`: SIGINT (Ctrl-C) or SIGTERM asks the run to stop after the current step, with a checkpoint; a
-  second one exits at once (the last checkpoint is intact).
-- `Clock`: training seconds, one running clock (as modded-nanogpt keeps it), paused while the run evaluates
-  and writes checkpoints, so train.max_time and the time-based learning-rate schedule count training only.
-- `Agreement`: the signal and the clock as every rank acts on them, so all ranks stop at the same iteration
-  and follow the slowest rank's clock.
+"""What the training loop acts on besides the data: a request to stop (StopRequest), the training clock
+(Clock, paused during evals and checkpoints), and, under torchrun, every rank's agreement on both (Agreement).
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Data-parallel training under torchrun: DDP or FSDP2, and the reductions that keep ranks in step.
 
-With one process every function here is a no-op or a plain call, so train.py reads the same either way.
-- `once_per_machine`: work done before the process group starts (preparing a dataset) by local rank 0 while
-  the other ranks of the machine wait on its files, not in a collective whose timeout the work could outlast.
-- `join`: the process group, with an explicit timeout (`train.dist_timeout`, minutes): a rank that stops or
-  hangs becomes an error on the others instead of a job that waits forever.
-- `wrap`: DDP (`train.parallel: ddp`) replicates the model; FSDP2 (`fsdp`, torch.distributed.fsdp.fully_shard)
-  shards each block's parameters, gradients and optimizer state across ranks (in bf16 runs it gathers bf16
-  weights and reduces gradients in fp32).
-- `sync_gradients`: gradients are all-reduced only on the last micro-step of an iteration (DDP no_sync /
-  FSDP set_requires_gradient_sync on the others).
-- `explain_hangs`: a collective that waited longer than `train.dist_timeout` (a rank stopped, died or took
-  another path) becomes one error line naming the collective and where it was called, not a traceback.
-Checkpoints of every kind of run are written and read by runs/checkpoint.py.
+With one process every function here is a no-op or a plain call, so the training code reads the same.
+- `once_per_machine`: work before the process group starts (preparing a dataset), by local rank 0 while the
+  machine's other ranks wait on its files, not in a collective whose timeout the work could outlast.
+- `join`: the process group with a timeout (`train.dist_timeout`): a rank that stops or hangs becomes an error
+  on the others; `explain_hangs` turns that error into one line naming the collective and our caller.
+- `wrap`: DDP replicates the model; FSDP2 (fully_shard) shards each block (bf16 gathers, fp32 reductions).
 """
 
 from __future__ import annotations

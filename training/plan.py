@@ -1,15 +1,10 @@
 """The plan of a run: its final config, where it runs and what it starts from, settled in one place.
 
-`plan_run(request)` takes the config the command line asked for (runs/config.py: the YAML chain and the
-overrides, with the keys they set) and settles everything the config leaves open, in this order:
-1. what it starts from: with train.resume, OUT_DIR/last; else with train.init_from a pretrained model (ours,
-   or a Hugging Face GPT-2 or Llama), whose shape the model section follows: keys the config sets must agree
-   with it (block_size may be lowered, dropout set), keys it leaves alone are the model's;
-2. where it runs: the device, the precision and this process's rank under torchrun (runs/runtime.py);
-3. its data: the dataset, prepared on first use, under torchrun by local rank 0 of each machine before the
-   process group starts (preparing can outlast any collective's timeout); then the process group;
-4. the model's vocabulary from the dataset, and the checks that a resumed or pretrained model fits the data.
-The `Plan` holds the final config; training/trainer.py builds the run from it in one pass.
+`plan_run` takes the config the command line asked for (runs/config.py) and settles what it leaves open, in
+the order the code reads: the checkpoint to resume or the pretrained model to start from (whose shape the
+model section follows), the runtime, the dataset (prepared on first use, once per machine, before the
+process group starts), the vocabulary, and the checks that a resumed or pretrained model fits the data.
+training/trainer.py builds the run from the `Plan` in one pass.
 """
 
 from __future__ import annotations
@@ -62,9 +57,8 @@ def plan_run(request: Request) -> Plan:
 
 
 def follow_model(cfg: Config, source: GPTConfig, origins: dict[str, str], where: str) -> Config:
-    """cfg with the model of `source` (train.init_from): model keys a file or an override set explicitly
-    (`origins`) may lower block_size and set dropout; any other that differs from the source is an error
-    naming it; keys left unset follow the source."""
+    """cfg with the model of `source` (train.init_from): keys left unset follow it; keys set explicitly
+    (`origins`) may lower block_size and set dropout, and any other that differs is an error naming it."""
     model = dataclasses.asdict(source)
     for name, theirs in dataclasses.asdict(source).items():
         key = f"model.{name}"
@@ -85,8 +79,7 @@ def follow_model(cfg: Config, source: GPTConfig, origins: dict[str, str], where:
 
 
 def with_vocabulary(cfg: Config, vocab_size: int) -> Config:
-    """cfg whose model.vocab_size is the dataset's `vocab_size` (when the config leaves it null; a larger one,
-    padded for faster matrix products, stays)."""
+    """cfg with the dataset's `vocab_size` where model.vocab_size is null (a larger, padded one stays)."""
     vocab = cfg.model.vocab_size
     if vocab is not None and vocab < vocab_size:
         raise UserError(

@@ -1,17 +1,11 @@
-"""What a run shows and records: the progress bar and eval lines, OUT_DIR/metrics.jsonl, OUT_DIR/loss.png and
-Weights & Biases.
+"""What a run shows and records (rank 0 only): the progress bar, OUT_DIR/metrics.jsonl, loss.png and wandb.
 
-Without a terminal (a batch job's log, a pipe) the progress bar gives way to one line per log step:
-`iteration 10/19073: loss 4.2102, lr 6.00e-05, 312,115 tokens/s`.
-
-metrics.jsonl holds one JSON line per eval with at least iter, train_loss, val_loss, lr, tokens (trained on
-so far) and elapsed_s (training seconds so far, evals excluded), so runs can be plotted and compared by
-scripts (plot.py). loss.png is redrawn from it at each eval, unless drawing has already taken 1% of the
-run's wall time (it is always drawn at the end). Only rank 0 prints and writes. wandb is imported only when
-enabled; it follows WANDB_MODE (offline, disabled, ...) and the rest of its environment, writes under
-OUT_DIR/wandb, and a resumed run continues the same wandb run. Losses, gradient norms and finite flags stay on
-the device between log steps: they are read back every log.interval iterations (and when train.py asks,
-before evals and stops), so the GPU never waits for the host in between.
+- Without a terminal (a batch job, a pipe) the bar gives way to one line per log step.
+- metrics.jsonl: one JSON line per eval (iter, train_loss, val_loss, lr, tokens, elapsed_s: training seconds,
+  evals excluded), for plot.py and scripts. loss.png is redrawn at evals within 1% of the run's wall time.
+- wandb is imported only when enabled, follows WANDB_MODE, and a resumed run continues the same wandb run.
+- Losses, gradient norms and finite flags stay on the device, read back every log.interval iterations (and
+  before evals and stops), so the GPU never waits for the host in between.
 """
 
 from __future__ import annotations

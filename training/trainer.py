@@ -1,17 +1,10 @@
 """A training run, built in one pass from its plan, and the steps it takes.
 
-`start_run(plan)` builds from the plan (training/plan.py: the final config, runtime, dataset and starting
-point) everything train.py, tools/bench.py and the tests need: the model (seeded init, a checkpoint's weights
-when resuming, or train.init_from's), wrapped for DDP/FSDP and compiled when asked, its optimisers and
-GradScaler, the dataset's token windows and the `Progress` to continue from. Resuming restores optimizer and
-scaler state, progress and random generators from OUT_DIR/last.
-
-`train_step` runs one iteration: the micro-batches of this process (gradients all-reduced on the last one
-only), gradient clipping, and the optimizer step, which is skipped on the device when the loss or the
-gradient is not finite. It reads nothing back, so the GPU never waits for the host; train.py reads losses and
-non-finite flags at log steps. `estimate_loss` estimates the loss (and bits per byte) on fixed batches;
-`save_checkpoint` writes OUT_DIR/last (and best). The exact loss over a whole split is
-training/evaluation.py's.
+`start_run(plan)` builds the model (seeded, or with the weights of the checkpoint it resumes or of
+train.init_from), wrapped for DDP/FSDP and compiled when asked, its optimisers and GradScaler, the dataset's
+token windows, and restores a resumed run's state. `train_step` runs one iteration and reads nothing back (a
+step whose loss or gradient is not finite is skipped on the device), so the GPU never waits for the host.
+`estimate_loss` estimates the loss on fixed batches; `save_checkpoint` writes OUT_DIR/last (and best).
 """
 
 from __future__ import annotations
