@@ -9,9 +9,9 @@ windows, so a corpus larger than memory never sits in RAM.
 The tokenizer is made from the text (`char`: its characters; `bpe:N`: N tokens of byte-level BPE trained on
 the train split, also written as tokenizer.json), taken as it is (`gpt2`), or given (an existing dataset's or
 checkpoint's, `--tokenizer-from`), which is what fine-tuning on new text needs. Encoding runs in threads:
-every tokenizer here releases the GIL while it encodes; threads measured as fast as a process pool for GPT-2
-and trained BPE and 4x faster for char (BENCHMARKS.md, "Data preparation"), with no fork or spawn to hang on
-macOS or Windows.
+every tokenizer here releases the GIL while it encodes; threads measured as fast as a process pool or
+faster (BENCHMARKS.md, "Data preparation against the tokenizer's own speed"), with no fork or spawn to hang
+on macOS or Windows.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class CharTokenizer:
         self.vocab_size = len(self.chars)
         self.drop_unknown = drop_unknown
         codes = np.array([ord(c) for c in self.chars])
-        # code point -> id, a table lookup (4x faster than a binary search); `_unknown` marks the rest
+        # code point -> id, a table lookup (faster than a binary search); `_unknown` marks the rest
         dtype = np.uint16 if self.vocab_size < 1 << 16 else np.uint32
         self._unknown = np.iinfo(dtype).max
         self._ids = np.full(codes.max() + 2, self._unknown, dtype=dtype)

@@ -14,9 +14,9 @@ shapes every time: one token per sample at a position given as a tensor, attendi
 slots of the static cache (model/kv_cache.py) under a mask. So `compile=True` can hand it to torch.compile
 once: on CUDA with CUDA graphs (mode reduce-overhead: the whole step is one replay instead of hundreds of
 kernel launches), on a CPU with inductor's decomposition of matrix-vector products into its own
-vectorised loops (1.6x eager's tokens/s for the 6 x 384 model; BENCHMARKS.md has the numbers).
-On a CPU a batch of several samples is decoded eagerly even with `compile`: compiled, its step took 2.8x
-as long (with the matrix products decomposed or not).
+vectorised loops. On a CPU a batch of several samples is decoded eagerly even with `compile`: compiled, its
+step was slower than eager's, with the matrix products decomposed or not (BENCHMARKS.md, "Sampling:
+decoding against the bandwidth floor").
 The prompt and each slide are encoded eagerly. Sampling never waits for the device: it draws with the
 exponential race below, and reading the token (to print it) is the one host sync per step, the caller's.
 """

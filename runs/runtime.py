@@ -82,12 +82,12 @@ def cpu_has_bf16_matmul() -> bool:
 
 def cpu_auto_precision(n_embd: int) -> str:
     """bf16 on a CPU with bf16 matrix units once the model is wide enough that the faster matrix products
-    clearly outweigh the casts autocast adds around them; fp32 below that. The crossover is measured in
-    BENCHMARKS.md ("bf16 autocast: where it pays")."""
+    clearly outweigh the casts autocast adds around them; fp32 below that (BENCHMARKS.md, "bf16 autocast:
+    where it pays")."""
     return "bf16" if cpu_has_bf16_matmul() and n_embd >= CPU_BF16_MIN_WIDTH else "fp32"
 
 
-CPU_BF16_MIN_WIDTH = 128  # bf16 gains 0-10% (within noise) at 64 and 96 wide, 1.25x at 128, 1.8x at 256
+CPU_BF16_MIN_WIDTH = 128  # the narrowest model where bf16 gained more than the noise (the section above)
 
 
 def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:
@@ -125,8 +125,8 @@ def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int
 
 
 def compile_enabled(setting: str, device: torch.device) -> bool:
-    """train.compile: auto turns torch.compile on for CUDA where Triton works (on a small CPU model it
-    measured slower than eager; see BENCHMARKS.md); true on CUDA without a working Triton is refused."""
+    """train.compile: auto turns torch.compile on for CUDA where Triton works (on a CPU it gained little next
+    to its compile time: BENCHMARKS.md, "CPU precision and kernels"); true without Triton is refused."""
     setting = str(setting).lower()
     if device.type != "cuda":
         return setting == "true"

@@ -416,8 +416,8 @@ def _memory_lines(cfg: Config, mem: Memory, params: Params, present: bool) -> li
         lines.append(f"            in {other} instead: {_mb(alt.peak)}")
     if compile_enabled(cfg.train.compile, torch.device(mem.device)):
         lines.append(
-            "            torch.compile on: counted as eager (on a CPU compiled peaks measured 4% below eager "
-            "at 6 x 384 x 256, 53 MB above it for the default model: the compiler's own memory)"
+            "            torch.compile on: counted as eager (compiled peaks measured within a few percent of "
+            "eager on a CPU, plus the compiler's own memory)"
         )
     free = _available_bytes(mem.device) if present else None
     if free is not None:
