@@ -13,7 +13,9 @@ object per line).
 Every token is predicted once, in windows of the model's context (non-overlapping, or sliding by --stride for
 more context per prediction); bits per byte divide the loss by the UTF-8 bytes of the text, so models with
 different tokenizers compare. Multiple choice reads HellaSwag's JSONL format (ctx, endings, label) and scores
-each ending by the mean loss of its tokens given the context. See training/evaluation.py.
+each ending by the loss of its tokens given the context: in total (acc), per token (acc_per_token, llm.c's
+and nanoGPT's acc_norm), per character (acc_per_char, lm-evaluation-harness's acc_norm) and per byte
+(acc_per_byte, its acc_bytes). See training/evaluation.py.
 """
 
 from __future__ import annotations
@@ -128,8 +130,10 @@ def format_result(r: dict) -> str:
     if "choices" in r:
         rows += [
             ("choices", f"{r['choices']}: {r['items']:,} items (chance {r['chance']:.1%})"),
-            ("accuracy", f"{r['accuracy_norm']:.2%} by mean loss per ending token (acc_norm)"),
-            ("", f"{r['accuracy']:.2%} by total loss of the ending (acc)"),
+            ("accuracy", f"{r['acc']:.2%} by the total loss of the ending (acc)"),
+            ("", f"{r['acc_per_token']:.2%} by its loss per token (acc_per_token: llm.c's acc_norm)"),
+            ("", f"{r['acc_per_char']:.2%} by its loss per character (acc_per_char: lm-eval's acc_norm)"),
+            ("", f"{r['acc_per_byte']:.2%} by its loss per byte (acc_per_byte: lm-eval's acc_bytes)"),
         ]
     else:
         windows = f"sliding by {r['stride']}" if r["stride"] else "non-overlapping"
@@ -146,17 +150,15 @@ def format_result(r: dict) -> str:
 
 def format_rows(results: list[dict]) -> str:
     """Several results as one Markdown table, a row each."""
+    keys = ("acc", "acc_per_token", "acc_per_char", "acc_per_byte")
     if "choices" in results[0]:
-        head, keys = (
-            "| checkpoint | tokenizer | items | acc_norm | acc |",
-            ("items", "accuracy_norm", "accuracy"),
-        )
+        head = "| checkpoint | tokenizer | items | " + " | ".join(keys) + " |"
     else:
-        head, keys = "| checkpoint | tokenizer | tokens | bytes | loss per token | bits per byte |", ()
+        head = "| checkpoint | tokenizer | tokens | bytes | loss per token | bits per byte |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
-        if keys:
-            cells = [f"{r['items']:,}", f"{r['accuracy_norm']:.2%}", f"{r['accuracy']:.2%}"]
+        if "choices" in r:
+            cells = [f"{r['items']:,}", *(f"{r[k]:.2%}" for k in keys)]
         else:
             cells = [f"{r['tokens']:,}", f"{r['bytes']:,}", f"{r['loss']:.4f}", f"{r['bpb']:.4f}"]
         lines.append("| " + " | ".join([r["checkpoint"], r["tokenizer"], *cells]) + " |")

@@ -1,5 +1,5 @@
-"""The code's layers go one way: common <- model <- data <- interp <- hf <- runs <- training <- scripts, and
-one name means one thing.
+"""The code's layers go one way: common <- model <- data <- interp <- hf <- gguf_export <- runs <- training
+<- scripts, and one name means one thing.
 
 Every import of every module (lazy ones inside functions included) is read from the source with `ast`:
 a package may import only from itself and the packages below it, scripts (the top-level .py files) import
@@ -12,7 +12,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ["common", "model", "data", "interp", "hf", "runs", "training"]  # bottom first; scripts sit on top
+# bottom first; scripts sit on top
+LAYERS = ["common", "model", "data", "interp", "hf", "gguf_export", "runs", "training"]
 
 
 def modules() -> dict[str, Path]:
