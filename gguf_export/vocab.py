@@ -12,9 +12,10 @@ looks the pieces up. For each kind the ids are exactly ours:
   the bytes of one character (a two-byte character takes one merge, a four-byte emoji three), so every
   character of the vocabulary comes out whole with our id, whatever the split pattern. A character outside
   the vocabulary is left out (llama.cpp drops bytes it has no token for), as the exported tokenizer.json
-  does. Other llama.cpp tokenizers were tried and refused: "llama" (SentencePiece) writes spaces as U+2581
-  and aborts on an unknown character, "rwkv" (longest byte match) loops forever on an unknown character
-  that shares its first bytes with a known one, "plamo2" needs 256 byte tokens; and llama.cpp refuses a BPE
+  does. Other llama.cpp tokenizers were tried and refused: "llama" (SentencePiece) and "t5" (Unigram) give
+  our ids too but write spaces as U+2581 (a vocabulary holding that character breaks), and "llama" aborts
+  on an unknown character; "rwkv" (longest byte match) loops forever on an unknown character that shares
+  its first bytes with a known one; "plamo2" needs 256 byte tokens; and llama.cpp refuses a BPE
   with no merges ("cannot find tokenizer merges"), so the list always ends with one that never applies
   (two 0xFF bytes: 0xFF never occurs in UTF-8).
   A character vocabulary has no end-of-text token, and llama.cpp needs one (without it token 11 would end

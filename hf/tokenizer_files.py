@@ -12,13 +12,13 @@ that tinygpt reads an exported folder back exactly:
   `encode(text, allowed_special="all")`). GPT-2's `vocab.json` and `merges.txt` are written too.
 - char: a BPE model whose vocabulary is our characters, with no merges, no normaliser and no pre-tokenizer,
   so every character is one token with our id; the Fuse decoder joins them back without spaces. Characters
-  outside the vocabulary are dropped (ours refuses them). Tools want a BOS/EOS token (lm-eval scores the
-  first token after it, TransformerLens prepends one), and any character named so would be a special token
-  that `decode(skip_special_tokens=True)`, as pipeline() decodes, deletes from the text. So the tokenizer
-  (not the model) gets <|endoftext|> at the id after the characters, as BOS and EOS, and
-  `split_special_tokens`: text is never encoded to it (a literal "<|endoftext|>" stays characters, as in
-  ours), so it never reaches the model, whose logits, and so every tool's numbers, stay exactly ours;
-  TransformerLens, finding no single token for it, prepends nothing.
+  outside the vocabulary are dropped (ours refuses them). Tools want an end-of-text token (lm-eval fails
+  without one), and a character named so would be a special token, which `decode(skip_special_tokens=True)`,
+  as pipeline() decodes, deletes from the text. So the tokenizer (not the model) gets <|endoftext|> at the
+  id after the characters, as EOS, with `split_special_tokens`: text is never encoded to it (a literal
+  "<|endoftext|>" stays characters, as in ours), so no tool feeds it to the model, whose logits, and every
+  tool's numbers, stay exactly ours. No BOS: TransformerLens would prepend it (an id the model lacks);
+  without one it falls back to the EOS, which it finds is not one token of text, and prepends nothing.
 - a tokenizer whose metadata carries the `tokenizers` JSON itself (`tokenizer_json`) is written as it is.
 `tokenizer_of` answers the other way: which of our tokenizers a Hugging Face folder uses, if any.
 """
