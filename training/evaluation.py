@@ -193,7 +193,7 @@ def ending_losses(
     with autocast() if autocast is not None else contextlib.nullcontext():
         logits, _ = model(x)
     nats = F.cross_entropy(logits.float().transpose(1, 2), y, ignore_index=-1, reduction="none")
-    return nats.sum(dim=1).double().cpu(), (y >= 0).sum(dim=1).cpu()
+    return nats.double().sum(dim=1).cpu(), (y >= 0).sum(dim=1).cpu()
 
 
 def choice_losses(model: torch.nn.Module, tokenizer: Tokenizer, item: Choice, autocast=None) -> torch.Tensor:
