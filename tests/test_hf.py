@@ -354,6 +354,8 @@ def test_bad_inputs_are_one_line(hf_gpt2, char_models, no_model_keys, data_dir: 
     (pickled / "config.json").write_text((hf_gpt2[0] / "config.json").read_text())
     (pickled / "pytorch_model.bin").write_bytes(b"never read")
     (full / "keep.txt").write_text("mine")
+    taken = tmp_path / "taken.gguf"
+    taken.write_bytes(b"mine")
     shape = [
         "model.vocab_size=65",
         "model.block_size=8",
@@ -383,10 +385,17 @@ def test_bad_inputs_are_one_line(hf_gpt2, char_models, no_model_keys, data_dir: 
         (export_script.main, [str(qk), str(tmp_path / "x")], "cannot export: model.qk_norm=true (QK-norm) "
                                                              "has no exact equivalent"),
         (export_script.main, [str(char_models["gpt2"]), str(full)], "is not empty; pass --overwrite"),
+        (export_script.main, [str(qk), str(tmp_path / "qk.gguf")],
+         "cannot export: model.qk_norm=true (QK-norm) has no exact equivalent in llama.cpp's"),
+        (export_script.main, [str(char_models["gpt2"]), str(taken), "--dtype", "f16"],
+         "taken.gguf exists; pass --overwrite"),
+        (export_script.main, [str(char_models["gpt2"]), str(tmp_path / "y"), "--dtype", "q8_0"],
+         "--dtype is for GGUF files"),
     ]  # fmt: skip
     for main, argv, message in cases:
         one_line_error(capsys, main, argv, message)
     assert not (tmp_path / "x").exists() and [p.name for p in full.iterdir()] == ["keep.txt"]
+    assert not (tmp_path / "qk.gguf").exists() and taken.read_bytes() == b"mine"
     assert not (tmp_path / "out" / "last").exists()
 
 
