@@ -94,15 +94,17 @@ def measure(run: str, dtypes: list[str], n_windows: int, folder: Path) -> list[d
     return [file_errors(run, dtype, windows, ours, folder) for dtype in dtypes]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "run", help="a training run's folder or a checkpoint (its val text: tiny Shakespeare's end)"
-    )
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tools.gguf_error", description=__doc__.split("\n\n")[0])
+    p.add_argument("run", help="a training run's folder or a checkpoint (its val text: tiny Shakespeare's)")
     p.add_argument("--windows", type=int, default=32, help="context-long windows compared (default 32)")
     p.add_argument("--dtypes", nargs="+", default=["f32", "f16", "q8_0"])
     p.add_argument("--speed", action="store_true", help="also time greedy decoding, llama.cpp against ours")
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
         for r in measure(args.run, args.dtypes, args.windows, Path(tmp)):
@@ -119,4 +121,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
