@@ -120,11 +120,11 @@ def test_f16_and_q8_0_stay_within_their_logit_errors(run: Path, tmp_path: Path):
     """tools/gguf_error.py on 4 windows of val text: the largest logit error and the mean error in log
     probability of each file against our float32 model, in llama.cpp as it runs by default (float16 KV
     cache); BENCHMARKS.md, "GGUF export", has the same for the default config's model."""
-    from tools.gguf_error import measure
+    from tools.gguf_error import gguf_errors
 
     results = {
-        r["dtype"]: r for r in measure(str(run), ["f32", "f16", "q8_0"], 4, tmp_path)
-    }  # trained a little
+        r["dtype"]: r for r in gguf_errors(str(run), ["f32", "f16", "q8_0"], 4, tmp_path)
+    }  # the session's run: trained a little
     print({d: (f"{r['max_logit_error']:.2e}", f"{r['mean_logp_error']:.2e}") for d, r in results.items()})
     bounds = {"f32": (5e-3, 1e-3), "f16": (1e-2, 2e-3), "q8_0": (0.1, 2e-2)}  # max |dlogit|, mean |dlogp|
     for dtype, (max_error, mean_error) in bounds.items():

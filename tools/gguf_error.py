@@ -84,7 +84,7 @@ def speed(run: str, path: Path, prompt: list[int], n: int = 50, rounds: int = 5)
     return n / statistics.median(times[0]), n / statistics.median(times[1])
 
 
-def measure(run: str, dtypes: list[str], n_windows: int, folder: Path) -> list[dict]:
+def gguf_errors(run: str, dtypes: list[str], n_windows: int, folder: Path) -> list[dict]:
     model, _, meta, _ = checkpoint.load_model(run)
     size = model.config.block_size
     ids = from_meta(meta).encode((ROOT / "data" / "tinyshakespeare.txt").read_text()[-100_000:]).tolist()
@@ -107,7 +107,7 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
-        for r in measure(args.run, args.dtypes, args.windows, Path(tmp)):
+        for r in gguf_errors(args.run, args.dtypes, args.windows, Path(tmp)):
             print(
                 f"{r['dtype']}: {r['mib']:.2f} MiB, max |dlogit| {r['max_logit_error']:.4f}, mean |dlogp| "
                 f"{r['mean_logp_error']:.2e}, loss {r['loss']:.5f} (ours {r['our_loss']:.5f}), argmax agrees "
