@@ -16,7 +16,7 @@ and merges.txt), giving our ids on any text, and tinygpt_tokenizer.json, so tiny
 A DEST ending in .gguf is one file for llama.cpp (architecture gpt2 or llama, the tokenizer inside, weights
 in --dtype: f32 by default, f16, or q8_0), written by gguf_export/:
 
-    llama-cli -m model.gguf -p "ROMEO:" -n 100 --temp 0;  llama_cpp.Llama("model.gguf")
+    llama_cpp.Llama("model.gguf", n_ctx=CONTEXT)   # or llama.cpp's llama-cli -m model.gguf
 
 A model option with no exact equivalent in GPT-2 or Llama (QK-norm, ReLU^2, a sliding window, logit
 soft-capping, attention only) is refused, naming it. A non-empty DEST is refused unless --overwrite; the
