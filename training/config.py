@@ -332,8 +332,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> tuple[Con
 
 def adopt_model(cfg: Config, source: GPTConfig, origins: dict[str, str], where: str) -> Config:
     """cfg with the model of `source` (train.init_from): model keys a file or an override set explicitly
-    (`origins`) may lower block_size and set dropout; any other that differs from the source is an error
-    naming it; keys left unset follow the source."""
+    (`origins`) may lower block_size and set dropout and doc_mask; any other that differs from the source is
+    an error naming it; keys left unset follow the source."""
     model = asdict(source)
     for name, theirs in asdict(source).items():
         key = f"model.{name}"
@@ -341,7 +341,7 @@ def adopt_model(cfg: Config, source: GPTConfig, origins: dict[str, str], where: 
             continue
         ours = getattr(cfg.model, name)
         same = ours == theirs or (name == "n_kv_head" and (ours or cfg.model.n_head) == source.kv_heads)
-        if same or name == "dropout" or (name == "block_size" and ours < theirs):
+        if same or name in ("dropout", "doc_mask") or (name == "block_size" and ours < theirs):
             model[name] = ours
             continue
         allowed = " (it may only be lowered)" if name == "block_size" else ""

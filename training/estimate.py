@@ -42,7 +42,7 @@ from training.config import Config, load_config
 from training.evaluation import final_eval_wanted
 from training.hardware import GPU_PEAKS
 from training.runtime import compile_enabled, cpu_auto_precision
-from training.trainer import Run, start_run, train_step
+from training.trainer import Run, start_run, train_step, with_vocabulary
 
 MB = 2**20
 CHINCHILLA_TOKENS_PER_PARAM = 20
@@ -330,7 +330,13 @@ def dry_run(cfg: Config, name: str) -> str:
             f"dataset {cfg.data.dataset} is not prepared, so its vocabulary is unknown; set model.vocab_size "
             "for the dry run, or prepare the dataset first"
         )
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
+    if meta is not None:
+        cfg = with_vocabulary(cfg, meta)
+    else:  # the document token's id does not change the cost: any will do for the counts
+        doc_token = 0 if cfg.model.doc_mask and cfg.model.doc_token is None else cfg.model.doc_token
+        cfg = dataclasses.replace(
+            cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab, doc_token=doc_token)
+        )
     device, precision, present = target_device(cfg)
     params = count_params(cfg.model, cfg.optim.name)
     mem = memory(cfg, precision, device, params)

@@ -27,7 +27,7 @@ import torch
 from common.errors import UserError
 from data.loader import TokenWindows
 from data.prepare import DATA_DIR, ensure_prepared, load_meta
-from data.tokenizers import bits_per_byte
+from data.tokenizers import bits_per_byte, from_meta
 from model import GPT
 from training import checkpoint, distributed
 from training.config import Config, adopt_model
@@ -87,7 +87,8 @@ class Run:
 
 
 def with_vocabulary(cfg: Config, meta: dict) -> Config:
-    """A copy of cfg whose model.vocab_size is the dataset's (when the config leaves it null)."""
+    """A copy of cfg whose model.vocab_size is the dataset's (when the config leaves it null), and with
+    model.doc_mask its model.doc_token too: the dataset's <|endoftext|>."""
     vocab = cfg.model.vocab_size
     if vocab is not None and vocab < meta["vocab_size"]:
         raise UserError(
@@ -95,7 +96,21 @@ def with_vocabulary(cfg: Config, meta: dict) -> Config:
             f"({meta['vocab_size']}); remove it to use the dataset's"
         )
     model = dataclasses.replace(cfg.model, vocab_size=vocab or meta["vocab_size"])
+    if model.doc_mask and model.doc_token is None:
+        model = dataclasses.replace(model, doc_token=document_token(meta))
     return dataclasses.replace(cfg, model=model)
+
+
+def document_token(meta: dict) -> int:
+    """The token a dataset puts between documents (<|endoftext|>), for model.doc_mask."""
+    eot = from_meta(meta["tokenizer"]).eot_token
+    if eot is None:
+        raise UserError(
+            f"model.doc_mask=true needs documents separated by <|endoftext|>, but dataset {meta['name']} "
+            f"has a {meta['tokenizer']['kind']} tokenizer without one; use a BPE dataset or set "
+            "model.doc_mask=false"
+        )
+    return eot
 
 
 def open_dataset(cfg: Config, rt: Runtime) -> dict:
