@@ -28,7 +28,7 @@ Notable:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -45,6 +45,18 @@ class LocalSpan:
 
     window: Optional[int]
     starts: Optional[torch.Tensor] = None
+    masks: dict = field(default_factory=dict, compare=False, repr=False)  # see `additive`
+
+    def additive(self, name: str, dtype: torch.dtype, allowed) -> torch.Tensor:
+        """The document mask `allowed()` (boolean) as an additive float mask in `dtype` (0 or -inf), made once
+        for all the layers of a forward pass: handed a boolean, SDPA would make its own in every layer, and
+        every layer would keep one for backward."""
+        if (name, dtype) not in self.masks:
+            mask = allowed()
+            self.masks[name, dtype] = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+                ~mask, float("-inf")
+            )
+        return self.masks[name, dtype]
 
     def dense(self, T: int, device: torch.device) -> torch.Tensor:
         """The same as a boolean mask, True where attention is allowed: (T, T), or with documents
@@ -116,16 +128,20 @@ def _token_major(x: torch.Tensor, length: int) -> torch.Tensor:
     return F.pad(x, (0, 0, 0, 0, 0, length - x.size(1))) if length > x.size(1) else x
 
 
-def _windows(x: torch.Tensor, block: int, span: int) -> torch.Tensor:
-    """x (B, Tp, H, d) -> (B * Tp / block - reach, H, span, d): for each block m of the flattened batch from
-    the reach-th on, the `span` tokens ending with it (a copy: SDPA reads it once per query block)."""
+def _windows(x: torch.Tensor, block: int, width: int) -> torch.Tensor:
+    """x (B, length, H, d) -> (B * length / block - reach, H, width, d): for each block of the flattened
+    batch from the reach-th on, the `width` tokens that end with it. A view of x's rows back to back (the
+    windows overlap; unfold's backward adds their gradients up), so no key is copied."""
     flat = x.reshape(-1, x.size(2), x.size(3))
-    return (
-        flat.unfold(0, span, block)
-        .permute(0, 3, 1, 2)
-        .reshape(-1, span, x.size(2), x.size(3))
-        .transpose(1, 2)
-    )
+    return flat.unfold(0, width, block).permute(0, 1, 3, 2)
+
+
+def _block_documents(band: torch.Tensor, starts: torch.Tensor, block: int, reach: int, length: int):
+    """(blocks, 1, block, width): the band mask of every block of the flattened batch from the reach-th on,
+    and the same document start for query and key (padding in a document of its own)."""
+    padded = F.pad(starts, (0, length - starts.size(1)), value=-1).reshape(-1)
+    same = padded.view(-1, block)[reach:, :, None] == padded.unfold(0, band.size(1), block)[:, None, :]
+    return (band & same).unsqueeze(1)
 
 
 def _sdpa(q, k, v, mask, dropout: float, causal: bool = False) -> torch.Tensor:
@@ -143,24 +159,25 @@ def attend_locally(
     B, H, T, d = queries.shape
     window, starts = span.window, span.starts
     block, reach = block_layout(T, window)
-    head = min(T, reach * block) if reach else T  # each row's first tokens, answered by a call of their own
-    mask = None  # causal alone, where the window does not bind on the first `head` tokens
-    if starts is not None:
-        mask = band_mask(head, head, 0, window, queries.device, starts[:, :head], starts[:, :head])
-    elif window is not None and head > window:
-        mask = band_mask(head, head, 0, window, queries.device)
-    first = _sdpa(*(x[:, :, :head] for x in (queries, keys, values)), mask, dropout, causal=True)
-    if head == T:
-        return first
     n = -(-T // block)
     length, width = n * block, (reach + 1) * block
+    head = min(T, reach * block) if reach else T  # each row's first tokens, answered by a call of their own
     q, k, v = (_token_major(x, length) for x in (queries, keys, values))
+    mask = None  # causal alone, where the window does not bind on the first `head` tokens
+    if starts is not None:
+        heads = starts[:, :head]
+        mask = span.additive(
+            "head", q.dtype, lambda: band_mask(head, head, 0, window, q.device, heads, heads)
+        )
+    elif window is not None and head > window:
+        mask = band_mask(head, head, 0, window, queries.device)
+    first = _sdpa(*(x[:, :head].transpose(1, 2) for x in (q, k, v)), mask, dropout, causal=True)
+    if head == T:
+        return first
     q_blocks = q.reshape(B * n, block, H, d)[reach:].transpose(1, 2)
     mask = band_mask(block, width, reach * block, window, queries.device)
     if starts is not None:
-        padded = F.pad(starts, (0, length - T), value=-1).reshape(-1)
-        q_starts = padded.view(B * n, block)[reach:]
-        mask = mask & (q_starts[:, :, None] == padded.unfold(0, width, block)[:, None, :]).unsqueeze(1)
+        mask = span.additive("blocks", q.dtype, lambda: _block_documents(mask, starts, block, reach, length))
     out = _sdpa(q_blocks, _windows(k, block, width), _windows(v, block, width), mask, dropout)
     y = torch.cat([first[0].transpose(0, 1), out.transpose(1, 2).reshape(-1, H, d)]).view(B, length, H, d)
     if B > 1:
