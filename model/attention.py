@@ -10,20 +10,24 @@ call. It computes T * (reach + 1) * block scores rather than T^2, and holds no T
 
 Notable:
 - The batch is laid out as one long sequence of blocks (the rows back to back, each padded to a whole number
-  of blocks): query block m attends to the key window of blocks m - reach .. m, copied out once with
-  `unfold` and `reshape`. The first `reach` blocks of each row would reach before the row's start (into
-  the previous row): their queries are answered by a second, small call (the first reach * block tokens of
-  each row, causal) and written over. Measured against this on 2 cores (B=1, H=4, d=32, T=8,192, w=256,
-  forward + backward): an `as_strided` view of the overlapping windows instead of the copy took 81 ms
-  against 79 ms and twice the memory (its backward scatters into the overlaps); blocks of w/2 (reach 2)
-  67 ms, of w/4 94 ms, of 2w 144 ms. Blocks of half the window (`block_layout`) compute 1.5 w scores per
-  query instead of 2 w.
-- Documents: with `starts` (the position where each token's document begins, `document_starts`) the
-  mask also requires equal starts, so it becomes one block x (reach + 1) * block mask per block (still
-  linear in T); without a window it is a dense T x T mask per row.
+  of blocks): query block m attends to the keys of blocks m - reach .. m, an `unfold` view of the keys (the
+  windows overlap, nothing is copied; unfold's backward adds their gradients up). The first `reach` blocks of
+  each row would reach before the row's start (into the previous row): their queries are answered by a
+  second, small call (the first reach * block tokens of each row, causal) and written over.
+- Block size (`block_layout`), measured on 2 cores (B=1, H=4, d=32, fp32, forward + backward, T=8,192, w=256,
+  full causal 527 ms): blocks of w/2 (reach 2) 67 ms, of w 79 ms, of w/4 94 ms, of 2w 144 ms; w/2 won at
+  w = 64 ... 512 too, w at w <= 32. Half-window blocks compute scores for 1.5 w keys per query, not 2 w.
+  An `as_strided` view of the windows instead of unfold's cost the same time and twice the memory (its
+  backward scatters into the overlaps).
+- Documents: with `starts` (the position where each token's document begins, `document_starts`) the mask
+  also requires equal starts: one block x (reach + 1) * block mask per block (still linear in T), without a
+  window a dense T x T mask per row. Built once per forward as a float mask that all layers share.
 - Padding queries (past T) see at least themselves, and so does every query of a block whose output is
   written over: no row of scores is all masked, which would put NaN into the gradients of the keys.
-- Dropout goes through SDPA's math path (the CPU flash kernel has none): the same blocks, slower.
+- Dropout goes through SDPA's math path (the CPU flash kernel has none): the same blocks, slower, and the
+  block-sized score tensors are kept for backward. On CUDA the same calls run SDPA's memory-efficient
+  kernel (flash takes no mask); FlexAttention would skip the masked tiles, but its backward does not run on
+  a CPU in torch 2.13, so it could not be tested here.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 HALF_BLOCKS_FROM = 64  # windows from this size are cut into blocks of half the window (see block_layout)
+BLOCKS_FROM = 256  # shorter sequences, or windows over a quarter of T, take one dense mask (see block_layout)
 
 
 @dataclass(frozen=True)
@@ -48,9 +53,9 @@ class LocalSpan:
     masks: dict = field(default_factory=dict, compare=False, repr=False)  # see `additive`
 
     def additive(self, name: str, dtype: torch.dtype, allowed) -> torch.Tensor:
-        """The document mask `allowed()` (boolean) as an additive float mask in `dtype` (0 or -inf), made once
-        for all the layers of a forward pass: handed a boolean, SDPA would make its own in every layer, and
-        every layer would keep one for backward."""
+        """The mask `allowed()` (boolean) as an additive float mask in `dtype` (0 or -inf), made once for all
+        the layers of a forward pass: handed a boolean, SDPA would make its own in every layer, and every
+        layer would keep one for backward."""
         if (name, dtype) not in self.masks:
             mask = allowed()
             self.masks[name, dtype] = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
@@ -79,10 +84,13 @@ def document_starts(
 def block_layout(T: int, window: Optional[int]) -> tuple[int, int]:
     """(block, reach): queries in blocks of `block` tokens, each seeing its own block and `reach` before it.
 
-    No window, or one that covers T: a single block (reach 0). Windows of HALF_BLOCKS_FROM or more: blocks of
+    No window, or one that covers T: a single block (reach 0). The same, under a dense T x T mask, for T
+    below BLOCKS_FROM or a window over T / 4: there the blocks' two calls cost more than the scores they
+    save (measured forward + backward, B=12, H=4, d=32: blocks/dense 2.2x at T=64, w=16; 1.6x at T=256,
+    w=128; 0.61x at T=384, w=64; 0.67x at T=1,024, w=256). Windows of HALF_BLOCKS_FROM or more: blocks of
     half the window, reach 2 (fastest at w = 256, see the module docstring); smaller ones: blocks of the
     window, reach 1 (small blocks leave SDPA's kernels too little work per call)."""
-    if window is None or window >= T:
+    if window is None or T < BLOCKS_FROM or window > T // 4:
         return T, 0
     block = -(-window // 2) if window >= HALF_BLOCKS_FROM else window
     return block, max(1, -(-(window - 1) // block))
@@ -164,13 +172,11 @@ def attend_locally(
     head = min(T, reach * block) if reach else T  # each row's first tokens, answered by a call of their own
     q, k, v = (_token_major(x, length) for x in (queries, keys, values))
     mask = None  # causal alone, where the window does not bind on the first `head` tokens
-    if starts is not None:
-        heads = starts[:, :head]
+    if starts is not None or (window is not None and head > window):
+        heads = starts[:, :head] if starts is not None else None
         mask = span.additive(
             "head", q.dtype, lambda: band_mask(head, head, 0, window, q.device, heads, heads)
         )
-    elif window is not None and head > window:
-        mask = band_mask(head, head, 0, window, queries.device)
     first = _sdpa(*(x[:, :head].transpose(1, 2) for x in (q, k, v)), mask, dropout, causal=True)
     if head == T:
         return first

@@ -17,11 +17,11 @@ from training.trainer import with_vocabulary
 EOT = 0  # the document token of these tests
 
 CASES = {  # B, H, H_kv, T, window
-    "T not a multiple of the window": (2, 4, 4, 700, 256),  # blocks of 128, each seeing 2 before it
+    "T not a multiple of the window": (2, 4, 4, 1100, 256),  # blocks of 128, each seeing 2 before it
     "T shorter than the window": (2, 4, 2, 100, 256),  # plain causal attention
     "GQA, small window": (3, 4, 1, 333, 48),  # blocks of the window, each seeing 1 before it
-    "T one past the window": (2, 2, 2, 65, 64),
-    "window 1": (2, 2, 1, 40, 1),
+    "a window over T / 4": (2, 2, 2, 300, 80),  # one dense mask
+    "window 1": (2, 2, 1, 260, 1),
 }
 
 
@@ -91,12 +91,12 @@ def test_a_windowed_model_learns_the_same_through_the_blocks_as_through_the_expl
     monkeypatch, doc_mask
 ):
     cfg = GPTConfig(
-        vocab_size=50, block_size=150, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, window=40,
+        vocab_size=50, block_size=300, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, window=48,
         pos_emb="rope", qk_norm=True, doc_mask=doc_mask, doc_token=EOT,
     )  # fmt: skip
     torch.manual_seed(0)
     model = GPT(cfg)
-    idx = torch.randint(0, 50, (2, 150))
+    idx = torch.randint(0, 50, (2, 300))
 
     def loss_and_gradients():
         model.zero_grad()
@@ -111,28 +111,29 @@ def test_a_windowed_model_learns_the_same_through_the_blocks_as_through_the_expl
 
 def test_tokens_past_the_window_or_in_an_earlier_document_change_nothing():
     torch.manual_seed(0)
-    windowed = GPT(GPTConfig(vocab_size=50, block_size=100, n_layer=1, n_head=2, n_embd=32, window=16))
-    idx = torch.randint(1, 49, (1, 100))
+    windowed = GPT(GPTConfig(vocab_size=50, block_size=300, n_layer=1, n_head=2, n_embd=32, window=16))
+    idx = torch.randint(1, 49, (1, 300))
     changed = idx.clone()
-    changed[0, 50] += 1
+    changed[0, 150] += 1
     base, out = windowed(idx)[0], windowed(changed)[0]
-    assert torch.equal(base[:, :50], out[:, :50]) and torch.equal(base[:, 66:], out[:, 66:])  # 1 layer
-    assert not torch.allclose(base[:, 65], out[:, 65])  # the last query that sees position 50
+    assert torch.equal(base[:, :150], out[:, :150]) and torch.equal(base[:, 166:], out[:, 166:])  # 1 layer
+    assert not torch.allclose(base[:, 165], out[:, 165])  # the last query that sees position 150
     torch.manual_seed(0)
     cfg = GPTConfig(
-        vocab_size=50, block_size=100, n_layer=2, n_head=2, n_embd=32, doc_mask=True, doc_token=EOT
-    )
+        vocab_size=50, block_size=300, n_layer=2, n_head=2, n_embd=32, window=64, doc_mask=True, doc_token=EOT
+    )  # blocks of 32, and documents
     documents = GPT(cfg)
-    idx[0, 60] = EOT  # a new document starts at position 60
+    idx[0, 160] = EOT  # a new document starts at position 160
     changed = idx.clone()
-    changed[0, 30] += 1
+    changed[0, 140] += 1
     base, out = documents(idx)[0], documents(changed)[0]
-    assert torch.equal(base[:, 60:], out[:, 60:]) and not torch.allclose(base[:, 59], out[:, 59])
+    assert torch.equal(base[:, 160:], out[:, 160:]) and not torch.allclose(base[:, 159], out[:, 159])
 
 
 def test_the_count_of_scores_follows_the_blocks():
     assert block_layout(8192, 256) == (128, 2) and block_layout(1000, 48) == (48, 1)
     assert block_layout(100, 256) == (100, 0) and block_layout(100, None) == (100, 0)
+    assert block_layout(200, 16) == (200, 0) and block_layout(1000, 251) == (1000, 0)  # a dense mask
     assert attention_span(100, 256) == 100 and attention_span(512, None) == 512
     # T = 1,000, window 48: 21 blocks of 48 queries x 96 keys, and the first 48 queries over 48 keys
     assert attention_span(1000, 48) == (21 * 48 * 96 + 48 * 48) / 1000

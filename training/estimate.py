@@ -98,7 +98,7 @@ def count_params(m: GPTConfig, optimizer: str = "adamw") -> Params:
 class LocalAttention:
     """What model/attention.py's blocks compute per token of a row of T (a window or documents)."""
 
-    blocked: bool  # in blocks (a window shorter than T); else one dense call (documents)
+    blocked: bool  # in blocks; else one call under a dense mask (documents, a window on a short T)
     outputs: float  # query rows its SDPA calls answer (1: each once; more: padding, the first blocks twice)
     scores: float  # keys each query's scores are computed for (attention_span, for this batch size)
     padded: float  # the row padded to whole blocks, over T (1: no padding)
@@ -108,11 +108,11 @@ class LocalAttention:
 
 
 def local_attention(m: GPTConfig, batch_size: int) -> LocalAttention | None:
-    """None for plain causal attention (no window that binds, no documents)."""
+    """None for plain causal attention (no window shorter than T, no documents)."""
     T = m.block_size
-    block, reach = block_layout(T, m.window)
-    if reach == 0 and not m.doc_mask:
+    if (m.window is None or m.window >= T) and not m.doc_mask:
         return None
+    block, reach = block_layout(T, m.window)
     head = min(T, reach * block) if reach else T
     n = -(-T // block)
     rows = (batch_size * n - reach) * block / (batch_size * T) if head < T else 0.0  # the blocks' queries
@@ -143,12 +143,16 @@ def _blocks_bytes_per_token(
     return total
 
 
-def document_mask_bytes_per_token(m: GPTConfig, precision: str, device: str, batch_size: int) -> float:
-    """The additive document masks of a forward pass, shared by all its layers (model/attention.py)."""
+def mask_bytes_per_token(m: GPTConfig, precision: str, device: str, batch_size: int) -> float:
+    """The additive masks of a forward pass (documents, or a window's dense T x T mask), shared by all its
+    layers (model/attention.py)."""
     local = local_attention(m, batch_size)
-    if not m.doc_mask or local is None:
+    if local is None:
         return 0.0
-    return local.scores * (4 if precision not in ("bf16", "fp16") or device == "cpu" else 2)
+    b = 4 if precision not in ("bf16", "fp16") or device == "cpu" else 2
+    if m.doc_mask:
+        return local.scores * b
+    return 0.0 if local.blocked else m.block_size * b / batch_size  # one T x T mask for every row
 
 
 def _flash_bytes_per_token(m: GPTConfig, a: int, attn_fp32: bool, reshaped: bool, qkv: int) -> float:
@@ -233,7 +237,7 @@ def memory(cfg: Config, precision: str, device: str, params: Params | None = Non
     a = 2 if precision in ("bf16", "fp16") else 4
     block = block_bytes_per_token(m, precision, device, cfg.train.batch_size) * tokens
     head = head_bytes_per_token(m, precision) * tokens
-    head += document_mask_bytes_per_token(m, precision, device, cfg.train.batch_size) * tokens
+    head += mask_bytes_per_token(m, precision, device, cfg.train.batch_size) * tokens
     casts = 2 * params.linear if a == 2 else 0
     logits_grad = m.vocab_size * (4 + a) * tokens  # the gradient of the log-softmax, then of the logits
     return Memory(
