@@ -287,7 +287,11 @@ class GPT(nn.Module):
         return self.rope_cos[positions], self.rope_sin[positions]
 
     def _starts(
-        self, idx: torch.Tensor, positions: torch.Tensor, kv_cache, input_pos
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: Optional[KVCache],
+        input_pos: Optional[torch.Tensor],
     ) -> Optional[torch.Tensor]:
         """With doc_mask, where each token's document begins (B, T), kept in the cache for the next step."""
         if not self.config.doc_mask:
