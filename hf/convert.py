@@ -59,6 +59,7 @@ def export_problem(cfg: GPTConfig) -> str | None:
     rules += [
         (cfg.qk_norm, "model.qk_norm=true (QK-norm)"),
         (cfg.window is not None, f"model.window={cfg.window} (sliding-window attention)"),
+        (cfg.doc_mask, "model.doc_mask=true (attention stopping at document boundaries)"),
         (cfg.logit_softcap is not None, f"model.logit_softcap={cfg.logit_softcap} (logit soft-capping)"),
         (not cfg.mlp, "model.mlp=false (attention only)"),
     ]

@@ -33,6 +33,8 @@ class GPTConfig:
     norm_eps: Optional[float] = None  # null = torch's: 1e-5 for LayerNorm, the dtype's epsilon for RMSNorm
     tie_embeddings: bool = True  # LM head shares the token embedding matrix
     window: Optional[int] = None  # sliding-window attention: each query sees its last `window` keys
+    doc_mask: bool = False  # attention stops at document boundaries: each token sees its own document only
+    doc_token: Optional[int] = None  # the token that opens a document (<|endoftext|>); null: the dataset's
     zero_init_proj: bool = False  # W_O and the MLP output start at zero (blocks start as identity)
     logit_softcap: Optional[float] = None  # cap * tanh(logits / cap), as Gemma 2 / nanochat
 
@@ -43,6 +45,12 @@ class GPTConfig:
     @property
     def kv_heads(self) -> int:
         return self.n_kv_head or self.n_head
+
+    @property
+    def unbounded_context(self) -> bool:
+        """A window with rotary positions: each layer reads the last `window` tokens at relative positions
+        only, so positions may go on past block_size (generation never re-encodes; forwards may be longer)."""
+        return self.window is not None and self.pos_emb == "rope"
 
     @property
     def mlp_width(self) -> int:
@@ -82,12 +90,22 @@ class GPTConfig:
         for name in ("mlp_ratio", "rope_base"):
             if getattr(self, name) <= 0:
                 out.append((name, f"must be positive, got {getattr(self, name)}"))
+        if self.doc_token is not None and not 0 <= self.doc_token < (self.vocab_size or self.doc_token + 1):
+            msg = f"must be a token id of the vocabulary (0 .. vocab_size - 1), got {self.doc_token}"
+            out.append(("doc_token", msg))
         return out
 
     def validate(self) -> None:
         problems = self.problems()
         if self.vocab_size is None:
             problems.insert(0, ("vocab_size", "is not set (a training config takes it from the dataset)"))
+        if self.doc_mask and self.doc_token is None:
+            problems.append(
+                (
+                    "doc_token",
+                    "is not set, and doc_mask needs it (a training config takes it from the dataset)",
+                )
+            )
         if problems:
             name, msg = problems[0]
             raise ValueError(f"model.{name}: {msg}")

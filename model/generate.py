@@ -1,22 +1,26 @@
 """Autoregressive generation: sampling rules and the KV-cached decoding loop.
 
-Context policy past `block_size`: the model never sees more than block_size tokens. When the window is
+Context policy past `block_size`: the model never sees more than block_size tokens. When the context is
 full, it slides forward by half a block: the last block_size // 2 tokens are encoded afresh (one prefill)
 and decoding goes on one token per step. Every new token therefore sees between block_size // 2 and
 block_size previous tokens. Re-encoding the last block_size tokens at every step (nanoGPT's crop) would give
 each token a full context but cost a whole forward pass per token, which is what the cache exists to avoid.
 `use_cache=False` follows the same windows with a full forward pass per token: it is the reference the
 cached path is tested against, and the baseline tools/bench.py measures the cache against.
+A model with a sliding window and rotary positions (`GPTConfig.unbounded_context`) never slides: it sees
+its last `window` tokens at relative positions only, so its positions go on past block_size, each step
+costing the same (a rolling cache of `window` slots, model/kv_cache.py); without the cache its reference
+is a full forward over everything so far.
 
 Decoding at batch size B reads every weight once per step for all B samples, so a step costs little more
 than at B = 1 (the weights' bytes, not the arithmetic, bound it). The step (`decode_step`) has the same
-shapes every time: one token per sample at a position given as a tensor, attending over all block_size
-slots of the static cache (model/kv_cache.py) under a mask. So `compile=True` can hand it to torch.compile
-once: on CUDA with CUDA graphs (mode reduce-overhead: the whole step is one replay instead of hundreds of
-kernel launches), on a CPU with inductor's decomposition of matrix-vector products into its own
-vectorised loops. On a CPU a batch of several samples is decoded eagerly even with `compile`: compiled, its
-step was slower than eager's, with the matrix products decomposed or not (BENCHMARKS.md, "Sampling:
-decoding against the bandwidth floor").
+shapes every time: one token per sample at a position given as a tensor, attending over all the cache's
+slots (block_size, or `window` for a windowed model; model/kv_cache.py) under a mask. So `compile=True`
+can hand it to torch.compile once: on CUDA with CUDA graphs (mode reduce-overhead: the whole step is one
+replay instead of hundreds of kernel launches), on a CPU with inductor's decomposition of matrix-vector
+products into its own vectorised loops. On a CPU a batch of several samples is decoded eagerly even with
+`compile`: compiled, its step was slower than eager's, with the matrix products decomposed or not
+(BENCHMARKS.md, "Sampling: decoding against the bandwidth floor").
 The prompt and each slide are encoded eagerly. Sampling never waits for the device: it draws with the
 exponential race below, and reading the token (to print it) is the one host sync per step, the caller's.
 """
@@ -110,17 +114,19 @@ def generate(
     The tokens stay on the model's device; `compile` compiles the decoding step (see the module docstring).
     """
     B, block_size = idx.size(0), model.config.block_size
+    endless = model.config.unbounded_context  # positions go on past block_size: no slide
     keep = max(1, block_size // 2)  # tokens kept when the window slides
-    window = torch.empty((B, block_size + 1), dtype=idx.dtype, device=idx.device)  # the tokens in context
     n = min(idx.size(1), block_size)
+    length = n + max_new_tokens if endless else block_size + 1
+    window = torch.empty((B, length), dtype=idx.dtype, device=idx.device)  # the tokens in context
     window[:, :n] = idx[:, -n:]
     cache = KVCache.for_model(model, B) if use_cache else None
     step = decode_step
     if compile and cache is not None and (B == 1 or idx.device.type != "cpu"):  # where it pays
         step = compiled_decode_step(idx.device)
         if idx.device.type == "cuda":
-            torch._dynamo.mark_static_address(cache.keys)
-            torch._dynamo.mark_static_address(cache.values)
+            for buffer in (cache.keys, cache.values, cache.doc_start):
+                torch._dynamo.mark_static_address(buffer)
     slot = torch.tensor([n], device=idx.device)  # where the next token goes in the cache
     logits = prefill(model, window[:, :n], cache)
     for i in range(max_new_tokens):
@@ -130,7 +136,7 @@ def generate(
             return
         window[:, n] = token
         n += 1
-        if n > block_size:  # slide: encode the most recent tokens afresh
+        if n > block_size and not endless:  # slide: encode the most recent tokens afresh
             window[:, :keep] = window[:, n - keep : n].clone()
             n = keep
             logits = prefill(model, window[:, :n], cache)

@@ -8,14 +8,19 @@ Notable:
   `attention_weights()` takes an explicit path instead that materialises softmax(Q K^T / sqrt(d_head) + causal
   mask) per head, so the weights can be inspected (heads.py) and checked against the fast path (tests).
 - Each head has size d_head = n_embd / n_head. With grouped-query attention (`n_kv_head`), groups of query
-  heads share one key/value head; with a sliding `window`, query i sees keys i-window+1 .. i only.
+  heads share one key/value head; with a sliding `window`, query i sees keys i-window+1 .. i only, and with
+  `doc_mask` only the keys of its own document (from the last `doc_token`, <|endoftext|>, on). Both go through
+  model/attention.py's blocks, at a cost linear in T (a dense T x T mask would cost more than full attention).
 - Options from `GPTConfig` (rotary positions, RMSNorm, QK-norm, ReLU^2 / SwiGLU MLP, untied head, no biases,
   zero-init output projections, logit soft-capping) are all off in the GPT-2 compatible defaults. With
   `activation: gelu_tanh` the network is GPT-2 exactly; with rotary positions, RMSNorm, SwiGLU and no biases
   it is Llama (hf/ converts the weights both ways).
 - GPT-2 initialisation: N(0, 0.02), the residual projections (W_O, MLP output) scaled by 1/sqrt(2 n_layer).
-- `kv_cache` (model/kv_cache.py, static: one slot per position) lets generation encode a prompt once, then
-  run one token per step at a position given as a tensor (`input_pos`), so the step's shapes never change.
+- `kv_cache` (model/kv_cache.py: one slot per position, or `window` slots used in turn for a windowed model)
+  lets generation encode a prompt once, then run one token per step at a position given as a tensor
+  (`input_pos`), so the step's shapes never change. A model with a window and rotary positions depends only
+  on the last `window` tokens of each layer at relative positions: its positions go on past block_size
+  (rotary angles computed for them as needed), so it can read and generate sequences of any length.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from model.attention import LocalSpan, attend_locally, attention_span, document_starts
 from model.config import GPTConfig
 from model.kv_cache import KVCache
 
@@ -39,8 +45,14 @@ def make_norm(cfg: GPTConfig) -> nn.Module:
 
 def rotary_tables(block_size: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of position * frequency, each (block_size, head_dim // 2)."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    angles = torch.outer(torch.arange(block_size, dtype=torch.float64), inv_freq)
+    return rotary_angles(torch.arange(block_size), head_dim, base)
+
+
+def rotary_angles(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * frequency for the given positions, each (len(positions), head_dim // 2), in
+    float64 rounded to float32 (the same values the tables hold)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim
+    angles = positions.to(torch.float64)[:, None] * (1.0 / (base**exponents))
     return angles.cos().float(), angles.sin().float()
 
 
@@ -50,32 +62,39 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
-def causal_mask(query_pos: torch.Tensor, n_keys: int, window: Optional[int]) -> torch.Tensor:
+def causal_mask(
+    query_pos: torch.Tensor, n_keys: int, window: Optional[int], key_pos: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """Boolean (n_queries, n_keys) mask, True where attention is allowed.
 
-    Keys sit at positions 0 .. n_keys - 1 and the queries at `query_pos`: a query at position p may attend to
-    the keys at positions up to p (and, with a window, not further back than window - 1 tokens). With a KV
-    cache, the slots past the last query are empty or stale, and this mask hides them.
+    Keys sit at positions 0 .. n_keys - 1 (or `key_pos`: the positions a rolling cache's slots hold, negative
+    for a slot not written yet) and the queries at `query_pos`: a query at position p may attend to the keys
+    at positions 0 .. p (and, with a window, not further back than window - 1 tokens). With a KV cache, the
+    slots past the last query are empty or stale, and this mask hides them.
     """
     q_pos = query_pos[:, None]
-    k_pos = torch.arange(n_keys, device=query_pos.device)[None, :]
-    allowed = k_pos <= q_pos
+    k_pos = (torch.arange(n_keys, device=query_pos.device) if key_pos is None else key_pos)[None, :]
+    allowed = (k_pos <= q_pos) & (k_pos >= 0)
     if window is not None:
         allowed &= k_pos > q_pos - window
     return allowed
+
+
+Mask = Optional[torch.Tensor | LocalSpan]
 
 
 def attend(
     queries: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    mask: Optional[torch.Tensor],
+    mask: Mask,
     dropout: float,
 ) -> torch.Tensor:
     """softmax(Q K^T / sqrt(d) + mask) V through F.scaled_dot_product_attention, which picks a flash kernel.
 
-    `mask` is None for plain causal attention of T queries over the same T keys (training), else a boolean
-    (T, n_keys) mask from `causal_mask` (a sliding window, or the slots of a KV cache). Keys and values may
+    `mask` is None for plain causal attention of T queries over the same T keys (training), a `LocalSpan`
+    for a sliding window or documents over the same T keys (model/attention.py's blocks), else a boolean
+    (T, n_keys) or (B, 1, T, n_keys) mask from `causal_mask` (the slots of a KV cache). Keys and values may
     have fewer heads than the queries (grouped-query attention): SDPA's `enable_gqa` lets each serve its
     group of query heads without copying it.
 
@@ -86,6 +105,8 @@ def attend(
     if dtype == torch.bfloat16 and queries.device.type == "cpu":
         with torch.autocast("cpu", enabled=False):
             return attend(queries.float(), keys.float(), values.float(), mask, dropout).to(dtype)
+    if isinstance(mask, LocalSpan):
+        return attend_locally(queries, keys, values, mask, dropout)
     gqa = keys.size(1) != queries.size(1)
     return F.scaled_dot_product_attention(
         queries, keys, values, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, enable_gqa=gqa
@@ -96,13 +117,15 @@ def attend_explicitly(
     queries: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    mask: Optional[torch.Tensor],
+    mask: Mask,
     dropout: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same as `attend`, written out, also returning the attention weights (B, H, T, n_keys)."""
     T = queries.size(2)
     if mask is None:
         mask = causal_mask(torch.arange(T, device=queries.device), T, None)
+    elif isinstance(mask, LocalSpan):
+        mask = mask.dense(T, queries.device)
     group = queries.size(1) // keys.size(1)  # query heads per key/value head
     keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
     scores = (queries @ keys.transpose(-2, -1)) / math.sqrt(queries.size(-1))
@@ -127,7 +150,7 @@ class CausalSelfAttention(nn.Module):
         self,
         x: torch.Tensor,
         rotary: Optional[tuple[torch.Tensor, torch.Tensor]],
-        mask: Optional[torch.Tensor],
+        mask: Mask,
         kv_cache: Optional[KVCache] = None,
         positions: Optional[torch.Tensor] = None,
         return_weights: bool = False,
@@ -242,26 +265,56 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward) as nanoGPT and PaLM (appendix B) count them:
         6 per weight used in a matrix product, plus 12 * n_layer * n_embd * (attended span) for
-        Q K^T and weights @ V (the span limited by the window; causal masking not discounted)."""
+        Q K^T and weights @ V: the keys per query that scores are computed for, masked ones included (all
+        seq_len of them for causal attention, about 1.5 x window with a window: `attention_span`)."""
         cfg = self.config
-        span = min(seq_len, cfg.window) if cfg.window else seq_len
+        span = attention_span(seq_len, cfg.window)
         return 6 * self.num_params(non_embedding=True) + 12 * cfg.n_layer * cfg.n_embd * span
 
     def _positions(self, idx: torch.Tensor, input_pos: Optional[torch.Tensor]) -> torch.Tensor:
         T, block_size = idx.size(1), self.config.block_size
-        if block_size < T:
+        if block_size < T and not self.config.unbounded_context:
             raise ValueError(f"sequence of {T} tokens is longer than block_size={block_size}")
         return torch.arange(T, device=idx.device) if input_pos is None else input_pos
 
-    def _rotary(self, positions: torch.Tensor):
-        return (self.rope_cos[positions], self.rope_sin[positions]) if self.pos_emb is None else None
-
-    def _mask(self, positions: torch.Tensor, kv_cache: Optional[KVCache]) -> Optional[torch.Tensor]:
-        """None (plain causal attention) unless a window or a cache needs the mask spelt out."""
-        if kv_cache is None and self.config.window is None:
+    def _rotary(self, positions: torch.Tensor, input_pos: Optional[torch.Tensor]):
+        if self.pos_emb is not None:
             return None
-        n_keys = kv_cache.max_len if kv_cache is not None else positions.size(0)
-        return causal_mask(positions, n_keys, self.config.window)
+        cfg = self.config
+        if cfg.unbounded_context and (input_pos is not None or positions.size(0) > cfg.block_size):
+            cos, sin = rotary_angles(positions, cfg.head_dim, cfg.rope_base)  # may lie past the tables
+            return cos.to(self.rope_cos.dtype), sin.to(self.rope_sin.dtype)
+        return self.rope_cos[positions], self.rope_sin[positions]
+
+    def _starts(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: Optional[KVCache],
+        input_pos: Optional[torch.Tensor],
+    ) -> Optional[torch.Tensor]:
+        """With doc_mask, where each token's document begins (B, T), kept in the cache for the next step."""
+        if not self.config.doc_mask:
+            return None
+        previous = kv_cache.doc_start if kv_cache is not None and input_pos is not None else None
+        starts = document_starts(idx, self.config.doc_token, positions, previous)
+        if kv_cache is not None:
+            kv_cache.doc_start.copy_(starts[:, -1])
+        return starts
+
+    def _mask(
+        self, positions: torch.Tensor, kv_cache: Optional[KVCache], starts: Optional[torch.Tensor]
+    ) -> Mask:
+        """None (plain causal attention), a LocalSpan for a window or documents over the tokens' own keys
+        (training, evaluation, the prefill of a rolling cache), or the boolean mask over a cache's slots."""
+        window = self.config.window
+        if kv_cache is None or (kv_cache.rolling and positions.size(0) > 1):
+            return LocalSpan(window, starts) if window is not None or starts is not None else None
+        key_pos = kv_cache.slot_positions(positions[-1:])
+        mask = causal_mask(positions, kv_cache.slots, window, key_pos)
+        if starts is not None:  # (B, 1, T, slots): the keys of each row's current document
+            mask = (mask & (key_pos >= starts[:, :, None])).unsqueeze(1)
+        return mask
 
     def _embed(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.token_emb(idx)
@@ -286,11 +339,15 @@ class GPT(nn.Module):
 
         With `last_only` the logits are computed for the last position alone (generation). With a
         `kv_cache` the tokens sit at positions `input_pos` (T,) of the cached sequence (default 0 .. T-1: a
-        prefill): their keys and values are written into those slots, and each token attends to the cached
-        positions up to its own. Targets of -1 are ignored by the loss.
+        prefill): their keys and values are written into their slots, and each token attends to the cached
+        positions up to its own (a rolling cache's prefill attends over its own keys, then keeps the last
+        `window`). Targets of -1 are ignored by the loss.
         """
         positions = self._positions(idx, input_pos)
-        rotary, mask = self._rotary(positions), self._mask(positions, kv_cache)
+        if kv_cache is not None and kv_cache.rolling and input_pos is not None and idx.size(1) > 1:
+            raise ValueError("a rolling KV cache takes its prefill from position 0, then one token at a time")
+        starts = self._starts(idx, positions, kv_cache, input_pos)
+        rotary, mask = self._rotary(positions, input_pos), self._mask(positions, kv_cache, starts)
         x = self._embed(idx, positions)
         for block in self.blocks:
             x, _ = block(x, rotary, mask, kv_cache, positions)
@@ -305,7 +362,8 @@ class GPT(nn.Module):
         """Forward through the explicit attention path: (logits (B, T, vocab), one (B, n_head, T, T)
         tensor of attention weights per layer; row q holds how query q distributes over the keys)."""
         positions = self._positions(idx, None)
-        rotary, mask = self._rotary(positions), self._mask(positions, None)
+        starts = self._starts(idx, positions, None, None)
+        rotary, mask = self._rotary(positions, None), self._mask(positions, None, starts)
         x = self._embed(idx, positions)
         weights = []
         for block in self.blocks:

@@ -1,10 +1,16 @@
-"""A static key/value cache for generation: each layer's keys and values, one slot per position.
+"""A key/value cache for generation: each layer's keys and values, in a fixed number of slots.
 
-Allocated once for `max_len` positions (the model's block_size) and never reallocated: `update` writes the
-keys and values of the tokens at the given positions into their slots (in place, with `index_copy_`) and
-returns the layer's whole cache; the attention mask (`model.gpt.causal_mask`) hides the slots past each
-query. The shapes are the same at every decoding step, which is what lets `torch.compile` (and CUDA graphs)
-take the step once and replay it. The cache keeps no position of its own: the caller says where the tokens go.
+Allocated once and never reallocated. Static (models without a window): one slot per position up to the
+model's block_size; `update` writes the keys and values of the tokens at the given positions into their
+slots (in place, with `index_copy_`) and returns the layer's whole cache, and the attention mask
+(`model.gpt.causal_mask`) hides the slots past each query. Rolling (models with a window): `window` slots
+used in turn, position p in slot p mod window, so its memory and a step's work stay the same however far
+generation goes; `slot_positions` says which position each slot holds, for the mask. A rolling cache's
+prefill (several tokens, from position 0) attends over its own keys (model/attention.py's blocks) and keeps
+the last `window`; then it takes one token at a time. Either way the shapes are the same at every decoding
+step, which is what lets `torch.compile` (and CUDA graphs) take the step once and replay it. The cache keeps
+no position of its own: the caller says where the tokens go. With document masking it also keeps, per
+sequence, the position where the current document began (`doc_start`).
 """
 
 from __future__ import annotations
@@ -18,36 +24,59 @@ class KVCache:
         n_layer: int,
         batch_size: int,
         n_kv_head: int,
-        max_len: int,
+        slots: int,
         head_dim: int,
         device: torch.device | str,
         dtype: torch.dtype,
+        rolling: bool = False,
     ):
-        shape = (n_layer, batch_size, n_kv_head, max_len, head_dim)
+        shape = (n_layer, batch_size, n_kv_head, slots, head_dim)
         # zeros rather than empty: masked slots get attention weight 0, but 0 * NaN would still be NaN
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.max_len = max_len
+        self.slots, self.rolling = slots, rolling
+        self.doc_start = torch.zeros(batch_size, dtype=torch.long, device=device)
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, batch_size: int, dtype: torch.dtype | None = None) -> KVCache:
+        """Static with block_size slots, or for a windowed model rolling with `window` slots (no more than
+        block_size where positions end there: learned position embeddings)."""
         cfg = model.config
         weight = model.token_emb.weight
+        slots = cfg.block_size
+        if cfg.window is not None:
+            slots = cfg.window if cfg.unbounded_context else min(cfg.window, cfg.block_size)
         return cls(
             cfg.n_layer,
             batch_size,
             cfg.kv_heads,
-            cfg.block_size,
+            slots,
             cfg.head_dim,
             weight.device,
             dtype or weight.dtype,
+            rolling=cfg.window is not None,
         )
 
     def update(
         self, layer: int, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write keys and values (B, n_kv_head, T, head_dim) into the slots `positions` (T,) of `layer`;
-        return that layer's keys and values for all max_len slots."""
-        self.keys[layer].index_copy_(2, positions, keys)
-        self.values[layer].index_copy_(2, positions, values)
+        """Write keys and values (B, n_kv_head, T, head_dim) into the slots of `positions` (T,) of `layer`;
+        return what the queries attend over: that layer's keys and values for all slots, or for a rolling
+        cache's prefill (T > 1) the new keys and values themselves (of which it keeps the last `slots`)."""
+        if not self.rolling:
+            self.keys[layer].index_copy_(2, positions, keys)
+            self.values[layer].index_copy_(2, positions, values)
+            return self.keys[layer], self.values[layer]
+        kept = min(keys.size(2), self.slots)
+        slots = positions[-kept:] % self.slots
+        self.keys[layer].index_copy_(2, slots, keys[:, :, -kept:])
+        self.values[layer].index_copy_(2, slots, values[:, :, -kept:])
+        if keys.size(2) > 1:
+            return keys, values
         return self.keys[layer], self.values[layer]
+
+    def slot_positions(self, position: torch.Tensor) -> torch.Tensor:
+        """(slots,) the position whose keys each slot holds once `position` (1,) is written: the slot's own
+        index in a static cache; in a rolling one the latest position it took, negative if none yet."""
+        slots = torch.arange(self.slots, device=position.device)
+        return position - (position - slots) % self.slots if self.rolling else slots

@@ -53,4 +53,21 @@ def test_bench_compare_sample_and_memory(data_dir: Path, tmp_path: Path):
 
 def test_bench_rejects_unknown_measurements():
     result = run_script("-m", "tools.bench", "--only", "speed")
-    assert result.returncode == 2 and "--only takes train, sample and/or memory" in result.stderr
+    assert result.returncode == 2 and "--only takes train, sample, memory, attention" in result.stderr
+
+
+def test_attention_cost_grows_linearly_with_a_window_and_quadratically_with_a_dense_mask(tmp_path: Path):
+    out, picture = tmp_path / "attention.json", tmp_path / "attention.png"
+    args = ["--only", "attention", "--window", "64", "--contexts", "512,1024,2048", "--rounds", "1"]
+    run_script("-m", "tools.bench", *args, "--json", str(out), "--plot", str(picture), check=True)
+    rows = json.loads(out.read_text())["attention"]
+    assert [(r["context"], r["path"]) for r in rows[:3]] == [
+        (512, "full causal"),
+        (512, "window 64"),
+        (512, "window 64, dense mask"),
+    ]
+    peak = {(r["context"], r["path"]): r["peak_MB"] for r in rows}  # the allocator's count: deterministic
+    assert peak[2048, "window 64"] / peak[1024, "window 64"] < 2.2
+    assert peak[2048, "window 64, dense mask"] / peak[1024, "window 64, dense mask"] > 2.5
+    assert peak[2048, "window 64"] < 1.5 * peak[2048, "full causal"] < peak[2048, "window 64, dense mask"]
+    assert all(r["ms"] > 0 for r in rows) and picture.stat().st_size > 10_000

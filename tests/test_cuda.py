@@ -1,6 +1,7 @@
 """The CUDA code paths: bf16 and fp16 (GradScaler) training, torch.compile with and without CUDA graphs,
-pinned non-blocking batches, training steps that never wait for the host, attention and the KV cache on
-the GPU. Skipped without a CUDA GPU (CI has none); run on a GPU machine by tools/gpu_check.sh."""
+pinned non-blocking batches, training steps that never wait for the host, attention (windowed and
+document-masked too) and the KV caches on the GPU. Skipped without a CUDA GPU (CI has none); run on a GPU
+machine by tools/gpu_check.sh."""
 
 from __future__ import annotations
 
@@ -77,6 +78,30 @@ def test_attention_paths_and_kv_cache_agree_on_cuda():
     cached = [int(t) for t in generate(m, prompt, n, temperature=0)]
     uncached = [int(t) for t in generate(m, prompt, n, temperature=0, use_cache=False)]
     assert cached == uncached
+
+
+def test_windowed_and_document_attention_and_the_rolling_cache_on_cuda():
+    """model/attention.py's blocks through CUDA's SDPA kernels (a mask: the memory-efficient one)."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=50, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, window=20,
+        pos_emb="rope", doc_mask=True, doc_token=0,
+    )  # fmt: skip
+    m = GPT(cfg).cuda()
+    idx = torch.randint(0, 50, (2, 64), device="cuda")
+    _, loss = m(idx, idx)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+    m.eval()
+    explicit, _ = m.attention_weights(idx)
+    torch.testing.assert_close(m(idx)[0], explicit, rtol=1e-4, atol=1e-4)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        half, _ = m(idx)
+    assert (half.float() - explicit).abs().max() < 0.1
+    prompt = idx[:1, :5]
+    n = 3 * cfg.block_size  # past block_size: positions go on, 20 cache slots
+    cached = [int(t) for t in generate(m, prompt, n, temperature=0)]
+    assert cached == [int(t) for t in generate(m, prompt, n, temperature=0, use_cache=False)]
 
 
 def test_train_py_on_cuda_end_to_end(data_dir: Path, tmp_path: Path):

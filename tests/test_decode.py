@@ -12,6 +12,7 @@ from conftest import run_script
 from test_model import reference_generate, tiny
 
 from model import generate, quantize_int8, sample_next
+from model.kv_cache import KVCache
 from model.quantize import Int8Linear
 from runs import checkpoint
 
@@ -26,14 +27,52 @@ def test_sampling_draws_what_multinomial_draws():
 
 
 @pytest.mark.slow
-def test_compiled_decoding_equals_full_recompute_past_block_size():
-    m = tiny(pos_emb="rope", n_kv_head=2)  # float64: the compiled kernels sum in another order
-    n = 3 * m.config.block_size  # slides the window several times
+@pytest.mark.parametrize("window", [None, 5])
+def test_compiled_decoding_equals_full_recompute_past_block_size(window):
+    m = tiny(pos_emb="rope", n_kv_head=2, window=window)  # float64: the compiled kernels sum in another order
+    n = 3 * m.config.block_size  # slides the context several times (with a window: a rolling cache)
     for batch in (1, 2):  # on a CPU, batch 1 compiles with the matrix-vector products decomposed
         prompt = torch.randint(0, 50, (batch, 5))
         compiled = torch.stack(list(generate(m, prompt, n, temperature=0, compile=True)), 1)
         for row in range(batch):
             assert compiled[row].tolist() == reference_generate(m, prompt[row].tolist(), n)
+
+
+WINDOWED = {  # rolling caches of `window` slots
+    "rotary: positions go on": dict(pos_emb="rope", window=5, n_kv_head=2, qk_norm=True),
+    "learned positions: slides": dict(window=6),
+    "rotary, documents": dict(pos_emb="rope", window=7, doc_mask=True, doc_token=0, vocab_size=6),
+    "window past block_size": dict(pos_emb="rope", window=24, n_kv_head=1),
+}
+
+
+@pytest.mark.parametrize("name", WINDOWED)
+def test_rolling_cache_decoding_equals_full_recompute_past_block_size(name):
+    m = tiny(**WINDOWED[name])
+    assert KVCache.for_model(m, 1).keys.size(3) == m.config.window
+    prompt = torch.randint(1, m.config.vocab_size, (1, 5))
+    prompt[0, 2] = 0  # with doc_mask: a document starts in the prompt
+    n = 3 * m.config.block_size
+    cached = [int(t) for t in generate(m, prompt, n, temperature=0)]
+    uncached = [int(t) for t in generate(m, prompt, n, temperature=0, use_cache=False)]
+    assert cached == uncached == reference_generate(m, prompt[0].tolist(), n)
+
+
+@pytest.mark.parametrize("doc_mask", [False, True])
+def test_rolling_cache_logits_follow_the_full_forward_token_by_token_past_block_size(doc_mask):
+    m = tiny(pos_emb="rope", window=5, n_kv_head=2, doc_mask=doc_mask, doc_token=0)
+    T = 3 * m.config.block_size  # a rotary + window model reads sequences longer than block_size
+    idx = torch.randint(1, 50, (2, T), generator=torch.Generator().manual_seed(3))
+    idx[0, [3, 9, 10, 30]] = 0  # documents start here (row 0), in the prefill and in the steps
+    idx[1, [20, 47]] = 0
+    full, _ = m(idx)
+    cache = KVCache.for_model(m, 2)
+    prefill, _ = m(idx[:, :8], kv_cache=cache)  # longer than the window: its last 5 keys are kept
+    steps = [m(idx[:, t : t + 1], kv_cache=cache, input_pos=torch.tensor([t]))[0] for t in range(8, T)]
+    torch.testing.assert_close(torch.cat([prefill, *steps], dim=1), full)
+    if doc_mask:  # the documents matter: without them the same model computes something else
+        m.config.doc_mask = False
+        assert not torch.allclose(m(idx)[0][:, 20:], full[:, 20:])
 
 
 def test_batched_sampling_is_reproducible_and_greedy_batches_match_single_samples():

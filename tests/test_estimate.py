@@ -22,6 +22,10 @@ OPTIONS = [
     {"pos_emb": "rope", "norm": "rmsnorm", "qk_norm": True, "activation": "relu2", "bias": False},
     {"activation": "swiglu", "n_kv_head": 2, "tie_embeddings": False, "logit_softcap": 30.0},
     {"dropout": 0.1, "mlp": False},
+    {"window": 20},  # a dense mask: T < 256
+    {"window": 40, "block_size": 300},  # blocks of 40, the last one padded
+    {"window": 64, "block_size": 256, "pos_emb": "rope", "n_kv_head": 2, "doc_mask": True, "doc_token": 0},
+    {"window": 32, "block_size": 256, "dropout": 0.1},  # the blocks through SDPA's math path
 ]
 
 
@@ -42,15 +46,31 @@ def saved_bytes(model: GPT, idx: torch.Tensor, precision: str) -> int:
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("options", OPTIONS, ids=["gpt2", "modern", "swiglu-gqa", "dropout-no-mlp"])
+@pytest.mark.parametrize(
+    "options",
+    OPTIONS,
+    ids=[
+        "gpt2",
+        "modern",
+        "swiglu-gqa",
+        "dropout-no-mlp",
+        "window-dense",
+        "window-blocks",
+        "window-rope-gqa-docs",
+        "window-dropout",
+    ],
+)
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_activation_model_counts_what_autograd_keeps(options: dict, precision: str):
-    m = GPTConfig(vocab_size=65, block_size=48, n_layer=2, n_head=4, n_embd=64, **options)
+    m = GPTConfig(**{"vocab_size": 65, "block_size": 48, "n_layer": 2, "n_head": 4, "n_embd": 64, **options})
     torch.manual_seed(0)
     model = GPT(m)
-    got = saved_bytes(model, torch.randint(0, 65, (3, 48)), precision)
-    per_token = m.n_layer * estimate.block_bytes_per_token(m, precision, "cpu")
-    predicted = (per_token + estimate.head_bytes_per_token(m, precision)) * 3 * 48
+    got = saved_bytes(model, torch.randint(0, 65, (3, m.block_size)), precision)
+    per_token = m.n_layer * estimate.block_bytes_per_token(m, precision, "cpu", batch_size=3)
+    per_token += estimate.head_bytes_per_token(m, precision) + estimate.mask_bytes_per_token(
+        m, precision, "cpu", 3
+    )
+    predicted = per_token * 3 * m.block_size
     if precision == "bf16":  # the weights cast for matrix products are kept too
         predicted += 2 * estimate.count_params(m).linear
     assert abs(predicted / got - 1) < 0.03, (predicted, got)
@@ -66,6 +86,13 @@ MEMORY_CONFIGS = {
     ],
     "default": [],
     "6x384x256": ["model.n_layer=6", "model.n_head=6", "model.n_embd=384", "model.block_size=256"],
+    "window": [
+        "model.n_layer=2",
+        "model.n_embd=64",
+        "model.block_size=2048",
+        "model.window=64",
+        "train.batch_size=4",
+    ],
 }
 
 

@@ -146,13 +146,14 @@ def test_changing_a_future_token_never_changes_an_earlier_output(name):
 
 def reference_generate(m: GPT, prompt: list[int], n: int) -> list[int]:
     """Greedy decoding with a full forward pass per token, following the documented window policy:
-    at most block_size tokens; when exceeded, keep the last block_size // 2."""
+    at most block_size tokens; when exceeded, keep the last block_size // 2. A model with a window and
+    rotary positions never slides: its forward takes the whole sequence so far."""
     seq, start = list(prompt[-m.config.block_size :]), 0
     for _ in range(n):
         window = torch.tensor([seq[start:]])
         logits, _ = m(window)
         seq.append(int(logits[0, -1].argmax()))
-        if len(seq) - start > m.config.block_size:
+        if len(seq) - start > m.config.block_size and not m.config.unbounded_context:
             start = len(seq) - m.config.block_size // 2
     return seq[len(prompt[-m.config.block_size :]) :]
 

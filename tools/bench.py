@@ -3,6 +3,8 @@
     python -m tools.bench [CONFIG] [section.key=value ...]                   # one setup
     python -m tools.bench [CONFIG] [k=v ...] --compare [CONFIG2] [k=v ...]    # two setups, alternately
     options: --steps N --rounds R --warmup W --only train,sample,memory --sample-tokens N --json PATH
+    python -m tools.bench --only attention [--window W] [--contexts 256,512,...] [--plot PATH]  # its cost
+    python -m tools.bench CONFIG --only positions      # decoding speed against the position reached
 
 Training: the real train step (training/trainer.py) on the config's dataset: median ms/iteration and tokens/s
 over rounds x steps after warm-up, MFU against the machine's peak (a GPU table, or this CPU's measured matmul
@@ -17,6 +19,16 @@ of weights a step reads, over the bandwidth of a GEMV that size), in fp32 as sam
 int8, 8 samples at once, with a full forward per token over the same windows, and with nanoGPT's generator
 (a full forward over the last block_size tokens per token).
 Memory: peak training memory at batch size 1 as the context grows (T = 512 ... 4096).
+Attention (`--only attention`, no config needed): forward + backward of attention alone (model/gpt.py's
+`attend`: B=1, H=4, d=32, fp32, as the issue measured it) at T = 256 ... 16,384, full causal against a
+sliding window in blocks (model/attention.py) and the same window as a dense T x T mask (how tinygpt ran it
+before; up to T = 8,192: past it the mask alone is 1 GB of floats): the median time of the rounds (the paths
+and lengths alternate within each round, short ones repeated to about 50 ms) and the peak memory allocated
+above the inputs (on a CPU counted from the allocator's events by torch.profiler, so memory held before does
+not hide it), drawn on log-log axes with T and T^2 guide lines into --plot.
+Positions (`--only positions`): the setup's model generating (eagerly, batch 1, temperature 1) from one
+token to past position 4,000, the median time of the steps around positions 100, 1,000 and 4,000 over the
+rounds: flat for a windowed model with rotary positions (a rolling cache of `window` slots).
 """
 
 from __future__ import annotations
@@ -37,14 +49,21 @@ import torch
 
 from common.errors import UserError, run_cli
 from model import generate, quantize_int8, sample_next
+from model.attention import LocalSpan
+from model.gpt import attend, causal_mask
 from runs.config import Config, from_arguments
-from runs.runtime import Runtime
+from runs.runtime import Runtime, setup
 from training.estimate import measure_training_memory
 from training.hardware import peak_flops
 from training.plan import plan_run
 from training.trainer import Run, start_run, train_step
 
 CONTEXTS = (512, 1024, 2048, 4096)
+ATTENTION_CONTEXTS = tuple(256 * 2**i for i in range(7))  # 256 ... 16,384
+ATTENTION_SHAPE = (1, 4, 32)  # batch, heads, head size
+DENSE_MASK_UP_TO = 8192  # past it, the dense-mask window's mask is a gigabyte of floats and seconds a round
+POSITIONS = (100, 1000, 4000)
+POSITION_SPAN = 100  # steps timed around each position
 
 
 @dataclass
@@ -70,6 +89,7 @@ class Setup:
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[list[str]]]:
     """The options, and each setup's `CONFIG [section.key=value ...]` (the groups --compare separates)."""
     options = {"--steps", "--rounds", "--warmup", "--only", "--sample-tokens", "--json"}
+    options |= {"--window", "--contexts", "--plot"}
     groups, flags = [[]], []
     i = 0
     while i < len(argv):
@@ -92,6 +112,17 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[list[str]]]:
     p.add_argument("--sample-tokens", type=int, default=1000)
     p.add_argument(
         "--json", default="bench/last.json", help="where to write the results (default %(default)s)"
+    )
+    p.add_argument("--window", type=int, default=256, help="--only attention: the window (default 256)")
+    p.add_argument(
+        "--contexts",
+        default=",".join(map(str, ATTENTION_CONTEXTS)),
+        help="--only attention: sequence lengths (default %(default)s)",
+    )
+    p.add_argument(
+        "--plot",
+        default="bench/attention_cost.png",
+        help="--only attention: the picture (default %(default)s)",
     )
     args = p.parse_args(flags)
     if len(groups) == 2 and (not groups[1] or "=" in groups[1][0]):  # B: A's config and overrides, then B's
@@ -187,6 +218,152 @@ def memory_scaling(s: Setup) -> list[dict]:
         if a["peak_train_mem_MB"] and b["peak_train_mem_MB"]:
             b["growth_vs_previous"] = round(b["peak_train_mem_MB"] / a["peak_train_mem_MB"], 2)
     return rows
+
+
+def peak_allocated(fn, device: torch.device) -> float:
+    """Bytes allocated at most above what was allocated before, while fn() runs: CUDA's allocator
+    statistics; on a CPU the running sum of torch.profiler's memory events (the allocator's own, so memory
+    a caching malloc keeps from earlier work does not hide a peak, as the resident size would)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    held = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        held += event.nbytes()
+        peak = max(peak, held)
+    return peak
+
+
+def attention_paths(window: int) -> dict:
+    """name -> (attention(q, k, v), longest T measured): full causal, the window in blocks, the window as a
+    dense mask."""
+
+    def dense(q, k, v):
+        T = q.size(2)
+        return attend(q, k, v, causal_mask(torch.arange(T, device=q.device), T, window), 0.0)
+
+    return {
+        "full causal": (lambda q, k, v: attend(q, k, v, None, 0.0), math.inf),
+        f"window {window}": (lambda q, k, v: attend(q, k, v, LocalSpan(window), 0.0), math.inf),
+        f"window {window}, dense mask": (dense, DENSE_MASK_UP_TO),
+    }
+
+
+def attention_cost(rt: Runtime, window: int, contexts: list[int], rounds: int) -> list[dict]:
+    """Forward + backward of attention alone for each path and length (see the module docstring)."""
+    B, H, d = ATTENTION_SHAPE
+    paths = attention_paths(window)
+    inputs = {
+        T: [torch.randn(B, H, T, d, device=rt.device, requires_grad=True) for _ in range(3)] for T in contexts
+    }
+    cases = [(T, name) for T in contexts for name, (_, longest) in paths.items() if longest >= T]
+
+    def step(T: int, name: str) -> None:
+        x = inputs[T]
+        paths[name][0](*x).sum().backward()
+        for t in x:
+            t.grad = None
+        rt.synchronize()
+
+    repeats = {}
+    for case in cases:  # warm-up; short cases repeat within a round, to about 50 ms
+        start = time.perf_counter()
+        step(*case)
+        repeats[case] = max(1, min(50, round(0.05 / (time.perf_counter() - start))))
+    times: dict = {case: [] for case in cases}
+    for _ in range(rounds):  # alternate, so slow spells of a shared machine hit every path and length
+        for case in cases:
+            start = time.perf_counter()
+            for _ in range(repeats[case]):
+                step(*case)
+            times[case].append((time.perf_counter() - start) / repeats[case])
+    rows = []
+    for T, name in cases:
+        ms = statistics.median(times[T, name]) * 1e3
+        mb = peak_allocated(lambda: step(T, name), rt.device) / 2**20  # noqa: B023 (called at once)
+        rows.append(
+            {
+                "context": T,
+                "path": name,
+                "ms": round(ms, 2),
+                "us_per_token": round(ms * 1e3 / T, 2),
+                "peak_MB": round(mb, 2),
+            }
+        )
+    full = {r["context"]: r for r in rows if r["path"] == "full causal"}
+    for r in rows:
+        r["time_vs_full"] = round(r["ms"] / full[r["context"]]["ms"], 3)
+        r["memory_vs_full"] = round(r["peak_MB"] / full[r["context"]]["peak_MB"], 3)
+    return rows
+
+
+def draw_attention_cost(rows: list[dict], path: Path, title: str) -> None:
+    """Time and peak memory against T on log-log axes, one line per path, with T and T^2 guide lines
+    through the first point of full causal attention (matplotlib's object API, as interp/curves.py)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
+
+    fig = Figure(figsize=(10, 4.2), dpi=90, layout="constrained")
+    axes = fig.subplots(1, 2)
+    names = list(dict.fromkeys(r["path"] for r in rows))
+    for ax, key, label in zip(axes, ("ms", "peak_MB"), ("forward + backward, ms", "peak memory, MB")):
+        for name in names:
+            mine = [r for r in rows if r["path"] == name]
+            ax.plot([r["context"] for r in mine], [r[key] for r in mine], marker="o", label=name)
+        first = next(r for r in rows if r["path"] == "full causal")
+        ts = sorted({r["context"] for r in rows})
+        for power, style in ((1, ":"), (2, "--")):
+            guide = [first[key] * (t / first["context"]) ** power for t in ts]
+            ax.plot(ts, guide, style, color="grey", linewidth=1, label="∝ T" if power == 1 else "∝ T²")
+        ax.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel=label)
+        ax.set_xticks(ts, [f"{t:,}" for t in ts], fontsize=7)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+
+
+def decode_by_position(s: Setup, rounds: int) -> list[dict]:
+    """Seconds per generated token around each of POSITIONS (see the module docstring), medians over the
+    steps of all rounds."""
+    model = s.run.model.eval()
+    torch.set_num_threads(s.threads)
+    n = max(POSITIONS) + POSITION_SPAN // 2
+    gen = torch.Generator(device=s.rt.device).manual_seed(0)
+    steps: dict[int, list[float]] = {p: [] for p in POSITIONS}
+    for _ in range(rounds):
+        last = time.perf_counter()
+        for i, token in enumerate(generate(model, decode_prompt(s.rt), n, 1.0, None, None, gen)):
+            token.item()  # the step is done
+            now = time.perf_counter()
+            position = i + 1  # the token at position i + 1 was chosen in this step
+            for p in POSITIONS:
+                if abs(position - p) < POSITION_SPAN // 2:
+                    steps[p].append(now - last)
+            last = now
+    model.train()
+    first = statistics.median(steps[POSITIONS[0]])
+    return [
+        {
+            "setup": s.label,
+            "position": p,
+            "tok_s": round(1 / statistics.median(steps[p]), 1),
+            "ms_per_token": round(statistics.median(steps[p]) * 1e3, 3),
+            "time_vs_first": round(statistics.median(steps[p]) / first, 3),
+        }
+        for p in POSITIONS
+    ]
 
 
 def nanogpt_generate(
@@ -313,25 +490,47 @@ def format_table(rows: list[dict]) -> str:
     )
 
 
+def attention_section(args: argparse.Namespace, groups: list) -> dict:
+    """--only attention: measure, print, draw; the results."""
+    try:
+        contexts = [int(t) for t in args.contexts.split(",")]
+    except ValueError:
+        raise UserError(
+            f"--contexts takes sequence lengths separated by commas, got {args.contexts}"
+        ) from None
+    cfg = from_arguments(groups[0]).cfg
+    rt = setup(cfg.train.device, "fp32", cfg.model.n_embd, cfg.train.threads)
+    rows = attention_cost(rt, args.window, contexts, args.rounds)
+    print(format_table(rows))
+    B, H, d = ATTENTION_SHAPE
+    where = f"{torch.get_num_threads()} threads" if rt.device.type == "cpu" else torch.cuda.get_device_name()
+    title = f"attention forward + backward, B={B}, H={H}, d={d}, fp32, on {rt.device.type} ({where})"
+    draw_attention_cost(rows, Path(args.plot), title)
+    print(f"picture in {args.plot}", file=sys.stderr)
+    return {"attention": rows, "attention_device": f"{rt.device} ({where})"}
+
+
 def main(argv: list[str]) -> int:
     args, groups = parse_args(argv)
     only = set(args.only.split(","))
-    if not only <= {"train", "sample", "memory"}:
-        raise UserError(f"--only takes train, sample and/or memory, got {args.only}")
+    if not only <= {"train", "sample", "memory", "attention", "positions"}:
+        raise UserError(f"--only takes train, sample, memory, attention and/or positions, got {args.only}")
+    results: dict = {
+        "command": "python -m tools.bench " + " ".join(argv),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "torch": torch.__version__,
+    }
+    if "attention" in only:  # attention alone: no model, no data
+        results |= attention_section(args, groups)
     main_threads = torch.get_num_threads()
     setups = [Setup("AB"[i] if len(groups) > 1 else "A", g) for i, g in enumerate(groups)]
-    for s in setups:
+    for s in setups if only - {"attention"} else []:
         build_setup(s, main_threads)
         print(
             f"{s.label}: {' '.join(s.args) or 'the default config'} "
             f"[{s.rt.device}, {s.rt.precision}, {s.threads} threads]",
             file=sys.stderr,
         )
-    results: dict = {
-        "command": "python -m tools.bench " + " ".join(argv),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "torch": torch.__version__,
-    }
     if "train" in only:
         for s in setups:
             timed_steps(s, args.warmup, record=False)
@@ -354,6 +553,9 @@ def main(argv: list[str]) -> int:
     if "memory" in only:
         results["memory"] = [row for s in setups for row in memory_scaling(s)]
         print(format_table(results["memory"]))
+    if "positions" in only:
+        results["positions"] = [row for s in setups for row in decode_by_position(s, args.rounds)]
+        print(format_table(results["positions"]))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"results in {args.json}", file=sys.stderr)

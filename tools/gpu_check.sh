@@ -4,7 +4,8 @@
 #
 #   bash tools/gpu_check.sh 1   # the CUDA code paths: tests/test_cuda.py (bf16, fp16 + GradScaler, compile,
 #                               # CUDA graphs, pinned batches, steps that never wait for the host, attention
-#                               # and KV cache) and train.py end to end                           (~4 min)
+#                               # windowed and by documents, KV caches static and rolling) and train.py end
+#                               # to end; then attention's cost against T (bench.py --only attention) (~5 min)
 #   bash tools/gpu_check.sh 2   # GPT-2 small (124M) as configs/gpt2.yaml trains it: batch 32 x 1024 tokens,
 #                               # 16 micro-steps, 524,288 tokens per step; eager vs compiled in one tools/bench.py
 #                               # process, then train.py's own loop; sampling; memory      (~6-7 min)
@@ -36,6 +37,9 @@ if [ "$PART" = 1 ]; then
     } 2>&1 | tee "$OUT/machine.txt"
     echo "== CUDA code paths (tests/test_cuda.py)"
     $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py --durations=5 2>&1 | tail -25 | tee "$OUT/cuda_tests.txt"
+    echo "== attention forward + backward against T: full causal, a window in blocks, the window as a dense mask"
+    $PY bench.py --only attention --rounds 5 --json "$OUT/attention.json" --plot "$OUT/attention_cost.png" 2>&1 \
+        | quiet
 elif [ "$PART" = 2 ]; then
     echo "== 124M as gpt2.yaml trains it: eager (A) vs compiled (B), alternating rounds"
     $PY -m tools.bench "${G[@]}" train.compile=false --compare train.compile=true --only train --warmup 3 --steps 2 \

@@ -8,7 +8,9 @@ run (or, for a CUDA config on a machine without one, the time on common GPUs fro
 The memory model (`memory`) counts what autograd keeps, per token of a micro-batch, tensor by tensor: for
 each block the inputs of the norms and matrix products, the attention inputs and output (flash attention
 keeps no T x T matrix; with attention dropout the math path does), the MLP's hidden activations, dropout
-masks; for the head the log-softmax output over the vocabulary. Under autocast the copies cast for matrix
+masks; with a window or documents, what model/attention.py's blocks keep (`local_attention`: the outputs of
+their two calls, padded copies, the block-sized score tensors of the math path, one document mask for all
+layers); for the head the log-softmax output over the vocabulary. Under autocast the copies cast for matrix
 products are 2 bytes a value and the cast weights are kept for backward; on a CPU attention runs in fp32
 (model/gpt.py). On top: fp32 weights and gradients, optimizer state (AdamW 8 bytes a parameter, Muon's
 momentum 4), and the working set of the backward pass (about one block's activations, or the gradient of the
@@ -39,6 +41,7 @@ from data.dataset import Dataset, Meta
 from data.recipes import RECIPES, prepared_dataset
 from data.sources import HFText
 from model import GPT, GPTConfig
+from model.attention import attention_span, block_layout
 from runs.config import Config, Request, from_arguments
 from runs.runtime import compile_enabled, cpu_auto_precision
 from training.evaluation import final_eval_wanted
@@ -93,7 +96,82 @@ def count_params(m: GPTConfig, optimizer: str = "adamw") -> Params:
 # --- memory ---
 
 
-def block_bytes_per_token(m: GPTConfig, precision: str, device: str) -> float:
+@dataclass
+class LocalAttention:
+    """What model/attention.py's blocks compute per token of a row of T (a window or documents)."""
+
+    blocked: bool  # in blocks; else one call under a dense mask (documents, a window on a short T)
+    outputs: float  # query rows its SDPA calls answer (1: each once; more: padding, the first blocks twice)
+    scores: float  # keys each query's scores are computed for (attention_span, for this batch size)
+    padded: float  # the row padded to whole blocks, over T (1: no padding)
+    key_copies: (
+        float  # keys per token as the blocks read them (each by reach + 1 blocks; dropout copies them)
+    )
+
+
+def local_attention(m: GPTConfig, batch_size: int) -> LocalAttention | None:
+    """None for plain causal attention (no window shorter than T, no documents)."""
+    T = m.block_size
+    if (m.window is None or m.window >= T) and not m.doc_mask:
+        return None
+    block, reach = block_layout(T, m.window)
+    head = min(T, reach * block) if reach else T
+    n = -(-T // block)
+    rows = (batch_size * n - reach) * block / (batch_size * T) if head < T else 0.0  # the blocks' queries
+    outputs, copies = head / T + rows, head / T + (reach + 1) * rows
+    scores = (reach + 1) * block * rows + head * head / T
+    return LocalAttention(head < T, outputs, scores, n * block / T, copies)
+
+
+def _blocks_bytes_per_token(
+    m: GPTConfig, local: LocalAttention, a: int, attn_fp32: bool, batch: int
+) -> float:
+    """What the blocks keep beyond plain causal attention: the outputs of their two SDPA calls apart from
+    the assembled output (which the output projection keeps; under CPU autocast as its cast copy), their
+    log-sum-exp, copies of q, k, v padded to whole blocks, or of q and k laid out token by token."""
+    C, H, kv = m.n_embd, m.n_head, m.kv_heads * m.head_dim
+    b = 4 if attn_fp32 else a
+    if not local.blocked:
+        return 0.0
+    reshaped = m.pos_emb == "rope" or m.qk_norm  # plain attention's output copy is counted already
+    total = (
+        C * b * (local.outputs - 1) + (C * b if b == a and not reshaped else 0) + H * 4 * (local.outputs - 1)
+    )
+    if local.padded > 1:  # the copies take the place of q, k, v (or of rotated q and k)
+        total += (m.n_head * m.head_dim + 2 * kv) * b * (local.padded - 1)
+        total -= (C + kv) * b if reshaped and a == b else 0
+    elif reshaped and batch > 1:
+        total += (C * b if H > 1 else 0) + (kv * b if m.kv_heads > 1 else 0)
+    return total
+
+
+def mask_bytes_per_token(m: GPTConfig, precision: str, device: str, batch_size: int) -> float:
+    """The additive masks of a forward pass (documents, or a window's dense T x T mask), shared by all its
+    layers (model/attention.py)."""
+    local = local_attention(m, batch_size)
+    if local is None:
+        return 0.0
+    b = 4 if precision not in ("bf16", "fp16") or device == "cpu" else 2
+    if m.doc_mask:
+        return local.scores * b
+    return 0.0 if local.blocked else m.block_size * b / batch_size  # one T x T mask for every row
+
+
+def _flash_bytes_per_token(m: GPTConfig, a: int, attn_fp32: bool, reshaped: bool, qkv: int) -> float:
+    """What plain causal flash attention keeps per token (q, k, v, its output, log-sum-exp)."""
+    C = m.n_embd
+    if a == 4:  # fp32: q, k, v are views of the QKV output
+        kv = m.kv_heads * m.head_dim  # GQA: SDPA's enable_gqa copies nothing
+        total = qkv * 4 + ((2 * C + kv) * 4 if reshaped else 0) + C * 4
+    elif attn_fp32:  # autocast on a CPU: fp32 copies of q, k, v (qk-norm casts q and k once more)
+        total = qkv * 4 + (2 * C * 4 if m.qk_norm else 0) + C * 4 + C * a
+    else:  # autocast on a GPU: attention in the autocast type
+        total = qkv * a + (2 * C * (4 + a) if m.qk_norm else 0)
+        total += (2 * C * a if m.pos_emb == "rope" else 0) + C * a + (C * a if reshaped else 0)
+    return total + m.n_head * 4  # attention's log-sum-exp
+
+
+def block_bytes_per_token(m: GPTConfig, precision: str, device: str, batch_size: int = 1) -> float:
     """Bytes one block keeps for backward per token of a micro-batch (see the module docstring)."""
     C, H, F, T = m.n_embd, m.n_head, m.mlp_width, m.block_size
     qkv = (m.n_head + 2 * m.kv_heads) * m.head_dim
@@ -102,17 +180,18 @@ def block_bytes_per_token(m: GPTConfig, precision: str, device: str) -> float:
     reshaped = m.pos_emb == "rope" or m.qk_norm  # q, k made afresh: the attention output is copied once more
     norms = 2 if m.mlp else 1
     total = norms * (C * 4 + C * a + (C * 4 + 4 if m.norm == "rmsnorm" else 8))  # input, output, statistics
+    local = local_attention(m, batch_size)  # a window or documents: model/attention.py's blocks
     if m.dropout > 0:  # math path: scaled q, k, v, the output, and three T x T tensors per head
         b = 4 if attn_fp32 else a
-        total += 3 * C * b + 3 * H * T * b + C * a + norms * C * a  # + a dropout mask per residual branch
-    elif a == 4:  # fp32: q, k, v are views of the QKV output
-        total += qkv * 4 + (3 * C * 4 if reshaped else 0) + C * 4  # GQA: SDPA's enable_gqa copies nothing
-    elif attn_fp32:  # autocast on a CPU: fp32 copies of q, k, v (qk-norm casts q and k once more)
-        total += qkv * 4 + (2 * C * 4 if m.qk_norm else 0) + C * 4 + C * a
-    else:  # autocast on a GPU: attention in the autocast type
-        total += qkv * a + (2 * C * (4 + a) if m.qk_norm else 0)
-        total += (2 * C * a if m.pos_emb == "rope" else 0) + C * a + (C * a if reshaped else 0)
-    total += H * 4  # attention's log-sum-exp
+        inputs, scores = 3 * C * b, T
+        if local is not None:  # q per query row answered, k and v per block that reads them; block scores
+            inputs, scores = C * b * (local.outputs + 2 * local.key_copies), local.scores
+        total += inputs + 3 * H * scores * b + C * a + norms * C * a  # + a dropout mask per residual branch
+        total += H * 4  # a log-sum-exp
+    else:
+        total += _flash_bytes_per_token(m, a, attn_fp32, reshaped, qkv)
+        if local is not None:
+            total += _blocks_bytes_per_token(m, local, a, attn_fp32, batch_size)
     if m.mlp:
         total += (4 if m.activation == "swiglu" else 2) * F * a
     return total
@@ -158,8 +237,9 @@ def memory(cfg: Config, precision: str, device: str, params: Params | None = Non
     params = params or count_params(m, cfg.optim.name)
     tokens = cfg.train.batch_size * m.block_size  # one micro-batch
     a = 2 if precision in ("bf16", "fp16") else 4
-    block = block_bytes_per_token(m, precision, device) * tokens
+    block = block_bytes_per_token(m, precision, device, cfg.train.batch_size) * tokens
     head = head_bytes_per_token(m, precision) * tokens
+    head += mask_bytes_per_token(m, precision, device, cfg.train.batch_size) * tokens
     casts = 2 * params.linear if a == 2 else 0
     logits_grad = m.vocab_size * (4 + a) * tokens  # the gradient of the log-softmax, then of the logits
     return Memory(
@@ -332,7 +412,11 @@ def dry_run(request: Request) -> str:
             f"dataset {cfg.data.dataset} is not prepared, so its vocabulary is unknown; set model.vocab_size "
             "for the dry run, or prepare the dataset first"
         )
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
+    # the document token's id does not change the cost: any will do for the counts
+    doc_token = 0 if cfg.model.doc_mask and cfg.model.doc_token is None else cfg.model.doc_token
+    cfg = dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab, doc_token=doc_token)
+    )
     device, precision, present = target_device(cfg)
     params = count_params(cfg.model, cfg.optim.name)
     mem = memory(cfg, precision, device, params)
@@ -372,7 +456,10 @@ def _model_lines(cfg: Config, params: Params) -> list[str]:
     m, flops = cfg.model, params.flops_per_token
     tied = ", the LM head tied to the token embedding" if m.tie_embeddings else ""
     matmul = 6 * params.matmul
-    return [
+    block, reach = block_layout(m.block_size, m.window)
+    local = [f"a window of {m.window} tokens, in blocks of {block}"] if reach else []
+    local += ["within documents"] if m.doc_mask else []
+    lines = [
         f"model       {params.total / 1e6:,.2f}M parameters: {params.non_embedding / 1e6:,.2f}M "
         f"non-embedding + {params.embedding / 1e6:,.2f}M embedding{tied}",
         f"            {m.n_layer} layers x {m.n_embd}, {m.n_head} heads, context {m.block_size}, vocabulary "
@@ -380,6 +467,10 @@ def _model_lines(cfg: Config, params: Params) -> list[str]:
         f"compute     {flops / 1e6:,.1f} MFLOP per token trained: 6 x {matmul / 6e6:,.2f}M weights in matrix "
         f"products + {(flops - matmul) / 1e6:,.1f}M in attention",
     ]
+    if local:
+        span = attention_span(m.block_size, m.window)
+        lines.append(f"            {' and '.join(local)}: attention scores for {span:,.0f} keys per query")
+    return lines
 
 
 def _token_lines(cfg: Config, meta: Meta | None, timing: Timing | None, params: Params) -> list[str]:

@@ -51,6 +51,10 @@ def plan_run(request: Request) -> Plan:
     if pretrained is not None:
         _check_tokenizer(pretrained, dataset)
     cfg = with_vocabulary(cfg, dataset.meta.vocab_size)
+    if cfg.model.doc_mask and cfg.model.doc_token is None:
+        cfg = dataclasses.replace(
+            cfg, model=dataclasses.replace(cfg.model, doc_token=document_token(dataset))
+        )
     if resume is not None:
         _check_resumable(resume, cfg, dataset.meta.tokenizer)
     return Plan(cfg, rt, dataset, resume, pretrained)
@@ -58,7 +62,7 @@ def plan_run(request: Request) -> Plan:
 
 def follow_model(cfg: Config, source: GPTConfig, origins: dict[str, str], where: str) -> Config:
     """cfg with the model of `source` (train.init_from): keys left unset follow it; keys set explicitly
-    (`origins`) may lower block_size and set dropout, and any other that differs is an error naming it."""
+    (`origins`) may lower block_size and set dropout and doc_mask; any other that differs is an error."""
     model = dataclasses.asdict(source)
     for name, theirs in dataclasses.asdict(source).items():
         key = f"model.{name}"
@@ -66,7 +70,7 @@ def follow_model(cfg: Config, source: GPTConfig, origins: dict[str, str], where:
             continue
         ours = getattr(cfg.model, name)
         same = ours == theirs or (name == "n_kv_head" and (ours or cfg.model.n_head) == source.kv_heads)
-        if same or name == "dropout" or (name == "block_size" and ours < theirs):
+        if same or name in ("dropout", "doc_mask") or (name == "block_size" and ours < theirs):
             model[name] = ours
             continue
         allowed = " (it may only be lowered)" if name == "block_size" else ""
@@ -109,6 +113,18 @@ def open_dataset(cfg: Config, rt: Runtime) -> Dataset:
     beat = folder.parent / f".{name}.preparing"  # local rank 0 touches it while it prepares
     distributed.once_per_machine(rt, folder / "meta.json", prepare, f"dataset {name}", beat)
     return Dataset.open(name, data_dir)
+
+
+def document_token(dataset: Dataset) -> int:
+    """The token the dataset puts between documents (<|endoftext|>), for model.doc_mask."""
+    eot = dataset.tokenizer().eot_token
+    if eot is None:
+        kind = dataset.meta.tokenizer["kind"]
+        raise UserError(
+            "model.doc_mask=true needs documents separated by <|endoftext|>, but dataset "
+            f"{dataset.name} has a {kind} tokenizer without one; use a BPE dataset or model.doc_mask=false"
+        )
+    return eot
 
 
 def _check_tokenizer(source: Pretrained, dataset: Dataset) -> None:
