@@ -18,13 +18,15 @@ each ending by the mean loss of its tokens given the context. See training/evalu
 
 from __future__ import annotations
 
+from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+
+# isort: split
 import argparse
 import json
 
 import torch
 from tqdm import tqdm
 
-from common.errors import UserError, run_cli
 from data.evalsets import encode_text_file, read_choices
 from data.recipes import prepared_dataset
 from data.tokenizers import from_meta
@@ -164,4 +166,4 @@ def format_rows(results: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, interrupted="interrupted")

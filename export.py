@@ -18,10 +18,12 @@ the folder is written beside DEST and renamed into place, so a failed export lea
 
 from __future__ import annotations
 
+from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+
+# isort: split
 import argparse
 from pathlib import Path
 
-from common.errors import UserError, run_cli
 from hf import folders
 from runs import checkpoint
 

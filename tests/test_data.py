@@ -144,6 +144,7 @@ def test_char_tokenizer_names_unknown_characters():
         ),
         (None, ["--text-file", "x.txt", "--tokenizer", "nonsense"], "unknown tokenizer 'nonsense'"),
         (None, [], "'custom' is not a known dataset"),
+        (None, ["--text-file", "{f}", "--workers", "-1"], "--workers must be at least 1"),
     ],
 )
 def test_prepare_errors_are_one_line(tmp_path: Path, setup, args, message):
