@@ -4,6 +4,7 @@ mismatched checkpoints, and one clear line for every bad input."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import pickle
 import random
@@ -219,7 +220,8 @@ def test_bad_training_input_is_one_line(data_dir: Path, tmp_path: Path, args, me
         empty.mkdir()
         (empty / "train.bin").write_bytes(b"")
         (empty / "val.bin").write_bytes(b"")
-        (empty / "meta.json").write_text((data_dir / "shakespeare_char" / "meta.json").read_text())
+        meta = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())
+        (empty / "meta.json").write_text(json.dumps({**meta, "train_tokens": 0, "val_tokens": 0}))
     result = train(data_dir, tmp_path / "out", *args, check=False)
     one_line_error(result, message)
     assert not (tmp_path / "out" / "last").exists()
