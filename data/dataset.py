@@ -134,7 +134,7 @@ def _check_split(path: str, dtype: str, count: int, vocab_size: int, stamp: tupl
             f"{path} holds {n:,} ids but meta.json says {count:,}: the dataset was changed after it was "
             "prepared; prepare it again"
         )
-    if n > CHECKED_TOKENS:
+    if n == 0 or n > CHECKED_TOKENS:  # nothing to map; too much to read (TokenWindows checks each batch)
         return
     data, top = np.memmap(path, dtype=dtype, mode="r"), 0
     for start in range(0, n, 1 << 24):

@@ -222,6 +222,9 @@ print(rss_mb() - before)
          '"train_tokens": 5, "val_tokens": 5}', "dtype uint16 cannot hold ids up to 69999"),
         ('{"name": "x", "tokenizer": {"kind": "char"}, "vocab_size": 65, "dtype": "float32", '
          '"train_tokens": 5, "val_tokens": 5}', "dtype must be one of uint16, uint32, not 'float32'"),
+        ('{"name": "x", "tokenizer": {"kind": "bpe", "vocab_size": 100277, "encoding": "cl100k_base"}, '
+         '"vocab_size": 100277, "dtype": "uint32", "train_tokens": 5, "val_tokens": 5}',
+         "the BPE encoding 'cl100k_base' is not one tinygpt writes"),
     ],
 )  # fmt: skip
 def test_a_damaged_meta_json_is_one_line(tmp_path: Path, content: str, message: str):
