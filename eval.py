@@ -20,13 +20,15 @@ and nanoGPT's acc_norm), per character (acc_per_char, lm-evaluation-harness's ac
 
 from __future__ import annotations
 
+from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+
+# isort: split
 import argparse
 import json
 
 import torch
 from tqdm import tqdm
 
-from common.errors import UserError, run_cli
 from data.evalsets import encode_text_file, read_choices
 from data.recipes import prepared_dataset
 from data.tokenizers import from_meta
@@ -166,4 +168,4 @@ def format_rows(results: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, interrupted="interrupted")

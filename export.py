@@ -25,10 +25,12 @@ folder or file is written beside DEST and renamed into place, so a failed export
 
 from __future__ import annotations
 
+from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+
+# isort: split
 import argparse
 from pathlib import Path
 
-from common.errors import UserError, run_cli
 from gguf_export.writer import DTYPES, write_gguf
 from hf import folders
 from runs import checkpoint

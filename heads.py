@@ -19,6 +19,9 @@ validation split of the dataset the model was trained on. Without a prompt, the 
 
 from __future__ import annotations
 
+from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+
+# isort: split
 import argparse
 import json
 import sys
@@ -27,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.errors import UserError, run_cli
+from common.files import atomic_write
 from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
 from data.recipes import prepared_dataset
@@ -36,6 +39,7 @@ from interp.explorer import write_page
 from interp.plots import MAX_LABELS, plot_head, plot_layer, plot_scores, token_labels
 from interp.scores import ROLES, THRESHOLD, role_name, score_heads
 from runs import checkpoint
+from runs.config import seed_problem
 from runs.runtime import pick_device
 
 DEFAULT_PROMPT_TOKENS = 40  # without --prompt: this many tokens from the start of the validation split
@@ -94,6 +98,8 @@ def check_args(args: argparse.Namespace, n_layer: int, n_head: int) -> None:
     for name in ("sequences", "windows"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if seed_problem(args.seed):
+        raise UserError(f"--seed {seed_problem(args.seed)}")
 
 
 def validation_split(cfg, tok_meta: dict, data_dir: str | None, device: torch.device) -> TokenWindows:
@@ -177,7 +183,7 @@ def main(argv: list[str]) -> int:
     written = draw_maps(model, ids, tokenizer, args, out)
     scores = score_heads(model, val, args.seed, sequences=args.sequences, windows=args.windows)
     print(format_tables(scores))
-    (out / "head_scores.json").write_text(json.dumps({"checkpoint": str(ckpt), **scores}, indent=1))
+    atomic_write(out / "head_scores.json", json.dumps({"checkpoint": str(ckpt), **scores}, indent=1))
     plot_scores(scores, out / "head_scores.png")
     written += [out / "head_scores.json", out / "head_scores.png"]
     if args.html:

@@ -10,15 +10,18 @@ seconds (evals excluded).
 
 from __future__ import annotations
 
+from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+
+# isort: split
 import argparse
 import json
 from pathlib import Path
 from typing import Any
 
-from common.errors import UserError, run_cli
 from interp.curves import X_AXES, evals, plot_runs
 from runs import checkpoint
 from runs.config import to_dict
+from training.tracking import read_metrics
 
 IGNORED = {"train.out_dir", "train.resume", "train.overwrite", "data.dir", "log.interval"}  # bookkeeping
 MAX_KEYS = 5  # config differences written into a label
@@ -39,13 +42,11 @@ def read_run(run: str) -> list[dict]:
     if not Path(run).is_dir():
         raise UserError(f"no run at {run}: the folder does not exist")
     try:
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records = read_metrics(path)  # a torn line (a run writing it, a crash) is left out
     except FileNotFoundError:
         raise UserError(
             f"{run} has no metrics.jsonl; give a training run's out_dir (train.out_dir)"
         ) from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path} is damaged ({e.msg} at line {e.lineno})") from None
     if not evals(records):
         raise UserError(f"{path} has no evals yet; plot once the run has reached its first eval")
     return records

@@ -12,10 +12,12 @@ corpus prepared once before a long run. The pipeline is data/prepare.py.
 
 from __future__ import annotations
 
+from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+
+# isort: split
 import argparse
 import dataclasses
 
-from common.errors import UserError, run_cli
 from data.dataset import DATA_DIR, dataset_folder
 from data.prepare import BPE_TRAIN_CHARS, Recipe, prepare_dataset
 from data.recipes import RECIPES
@@ -49,7 +51,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     tok = p.add_mutually_exclusive_group()
     tok.add_argument(
         "--tokenizer",
-        help="char, gpt2 (or another tiktoken encoding), or bpe:N: a byte-level BPE "
+        help="char, gpt2 (GPT-2's BPE, through tiktoken), or bpe:N: a byte-level BPE "
         "of N tokens trained on the train split (default: the known dataset's; char for --text-file, "
         "gpt2 for --hf-dataset)",
     )
@@ -80,6 +82,8 @@ def recipe_from_args(args: argparse.Namespace) -> Recipe:
         raise UserError("give either --text-file or --hf-dataset, not both")
     if args.bpe_train_chars < 1:
         raise UserError(f"--bpe-train-chars must be positive, got {args.bpe_train_chars}")
+    if args.workers is not None and args.workers < 1:
+        raise UserError(f"--workers must be at least 1 (or left out: one per core), got {args.workers}")
     if args.text_file:
         if not 0.0 < args.val_fraction < 1.0:
             raise UserError(f"--val-fraction must be between 0 and 1 (exclusive), got {args.val_fraction}")
@@ -130,4 +134,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, interrupted="interrupted; the dataset is not prepared (run the command again)")

@@ -14,16 +14,20 @@ of a batch streams as it is generated, the others follow when the batch is done.
 
 from __future__ import annotations
 
+from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+
+# isort: split
 import argparse
+import math
 import sys
 
 import torch
 
-from common.errors import UserError, run_cli
 from data.prompts import encode_prompt, read_prompt
 from data.tokenizers import from_meta
 from model import generate, quantize_int8
 from runs import checkpoint
+from runs.config import seed_problem
 from runs.runtime import pick_device
 
 SEPARATOR = "\n---------------\n"
@@ -74,8 +78,10 @@ def check_args(args: argparse.Namespace, vocab_size: int) -> None:
         raise UserError(
             f"--quantize takes int8 (or leave it out for the checkpoint's precision), got {args.quantize}"
         )
-    if args.temperature < 0:
+    if not math.isfinite(args.temperature) or args.temperature < 0:
         raise UserError(f"--temperature must be 0 (greedy) or positive, got {args.temperature}")
+    if seed_problem(args.seed):
+        raise UserError(f"--seed {seed_problem(args.seed)}")
     if args.top_k is not None and not 1 <= args.top_k <= vocab_size:
         raise UserError(f"--top-k must be between 1 and the vocabulary size {vocab_size}, got {args.top_k}")
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
@@ -125,4 +131,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, interrupted="interrupted")

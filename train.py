@@ -10,19 +10,24 @@ Each iteration runs train.grad_accum micro-batches of train.batch_size sequences
 one optimizer step. Every train.eval_interval iterations (and at the end) it estimates train and val loss
 on fixed batches, appends a line to OUT_DIR/metrics.jsonl, redraws OUT_DIR/loss.png, and writes OUT_DIR/last
 (and OUT_DIR/best when val improved); at the end it measures the loss over the whole val split exactly.
-Ctrl-C or SIGTERM finishes the step, writes a checkpoint and says how to resume. Errors in the config, data
-or out_dir stop it before training with one line (--debug shows the traceback).
+Ctrl-C, SIGTERM or SIGHUP (a closed terminal; training/control.py lists the scheduler signals too) finishes
+the step, writes a checkpoint and says how to resume. Output to a pipe or terminal that closed is dropped,
+and training goes on. An eval whose loss is not finite writes no checkpoint and counts as a skipped step
+(train.skip_nonfinite). Errors in the config, data or out_dir stop it before training with one line
+(--debug shows the traceback).
 """
 
 from __future__ import annotations
 
+from common.errors import ConfigError, UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+
+# isort: split
 import math
 import shlex
 import sys
 
 import torch
 
-from common.errors import ConfigError, UserError, run_cli
 from data.prompts import encode_prompt, read_prompt
 from interp.scores import flat_scores, score_heads, strongest_heads
 from model import generate
@@ -60,16 +65,22 @@ def main(argv: list[str]) -> int:
             # the learning rate
             set_lr(run.optimizers, lr_factor(p.iter, schedule_progress(p.iter, elapsed, t), cfg.optim))
 
-            # once in a while: evaluate, draw a sample, write checkpoints (the clock stops meanwhile)
+            # once in a while: evaluate, draw a sample, write checkpoints, draw loss.png (the clock stops)
             if evaluating:
                 with clock.paused():
                     p.elapsed_s = elapsed
-                    record, improved = run_eval(run, log, last)
-                    if cfg.log.sample_every and p.iter > 0 and (last or p.iter % cfg.log.sample_every == 0):
+                    record, improved, finite = run_eval(run, log, last)
+                    sampling = (
+                        cfg.log.sample_every and p.iter > 0 and (last or p.iter % cfg.log.sample_every == 0)
+                    )
+                    if finite and sampling:
                         record["sample"] = draw_sample(run, log)
-                    log.eval(record, last)
-                    if t.save:
+                    log.eval(record)
+                    if not finite:  # a diverged model never replaces a checkpoint
+                        count_nonfinite_eval(run, log, record, last)
+                    elif t.save:
                         save_checkpoint(run, improved)
+                    log.plot(last)
 
             # a signal (Ctrl-C, SIGTERM): write a checkpoint, say how to resume, stop
             if signum:
@@ -168,13 +179,17 @@ def check_and_describe(run: Run) -> None:
         print(f"starting from the weights of {cfg.train.init_from} (fresh optimizer, iteration 0)")
 
 
-def run_eval(run: Run, log: Tracker, last: bool) -> tuple[dict, bool]:
+def run_eval(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:
     """This eval's metrics record, printed: the loss estimate, head scores (log.head_scores) and, at the end,
-    the exact val loss (train.final_eval); and whether val improved (the checkpoint becomes best/)."""
+    the exact val loss (train.final_eval); whether val improved (the checkpoint becomes best/); and whether
+    the losses are finite (if not, the model diverged: no scores, no exact loss, no checkpoint)."""
     cfg, p = run.cfg, run.progress
     losses = estimate_loss(run)
-    improved = losses["val"] <= p.best_val_loss
-    p.best_val_loss, p.evaluated_at = min(p.best_val_loss, losses["val"]), p.iter
+    finite = math.isfinite(losses["train"]) and math.isfinite(losses["val"])
+    improved = finite and losses["val"] <= p.best_val_loss
+    p.evaluated_at = p.iter
+    if finite:
+        p.best_val_loss = min(p.best_val_loss, losses["val"])
     record = {
         "iter": p.iter,
         "train_loss": round(losses["train"], 5),
@@ -184,10 +199,10 @@ def run_eval(run: Run, log: Tracker, last: bool) -> tuple[dict, bool]:
         "tokens": p.iter * cfg.tokens_per_iter,
         "elapsed_s": round(p.elapsed_s, 3),
     }
-    if cfg.log.head_scores and forwards_here(run):
+    if finite and cfg.log.head_scores and forwards_here(run):
         record["heads"] = score_heads(run.model, run.splits["val"])
         log.log(p.iter, flat_scores(record["heads"]))
-    if last and final_eval_wanted(cfg.train.final_eval, run.dataset.meta.val_tokens):
+    if finite and last and final_eval_wanted(cfg.train.final_eval, run.dataset.meta.val_tokens):
         record |= exact_val_loss(run)
     bpb = f", val bpb {record['val_bpb']:.3f}" if "val_bpb" in record else ""
     log.write(
@@ -196,7 +211,7 @@ def run_eval(run: Run, log: Tracker, last: bool) -> tuple[dict, bool]:
     )
     if "heads" in record:
         log.write(f"  heads: {strongest_heads(record['heads'])}")
-    return record, improved
+    return record, improved, finite
 
 
 def forwards_here(run: Run) -> bool:
@@ -241,6 +256,17 @@ def draw_sample(run: Run, log: Tracker) -> str | None:
     return text
 
 
+NONFINITE_FIX = (
+    "Lower optim.lr, raise optim.warmup_iters, or set train.skip_nonfinite=N to skip up to N such steps"
+)
+
+
+def last_good(run: Run) -> str:
+    """The checkpoint a run that diverged can go back to: last/ (never written from a non-finite eval)."""
+    last = run.out_dir / "last"
+    return str(last) if (last / checkpoint.WEIGHTS).is_file() else "none"
+
+
 def count_nonfinite(run: Run, log: Tracker) -> None:
     """Count the steps since the last look that were not applied for a non-finite loss or gradient; past
     train.skip_nonfinite, stop (their results are read back at log steps, evals and stops only)."""
@@ -248,18 +274,48 @@ def count_nonfinite(run: Run, log: Tracker) -> None:
     for it, loss, grad_norm in log.nonfinite_steps():
         p.skipped_steps += 1
         if p.skipped_steps > allowed:
-            good = run.out_dir / "last" if (run.out_dir / "last").is_dir() else None
             raise UserError(
                 f"non-finite loss or gradient at iteration {it} (loss {loss:.4g}, gradient norm "
                 f"{grad_norm:.4g}); that step was skipped and training stopped at iteration {p.iter}. Last "
-                f"good checkpoint: {good or 'none'}. Lower optim.lr, raise optim.warmup_iters, or set "
-                "train.skip_nonfinite=N to skip up to N such steps"
+                f"good checkpoint: {last_good(run)}. {NONFINITE_FIX}"
             )
         log.write(f"iteration {it}: non-finite loss, step skipped ({p.skipped_steps}/{allowed})")
 
 
+def count_nonfinite_eval(run: Run, log: Tracker, record: dict, last: bool) -> None:
+    """An eval that is not finite (the weights diverged): no checkpoint; it counts as a skipped step, and
+    past train.skip_nonfinite, or at the end of the run, training stops."""
+    p, allowed = run.progress, run.cfg.train.skip_nonfinite
+    p.skipped_steps += 1
+    losses = f"train loss {record['train_loss']:.4g}, val loss {record['val_loss']:.4g}"
+    if p.skipped_steps > allowed or last:
+        ended = "the run ended on it" if p.skipped_steps <= allowed else "training stopped"
+        raise UserError(
+            f"the eval at iteration {p.iter} is not finite ({losses}): the model diverged, so no "
+            f"checkpoint was written and {ended}. Last good checkpoint: {last_good(run)}. {NONFINITE_FIX}"
+        )
+    log.write(
+        f"iteration {p.iter}: eval not finite ({losses}), no checkpoint written ({p.skipped_steps}/{allowed})"
+    )
+
+
+def weights_finite(run: Run) -> bool:
+    """Whether every weight is finite, on every rank (one read-back)."""
+    local = [w.to_local() if hasattr(w, "to_local") else w for w in run.model.parameters()]
+    flag = torch.stack([w.detach().isfinite().all() for w in local]).all()
+    return bool(distributed.on_every_rank(flag, run.rt).item())
+
+
 def stop_with_checkpoint(run: Run, log: Tracker, clock: Clock, argv: list[str], signum: int) -> int:
-    """Ctrl-C or SIGTERM: write OUT_DIR/last, say how to resume, exit with 128 + the signal's number."""
+    """A stop signal: write OUT_DIR/last (unless the weights diverged since the last eval), say how to
+    resume, exit with 128 + the signal's number."""
+    if not weights_finite(run):
+        log.write(
+            f"stopped at iteration {run.progress.iter}; the weights are no longer finite (the run diverged "
+            f"since its last eval), so no checkpoint was written. Last good checkpoint: {last_good(run)}",
+            sys.stderr,
+        )
+        return 128 + signum
     with clock.paused():
         run.progress.elapsed_s = clock.elapsed()
         path = save_checkpoint(run, improved=False)
@@ -303,4 +359,5 @@ def resume_command(argv: list[str], run: Run) -> str:
 
 
 if __name__ == "__main__":
-    run_cli(distributed.explain_hangs(main))
+    interrupted = "interrupted before training began; no checkpoint was written or changed"
+    run_cli(distributed.explain_hangs(main), interrupted=interrupted, keep_going=True)

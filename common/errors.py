@@ -4,13 +4,20 @@ Code anywhere raises `UserError("what is wrong; how to fix it")`; an entry point
 `run_cli`, which prints `error: ...` on stderr and exits 2, or shows the traceback when `--debug` is on the
 command line or TINYGPT_DEBUG=1 is set. Under torchrun every rank reads the same config, so a `ConfigError`
 is printed by rank 0 alone, the job failing with its exit code; other errors by every rank that meets them.
+Ctrl-C outside a training loop is one line too, exit 130: in `main` through `run_cli`, and during the
+seconds of imports before it through the hook this module installs when it is imported, which is why every
+script imports it first. A reader of stdout that goes away (`| head`) ends a script quietly with exit 141,
+or, for training (`keep_going`), costs only the output (common/streams.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable
+
+from common.streams import OutputClosed, guard
 
 
 class UserError(Exception):
@@ -26,11 +33,40 @@ def debug_enabled(argv: list[str] | None = None) -> bool:
     return "--debug" in argv or os.environ.get("TINYGPT_DEBUG", "") not in ("", "0")
 
 
-def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
-    """Run main(argv) and exit with its code; a UserError becomes one line on stderr and exit 2."""
+INTERRUPTED = "interrupted; nothing was written"
+
+
+def _say(line: str) -> None:
+    """One line on stderr, if anyone still reads it."""
+    with contextlib.suppress(OSError, OutputClosed):
+        print(line, file=sys.stderr, flush=True)
+
+
+def _interrupt_hook(kind, value, tb, previous=sys.excepthook) -> None:
+    """A Ctrl-C before `run_cli` runs (while a script imports torch): one line; Python then exits as killed
+    by SIGINT (130)."""
+    if issubclass(kind, KeyboardInterrupt) and not debug_enabled():
+        _say(f"\n{INTERRUPTED} (while starting)")
+        return
+    previous(kind, value, tb)
+
+
+sys.excepthook = _interrupt_hook
+
+
+def run_cli(
+    main: Callable[[list[str]], int | None],
+    argv: list[str] | None = None,
+    interrupted: str = INTERRUPTED,
+    keep_going: bool = False,
+) -> None:
+    """Run main(argv) and exit with its code; a UserError becomes one line on stderr and exit 2, Ctrl-C the
+    line `interrupted` and exit 130; a closed stdout exits 141 quietly, or with `keep_going` only costs the
+    output (common/streams.py)."""
     argv = sys.argv[1:] if argv is None else argv
     debug = debug_enabled(argv)
     argv = [a for a in argv if a != "--debug"]
+    guard(keep_going)
     try:
         code = main(argv)
     except UserError as e:
@@ -39,6 +75,13 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
         if isinstance(e, ConfigError) and os.environ.get("RANK", "0") != "0":
             # rank 0 says it and fails the job; exiting 2 here could make torchrun stop rank 0 before it does
             sys.exit(0)
-        print(f"error: {e}", file=sys.stderr)
+        _say(f"error: {e}")
         sys.exit(2)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        _say(f"\n{interrupted}")
+        sys.exit(130)
+    except OutputClosed:
+        sys.exit(141)
     sys.exit(code or 0)

@@ -4,11 +4,15 @@ A dataset NAME lives in DATA_DIR/NAME (or in the folder `data.dir` names): train
 token ids back to back, meta.json says which tokenizer made them, in which dtype, and how many there are.
 meta.json is written last, so a folder without it is not prepared (data/prepare.py writes all three).
 Everything that reads a dataset (training, evaluation, heads.py, the dry run) goes through `Dataset.open`, so
-the folder is worked out once and a damaged meta.json is one line naming the fix, wherever it is met.
+the folder is worked out once and a damaged meta.json is one line naming the fix, wherever it is met; it
+also holds the folder's lock, shared, for as long as the process lives (data/prepare.py takes it exclusive:
+a dataset is not re-prepared under a run that reads it). A split is checked once per process when it is
+first used: its size against meta.json's count, and every id against the vocabulary (data/loader.py).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,14 +20,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common import locks
 from common.errors import UserError
-from data.loader import TokenWindows
-from data.tokenizers import Tokenizer, from_meta
+from data.loader import CHECKED_TOKENS, TokenWindows, split_tokens
+from data.tokenizers import Tokenizer, check_meta, from_meta
 
 DATA_DIR = Path(__file__).resolve().parent  # the project's data/ folder: the default data.dir
 META_FILE = "meta.json"
 SPLITS = ("train", "val")
 DTYPES = ("uint16", "uint32")
+LOCK = ".lock"  # in a dataset folder: exclusive while it is prepared, shared while it is read
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -99,9 +105,45 @@ def _meta_problem(data) -> str | None:
         return f"dtype must be one of {', '.join(DTYPES)}, not {data['dtype']!r}"
     if np.iinfo(np.dtype(data["dtype"])).max < data["vocab_size"] - 1:
         return f"dtype {data['dtype']} cannot hold ids up to {data['vocab_size'] - 1}"
-    if not isinstance(data["tokenizer"], dict) or "kind" not in data["tokenizer"]:
-        return "tokenizer must be an object with a kind"
+    try:
+        check_meta(data["tokenizer"])
+    except ValueError as e:
+        return str(e)
+    if data["tokenizer"]["vocab_size"] > data["vocab_size"]:
+        return f"its tokenizer has {data['tokenizer']['vocab_size']} tokens, more than vocab_size"
     return None
+
+
+def lock_reading(folder: Path) -> None:
+    """Hold the dataset folder's lock, shared, until the process ends: no preparation starts meanwhile."""
+    locks.hold(
+        folder / LOCK,
+        f"dataset {folder.name} ({folder})",
+        exclusive=False,
+        advice="it is being prepared: wait for the preparation to finish, then start again",
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _check_split(path: str, dtype: str, count: int, vocab_size: int, stamp: tuple) -> None:
+    """The split's size against meta.json, and its ids against the vocabulary (`stamp`: size and mtime, so
+    a changed file is checked again)."""
+    n = split_tokens(path, dtype)
+    if n != count:
+        raise UserError(
+            f"{path} holds {n:,} ids but meta.json says {count:,}: the dataset was changed after it was "
+            "prepared; prepare it again"
+        )
+    if n == 0 or n > CHECKED_TOKENS:  # nothing to map; too much to read (TokenWindows checks each batch)
+        return
+    data, top = np.memmap(path, dtype=dtype, mode="r"), 0
+    for start in range(0, n, 1 << 24):
+        top = max(top, int(data[start : start + (1 << 24)].max()))
+    if top >= vocab_size:
+        raise UserError(
+            f"{path} holds id {top}, past the vocabulary of {vocab_size} (meta.json): the split was not made "
+            "by this dataset's tokenizer; prepare the dataset again"
+        )
 
 
 @dataclass(frozen=True)
@@ -120,6 +162,7 @@ class Dataset:
                 f"dataset {name!r} is not prepared in {folder}; prepare it with: python prepare.py {name} "
                 "--text-file FILE (or --hf-dataset NAME)"
             )
+        lock_reading(folder)
         return cls(folder, Meta.read(folder))
 
     @staticmethod
@@ -131,14 +174,26 @@ class Dataset:
         return self.folder.name
 
     def split_path(self, split: str) -> Path:
-        return self.folder / f"{split}.bin"
+        """The split's file, checked (once per process) against meta.json and the vocabulary."""
+        path = self.folder / f"{split}.bin"
+        try:
+            stat = path.stat()
+        except OSError:
+            raise UserError(f"{path} is missing; prepare the dataset again (python prepare.py ...)") from None
+        m = self.meta
+        _check_split(str(path), m.dtype, m.tokens(split), m.vocab_size, (stat.st_size, stat.st_mtime_ns))
+        return path
 
     def tokenizer(self) -> Tokenizer:
         return from_meta(self.meta.tokenizer)
 
     def windows(self, split: str, block_size: int, device: torch.device, seed: int) -> TokenWindows:
         """Random windows of block_size + 1 tokens from a split (data/loader.py)."""
-        return TokenWindows(self.split_path(split), self.meta.dtype, block_size, device, seed, split)
+        path, vocab = self.split_path(split), self.meta.vocab_size
+        unchecked = self.meta.tokens(split) > CHECKED_TOKENS
+        return TokenWindows(
+            path, self.meta.dtype, block_size, device, seed, split, vocab if unchecked else None
+        )
 
     def check_tokenizer(self, tokenizer_meta: dict, what: str) -> None:
         """Refuse a dataset tokenised otherwise than `tokenizer_meta` (a checkpoint's) says."""

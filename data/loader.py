@@ -5,6 +5,9 @@
 - A fresh np.memmap per batch and one vectorised gather: one map held for a whole run lets the resident pages
   of a large file pile up (the RAM growth nanoGPT's users hit); a fresh map costs microseconds.
 - On CUDA the windows go into one pinned buffer, copied with non_blocking=True, and are cut on the GPU.
+- Ids past the vocabulary would fail in the embedding (on CUDA, a device-side assert that ends the process):
+  a split opened through data/dataset.py has every id checked once, up to CHECKED_TOKENS; a larger split
+  has each batch checked on the host (`max_id`), a microsecond next to the gather.
 """
 
 from __future__ import annotations
@@ -16,16 +19,42 @@ import torch
 
 from common.errors import UserError
 
+CHECKED_TOKENS = 1 << 30  # splits up to this many ids have all of them checked when opened (~0.1 s per GB)
+
+
+def split_tokens(path: Path | str, dtype: str | np.dtype) -> int:
+    """The number of ids in a split file of `dtype` ids; a missing file or one whose size is not a whole
+    number of ids is one line."""
+    itemsize = np.dtype(dtype).itemsize
+    try:
+        size = Path(path).stat().st_size
+    except OSError:
+        raise UserError(f"{path} is missing; prepare the dataset again (python prepare.py ...)") from None
+    if size % itemsize:
+        raise UserError(
+            f"{path} is damaged: {size:,} bytes are not a whole number of {np.dtype(dtype).name} ids; "
+            "prepare the dataset again"
+        )
+    return size // itemsize
+
 
 class TokenWindows:
     def __init__(
-        self, path: Path | str, dtype: str, block_size: int, device: torch.device, seed: int, split: str
+        self,
+        path: Path | str,
+        dtype: str,
+        block_size: int,
+        device: torch.device,
+        seed: int,
+        split: str,
+        max_id: int | None = None,
     ):
+        """Windows of a split; with `max_id` (a split too large to be checked at opening) each batch's ids
+        are checked to be below it."""
         self.path, self.dtype, self.block_size = str(path), np.dtype(dtype), block_size
         self.device, self.seed, self.split_id = device, seed, 0 if split == "train" else 1
-        if not Path(self.path).is_file():
-            raise UserError(f"{self.path} is missing; prepare the dataset again (python prepare.py ...)")
-        self.n_tokens = Path(self.path).stat().st_size // self.dtype.itemsize
+        self.max_id = max_id
+        self.n_tokens = split_tokens(self.path, self.dtype)
         if self.n_tokens < block_size + 1:
             raise UserError(
                 f"model.block_size={block_size} needs windows of {block_size + 1} tokens, but the "
@@ -44,5 +73,10 @@ class TokenWindows:
         windows = torch.empty((batch_size, self.block_size + 1), dtype=torch.int64, pin_memory=cuda)
         windows.numpy()[:] = data[starts[:, None] + self._arange]
         del data
+        if self.max_id is not None and windows.numpy().max() >= self.max_id:
+            raise UserError(
+                f"{self.path} holds id {windows.numpy().max()}, past the vocabulary of {self.max_id}; the "
+                "split was not made by this dataset's tokenizer: prepare the dataset again"
+            )
         windows = windows.to(self.device, non_blocking=cuda)
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()

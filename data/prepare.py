@@ -12,12 +12,19 @@ checkpoint's, `--tokenizer-from`), which is what fine-tuning on new text needs. 
 every tokenizer here releases the GIL while it encodes; threads measured as fast as a process pool or
 faster (BENCHMARKS.md, "Data preparation against the tokenizer's own speed"), with no fork or spawn to hang
 on macOS or Windows.
+
+A preparation holds the dataset folder's lock exclusive (data/dataset.py): a second one of the same name,
+or one under a run that reads the dataset, is one line naming the process. Each file goes to a temporary
+file of its own and is renamed into place (common/files.py), so a failure (a full disk, Ctrl-C) leaves no
+half-written file. bpe:N's trainer (Rust) never looks for signals: it runs in a thread while the main thread
+waits in short joins, so Ctrl-C stops it at once.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -29,8 +36,10 @@ from typing import Optional, Union
 import numpy as np
 from tqdm import tqdm
 
+from common import locks
 from common.errors import UserError
-from data.dataset import META_FILE, SPLITS, Meta, dataset_folder, token_dtype
+from common.files import atomic_file, atomic_write, write_failed
+from data.dataset import LOCK, META_FILE, SPLITS, Meta, dataset_folder, token_dtype
 from data.repeats import Repeats
 from data.sources import HFText, TextFile
 from data.tokenizers import (
@@ -77,7 +86,7 @@ def train_bpe(source, vocab_size: int, max_chars: int, desc: str) -> TrainedBPE:
                 bar.update(len(doc))
                 yield doc
 
-        tokenizer = TrainedBPE.train(docs(), vocab_size)
+        tokenizer = interruptible(lambda: TrainedBPE.train(docs(), vocab_size))
         chars = bar.n
     short = (
         f" (the text has too few distinct pairs for {vocab_size})"
@@ -89,6 +98,27 @@ def train_bpe(source, vocab_size: int, max_chars: int, desc: str) -> TrainedBPE:
         file=sys.stderr,
     )
     return tokenizer
+
+
+def interruptible(work):
+    """work() in a daemon thread while this one waits in joins of 0.1 s, where Python handles signals: a
+    Ctrl-C raises KeyboardInterrupt here within 0.1 s even while `work` runs native code that never checks
+    for signals, and the process then exits without waiting for it."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = work()
+        except BaseException as e:  # handed to the waiting thread
+            result["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 def make_tokenizer(recipe: Recipe, name: str) -> Tokenizer:
@@ -166,27 +196,28 @@ def _write_split(
     dtype: np.dtype,
     workers: int,
     desc: str,
+    final: Path,
+    split_chars: Optional[int] = None,
 ) -> tuple[int, int]:
-    """Encode docs into path; returns (tokens written, characters read)."""
+    """Encode docs into `path` (the temporary file of `final`); returns (tokens written, characters read). A
+    failed write is one line: the space the split needs is extrapolated from what was written, when
+    `split_chars` (the split's size, about) is known."""
     n = chars_in = 0
-    try:
-        with open(path, "wb") as f, tqdm(desc=desc, unit="char", unit_scale=True, dynamic_ncols=True) as bar:
-            for chars, ids in encode_stream(docs, tokenizer, eot, dtype, workers):
-                ids.tofile(f)
-                n += len(ids)
-                chars_in += chars
-                bar.update(chars)
-                bar.set_postfix(tokens=f"{n:,}", refresh=False)
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
+    with open(path, "wb") as f, tqdm(desc=desc, unit="char", unit_scale=True, dynamic_ncols=True) as bar:
+        for chars, ids in encode_stream(docs, tokenizer, eot, dtype, workers):
+            try:
+                f.write(
+                    ids.data
+                )  # not tofile: its error lacks the errno (a full disk says only "n requested")
+            except OSError as e:  # the ids written, with this task's, extrapolated to the whole split
+                done = (n + len(ids)) * dtype.itemsize
+                need = int(done * split_chars / (chars_in + chars)) if split_chars else None
+                raise write_failed(final, e, need) from None
+            n += len(ids)
+            chars_in += chars
+            bar.update(chars)
+            bar.set_postfix(tokens=f"{n:,}", refresh=False)
     return n, chars_in
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _write_splits(out: Path, name: str, source, tokenizer: Tokenizer, workers: int) -> dict[str, int]:
@@ -196,20 +227,21 @@ def _write_splits(out: Path, name: str, source, tokenizer: Tokenizer, workers: i
     eot = tokenizer.eot_token if source.separate_documents else None
     counts = {"dropped_characters": 0}
     for split in SPLITS:
-        tmp = out / f".{split}.bin.tmp"
-        try:
-            tokens, chars = _write_split(
-                tmp, source.documents(split), tokenizer, eot, dtype, workers, f"{name} {split}"
-            )
-        except UnknownCharacters:
-            raise unknown_characters(tokenizer, source) from None
-        if tokens == 0:
-            tmp.unlink()
-            raise UserError(
-                f"dataset {name}: the {split} split is empty; give the source more text "
-                "(or a val split / val fraction that selects some of it)"
-            )
-        os.replace(tmp, out / f"{split}.bin")
+        size = source.split_bytes(split) if isinstance(source, TextFile) else None
+        final = out / f"{split}.bin"
+        with atomic_file(final) as tmp:
+            try:
+                docs = source.documents(split)
+                tokens, chars = _write_split(
+                    tmp, docs, tokenizer, eot, dtype, workers, f"{name} {split}", final, size
+                )
+            except UnknownCharacters:
+                raise unknown_characters(tokenizer, source) from None
+            if tokens == 0:
+                raise UserError(
+                    f"dataset {name}: the {split} split is empty; give the source more text "
+                    "(or a val split / val fraction that selects some of it)"
+                )
         counts[f"{split}_tokens"] = tokens
         if isinstance(tokenizer, CharTokenizer):  # one token per character, none between documents
             counts["dropped_characters"] += chars - tokens
@@ -225,15 +257,30 @@ def prepare_dataset(
 ) -> Meta:
     """Tokenise recipe's text into data_dir/name/{train,val}.bin + meta.json (data_dir None: data/); returns
     the metadata. With `tokenizer` given (an existing dataset's or checkpoint's), it is used in place of the
-    recipe's."""
+    recipe's. Holds the folder's lock, exclusive, meanwhile."""
     out = dataset_folder(name, data_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    advice = "choose another --data-dir (data.dir for train.py), or fix the folder's permissions"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_failed(out, e, advice=advice) from None
+    if not os.access(out, os.W_OK):
+        raise UserError(f"cannot write dataset folder {out} (it is read-only); {advice}")
+    what = f"dataset {name} ({out})"
+    wait = "a run reads it, or another prepare writes it: wait for it to end, or prepare under another name"
+    with locks.holding(out / LOCK, what, exclusive=True, advice=wait):
+        return _prepare(name, recipe, out, workers, tokenizer)
+
+
+def _prepare(
+    name: str, recipe: Recipe, out: Path, workers: Optional[int], tokenizer: Optional[Tokenizer]
+) -> Meta:
     (out / META_FILE).unlink(missing_ok=True)  # not prepared until the new meta.json lands
     recipe.source.check()
     tokenizer = tokenizer or make_tokenizer(recipe, name)
     counts = _write_splits(out, name, recipe.source, tokenizer, workers or os.cpu_count() or 1)
     if isinstance(tokenizer, TrainedBPE):  # the tokenizer as Hugging Face loads it
-        _write_atomic(out / TOKENIZER_JSON, tokenizer.to_json(pretty=True))
+        atomic_write(out / TOKENIZER_JSON, tokenizer.to_json(pretty=True))
     meta = Meta(
         name=name,
         tokenizer=tokenizer.to_meta(),
@@ -249,5 +296,5 @@ def prepare_dataset(
             f"dropped {meta.dropped_characters:,} character(s) the vocabulary lacks (--drop-unknown)",
             file=sys.stderr,
         )
-    _write_atomic(out / META_FILE, meta.to_json())
+    atomic_write(out / META_FILE, meta.to_json())
     return meta

@@ -19,7 +19,18 @@ def read_prompt(prompt: str | None, prompt_file: str | None, tokenizer: Tokenize
             raise UserError(f"prompt file {prompt_file} not found") from None
         except UnicodeDecodeError:
             raise UserError(f"prompt file {prompt_file} is not UTF-8 text") from None
-    return prompt if prompt is not None else default_prompt(tokenizer)
+        except OSError as e:  # a folder, no permission
+            raise UserError(f"prompt file {prompt_file} cannot be read ({e.strerror or e})") from None
+    if prompt is None:
+        return default_prompt(tokenizer)
+    try:  # bytes that are not UTF-8 reach argv as lone surrogates, which no tokenizer can encode
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(
+            "the prompt is not valid UTF-8 text (the terminal or the script that passed it uses another "
+            "encoding); give it in UTF-8, or with --prompt-file"
+        ) from None
+    return prompt
 
 
 def default_prompt(tokenizer: Tokenizer) -> str:

@@ -37,6 +37,12 @@ class TextFile:
         """Fail early, before any progress bar, on a file that is missing or empty."""
         self._size()
 
+    def split_bytes(self, split: str) -> int:
+        """The split's size in bytes (about its characters)."""
+        size = self._size()
+        cut = self._split_offset(size)
+        return cut if split == "train" else size - cut
+
     def _size(self) -> int:
         if not os.path.isfile(self.path):
             raise UserError(f"text file {self.path} not found; check the path (--text-file)")

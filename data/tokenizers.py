@@ -14,6 +14,10 @@ are one vectorised sum: the denominator of bits per byte, which compares models 
   N give the same tokenizer byte for byte. Its metadata holds the whole tokenizer in the `tokenizers`
   library's own JSON format (`tokenizer_json`): what Hugging Face loads as a model's tokenizer.json.
 All kinds encode text as ordinary text: a literal "<|endoftext|>" in a document stays characters.
+Metadata read from a file (a dataset's meta.json, a checkpoint's tinygpt_tokenizer.json) is checked by
+`check_meta` before it is used: only what tinygpt writes is accepted (char, GPT-2's BPE, bpe:N), so a file
+never makes tiktoken download another encoding. Decoding skips ids past the vocabulary (a model's padded
+embedding has more rows than the tokenizer has tokens).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import numpy as np
 from common.errors import UserError
 
 BPE_ALIASES = {"gpt2": "r50k_base"}
+BPE_ENCODINGS = ("gpt2", "r50k_base")  # the tiktoken encodings tinygpt prepares data with
 EOT = "<|endoftext|>"
 PIECE_CHARS = 1 << 16  # tokenizers needs ~150 bytes per byte of a text it encodes: long texts go in pieces
 
@@ -115,7 +120,8 @@ class CharTokenizer:
         return [self.encode(t) for t in texts]  # numpy releases the GIL in the lookups and compares
 
     def decode(self, ids: Iterable[int]) -> str:
-        return "".join(self.chars[i] for i in ids)
+        n = self.vocab_size
+        return "".join(self.chars[i] for i in ids if i < n)
 
     def stream_decoder(self) -> Callable[[list[int]], str]:
         return self.decode
@@ -140,13 +146,10 @@ class BPETokenizer:
         import tiktoken
 
         self.name = name
+        if name not in BPE_ENCODINGS:
+            raise UserError(f"unknown tokenizer {name!r}: use char, gpt2, or bpe:N (train N tokens)")
         try:
             self._enc = tiktoken.get_encoding(BPE_ALIASES.get(name, name))
-        except ValueError:
-            raise UserError(
-                f"unknown tokenizer {name!r}: use char, bpe:N (train N tokens), gpt2, or a tiktoken "
-                f"encoding ({', '.join(tiktoken.list_encoding_names())})"
-            ) from None
         except Exception as e:  # the ranks file could not be downloaded
             raise UserError(
                 f"could not load the {name} vocabulary ({type(e).__name__}: {e}); tiktoken downloads "
@@ -165,7 +168,11 @@ class BPETokenizer:
         return [self.encode(t) for t in texts]  # tiktoken releases the GIL while it encodes
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self._enc.decode(list(ids))
+        return self._enc.decode(self._known(ids))
+
+    def _known(self, ids: Iterable[int]) -> list[int]:
+        n = self.vocab_size
+        return [i for i in ids if i < n]
 
     def token_bytes(self) -> list[bytes]:
         """The bytes each id stands for (none for an id no token has: some encodings have gaps)."""
@@ -185,7 +192,7 @@ class BPETokenizer:
         return lengths
 
     def stream_decoder(self) -> Callable[[list[int]], str]:
-        return utf8_stream(self._enc.decode_bytes)
+        return utf8_stream(lambda ids: self._enc.decode_bytes(self._known(ids)))
 
     def to_meta(self) -> dict:
         return {"kind": "bpe", "vocab_size": self.vocab_size, "encoding": self.name}
@@ -335,15 +342,48 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
     return "bpe", n
 
 
+def check_meta(meta) -> None:
+    """A ValueError saying what is wrong with tokenizer metadata read from a file, unless it is what
+    `to_meta` writes: char (distinct characters in order), GPT-2's BPE, or bpe:N (its tokenizers JSON)."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"the tokenizer is a {type(meta).__name__}, not an object")
+    kind, size = meta.get("kind"), meta.get("vocab_size")
+    if kind not in ("char", "bpe", "trained_bpe"):
+        raise ValueError(f"unknown tokenizer kind {kind!r} (expected char, bpe or trained_bpe)")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"the tokenizer's vocab_size is {size!r}, not a positive whole number")
+    if kind == "char":
+        chars = meta.get("chars")
+        if not isinstance(chars, list) or not all(isinstance(c, str) and len(c) == 1 for c in chars):
+            raise ValueError("the char tokenizer's chars are not a list of single characters")
+        if len(chars) != size:
+            raise ValueError(f"the char tokenizer has {len(chars)} characters, not vocab_size {size}")
+        if chars != sorted(set(chars)):
+            raise ValueError("the char tokenizer's characters are not each once, in order")
+    elif kind == "bpe" and meta.get("encoding") not in BPE_ENCODINGS:
+        raise ValueError(f"the BPE encoding {meta.get('encoding')!r} is not one tinygpt writes (gpt2)")
+    elif kind == "trained_bpe" and not isinstance(meta.get("tokenizer_json"), dict):
+        raise ValueError("the trained tokenizer has no tokenizer_json object")
+
+
 def from_meta(meta: dict) -> Tokenizer:
-    kind = meta.get("kind")
+    """The tokenizer that metadata describes (`check_meta` first: damage is one line)."""
+    try:
+        check_meta(meta)
+    except ValueError as e:
+        raise UserError(f"the tokenizer metadata is damaged: {e}") from None
+    kind = meta["kind"]
     if kind == "char":
         return CharTokenizer(meta["chars"])
-    if kind == "bpe":
-        return BPETokenizer(meta["encoding"])
-    if kind == "trained_bpe":
-        return TrainedBPE(json.dumps(meta["tokenizer_json"]))
-    raise UserError(f"unknown tokenizer kind {kind!r} in the metadata (expected char, bpe or trained_bpe)")
+    tokenizer = (
+        BPETokenizer(meta["encoding"]) if kind == "bpe" else TrainedBPE(json.dumps(meta["tokenizer_json"]))
+    )
+    if tokenizer.vocab_size != meta["vocab_size"]:
+        raise UserError(
+            f"the tokenizer metadata is damaged: it says {meta['vocab_size']} tokens, the {tokenizer.name} "
+            f"tokenizer has {tokenizer.vocab_size}"
+        )
+    return tokenizer
 
 
 def byte_lengths(token_bytes: list[bytes], eot_token: int) -> np.ndarray:
@@ -411,8 +451,8 @@ def tokenizer_from(path: Path | str, drop_unknown: bool = False) -> Tokenizer:
     meta = _tokenizer_meta_at(path)
     try:
         tokenizer = from_meta(meta)
-    except (KeyError, TypeError) as e:
-        raise UserError(f"--tokenizer-from {path}: the tokenizer metadata is damaged (no {e})") from None
+    except UserError as e:
+        raise UserError(f"--tokenizer-from {path}: {e}") from None
     if isinstance(tokenizer, CharTokenizer) and drop_unknown:
         tokenizer = CharTokenizer(tokenizer.chars, drop_unknown=True)
     return tokenizer

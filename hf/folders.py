@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from common.errors import UserError
+from common.files import save_tensors
 from data.tokenizers import METADATA_FILE
 from hf import convert, tokenizer_files
 from model import GPTConfig
@@ -134,7 +135,7 @@ def write_model(folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], 
         )
     eot = tokenizer_files.write_tokenizer(folder, tokenizer, cfg.block_size)
     config = convert.to_hf_config(cfg, eot)
-    save_file(convert.to_hf_weights(weights, cfg), str(folder / WEIGHTS), metadata={"format": "pt"})
+    save_tensors(convert.to_hf_weights(weights, cfg), folder / WEIGHTS, metadata={"format": "pt"})
     (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": eot, "eos_token_id": eot, "max_length": cfg.block_size}
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

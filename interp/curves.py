@@ -14,6 +14,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
+from common.files import atomic_file
+
 X_AXES = {
     "tokens": ("tokens", "tokens seen"),
     "time": ("elapsed_s", "training seconds"),
@@ -51,7 +53,8 @@ def plot_run(records: list[dict], path: Path, title: str = "") -> None:
     lr.tick_params(axis="y", colors="grey", labelsize=8)
     lr.set_ylim(bottom=0)
     fig.suptitle(title, fontsize=10)
-    fig.savefig(path)
+    with atomic_file(path) as tmp:  # whole, or not at all
+        fig.savefig(tmp)
 
 
 def plot_runs(runs: list[tuple[str, list[dict]]], metric: str, x: str, path: Path) -> None:
@@ -75,4 +78,5 @@ def plot_runs(runs: list[tuple[str, list[dict]]], metric: str, x: str, path: Pat
         ax.text(
             0.99, 0.01, "★ exact, over the whole val split", transform=ax.transAxes, ha="right", fontsize=8
         )
-    fig.savefig(path)
+    with atomic_file(path) as tmp:  # whole, or not at all
+        fig.savefig(tmp)

@@ -27,6 +27,7 @@ import matplotlib
 import torch
 from matplotlib.colors import to_hex
 
+from common.files import atomic_write
 from interp.plots import token_labels
 from interp.scores import ROLES, THRESHOLD, repeated_tokens, role_name
 from model import GPT
@@ -135,5 +136,5 @@ def write_page(
     path: Path, model: GPT, ids: list[int], tokenizer, scores: dict, title: str, seed: int = 0
 ) -> Path:
     """Write the explorer page for `ids` (the prompt) to `path`."""
-    path.write_text(render(page_data(model, ids, tokenizer, scores, title, seed)), encoding="utf-8")
+    atomic_write(path, render(page_data(model, ids, tokenizer, scores, title, seed)))
     return path

@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
+from common.files import atomic_file
 from interp.scores import ROLES, role_name, strongest
 
 MAX_LABELS = 48  # token labels on the axes of prompts up to this many tokens
@@ -64,7 +65,8 @@ def plot_layer(weights: np.ndarray, labels: Optional[list[str]], layer: int, pat
         ax.axis("off")
     fig.colorbar(image, ax=axes.tolist(), shrink=0.6, label="attention weight")
     fig.suptitle(f"layer {layer}: attention weights of each head (rows: queries, columns: keys)")
-    fig.savefig(path, dpi=110)
+    with atomic_file(path) as tmp:  # whole, or not at all
+        fig.savefig(tmp, dpi=110)
 
 
 def plot_head(weights: np.ndarray, labels: Optional[list[str]], layer: int, head: int, path: Path) -> None:
@@ -73,7 +75,8 @@ def plot_head(weights: np.ndarray, labels: Optional[list[str]], layer: int, head
     ax = fig.subplots()
     image = _draw_map(ax, weights, labels, f"layer {layer}, head {head}: attention weights", fontsize=8)
     fig.colorbar(image, ax=ax, shrink=0.8, label="attention weight")
-    fig.savefig(path, dpi=110)
+    with atomic_file(path) as tmp:  # whole, or not at all
+        fig.savefig(tmp, dpi=110)
 
 
 def plot_scores(scores: dict, path: Path) -> None:
@@ -107,7 +110,8 @@ def plot_scores(scores: dict, path: Path) -> None:
         "(second half)",
         fontsize=10,
     )
-    fig.savefig(path, dpi=110)
+    with atomic_file(path) as tmp:  # whole, or not at all
+        fig.savefig(tmp, dpi=110)
 
 
 def plot_training_curves(records: list[dict], path: Path) -> None:
@@ -137,4 +141,5 @@ def plot_training_curves(records: list[dict], path: Path) -> None:
     for ax in axes:
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.savefig(path, dpi=100)
+    with atomic_file(path) as tmp:  # whole, or not at all
+        fig.savefig(tmp, dpi=100)

@@ -9,8 +9,12 @@ torch.load(weights_only=True), which refuses anything else).
   best/ shares last/'s files by hard links (files are replaced, never modified in place).
 - One format for one process, DDP and FSDP: under FSDP every rank helps gather the full state and rank 0
   writes it, so a run saved on 8 GPUs resumes on 1 (torch.distributed.checkpoint's metadata is a pickle).
-- Reading: `find` gives a `Checkpoint`, whose files are read on demand; `load_pretrained` reads the weights a
-  run starts from or a script runs: a checkpoint, or a Hugging Face model folder or hub name (via hf/).
+- Reading: `find` gives a `Checkpoint`, whose files are read on demand, each checked before it is used
+  (runs/verify.py: the weights' shapes against the config before any model is built, every tensor of
+  state.pt against what it will be used for; config.yaml is data, never interpolated); `load_pretrained`
+  reads the weights a run starts from or a script runs: a checkpoint, or a Hugging Face model folder or hub
+  name (via hf/).
+- An out_dir has one writer: train.py holds OUT_DIR/.lock for its whole run (common/locks.py).
 """
 
 from __future__ import annotations
@@ -29,18 +33,20 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from common import locks
 from common.errors import UserError
-from data.tokenizers import METADATA_FILE
+from common.files import save_tensors, space_note, write_failed
+from data.tokenizers import METADATA_FILE, check_meta
 from hf import folders, tokenizer_files
 from model import GPT, GPTConfig
-from runs.config import Config, DataConfig, to_yaml
+from runs import verify
+from runs.config import Config, DataConfig, config_from_data, problems, to_yaml
 
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.yaml", METADATA_FILE, "state.pt"
+LOCK = ".lock"  # in an out_dir: held by the train.py that writes into it
 
 
 # --- writing ---
@@ -68,13 +74,34 @@ def _recover(out_dir: Path, name: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_not_links(out_dir: Path, names: tuple[str, ...]) -> None:
+    """Refuse checkpoint folders that are symbolic links: a swap renames the link, not what it points to."""
+    for name in names:
+        for path in (out_dir / name, out_dir / f".{name}.old"):
+            if path.is_symlink():
+                raise UserError(
+                    f"{path} is a symbolic link (to {os.readlink(path)}); checkpoints are replaced by "
+                    "renaming folders, which would move the link, not its target: put the folder itself "
+                    "there (or point train.out_dir at the place the link leads to)"
+                )
+
+
 @contextlib.contextmanager
 def atomic_folder(
-    out_dir: Path, name: str, what: str = "checkpoint", advice: str = "choose another train.out_dir"
+    out_dir: Path,
+    name: str,
+    what: str = "checkpoint",
+    advice: str = "choose another train.out_dir",
+    need: int | None = None,
 ) -> Iterator[Path]:
     """Yield an empty temporary folder's path; when the block ends, it becomes out_dir/name in one swap.
-    If the block fails, the temporary folder is deleted and out_dir/name is untouched."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    If the block fails, the temporary folder is deleted and out_dir/name is untouched; a write that fails
+    is one line with the space `need`ed (bytes, when known)."""
+    check_not_links(out_dir, (name,))
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_failed(out_dir, e, need, advice) from None
     _recover(out_dir, name)
     tmp = out_dir / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
     final, old = out_dir / name, out_dir / f".{name}.old"
@@ -91,7 +118,8 @@ def atomic_folder(
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(
-            f"could not write {what} {final} ({e.strerror or e}); the previous one is untouched. "
+            f"could not write {what} {final} ({e.strerror or e}){space_note(out_dir, need)}; the previous "
+            "one is untouched. "
             f"Free disk space or {advice}"
         ) from None
     except BaseException:
@@ -143,14 +171,55 @@ def write_checkpoint(
         train_state = {**train_state, "optimizer": optimizer_state(model, list(optimizers))}
     if not is_main:
         return out_dir / name
-    with atomic_folder(out_dir, name) as tmp:
+    with atomic_folder(out_dir, name, need=_tensor_bytes([weights, train_state])) as tmp:
         tmp.mkdir()
-        save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        save_tensors(weights, tmp / WEIGHTS, metadata={"format": "pt"})
         (tmp / CONFIG).write_text(to_yaml(cfg))
         (tmp / TOKENIZER).write_text(json.dumps(tokenizer_meta, indent=1))
         if train_state is not None:
-            torch.save(train_state, tmp / STATE)
+            _save_state(train_state, tmp / STATE)
     return out_dir / name
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """The bytes of the tensors in a nest of dicts, lists and tuples (what a checkpoint takes on disk)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(map(_tensor_bytes, obj.values()))
+    if isinstance(obj, (list, tuple)):
+        return sum(map(_tensor_bytes, obj))
+    return 0
+
+
+class _Recorded:
+    """A file for torch.save that keeps the OSError of a failed write: torch reports it only as a
+    RuntimeError ("unexpected pos ...") without the reason."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _save_state(state: dict, path: Path) -> None:
+    """torch.save(state, path), failing with the OSError of the write that failed."""
+    with open(path, "wb") as f:
+        recorded = _Recorded(f)
+        try:
+            torch.save(state, recorded)
+        except RuntimeError:
+            if recorded.error is None:
+                raise
+            raise recorded.error from None
 
 
 def copy_checkpoint(out_dir: Path | str, src: str, dst: str) -> Path:
@@ -169,8 +238,9 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
-    """Fail before training on an out_dir that cannot hold the checkpoints, or whose run would be lost;
-    with train.overwrite, delete the run it holds."""
+    """Fail before training on an out_dir that cannot hold the checkpoints, whose run would be lost, or that
+    another run writes into; with train.overwrite, delete the run it holds. Holds OUT_DIR/.lock from here to
+    the end of the process (the caller's run)."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / ".write-test"
@@ -181,6 +251,14 @@ def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
             f"train.out_dir {out_dir} is not writable ({e.strerror or e}); choose another "
             "train.out_dir or fix its permissions"
         ) from None
+    locks.hold(
+        out_dir / LOCK,
+        f"train.out_dir {out_dir}",
+        exclusive=True,
+        advice="another train.py writes into it: wait for it to end (or stop it), or choose another "
+        "train.out_dir",
+    )
+    check_not_links(out_dir, ("last", "best"))
     has_run = any((out_dir / n / WEIGHTS).is_file() for n in ("last", "best", ".last.old"))
     if has_run and not cfg.train.resume:
         if not cfg.train.overwrite:
@@ -215,6 +293,10 @@ class Checkpoint:
         return str(self.folder)
 
     def weights(self) -> dict[str, torch.Tensor]:
+        """The weights, their shapes checked against config.yaml's model (from the header) first."""
+        model = self.config().model
+        if (self.folder / WEIGHTS).is_file():
+            verify.check_weights_file(self.folder / WEIGHTS, model)
         return self._read(
             WEIGHTS,
             lambda path: load_file(str(path)),
@@ -224,23 +306,44 @@ class Checkpoint:
         )
 
     def config(self) -> Config:
-        def parse(path: Path) -> Config:
-            data = yaml.safe_load(path.read_text())
-            return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), data or {}))
+        """config.yaml as data: typed field by field, never interpolated, its values checked."""
 
-        return self._read(CONFIG, parse, (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError))
+        def parse(path: Path) -> Config:
+            cfg = config_from_data(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+            found = problems(cfg, setup=False)
+            if cfg.model.vocab_size is None:
+                found.insert(0, ("model.vocab_size", "is not set"))
+            if found:
+                raise ValueError(f"{found[0][0]} {found[0][1]}")
+            return cfg
+
+        return self._read(CONFIG, parse, (yaml.YAMLError, ValueError, TypeError))
 
     def tokenizer(self) -> dict:
-        return self._read(TOKENIZER, lambda path: json.loads(path.read_text()), (ValueError,))
+        def parse(path: Path) -> dict:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+            check_meta(meta)
+            return meta
+
+        return self._read(TOKENIZER, parse, (ValueError,))
 
     def train_state(self) -> dict[str, Any]:
-        """state.pt, never unpickling code: weights_only refuses it (UnpicklingError)."""
-        return self._read(
+        """state.pt, never unpickling code: weights_only refuses it (UnpicklingError). Its tensors are
+        checked where they are used (runs/verify.py)."""
+        state = self._read(
             STATE,
             lambda path: torch.load(path, map_location="cpu", weights_only=True),
             (Exception,),
             " or holds something other than tensors and numbers (refused to load it: {})",
         )
+        missing = [k for k in ("iter", "rng", "optimizer") if not isinstance(state, dict) or k not in state]
+        if missing:
+            what = f"has no {missing[0]}" if isinstance(state, dict) else f"holds a {type(state).__name__}"
+            raise UserError(
+                f"{self.folder / STATE} is damaged: it {what} (not state.pt as train.py writes it); use "
+                "another checkpoint"
+            )
+        return state
 
     def _read(self, name: str, parse, damage: tuple[type[Exception], ...], damaged: str = " ({})"):
         """parse(folder / name); a missing file, or one that fails with a `damage` exception, is one line."""
@@ -323,9 +426,10 @@ def load_optimizers(
     )
     if "optimizer" not in state:
         raise mismatch
+    checked = verify.safe_optimizer_state(state["optimizer"], model, optimizers, ckpt.folder / STATE)
     options = StateDictOptions(full_state_dict=True)
     try:
-        set_optimizer_state_dict(model, optimizers, state["optimizer"], options=options)
+        set_optimizer_state_dict(model, optimizers, checked, options=options)
     except (KeyError, ValueError, RuntimeError):
         raise mismatch from None
 
@@ -356,6 +460,12 @@ def load_pretrained(name: Path | str, hub: bool = False) -> Pretrained:
         path = folders.download(str(name))
     if folders.is_model_folder(path):
         model, weights, tokenizer, about = folders.read_model(path)
+        verify.check_weight_shapes({k: tuple(v.shape) for k, v in weights.items()}, model, path)
+        try:
+            if tokenizer is not None:
+                check_meta(tokenizer)
+        except ValueError as e:
+            raise UserError(f"{path / TOKENIZER} is damaged ({e})") from None
         return Pretrained(path, model, weights, tokenizer, about)
     try:
         ckpt = find(path)
@@ -381,6 +491,11 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[GP
             f"{source.where} uses a tokenizer tinygpt cannot run: {source.tokenizer_about}; tinygpt runs "
             "char, GPT-2 BPE and its own bpe:N models"
         )
+    if source.tokenizer["vocab_size"] > source.model.vocab_size:
+        raise UserError(
+            f"{source.where}: its tokenizer has {source.tokenizer['vocab_size']} tokens, more than the "
+            f"model's vocabulary of {source.model.vocab_size}; the checkpoint is inconsistent"
+        )
     cfg = source.config
     if cfg is None:
         dataset = "shakespeare_char" if source.tokenizer["kind"] == "char" else "shakespeare"
@@ -405,7 +520,8 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], where: Path | str = "state.pt") -> None:
+    verify.check_rng_state(state, where)
     torch.set_rng_state(state["torch"])
     kind, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))

@@ -4,11 +4,16 @@ The schema is a tree of dataclasses (OmegaConf structured configs): an unknown k
 type is caught when a file or override is merged in (defaults <- the `base:` chain <- the file <- overrides),
 and the error names the key, the closest valid one, and where it came from. `load_config` returns a
 `Request`; training/plan.py settles it into the final config that checkpoints keep as config.yaml.
+A checkpoint's config.yaml is data, not a config file: `config_from_data` builds it field by field from the
+parsed YAML, with the schema's types and no OmegaConf, so `${...}` in it stays text (OmegaConf would
+interpolate it, `${oc.env:HOME}` reading the environment).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import math
 import os
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -232,8 +237,31 @@ def parse_override(item: str) -> dict:
         raise ConfigError(f"override {item!r} cannot be parsed: {str(e).splitlines()[0]}") from None
 
 
-def problems(cfg: Config) -> list[tuple[str, str]]:
-    """(dotted key, message) for each impossible value."""
+SEEDS = 2**63  # seeds are 0 .. SEEDS - 1 (torch.manual_seed takes 64-bit integers)
+
+
+def seed_problem(seed: int) -> str | None:
+    return None if 0 <= seed < SEEDS else f"must be a whole number from 0 to 2**63 - 1, got {seed}"
+
+
+def _non_finite(section: Any, prefix: str) -> list[tuple[str, str]]:
+    """(dotted key, message) for every float that is nan or infinite: they pass any `v <= 0` check."""
+    out = []
+    for f in fields(section):
+        value = getattr(section, f.name)
+        if is_dataclass(value):
+            out += _non_finite(value, f"{prefix}{f.name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            out.append((f"{prefix}{f.name}", f"must be a finite number, got {value}"))
+    return out
+
+
+def problems(cfg: Config, setup: bool = True) -> list[tuple[str, str]]:
+    """(dotted key, message) for each impossible value; with `setup`, also for combinations that cannot
+    run here (`_setup_problems`)."""
+    out = _non_finite(cfg, "")
+    if out:
+        return out
     out = [(f"model.{k}", m) for k, m in cfg.model.problems()]
     t, o = cfg.train, cfg.optim
     positive = [
@@ -267,6 +295,8 @@ def problems(cfg: Config) -> list[tuple[str, str]]:
         out.append(("train.dist_timeout", f"must be a positive number of minutes, got {t.dist_timeout}"))
     if t.max_time is not None and t.max_time <= 0:
         out.append(("train.max_time", f"must be a positive number of seconds or null, got {t.max_time}"))
+    if seed_problem(t.seed):
+        out.append(("train.seed", seed_problem(t.seed)))
     for key in ("compile", "final_eval"):
         if str(getattr(t, key)).lower() not in ("auto", "true", "false"):
             out.append((f"train.{key}", f"must be auto, true or false, got {getattr(t, key)}"))
@@ -281,7 +311,9 @@ def problems(cfg: Config) -> list[tuple[str, str]]:
     ):
         if not 0.0 <= v < 1.0:
             out.append((k, f"must be in [0, 1), got {v}"))
-    return out + _setup_problems(cfg)
+    if not cfg.data.dataset or "/" in cfg.data.dataset:
+        out.append(("data.dataset", f"must be a dataset folder name, got {cfg.data.dataset!r}"))
+    return out + (_setup_problems(cfg) if setup else [])
 
 
 def _setup_problems(cfg: Config) -> list[tuple[str, str]]:
@@ -315,8 +347,6 @@ def _setup_problems(cfg: Config) -> list[tuple[str, str]]:
                 f"{msg}; use train.compile_mode=default, or one micro-step per process ({fix})",
             )
         )
-    if not cfg.data.dataset or "/" in cfg.data.dataset:
-        out.append(("data.dataset", f"must be a dataset folder name, got {cfg.data.dataset!r}"))
     return out
 
 
@@ -359,7 +389,44 @@ def shipped_configs() -> list[tuple[str, str]]:
 
 
 def to_yaml(cfg: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The config as YAML, plain: what --print-config shows and a checkpoint's config.yaml holds."""
+    return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
+
+
+def _field_value(kind: Any, value: Any, key: str) -> Any:
+    """`value` as the schema's type `kind` wants it (ints may stand for floats), else a ValueError."""
+    if is_dataclass(kind):
+        return config_from_data(value, kind, f"{key}.")
+    options = typing.get_args(kind)
+    if typing.get_origin(kind) is typing.Union:  # Optional[X]
+        return (
+            None
+            if value is None
+            else _field_value(next(o for o in options if o is not type(None)), value, key)
+        )
+    if typing.get_origin(kind) is Literal:
+        if value not in options:
+            raise ValueError(f"{key} is {value!r}, not one of {', '.join(map(str, options))}")
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is str and isinstance(value, (bool, int, float)):  # as OmegaConf reads `compile: true`
+        return str(value).lower() if isinstance(value, bool) else str(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{key} is {value!r}, not a {kind.__name__}")
+    return value
+
+
+def config_from_data(data: Any, schema: type = Config, prefix: str = "") -> Any:
+    """A config (or one of its sections) built from parsed YAML, typed by the schema, no interpolation;
+    an unknown key or a value of the wrong type is a ValueError naming the key."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{prefix[:-1] or 'the file'} holds a {type(data).__name__}, not a mapping")
+    hints = typing.get_type_hints(schema)
+    unknown = sorted(set(map(str, data)) - set(hints))
+    if unknown:
+        raise ValueError(f"unknown key {prefix}{unknown[0]}")
+    return schema(**{k: _field_value(hints[k], v, f"{prefix}{k}") for k, v in data.items()})
 
 
 def to_dict(cfg: Config) -> dict:

@@ -36,6 +36,14 @@ def run_script(
     return result
 
 
+def one_line_error(result: subprocess.CompletedProcess, message: str) -> None:
+    """The script failed as a person should see it: exit 2, one `error: ...` line holding `message`."""
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and message in lines[-1], result.stderr
+    assert result.stderr.count("error: ") == 1 and "Traceback" not in result.stderr
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
     """A data folder with shakespeare_char prepared (shared by the tests that train)."""

@@ -150,9 +150,9 @@ def test_document_masking_needs_a_dataset_with_documents():
     def dataset(tokenizer: dict, vocab_size: int) -> Dataset:
         return Dataset(Path("x"), Meta("x", tokenizer, vocab_size, "uint16", 1, 1))
 
-    char = dataset({"kind": "char", "chars": ["a", "b", "c"]}, 3)
+    char = dataset({"kind": "char", "vocab_size": 3, "chars": ["a", "b", "c"]}, 3)
     with pytest.raises(UserError, match=r"model.doc_mask=true needs documents separated by <\|endoftext\|>"):
         document_token(char)
-    assert document_token(dataset({"kind": "bpe", "encoding": "gpt2"}, 50257)) == 50256
+    assert document_token(dataset({"kind": "bpe", "vocab_size": 50257, "encoding": "gpt2"}, 50257)) == 50256
     with pytest.raises(ValueError, match=r"model\.doc_token: is not set, and doc_mask needs it"):
         GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=8, doc_mask=True))

@@ -82,6 +82,14 @@ def test_configs_are_found_by_name():
         ),
         (["model.n_layer=-2"], "model.n_layer: must be a positive integer, got -2"),
         (["optim.lr=-1"], "optim.lr: must be positive"),
+        # nan passes every `v <= 0`: each float must be finite
+        (["optim.lr=nan"], "optim.lr: must be a finite number, got nan"),
+        (["optim.eps=nan"], "optim.eps: must be a finite number, got nan"),
+        (["optim.muon_lr=nan"], "optim.muon_lr: must be a finite number, got nan"),
+        (["train.max_time=nan"], "train.max_time: must be a finite number, got nan"),
+        (["train.dist_timeout=nan"], "train.dist_timeout: must be a finite number, got nan"),
+        (["model.dropout=inf"], "model.dropout: must be a finite number, got inf"),
+        (["train.seed=1180591620717411303424"], "train.seed: must be a whole number from 0 to 2**63 - 1"),
         (["train.max_iters"], "override 'train.max_iters' must look like section.key=value"),
         (
             ["optim.name=muon", "train.parallel=fsdp"],

@@ -144,6 +144,7 @@ def test_char_tokenizer_names_unknown_characters():
         ),
         (None, ["--text-file", "x.txt", "--tokenizer", "nonsense"], "unknown tokenizer 'nonsense'"),
         (None, [], "'custom' is not a known dataset"),
+        (None, ["--text-file", "{f}", "--workers", "-1"], "--workers must be at least 1"),
     ],
 )
 def test_prepare_errors_are_one_line(tmp_path: Path, setup, args, message):
@@ -221,6 +222,9 @@ print(rss_mb() - before)
          '"train_tokens": 5, "val_tokens": 5}', "dtype uint16 cannot hold ids up to 69999"),
         ('{"name": "x", "tokenizer": {"kind": "char"}, "vocab_size": 65, "dtype": "float32", '
          '"train_tokens": 5, "val_tokens": 5}', "dtype must be one of uint16, uint32, not 'float32'"),
+        ('{"name": "x", "tokenizer": {"kind": "bpe", "vocab_size": 100277, "encoding": "cl100k_base"}, '
+         '"vocab_size": 100277, "dtype": "uint32", "train_tokens": 5, "val_tokens": 5}',
+         "the BPE encoding 'cl100k_base' is not one tinygpt writes"),
     ],
 )  # fmt: skip
 def test_a_damaged_meta_json_is_one_line(tmp_path: Path, content: str, message: str):

@@ -216,7 +216,8 @@ def test_slow_preparation_uneven_fsdp_evaluation_and_a_stopped_rank(data_dir: Pa
         launcher.wait(timeout=120)
     errors = [line for line in output.seen if line.startswith("error: ")]
     assert len(errors) == 1 and re.match(
-        r"error: rank 0 waited longer than train\.dist_timeout in \w+ \(called from \S+:\d+ in \w+\): "
+        r"error: rank 0 waited longer than train\.dist_timeout in (\w+|backward \(the gradient all-reduce\)) "
+        r"\(called from \S+:\d+ in \w+\): "
         r"another rank stopped, died or is stuck",
         errors[0],
     ), "".join(output.seen)
@@ -230,3 +231,36 @@ def test_slow_preparation_uneven_fsdp_evaluation_and_a_stopped_rank(data_dir: Pa
         abs(first["train_loss"] - reference["train"]) < 2e-5
         and abs(first["val_loss"] - reference["val"]) < 2e-5
     )
+
+
+STALL = """
+import datetime, os, sys, time
+sys.path.insert(0, {root!r})
+import torch, torch.distributed as dist
+from common.errors import run_cli
+from training.distributed import explain_hangs
+
+def main(argv):
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=2))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    if dist.get_rank() == 1:  # stalls before its backward: rank 0's gradient all-reduce waits for it
+        time.sleep(30)
+    model(torch.randn(2, 4)).sum().backward()
+
+run_cli(explain_hangs(main))
+"""
+
+
+def test_a_rank_stalled_in_backward_is_one_line(tmp_path: Path):
+    """DDP all-reduces gradients in autograd's hooks: the timeout surfaces in backward(), not in a
+    torch.distributed function, and must still be recognised."""
+    script = tmp_path / "stall.py"
+    script.write_text(STALL.format(root=str(ROOT)))
+    cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    result = run_script(*cmd, timeout=120)
+    said = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert said == [
+        "error: rank 0 waited longer than train.dist_timeout in backward (the gradient all-reduce): "
+        "another rank stopped, died or is stuck (see its output); raise train.dist_timeout if that rank is "
+        "only slow, or set TORCH_DISTRIBUTED_DEBUG=DETAIL to see more"
+    ], result.stderr

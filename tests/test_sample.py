@@ -72,6 +72,9 @@ def test_sample_cli_is_reproducible_and_streams_the_prompt(run: Path):
         (["--prompt", "a" * 33], "the prompt is 33 tokens, longer than the model's context of 32"),
         (["--prompt-file", "/no/such/file"], "prompt file /no/such/file not found"),
         (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+        (["--temperature", "nan"], "--temperature must be 0 (greedy) or positive, got nan"),
+        (["--seed", str(2**70)], "--seed must be a whole number from 0 to 2**63 - 1"),
+        (["--prompt-file", "docs"], "prompt file docs cannot be read (Is a directory)"),
         (
             ["--quantize", "int4"],
             "--quantize takes int8 (or leave it out for the checkpoint's precision), got int4",

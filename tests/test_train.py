@@ -64,7 +64,8 @@ def test_save_load_round_trip_in_process(tmp_path: Path):
     ).cfg
     torch.manual_seed(0)
     m = GPT(cfg.model)
-    checkpoint.write_checkpoint(tmp_path, "last", torch.compile(m), cfg, {"kind": "char", "chars": ["a"]})
+    chars = {"kind": "char", "vocab_size": 30, "chars": [chr(c) for c in range(ord("A"), ord("A") + 30)]}
+    checkpoint.write_checkpoint(tmp_path, "last", torch.compile(m), cfg, chars)
     loaded, *_ = checkpoint.load_model(tmp_path)
     x = torch.randint(0, 30, (2, 8))
     assert torch.equal(loaded(x)[0], m.eval()(x)[0])

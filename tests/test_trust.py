@@ -4,6 +4,7 @@ mismatched checkpoints, and one clear line for every bad input."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import pickle
 import random
@@ -15,17 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, run_script, train
+from conftest import ROOT, TINY, one_line_error, run_script, train
 
 from common.errors import UserError
 from runs import checkpoint
-
-
-def one_line_error(result: subprocess.CompletedProcess, message: str) -> None:
-    assert result.returncode == 2, (result.returncode, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert lines[-1].startswith("error: ") and message in lines[-1], result.stderr
-    assert result.stderr.count("error: ") == 1 and "Traceback" not in result.stderr
 
 
 def start(data_dir: Path, out: Path, *args: str) -> subprocess.Popen:
@@ -154,11 +148,13 @@ def test_disk_full_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_
         Path(path).write_bytes(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoint, "save_file", full_disk)
-    with pytest.raises(UserError, match=r"No space left on device.*the previous one is untouched"):
+    monkeypatch.setattr(checkpoint, "save_tensors", full_disk)
+    with pytest.raises(
+        UserError, match=r"No space left on device.*it needs about .*the previous one is untouched"
+    ):
         checkpoint.write_checkpoint(tmp_path, "last", model, cfg, tok, {"iter": 2})
     assert (tmp_path / "last" / "model.safetensors").read_bytes() == before
-    assert checkpoint.Checkpoint(tmp_path / "last").train_state()["iter"] == 1
+    assert torch.load(tmp_path / "last" / "state.pt", weights_only=True)["iter"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]  # no temporary folder left behind
 
 
@@ -224,7 +220,8 @@ def test_bad_training_input_is_one_line(data_dir: Path, tmp_path: Path, args, me
         empty.mkdir()
         (empty / "train.bin").write_bytes(b"")
         (empty / "val.bin").write_bytes(b"")
-        (empty / "meta.json").write_text((data_dir / "shakespeare_char" / "meta.json").read_text())
+        meta = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())
+        (empty / "meta.json").write_text(json.dumps({**meta, "train_tokens": 0, "val_tokens": 0}))
     result = train(data_dir, tmp_path / "out", *args, check=False)
     one_line_error(result, message)
     assert not (tmp_path / "out" / "last").exists()

@@ -1,5 +1,10 @@
 """What the training loop acts on besides the data: a request to stop (StopRequest), the training clock
 (Clock, paused during evals and checkpoints), and, under torchrun, every rank's agreement on both (Agreement).
+
+A stop is asked for by every signal that means "end now, or soon" and would otherwise kill the run without
+a checkpoint: Ctrl-C (SIGINT), SIGTERM (kill, and what SLURM sends at the time limit and on pre-emption),
+SIGHUP (the terminal or ssh session was closed), SIGQUIT (Ctrl-\\), SIGUSR1 and SIGUSR2 (what schedulers send
+ahead of the end when asked: SLURM's --signal, SGE's soft run-time limit) and SIGXCPU (a CPU-time limit).
 """
 
 from __future__ import annotations
@@ -13,14 +18,21 @@ import time
 from runs.runtime import Runtime
 from training import distributed
 
+STOP_SIGNALS = tuple(
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGXCPU")
+    if hasattr(signal, name)  # Windows has SIGINT and SIGTERM only
+)
+
 
 class StopRequest:
-    """SIGINT / SIGTERM: the first asks training to stop after the current step; a second exits at once."""
+    """A STOP_SIGNALS signal: the first asks training to stop after the current step; a second exits at
+    once."""
 
     def __init__(self, verbose: bool = True):
         self.signum = 0
         self.verbose = verbose
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):

@@ -131,13 +131,16 @@ def explain_hangs(main: Callable) -> Callable:
 
 def _timed_out_collective(e: RuntimeError) -> str | None:
     """For a collective's timeout, 'all_reduce (called from training/trainer.py:201 in evaluate)': the
-    collective (else the torch.distributed function entered) and the code of ours that led there."""
+    collective (else the torch.distributed function entered) and the code of ours that led there. DDP's
+    gradient all-reduce runs in autograd's hooks, so a rank stalled in backward times out in backward()."""
     frames = traceback.extract_tb(e.__traceback__)
-    entered = [i for i, f in enumerate(frames) if f"torch{os.sep}distributed{os.sep}" in f.filename]
+    torch_dirs = (f"torch{os.sep}distributed{os.sep}", f"torch{os.sep}autograd{os.sep}")
+    entered = [i for i, f in enumerate(frames) if any(d in f.filename for d in torch_dirs)]
     if "timed out" not in str(e).lower() or not entered:
         return None
     c10d = [frames[i].name for i in entered if frames[i].filename.endswith("distributed_c10d.py")]
-    name = c10d[-1] if c10d else frames[entered[0]].name
+    autograd = torch_dirs[1] in frames[entered[0]].filename
+    name = c10d[-1] if c10d else "backward (the gradient all-reduce)" if autograd else frames[entered[0]].name
     ours = [f for f in frames[: entered[0]] if _ours(f.filename) and f.filename != __file__]
     if not ours:
         return name

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from common.errors import UserError
 from data.evalsets import Choice, encode_choice
+from data.loader import split_tokens
 from data.tokenizers import Tokenizer, bits_per_byte, from_meta
 from runs.runtime import Runtime
 from training import distributed
@@ -129,7 +130,7 @@ def evaluate_tokens(
     block_size = model.config.block_size
     if isinstance(tokens, (str, Path)):  # a fresh map per batch, so resident pages do not pile up
         path = str(tokens)
-        n_tokens = Path(path).stat().st_size // np.dtype(dtype).itemsize
+        n_tokens = split_tokens(path, dtype)
         read = lambda: np.memmap(path, dtype=dtype, mode="r")  # noqa: E731
     else:
         n_tokens, read = len(tokens), lambda: tokens
@@ -148,6 +149,11 @@ def evaluate_tokens(
     for k in range(rank, math.ceil(len(batches) / world) * world, world):
         batch = batches[min(k, len(batches) - 1)]
         x, y = window_batch(read(), starts[batch], first[batch], block_size)
+        if max(x.max(initial=0), y.max(initial=0)) >= min(model.config.vocab_size, len(byte_lengths)):
+            raise UserError(
+                f"the tokens hold id {max(x.max(), y.max())}, past the vocabulary of the model or its "
+                f"tokenizer ({min(model.config.vocab_size, len(byte_lengths))}): not tokenized for this model"
+            )
         if k >= len(batches):  # no batch left for this rank: run one counting nothing, in step with the rest
             y[:] = -1
         x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)

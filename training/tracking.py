@@ -6,14 +6,20 @@
 - wandb is imported only when enabled, follows WANDB_MODE, and a resumed run continues the same wandb run.
 - Losses, gradient norms and finite flags stay on the device, read back every log.interval iterations (and
   before evals and stops), so the GPU never waits for the host in between.
+- metrics.jsonl stays valid JSON: a loss that is not finite is written as null. A resumed run repairs it
+  first: a last line torn by a crash is dropped, and so are the rows past the checkpoint it resumes from (a
+  kill after an eval's row, before its checkpoint). A row that cannot be appended (a full disk) is one
+  line, the file cut back to what it was; a picture that cannot be drawn is a warning, and training goes on.
 """
 
 from __future__ import annotations
 
 import configparser
 import json
+import math
 import netrc
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +29,7 @@ import torch
 from tqdm import tqdm
 
 from common.errors import UserError
+from common.files import append_line, atomic_write
 from runs.config import to_dict
 from training import distributed
 from training.trainer import Run
@@ -48,10 +55,15 @@ class Tracker:
             dynamic_ncols=True,
             unit="it",
         )
+        self.plot_failed = False
         if not self.main:
             return
         if not run.cfg.train.resume:
             self.metrics_path.unlink(missing_ok=True)
+        elif self.metrics_path.is_file() and (
+            repaired := repair_metrics(self.metrics_path, run.progress.iter)
+        ):
+            self.write(repaired, sys.stderr)
         log = run.cfg.log
         if log.wandb:
             import wandb
@@ -113,13 +125,13 @@ class Tracker:
         if self.wandb is not None:
             self.wandb.log(values, step=it)
 
-    def eval(self, record: dict[str, Any], final: bool = False) -> None:
-        """Record one eval: a metrics.jsonl line, wandb (scalars, and the sample in a table), loss.png."""
+    def eval(self, record: dict[str, Any]) -> None:
+        """Record one eval: a metrics.jsonl line, wandb (scalars, and the sample in a table)."""
         if not self.main:
             return
         self.last_record = record
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        line = json.dumps(json_safe(record), allow_nan=False) + "\n"
+        append_line(self.metrics_path, line, "free some space, then resume the run")
         scalars = {f"eval/{k}": v for k, v in record.items() if k != "iter" and isinstance(v, (int, float))}
         self.log(record["iter"], scalars)
         if "sample" in record and self.wandb is not None:
@@ -128,15 +140,16 @@ class Tracker:
             self.samples.append([record["iter"], record["sample"]])
             table = wandb.Table(columns=["iter", "sample"], data=self.samples)
             self.wandb.log({"samples": table}, step=record["iter"])
-        self.plot(final)
 
     def plot(self, final: bool = False) -> None:
         """Redraw OUT_DIR/loss.png, unless that would take drawing past PLOT_SHARE of the wall time so far
         (the last drawing's cost is the guess for the next; the first, which imports matplotlib, is guessed
         at a second). Always at the end, after the last step."""
         wall = time.perf_counter() - self.started
-        if not self.run.cfg.log.plot or (
-            not final and self.plot_seconds + (self.plot_cost or 1.0) > PLOT_SHARE * wall
+        if (
+            not self.main
+            or not self.run.cfg.log.plot
+            or (not final and self.plot_seconds + (self.plot_cost or 1.0) > PLOT_SHARE * wall)
         ):
             return
         records = read_metrics(self.metrics_path)
@@ -145,7 +158,12 @@ class Tracker:
         start = time.perf_counter()
         from interp.curves import plot_run  # matplotlib only once a run draws
 
-        plot_run(records, self.run.out_dir / "loss.png", title=str(self.run.out_dir))
+        try:
+            plot_run(records, self.run.out_dir / "loss.png", title=str(self.run.out_dir))
+        except UserError as e:  # a picture never stops training
+            if not self.plot_failed:
+                self.write(f"warning: {e} (training goes on without it)", sys.stderr)
+            self.plot_failed = True
         self.plot_cost = time.perf_counter() - start
         self.plot_seconds += self.plot_cost
 
@@ -181,6 +199,51 @@ def check_wandb_login() -> None:
         )
 
 
+def json_safe(value: Any) -> Any:
+    """value with every float that is not finite (a diverged loss) as None: JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def _rows(metrics_path: Path) -> list[tuple[str, dict | None]]:
+    """(line, its record, or None where it is not a JSON object) for each line of metrics.jsonl."""
+    rows = []
+    for line in Path(metrics_path).read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.strip():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            rows.append((line, record if isinstance(record, dict) else None))
+    return rows
+
+
 def read_metrics(metrics_path: Path) -> list[dict]:
-    """The records of OUT_DIR/metrics.jsonl, one per eval."""
-    return [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
+    """The records of OUT_DIR/metrics.jsonl, one per eval; a torn line (a crash while it was written, or a
+    run writing it now) is left out."""
+    return [record for _, record in _rows(metrics_path) if record is not None]
+
+
+def repair_metrics(metrics_path: Path, upto: int) -> str:
+    """Rewrite metrics.jsonl without torn lines and without the rows past iteration `upto` (the checkpoint
+    a run resumes from); '' when it is whole, else a line saying what was dropped."""
+    rows = _rows(metrics_path)
+    kept = [
+        line
+        for line, r in rows
+        if r is not None and not (isinstance(r.get("iter"), int) and r["iter"] > upto)
+    ]
+    torn = sum(r is None for _, r in rows)
+    if len(kept) == len(rows) and Path(metrics_path).read_text(errors="replace").endswith("\n"):
+        return ""
+    atomic_write(metrics_path, "".join(line + "\n" for line in kept), "free some space, then resume the run")
+    past = len(rows) - len(kept) - torn
+    return (
+        f"repaired {metrics_path}: dropped {torn} torn line(s) and {past} row(s) past iteration {upto}, the "
+        "checkpoint this run resumes from"
+    )

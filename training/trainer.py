@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from common.errors import UserError
 from data.dataset import SPLITS, Dataset
 from data.loader import TokenWindows
 from data.tokenizers import bits_per_byte
 from model import GPT
-from runs import checkpoint
+from runs import checkpoint, verify
 from runs.checkpoint import Checkpoint
 from runs.config import Config
 from runs.runtime import Runtime, compile_enabled
@@ -42,9 +44,24 @@ class Progress:
     wandb_id: str | None = None
 
     @classmethod
-    def from_state(cls, state: dict) -> Progress:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in state.items() if k in known})
+    def from_state(cls, state: dict, where: Path | str = "state.pt") -> Progress:
+        """The progress a checkpoint's state.pt records, each number of its field's type (not nan)."""
+        out = {}
+        for name, kind in typing.get_type_hints(cls).items():
+            if name not in state:
+                continue
+            value = state[name]
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if kind is int:
+                fits = number and isinstance(value, int) and value >= -1
+            elif kind is float:
+                fits = number and not math.isnan(value)
+            else:  # wandb_id
+                fits = value is None or isinstance(value, str)
+            if not fits:
+                raise UserError(f"{where} is damaged: its {name} is {value!r}; use another checkpoint")
+            out[name] = float(value) if kind is float else value
+        return cls(**out)
 
 
 @dataclass
@@ -76,12 +93,15 @@ class Run:
 def start_run(plan: Plan) -> Run:
     """Everything a run needs, built from its plan (see the module docstring)."""
     cfg, rt, t = plan.cfg, plan.rt, plan.cfg.train
+    weights, where = None, None  # read (their shapes checked) before any model is built
+    if plan.resume is not None:
+        weights, where = plan.resume.weights(), plan.resume.folder
+    elif plan.pretrained is not None:
+        weights, where = plan.pretrained.weights_for(cfg.model), plan.pretrained.where
     torch.manual_seed(t.seed)
     model = GPT(cfg.model).to(rt.device)
-    if plan.resume is not None:  # whole weights, before FSDP shards them
-        checkpoint.load_into(model, plan.resume.weights(), plan.resume.folder)
-    elif plan.pretrained is not None:
-        checkpoint.load_into(model, plan.pretrained.weights_for(cfg.model), plan.pretrained.where)
+    if weights is not None:  # whole weights, before FSDP shards them
+        checkpoint.load_into(model, weights, where)
     forward = distributed.wrap(model, cfg, rt)
     optimizers = make_optimizers(model, cfg.optim, rt.device)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.precision == "fp16")
@@ -98,12 +118,13 @@ def start_run(plan: Plan) -> Run:
 
 def _restore(run: Run, ckpt: Checkpoint) -> None:
     """Optimizer and scaler state, progress and random generators of checkpoint `ckpt`."""
-    state = ckpt.train_state()
+    state, where = ckpt.train_state(), ckpt.folder / checkpoint.STATE
     checkpoint.load_optimizers(run.model, run.optimizers, state, ckpt)
-    if state.get("scaler"):
+    if state.get("scaler") and run.scaler.is_enabled():
+        verify.check_scaler_state(state["scaler"], where)
         run.scaler.load_state_dict(state["scaler"])
-    run.progress = Progress.from_state(state)
-    checkpoint.set_rng_state(state["rng"])
+    run.progress = Progress.from_state(state, where)
+    checkpoint.set_rng_state(state["rng"], where)
 
 
 def save_checkpoint(run: Run, improved: bool) -> Path:

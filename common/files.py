@@ -1,0 +1,120 @@
+"""Files written whole or not at all, and one line when the disk says no.
+
+`atomic_file(path)` yields a temporary path beside `path` (unique to the process and the call, so two
+writers never share one) for any writer to fill (savefig, numpy's tofile, safetensors), and renames it over
+`path` when the block ends; `atomic_write` does that for text or bytes. A write that fails (a full disk,
+a read-only folder, a file-size limit) deletes the temporary file, leaves `path` as it was, and raises
+`write_failed`'s UserError: the path, the reason, and the space it needs against the space free there.
+`append_line` appends a line whole or cuts the file back. `save_tensors` writes a safetensors file whose
+failures are OSErrors like any other write's (safetensors raises its own error type, with the errno only in
+its text).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from common.errors import UserError
+
+
+def size_text(n: float) -> str:
+    """A byte count for people: 512 B, 3.1 MB, 1.2 GB."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def free_space(path: Path | str) -> int | None:
+    """Bytes free on the filesystem holding `path` (or its nearest existing parent); None if unknown."""
+    path = Path(path).absolute()
+    for folder in (path, *path.parents):
+        if folder.exists():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
+
+
+def space_note(path: Path | str, need: int | None = None) -> str:
+    """'; it needs about 3.1 MB and 1.2 MB are free there' (the parts that are known; '' when none is)."""
+    free = free_space(path)
+    parts = [f"it needs about {size_text(need)}"] if need else []
+    parts += [f"{size_text(free)} are free there"] if free is not None else []
+    return f"; {' and '.join(parts)}" if parts else ""
+
+
+def write_failed(path: Path | str, error: OSError, need: int | None = None, advice: str = "") -> UserError:
+    """The one line for a write to `path` that failed: why, and the space needed against the space free."""
+    reason = error.strerror or str(error) or type(error).__name__
+    fix = advice or "free some space or fix the folder's permissions, then run the command again"
+    return UserError(
+        f"could not write {path} ({reason}){space_note(path, need)}; nothing was written half: {fix}"
+    )
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(f".{path.stem}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}{path.suffix}")
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path | str, need: int | None = None, advice: str = "") -> Iterator[Path]:
+    """Yield a temporary path beside `path`; when the block ends, it replaces `path` in one rename. A block
+    that fails leaves `path` untouched and no temporary file; an OSError becomes `write_failed`'s line."""
+    path = Path(path)
+    tmp = _temporary(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise write_failed(path, e, need, advice) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def atomic_write(path: Path | str, data: str | bytes, advice: str = "") -> None:
+    """Write text (UTF-8) or bytes to `path` whole, or not at all (`atomic_file`)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    with atomic_file(path, len(raw), advice) as tmp:
+        tmp.write_bytes(raw)
+
+
+def append_line(path: Path | str, line: str, advice: str = "") -> None:
+    """Append one line to a text file whole: a write that fails cuts the file back to what it was (an
+    append cannot go to a temporary file) and is `write_failed`'s line."""
+    path = Path(path)
+    size = path.stat().st_size if path.is_file() else 0
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.truncate(path, size)
+        raise write_failed(path, e, len(line.encode()), advice) from None
+
+
+def save_tensors(tensors: dict, path: Path | str, metadata: dict | None = None) -> None:
+    """safetensors' save_file, failing with an OSError (errno and reason) where safetensors fails."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as e:  # "... I/O error: No space left on device (os error 28)"
+        found = re.search(r"os error (\d+)", str(e))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
