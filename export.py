@@ -1,6 +1,7 @@
 """Export a checkpoint as a Hugging Face model folder, which transformers loads with no custom code.
 
     python export.py CHECKPOINT DEST [--overwrite]
+    python export.py LORA_CHECKPOINT DEST --adapter     # a PEFT adapter folder instead
 
 CHECKPOINT is a training run's folder (its best checkpoint is used, else its last) or one checkpoint folder.
 DEST receives config.json (model_type gpt2 for learned positions, llama for rotary ones), model.safetensors,
@@ -10,6 +11,11 @@ and merges.txt), giving our ids on any text, and tinygpt_tokenizer.json, so tiny
 
     AutoModelForCausalLM.from_pretrained(DEST), AutoTokenizer.from_pretrained(DEST)
     pipeline("text-generation", model=DEST)
+
+A LoRA run's checkpoint (model/lora.py) exports with its adapters merged into its base's weights: one whole
+model. With --adapter, DEST gets the adapters alone as PEFT writes them (adapter_config.json,
+adapter_model.safetensors), which `PeftModel.from_pretrained(base, DEST)` loads onto the base exported as
+it was (the Hugging Face folder it came from, or `python export.py BASE BASE_DEST`).
 
 A model option with no exact equivalent in transformers' GPT-2 or Llama (QK-norm, ReLU^2, a sliding window,
 logit soft-capping, attention only) is refused, naming it. A non-empty DEST is refused unless --overwrite;
@@ -31,6 +37,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("checkpoint", help="a training run's out_dir, or one checkpoint folder in it")
     p.add_argument("dest", help="the folder to write (a Hugging Face model folder)")
     p.add_argument("--overwrite", action="store_true", help="replace DEST if it is not empty")
+    p.add_argument(
+        "--adapter", action="store_true", help="a LoRA checkpoint's adapters alone, as a PEFT adapter folder"
+    )
     return p.parse_args(argv)
 
 
@@ -45,18 +54,42 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     dest = Path(args.dest)
     check_dest(dest, args.overwrite)
-    source = checkpoint.load_pretrained(args.checkpoint)
+    source = checkpoint.load_pretrained(args.checkpoint, merge=not args.adapter)
+    if args.adapter:
+        return export_adapter(source, dest)
     if source.tokenizer is None:
         raise UserError(f"{source.where} has a tokenizer tinygpt cannot export: {source.tokenizer_about}")
     advice = "choose another DEST"
     with checkpoint.atomic_folder(dest.resolve().parent, dest.name, what="the export", advice=advice) as tmp:
         tmp.mkdir()
         architecture = folders.write_model(tmp, source.model, source.weights, source.tokenizer)
-    m = source.model
+    m, lora = source.model, source.config.lora if source.config else None
+    merged = f"; LoRA adapters merged into the weights of {source.config.train.init_from}" if lora else ""
     print(
         f"exported {source.where} to {dest}: {architecture}, {m.n_layer} layers, {m.n_head} heads, n_embd "
-        f"{m.n_embd}, context {m.block_size}, tokenizer {source.tokenizer_about}\n"
+        f"{m.n_embd}, context {m.block_size}, tokenizer {source.tokenizer_about}{merged}\n"
         f'load it with transformers.AutoModelForCausalLM.from_pretrained("{dest}") and AutoTokenizer'
+    )
+    return 0
+
+
+def export_adapter(source: checkpoint.Pretrained, dest: Path) -> int:
+    """--adapter: the LoRA adapters of `source` (read with merge=False) as a PEFT adapter folder."""
+    if source.adapters is None:
+        raise UserError(
+            f"{source.where} is not a LoRA checkpoint (it holds whole weights): --adapter writes the "
+            "adapters of a run trained with a lora section; export it without --adapter"
+        )
+    base, advice = source.config.train.init_from, "choose another DEST"
+    with checkpoint.atomic_folder(dest.resolve().parent, dest.name, what="the export", advice=advice) as tmp:
+        tmp.mkdir()
+        targets = folders.write_adapter(tmp, source.model, source.config.lora, source.adapters, base)
+    print(
+        f"exported the LoRA adapters of {source.where} to {dest}: rank {source.config.lora.rank} on "
+        f"{', '.join(targets)}, for the base {base}\n"
+        "load them onto the base as transformers has it: peft.PeftModel.from_pretrained(AutoModelForCausalLM"
+        f'.from_pretrained(BASE), "{dest}"), BASE its Hugging Face folder (a run of ours: python export.py '
+        f"{base} BASE)"
     )
     return 0
 

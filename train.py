@@ -145,8 +145,9 @@ options:
 def check_and_describe(run: Run) -> None:
     """Check the out_dir before training (rank 0, the others wait) and the sample prompt; describe the run."""
     cfg, rt, model = run.cfg, run.rt, run.model
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if rt.is_main:
-        checkpoint.check_out_dir(run.out_dir, cfg, model.num_params(non_embedding=False))
+        checkpoint.check_out_dir(run.out_dir, cfg, trained)
     distributed.barrier(rt)
     if cfg.log.sample_every:  # a prompt the vocabulary cannot encode stops here, not at the first sample
         sample_prompt(run)
@@ -166,6 +167,13 @@ def check_and_describe(run: Run) -> None:
     )
     if cfg.train.init_from and not cfg.train.resume:
         print(f"starting from the weights of {cfg.train.init_from} (fresh optimizer, iteration 0)")
+    if cfg.lora is not None:
+        total, lc = model.num_params(non_embedding=False), cfg.lora
+        print(
+            f"LoRA: rank {lc.rank}, alpha {lc.alpha:g} on {', '.join(lc.targets)}: {trained / 1e6:.3f}M "
+            f"parameters train ({100 * trained / total:.2f}% of {total / 1e6:.2f}M); the base is frozen, "
+            "checkpoints hold the adapters alone"
+        )
 
 
 def run_eval(run: Run, log: Tracker, last: bool) -> tuple[dict, bool]:

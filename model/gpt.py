@@ -241,11 +241,16 @@ class GPT(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward) as nanoGPT and PaLM (appendix B) count them:
-        6 per weight used in a matrix product, plus 12 * n_layer * n_embd * (attended span) for
-        Q K^T and weights @ V (the span limited by the window; causal masking not discounted)."""
+        6 per weight used in a matrix product (4 for a frozen one, which gets no gradient: LoRA's base), plus
+        12 * n_layer * n_embd * (attended span) for Q K^T and weights @ V (the span limited by the window;
+        causal masking not discounted)."""
         cfg = self.config
         span = min(seq_len, cfg.window) if cfg.window else seq_len
-        return 6 * self.num_params(non_embedding=True) + 12 * cfg.n_layer * cfg.n_embd * span
+        lookups = {id(self.pos_emb.weight) if self.pos_emb is not None else None}
+        if not cfg.tie_embeddings:
+            lookups.add(id(self.token_emb.weight))
+        frozen = sum(p.numel() for p in self.parameters() if not p.requires_grad and id(p) not in lookups)
+        return 6 * self.num_params(non_embedding=True) - 2 * frozen + 12 * cfg.n_layer * cfg.n_embd * span
 
     def _positions(self, idx: torch.Tensor, input_pos: Optional[torch.Tensor]) -> torch.Tensor:
         T, block_size = idx.size(1), self.config.block_size
