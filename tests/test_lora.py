@@ -333,3 +333,13 @@ def test_bad_lora_settings_and_a_moved_or_changed_base_are_one_line(
     one_line_error(capsys, export_script.main, [str(tmp_path / "out"), str(tmp_path / "x")], changed)
     resume = lora(copy, "train.max_iters=5", "train.resume=true")
     one_line_error(capsys, train_script.main, resume, changed)
+
+
+def test_the_dry_run_of_a_lora_finetune_counts_the_base_and_the_adapters(bases, hamlet: Path, config, capsys):
+    args = lora_args(config, bases["gpt2"], hamlet, "unused", "model.block_size=16", "train.max_iters=10")
+    assert train_script.main([*args, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "2 layers x 32, 2 heads, context 16, vocabulary 65" in out  # the base's shape, block_size lowered
+    n = 2 * (8 * (32 + 96) + 8 * (32 + 32))  # A and B of rank 8 on W_QKV (32 -> 96) and W_O, in 2 layers
+    assert f"lora        rank 8 on W_QKV, W_O: {n / 1e6:,.3f}M parameters train" in out
+    assert f"checkpoint  {n * 12 / 2**20:,.1f} MB on disk" in out and "speed" in out

@@ -363,17 +363,18 @@ def dry_run(request: Request) -> str:
     elif (_available_bytes(device) or float("inf")) < mem.peak:
         why_not = "the predicted memory does not fit in what is free here"
     else:
-        timing = _time(cfg)
+        timing = _time(cfg, request.origins)
     lines += _token_lines(cfg, meta, timing, params)
     lines += _memory_lines(cfg, mem, params, present)
     lines += _time_lines(cfg, meta, params, timing, why_not, device, precision)
     return "\n".join(lines)
 
 
-def _time(cfg: Config) -> Timing:
-    """Real steps of this config on this machine, one micro-batch each (grad_accum 1), nothing saved."""
+def _time(cfg: Config, origins: dict[str, str]) -> Timing:
+    """Real steps of this config on this machine, one micro-batch each (grad_accum 1), nothing saved. The
+    `origins` of its keys keep a lowered block_size and a dropout where train.init_from's model has others."""
     train = dataclasses.replace(cfg.train, grad_accum=1, resume=False, save=False)
-    run = start_run(plan_run(Request(dataclasses.replace(cfg, train=train))))
+    run = start_run(plan_run(Request(dataclasses.replace(cfg, train=train), origins)))
     return time_steps(run)
 
 
