@@ -127,8 +127,9 @@ Train a GPT on a dataset, writing checkpoints and metrics to train.out_dir.
 CONFIG is a YAML file, or the name of one shipped in {CONFIG_DIR.name}/ (default: shakespeare_char):
 {configs}
 
-A config has the sections model, data, train, optim and log. Every key, its type and its default is
-documented in runs/config.py (model keys in model/config.py); --print-config shows them resolved.
+A config has the sections model, data, train, optim and log (and lora, for LoRA fine-tuning). Every key,
+its type and its default is documented in runs/config.py (model keys in model/config.py, lora keys in
+model/lora.py); --print-config shows them resolved.
 Any key can be overridden as section.key=value (YAML syntax):
 
   python train.py shakespeare_char model.n_layer=6 optim.lr=1e-3 train.max_iters=5e3

@@ -143,10 +143,14 @@ def test_the_layer_is_the_low_rank_update_it_stands_for():
     model = GPT(cfg).eval()
     idx = torch.randint(0, 11, (2, 8))
     base_logits, base_weights = model(idx)[0], {k: v.clone() for k, v in model.state_dict().items()}
+    n_base = model.num_params()
     lc = LoRAConfig(rank=2, alpha=3.0, targets=list(TARGETS))
     add_lora(model, lc)
     assert torch.equal(model(idx)[0], base_logits)  # B starts at zero: the base exactly
     trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    n_adapters = sum(p.numel() for n, p in model.named_parameters() if n in trained)
+    attention = 12 * 2 * 16 * 8  # 12 x layers x n_embd x context
+    assert model.flops_per_token(8) == 4 * n_base + 6 * n_adapters + attention  # frozen: no weight gradient
     assert trained == {
         f"blocks.{i}.{owner}.{t}.lora_{ab}" for i in range(2) for t, owner in TARGETS.items() for ab in "AB"
     }
