@@ -1,6 +1,8 @@
-"""See what the attention heads learned: attention maps on a prompt, and a role score for every head.
+"""See what the attention heads learned: attention maps on a prompt, a role score for every head, and the
+interventions that test what a head does: ablation, activation patching, the logit lens and attribution.
 
     python heads.py OUT_DIR [--prompt TEXT | --prompt-file PATH] [--layer L --head H] [--html] [--out DIR]
+                    [--ablate [zero|mean]] [--patch CLEAN CORRUPTED] [--lens]
                     [--sequences N] [--windows N] [--seed S] [--data-dir DIR] [--device D]
 
 OUT_DIR is a training run's folder (its best checkpoint is used, else its last), a checkpoint folder, or a
@@ -15,6 +17,17 @@ pictures and scores go to the run's heads/ folder (or --out):
                              a repeated random sequence in a browser (interp/explorer.py)
 and the role tables are printed. The scores are defined in interp/scores.py; the real-text ones use the
 validation split of the dataset the model was trained on. Without a prompt, the start of that split is used.
+
+--ablate, --patch and --lens run their analysis instead of the maps and role scores (with --html, the page
+is written too, with the role scores and what the analyses found):
+    head_ablation.json, .png   --ablate: every head removed alone (zero: its output set to 0; mean: to its
+                               mean on reference windows), the change of val loss, of the [R, R] losses and
+                               of the ICL score (interp/ablation.py); --windows/--sequences set its inputs
+    patching.json, .png        --patch CLEAN CORRUPTED: two prompts of the same length; how much of the
+                               clean prediction each head's and each layer's output restores, patched into
+                               the corrupted run, per head and per layer and position (interp/patching.py)
+    lens.json, .png            --lens: the prompt's logit lens (each layer's prediction) and each head's
+                               direct attribution to the true next token (interp/lens.py)
 """
 
 from __future__ import annotations
@@ -32,8 +45,20 @@ from data.loader import TokenWindows
 from data.prepare import DATA_DIR, trained_dataset
 from data.prompts import checkpoint_and_prompt_parser, encode_prompt, read_prompt
 from data.tokenizers import from_meta
+from interp.ablation import KINDS, ablate_heads, format_ablation
 from interp.explorer import write_page
-from interp.plots import MAX_LABELS, plot_head, plot_layer, plot_scores, token_labels
+from interp.lens import direct_attribution, format_lens, head_attributions, logit_lens
+from interp.patching import format_patching, patch
+from interp.plots import (
+    MAX_LABELS,
+    plot_ablation,
+    plot_head,
+    plot_layer,
+    plot_lens,
+    plot_patching,
+    plot_scores,
+    token_labels,
+)
 from interp.scores import ROLES, THRESHOLD, role_name, score_heads
 from training import checkpoint
 from training.runtime import pick_device
@@ -56,16 +81,36 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="also write attention.html, a page to explore every head on the prompt in a browser",
     )
     p.add_argument(
+        "--ablate",
+        nargs="?",
+        const="zero",
+        choices=KINDS,
+        help="remove each head (zero, the default, or mean) and measure what changes",
+    )
+    p.add_argument(
+        "--patch",
+        nargs=2,
+        metavar=("CLEAN", "CORRUPTED"),
+        help="two prompts of the same length: patch each head and layer from the clean run into the other",
+    )
+    p.add_argument(
+        "--lens",
+        action="store_true",
+        help="the prompt's logit lens and each head's direct attribution to the true next token",
+    )
+    p.add_argument(
         "--sequences",
         type=int,
-        default=16,
-        help="[R, R] sequences for the duplicate and induction scores (default: %(default)s)",
+        default=None,
+        help="[R, R] sequences for the duplicate and induction scores (default: 16) and --ablate "
+        "(default: about 512 tokens' worth, at least 4)",
     )
     p.add_argument(
         "--windows",
         type=int,
         default=None,
-        help="validation windows for the real-text scores (default: 8k tokens' worth, at least 16)",
+        help="validation windows for the real-text scores (default: 8k tokens' worth, at least 16) and "
+        "--ablate (default: about 1k tokens' worth, at least 4)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random sequences (default: %(default)s)")
     p.add_argument("--data-dir", help="where the training dataset is prepared (default: the run's data.dir)")
@@ -73,7 +118,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def analyses(args: argparse.Namespace) -> bool:
+    """Whether an analysis (--ablate, --patch, --lens) runs instead of the maps and role scores."""
+    return bool(args.ablate or args.patch or args.lens)
+
+
 def check_args(args: argparse.Namespace, n_layer: int, n_head: int) -> None:
+    if args.layer is not None and analyses(args):
+        raise UserError(
+            "--layer/--head draw a head's map, which --ablate, --patch and --lens skip; run them separately"
+        )
     if (args.layer is None) != (args.head is None):
         raise UserError(
             "give --layer and --head together to draw one head enlarged (e.g. --layer 1 --head 0)"
@@ -144,6 +198,77 @@ def draw_maps(model, ids: list[int], tokenizer, args: argparse.Namespace, out: P
     return written
 
 
+def write_json(path: Path, ckpt: Path, data: dict) -> Path:
+    path.write_text(json.dumps({"checkpoint": str(ckpt), **data}, indent=1))
+    return path
+
+
+def role_scores(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt: Path):
+    """score_heads at the command's sizes: printed, written as JSON and a picture."""
+    sequences = args.sequences or 16
+    scores = score_heads(model, val, args.seed, sequences=sequences, windows=args.windows)
+    print(format_tables(scores))
+    plot_scores(scores, out / "head_scores.png")
+    return scores, [write_json(out / "head_scores.json", ckpt, scores), out / "head_scores.png"]
+
+
+def ablation(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt: Path):
+    """--ablate: every head removed alone, printed, written as JSON and a picture."""
+    result = ablate_heads(model, val, args.ablate, args.seed, windows=args.windows, sequences=args.sequences)
+    print(format_ablation(result))
+    plot_ablation(result, out / "head_ablation.png")
+    return result, [write_json(out / "head_ablation.json", ckpt, result), out / "head_ablation.png"]
+
+
+def patching(model, tokenizer, args: argparse.Namespace, out: Path, ckpt: Path) -> list[Path]:
+    """--patch CLEAN CORRUPTED: the two prompts patched, printed, written as JSON and a picture."""
+    block_size = model.config.block_size
+    clean, corrupted = (encode_prompt(text, tokenizer, block_size) for text in args.patch)
+    if len(clean) != len(corrupted):
+        raise UserError(
+            f"--patch needs two prompts of the same length: the clean one has {len(clean)} tokens, the "
+            f"corrupted one {len(corrupted)}; swap a word for one of the same length"
+        )
+    try:
+        result = patch(model, clean, corrupted)
+    except ValueError:
+        raise UserError(
+            "--patch: both prompts make the same token the most likely next; give a corrupted prompt that "
+            "changes the prediction"
+        ) from None
+    labels = token_labels(corrupted, tokenizer)
+    answers = tuple(token_labels([result[k]], tokenizer)[0] for k in ("answer", "alternative"))
+    print(format_patching(result, labels, answers))
+    plot_patching(result, labels, out / "patching.png")
+    data = {"clean": clean, "corrupted": corrupted, **result}
+    return [write_json(out / "patching.json", ckpt, data), out / "patching.png"]
+
+
+def lens(model, ids: list[int], tokenizer, out: Path, ckpt: Path) -> list[Path]:
+    """--lens: the prompt's logit lens and direct attribution, printed, written as JSON and a picture."""
+    if len(ids) < 2:
+        raise UserError("--lens needs a prompt of at least 2 tokens (each position is scored on the next)")
+    mc = model.config
+    found, attribution = logit_lens(model, ids), direct_attribution(model, ids)
+    heads = head_attributions(attribution, mc.n_layer, mc.n_head).mean(axis=0)
+    labels = token_labels(ids, tokenizer)
+    print(format_lens(found, heads, labels, lambda i: token_labels([i], tokenizer)[0]))
+    plot_lens(found, heads, labels, out / "lens.png")
+    data = {"ids": ids, "lens": found, "attribution": attribution}
+    return [write_json(out / "lens.json", ckpt, data), out / "lens.png"]
+
+
+def output_folder(args: argparse.Namespace, ckpt: Path) -> Path:
+    out = Path(args.out) if args.out else ckpt.parent / "heads"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(
+            f"cannot create {out} ({e.strerror or e}); choose another folder with --out"
+        ) from None
+    return out
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
@@ -156,28 +281,30 @@ def main(argv: list[str]) -> int:
         ids = default_prompt(val, mc.block_size)
     else:
         ids = encode_prompt(read_prompt(args, tokenizer), tokenizer, mc.block_size)
-    out = Path(args.out) if args.out else ckpt.parent / "heads"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(
-            f"cannot create {out} ({e.strerror or e}); choose another folder with --out"
-        ) from None
+    out = output_folder(args, ckpt)
     print(
         f"heads of {ckpt}: {mc.n_layer} layers x {mc.n_head} heads; prompt of {len(ids)} tokens",
         file=sys.stderr,
     )
 
-    written = draw_maps(model, ids, tokenizer, args, out)
-    scores = score_heads(model, val, args.seed, sequences=args.sequences, windows=args.windows)
-    print(format_tables(scores))
-    (out / "head_scores.json").write_text(json.dumps({"checkpoint": str(ckpt), **scores}, indent=1))
-    plot_scores(scores, out / "head_scores.png")
-    written += [out / "head_scores.json", out / "head_scores.png"]
+    written, ablated = [], None
+    if not analyses(args):
+        written += draw_maps(model, ids, tokenizer, args, out)
+    if args.ablate:
+        ablated, files = ablation(model, val, args, out, ckpt)
+        written += files
+    if args.patch:
+        written += patching(model, tokenizer, args, out, ckpt)
+    if args.lens:
+        written += lens(model, ids, tokenizer, out, ckpt)
+    if not analyses(args) or args.html:
+        scores, files = role_scores(model, val, args, out, ckpt)
+        written += files
     if args.html:
-        written.append(
-            write_page(out / "attention.html", model, ids, tokenizer, scores, str(ckpt), args.seed)
+        page = write_page(
+            out / "attention.html", model, ids, tokenizer, scores, str(ckpt), args.seed, ablated
         )
+        written.append(page)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
