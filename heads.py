@@ -48,7 +48,7 @@ from data.tokenizers import from_meta
 from interp.ablation import KINDS, ablate_heads, format_ablation
 from interp.explorer import write_page
 from interp.lens import direct_attribution, format_lens, head_attributions, logit_lens
-from interp.patching import format_patching, patch
+from interp.patching import format_patching, patch, predictions
 from interp.plots import (
     MAX_LABELS,
     plot_ablation,
@@ -84,7 +84,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--ablate",
         nargs="?",
         const="zero",
-        choices=KINDS,
+        metavar="zero|mean",
         help="remove each head (zero, the default, or mean) and measure what changes",
     )
     p.add_argument(
@@ -124,10 +124,12 @@ def analyses(args: argparse.Namespace) -> bool:
 
 
 def check_args(args: argparse.Namespace, n_layer: int, n_head: int) -> None:
-    if args.layer is not None and analyses(args):
+    if (args.layer is not None or args.head is not None) and analyses(args):
         raise UserError(
             "--layer/--head draw a head's map, which --ablate, --patch and --lens skip; run them separately"
         )
+    if args.ablate is not None and args.ablate not in KINDS:
+        raise UserError(f"--ablate takes {' or '.join(KINDS)} (default zero), got {args.ablate!r}")
     if (args.layer is None) != (args.head is None):
         raise UserError(
             "give --layer and --head together to draw one head enlarged (e.g. --layer 1 --head 0)"
@@ -220,22 +222,29 @@ def ablation(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt
     return result, [write_json(out / "head_ablation.json", ckpt, result), out / "head_ablation.png"]
 
 
-def patching(model, tokenizer, args: argparse.Namespace, out: Path, ckpt: Path) -> list[Path]:
-    """--patch CLEAN CORRUPTED: the two prompts patched, printed, written as JSON and a picture."""
-    block_size = model.config.block_size
-    clean, corrupted = (encode_prompt(text, tokenizer, block_size) for text in args.patch)
+def patch_prompts(model, tokenizer, texts: list[str]) -> tuple[list[int], list[int]]:
+    """--patch's two prompts as token ids, refused unless they have the same length and the model predicts
+    different next tokens after them."""
+    clean, corrupted = (encode_prompt(text, tokenizer, model.config.block_size) for text in texts)
     if len(clean) != len(corrupted):
         raise UserError(
             f"--patch needs two prompts of the same length: the clean one has {len(clean)} tokens, the "
             f"corrupted one {len(corrupted)}; swap a word for one of the same length"
         )
-    try:
-        result = patch(model, clean, corrupted)
-    except ValueError:
+    a, b = predictions(model, clean, corrupted)
+    if a == b:
+        token = token_labels([a], tokenizer)[0]
         raise UserError(
-            "--patch: both prompts make the same token the most likely next; give a corrupted prompt that "
-            "changes the prediction"
-        ) from None
+            f"--patch: both prompts make the same token the most likely next (“{token}”); give a corrupted "
+            "prompt that changes the prediction"
+        )
+    return clean, corrupted
+
+
+def patching(model, tokenizer, prompts, out: Path, ckpt: Path) -> list[Path]:
+    """--patch CLEAN CORRUPTED: the two prompts patched, printed, written as JSON and a picture."""
+    clean, corrupted = prompts
+    result = patch(model, clean, corrupted)
     labels = token_labels(corrupted, tokenizer)
     answers = tuple(token_labels([result[k]], tokenizer)[0] for k in ("answer", "alternative"))
     print(format_patching(result, labels, answers))
@@ -246,8 +255,6 @@ def patching(model, tokenizer, args: argparse.Namespace, out: Path, ckpt: Path) 
 
 def lens(model, ids: list[int], tokenizer, out: Path, ckpt: Path) -> list[Path]:
     """--lens: the prompt's logit lens and direct attribution, printed, written as JSON and a picture."""
-    if len(ids) < 2:
-        raise UserError("--lens needs a prompt of at least 2 tokens (each position is scored on the next)")
     mc = model.config
     found, attribution = logit_lens(model, ids), direct_attribution(model, ids)
     heads = head_attributions(attribution, mc.n_layer, mc.n_head).mean(axis=0)
@@ -281,6 +288,9 @@ def main(argv: list[str]) -> int:
         ids = default_prompt(val, mc.block_size)
     else:
         ids = encode_prompt(read_prompt(args, tokenizer), tokenizer, mc.block_size)
+    if args.lens and len(ids) < 2:
+        raise UserError("--lens needs a prompt of at least 2 tokens (each position is scored on the next)")
+    prompts = patch_prompts(model, tokenizer, args.patch) if args.patch else None
     out = output_folder(args, ckpt)
     print(
         f"heads of {ckpt}: {mc.n_layer} layers x {mc.n_head} heads; prompt of {len(ids)} tokens",
@@ -294,7 +304,7 @@ def main(argv: list[str]) -> int:
         ablated, files = ablation(model, val, args, out, ckpt)
         written += files
     if args.patch:
-        written += patching(model, tokenizer, args, out, ckpt)
+        written += patching(model, tokenizer, prompts, out, ckpt)
     if args.lens:
         written += lens(model, ids, tokenizer, out, ckpt)
     if not analyses(args) or args.html:

@@ -73,6 +73,16 @@ def _restored(model: GPT, idx: torch.Tensor, interventions, a: int, b: int, lds:
 
 
 @torch.no_grad()
+def predictions(model: GPT, clean: list[int], corrupted: list[int]) -> tuple[int, int]:
+    """The most likely next token after each prompt: (a, b)."""
+    device = next(model.parameters()).device
+    with evaluating(model):
+        return tuple(
+            int(model(torch.tensor([i], device=device))[0][0, -1].argmax()) for i in (clean, corrupted)
+        )
+
+
+@torch.no_grad()
 def patch(model: GPT, clean: list[int], corrupted: list[int]) -> dict:
     """The restored fraction of every patch (see the module's doc), as tables ("heads": n_layer x n_head;
     "resid_pre", "attn_out", "mlp_out": n_layer x T), with the answer tokens and the logit differences.
@@ -87,7 +97,7 @@ def patch(model: GPT, clean: list[int], corrupted: list[int]) -> dict:
         names = [f"blocks.{layer}.{p}" for layer in range(cfg.n_layer) for p in points]
         clean_logits, cache = run_with_cache(model, clean_idx, names)
         corrupt_logits, _ = model(corrupt_idx)
-        a, b = int(clean_logits[0, -1].argmax()), int(corrupt_logits[0, -1].argmax())
+        a, b = int(clean_logits[0, -1].argmax()), int(corrupt_logits[0, -1].argmax())  # as `predictions`
         if a == b:
             raise ValueError(f"both prompts make token {a} the most likely next; patching needs two")
         lds = tuple(float(logit_difference(x[0], a, b)) for x in (clean_logits, corrupt_logits))

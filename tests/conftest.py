@@ -45,6 +45,11 @@ def model_with(options: dict, seed: int = 0):
     return model.eval()
 
 
+def replay(cache: dict):
+    """A hook (model/hooks.py) that replaces each point's tensor with a copy of the cached one."""
+    return lambda x, name: cache[name].clone()
+
+
 def run_script(
     *args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None = None, check: bool = False
 ) -> subprocess.CompletedProcess:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import OPTIONS, model_with
+from conftest import OPTIONS, model_with, replay
 
 from model import GPT, generate
 from model.hooks import hooked, point_names, run_with_cache, run_with_hooks, unembed
@@ -15,11 +15,6 @@ from model.hooks import hooked, point_names, run_with_cache, run_with_hooks, une
 
 def tokens(B: int = 2, T: int = 16, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, 40, (B, T), generator=torch.Generator().manual_seed(seed))
-
-
-def replay(cache: dict[str, torch.Tensor]):
-    """A hook that replaces each point's tensor with (a copy of) the cached one."""
-    return lambda x, name: cache[name].clone()
 
 
 def no_hooks_left(model: GPT) -> bool:
