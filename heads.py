@@ -2,7 +2,7 @@
 interventions that test what a head does: ablation, activation patching, the logit lens and attribution.
 
     python heads.py OUT_DIR [--prompt TEXT | --prompt-file PATH] [--layer L --head H] [--html] [--out DIR]
-                    [--ablate [zero|mean]] [--patch CLEAN CORRUPTED] [--lens]
+                    [--ablate [zero|mean] [--group HEADS ...]] [--patch CLEAN CORRUPTED] [--lens]
                     [--sequences N] [--windows N] [--seed S] [--data-dir DIR] [--device D]
 
 OUT_DIR is a training run's folder (its best checkpoint is used, else its last), a checkpoint folder, or a
@@ -22,7 +22,8 @@ validation split of the dataset the model was trained on. Without a prompt, the 
 is written too, with the role scores and what the analyses found):
     head_ablation.json, .png   --ablate: every head removed alone (zero: its output set to 0; mean: to its
                                mean on reference windows), the change of val loss, of the [R, R] losses and
-                               of the ICL score (interp/ablation.py); --windows/--sequences set its inputs
+                               of the ICL score (interp/ablation.py); --windows/--sequences set its inputs;
+                               --group L1H0,L1H2 removes those heads together as well
     patching.json, .png        --patch CLEAN CORRUPTED: two prompts of the same length; how much of the
                                clean prediction each head's and each layer's output restores, patched into
                                the corrupted run, per head and per layer and position (interp/patching.py)
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -86,6 +88,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         const="zero",
         metavar="zero|mean",
         help="remove each head (zero, the default, or mean) and measure what changes",
+    )
+    p.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        metavar="HEADS",
+        help="with --ablate: also remove these heads together (e.g. L1H0,L1H2); may be given again",
     )
     p.add_argument(
         "--patch",
@@ -145,6 +154,26 @@ def check_args(args: argparse.Namespace, n_layer: int, n_head: int) -> None:
     for name in ("sequences", "windows"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}")
+
+
+def head_groups(args: argparse.Namespace, n_layer: int, n_head: int) -> list[list[tuple[int, int]]]:
+    """--group's heads, each "L1H0,L1H2" as [(1, 0), (1, 2)]."""
+    if args.group and not args.ablate:
+        raise UserError("--group removes heads together in an ablation; give --ablate as well")
+    groups = []
+    for text in args.group:
+        found = [re.fullmatch(r"L(\d+)H(\d+)", part.strip()) for part in text.split(",")]
+        if not all(found):
+            raise UserError(
+                f"--group takes heads as L<layer>H<head> separated by commas (L1H0,L1H2), got {text!r}"
+            )
+        heads = [(int(m.group(1)), int(m.group(2))) for m in found]
+        for layer, head in heads:
+            if not (0 <= layer < n_layer and 0 <= head < n_head):
+                shape = f"{n_layer} layers x {n_head} heads"
+                raise UserError(f"--group: L{layer}H{head} is not a head of this model ({shape})")
+        groups.append(heads)
+    return groups
 
 
 def validation_split(cfg, tok_meta: dict, data_dir: str | None, device: torch.device) -> TokenWindows:
@@ -216,7 +245,9 @@ def role_scores(model, val: TokenWindows, args: argparse.Namespace, out: Path, c
 
 def ablation(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt: Path):
     """--ablate: every head removed alone, printed, written as JSON and a picture."""
-    result = ablate_heads(model, val, args.ablate, args.seed, windows=args.windows, sequences=args.sequences)
+    groups = head_groups(args, model.config.n_layer, model.config.n_head)
+    sizes = {"windows": args.windows, "sequences": args.sequences}
+    result = ablate_heads(model, val, args.ablate, args.seed, groups, **sizes)
     print(format_ablation(result))
     plot_ablation(result, out / "head_ablation.png")
     return result, [write_json(out / "head_ablation.json", ckpt, result), out / "head_ablation.png"]
@@ -283,6 +314,7 @@ def main(argv: list[str]) -> int:
     tokenizer = from_meta(tok_meta)
     mc = model.config
     check_args(args, mc.n_layer, mc.n_head)
+    head_groups(args, mc.n_layer, mc.n_head)
     val = validation_split(cfg, tok_meta, args.data_dir, device)
     if args.prompt is None and args.prompt_file is None:
         ids = default_prompt(val, mc.block_size)

@@ -117,22 +117,30 @@ def ablate(
     }
 
 
-def ablate_heads(model: GPT, val: TokenWindows, kind: str = "zero", seed: int = 0, **sizes) -> dict:
+def head_name(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def ablate_heads(
+    model: GPT, val: TokenWindows, kind: str = "zero", seed: int = 0, groups: Sequence[Heads] = (), **sizes
+) -> dict:
     """Every head ablated alone: `ablate`'s numbers with, for each of METRICS, an n_layer x n_head table
-    of changes."""
+    of changes; and each of `groups` ablated together ("groups": its heads' names and METRICS), in the
+    same batched passes."""
     cfg = model.config
     heads = [(layer, head) for layer in range(cfg.n_layer) for head in range(cfg.n_head)]
-    result = ablate(model, val, [[h] for h in heads], kind, seed, **sizes)
+    result = ablate(model, val, [[h] for h in heads] + [list(g) for g in groups], kind, seed, **sizes)
     effects = result.pop("effects")
     for m in METRICS:
-        result[m] = [
-            [effects[layer * cfg.n_head + h][m] for h in range(cfg.n_head)] for layer in range(cfg.n_layer)
-        ]
+        values = [effect[m] for effect in effects]
+        result[m] = [values[layer * cfg.n_head : (layer + 1) * cfg.n_head] for layer in range(cfg.n_layer)]
+    together = effects[len(heads) :]
+    result["groups"] = [{"heads": [head_name(*h) for h in g], **e} for g, e in zip(groups, together)]
     return result
 
 
 def format_ablation(result: dict) -> str:
-    """Each metric's change as a layer x head table, then the intact model's values."""
+    """Each metric's change as a layer x head table, each group's changes, then the intact model's values."""
     n_head = len(result[METRICS[0]][0])
     lines = [
         f"{result['kind']} ablation of each head: change of each metric when the head is removed "
@@ -143,5 +151,8 @@ def format_ablation(result: dict) -> str:
         lines.append(f"{m:<24}" + "".join(f"{'H' + str(h):>7}" for h in range(n_head)))
         for layer, row in enumerate(result[m]):
             lines.append(f"  L{layer:<22}" + "".join(f"{v:+7.2f}" for v in row))
+    for group in result.get("groups", []):
+        changes = ", ".join(f"{m} {group[m]:+.3f}" for m in METRICS)
+        lines.append(f"{' '.join(group['heads'])} removed together: {changes}")
     clean = ", ".join(f"{m} {v:.3f}" for m, v in result["clean"].items())
     return "\n".join([*lines, f"intact model: {clean}"])

@@ -9,7 +9,7 @@ What is notable:
   base64-encoded. The page shows them to 3 decimals; they are within half a step (1/510) of the model's.
 - The page is bounded: all heads are kept, and the prompt is cut to the first tokens whose weights fit in
   MAX_WEIGHTS (the page says so). In a causal model the weights of a prefix do not depend on what follows,
-  so the rows shown are exactly those of the whole prompt. A 6 x 6 model on 256 tokens is about 1.7 MB.
+  so the rows shown are exactly those of the whole prompt. A 6 x 6 model on 256 tokens is about 1.9 MB.
 - Every role score comes from `interp.scores.score_heads`; each head is labelled with its strongest role.
   With `heads.py --ablate`, each head's ablation effects (interp/ablation.py) sit beside its role score.
 - Each view also carries its logit lens (top LENS_TOP tokens per layer and position, the loss of the true

@@ -1,5 +1,6 @@
 """Pictures of attention heads: attention maps (a grid per layer, one head enlarged), the role-score heatmap,
-and role scores against training iteration next to the loss curves; and the token labels they (and the
+role scores against training iteration next to the loss curves, and the interventions' heatmaps (ablation,
+activation patching, the logit lens beside direct attribution); and the token labels they (and the
 attention explorer page) show.
 
 Drawn with matplotlib's object API onto its Agg canvas (no pyplot, no display needed). Attention maps put

@@ -432,6 +432,10 @@ def test_heads_command_ablates_patches_and_reads_the_lens(
         "heads.py",
         str(out),
         "--ablate",
+        "--group",
+        "L1H0,L1H1,L1H2,L1H3",
+        "--group",
+        "L0H0",
         "--patch",
         clean,
         corrupted,
@@ -455,9 +459,11 @@ def test_heads_command_ablates_patches_and_reads_the_lens(
     model, val = induction_val(out, repeats_dir)
     saved = json.loads((tmp_path / "head_ablation.json").read_text())
     assert saved["checkpoint"] == str(out / "best")
-    assert {k: saved[k] for k in ("clean", *METRICS)} == {
-        k: v for k, v in ablate_heads(model, val).items() if k in ("clean", *METRICS)
-    }
+    expected = ablate_heads(model, val, groups=[[(1, 0), (1, 1), (1, 2), (1, 3)], [(0, 0)]])
+    assert all(saved[k] == expected[k] for k in ("clean", *METRICS, "groups"))
+    assert saved["groups"][0]["heads"] == ["L1H0", "L1H1", "L1H2", "L1H3"]
+    assert saved["groups"][1]["val_loss"] == pytest.approx(saved["val_loss"][0][0], abs=2e-4)  # one head
+    assert "L1H0 L1H1 L1H2 L1H3 removed together: val_loss +" in result.stdout
     patched = json.loads((tmp_path / "patching.json").read_text())
     assert patched["resid_pre"][0][19] == pytest.approx(1.0, abs=1e-3)  # where the prompts differ
     assert max(patched["heads"][1]) > max(patched["heads"][0])  # the induction heads carry the copy
@@ -472,6 +478,9 @@ def test_heads_command_ablates_patches_and_reads_the_lens(
         (["--ablate", "--layer", "1", "--head", "0"], "--layer/--head draw"),
         (["--ablate", "median"], "--ablate takes zero or mean"),
         (["--lens", "--prompt", "a"], "at least 2 tokens"),
+        (["--ablate", "--group", "L1H4"], "L1H4 is not a head of this model (2 layers x 4 heads)"),
+        (["--ablate", "--group", "L1,H2"], "--group takes heads as L<layer>H<head>"),
+        (["--group", "L1H0"], "give --ablate as well"),
     ):
         with pytest.raises(SystemExit) as e:
             run_cli(command.main, [str(out), "--out", str(tmp_path), *args])
