@@ -1,38 +1,48 @@
-"""Evaluate a checkpoint exactly: the loss over every token, bits per byte, or multiple-choice accuracy.
+"""Evaluate checkpoints exactly: the loss over every token, bits per byte, or multiple-choice accuracy.
 
     python eval.py CHECKPOINT                          # every token of the dataset's val split
     python eval.py CHECKPOINT --split train --stride 32
     python eval.py CHECKPOINT --text-file notes.txt    # any text, with the model's tokenizer
     python eval.py CHECKPOINT --choices hellaswag_val.jsonl
+    python eval.py out/char out/bpe1024 out/gpt2       # several: one row each (compare bits per byte)
     options: --batch-size N --device D --precision P --data-dir DIR --json
 
-CHECKPOINT is a training run's folder (its best checkpoint is used, else its last) or a checkpoint folder.
+CHECKPOINT is a training run's folder (its best checkpoint is used, else its last) or a checkpoint folder;
+with several, each is evaluated the same way and the results are one table, a row each (--json: one JSON
+object per line).
 Every token is predicted once, in windows of the model's context (non-overlapping, or sliding by --stride for
 more context per prediction); bits per byte divide the loss by the UTF-8 bytes of the text, so models with
 different tokenizers compare. Multiple choice reads HellaSwag's JSONL format (ctx, endings, label) and scores
-each ending by the mean loss of its tokens given the context. See training/evaluation.py.
+each ending by the loss of its tokens given the context: in total (acc), per token (acc_per_token, llm.c's
+and nanoGPT's acc_norm), per character (acc_per_char, lm-evaluation-harness's acc_norm) and per byte
+(acc_per_byte, its acc_bytes). See training/evaluation.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from common.errors import UserError, run_cli
 from data.evalsets import encode_text_file, read_choices
-from data.prepare import DATA_DIR, trained_dataset
+from data.recipes import prepared_dataset
 from data.tokenizers import from_meta
-from training import checkpoint
+from runs import checkpoint
+from runs.runtime import Runtime, pick_device, pick_precision
 from training.evaluation import TokenLoss, evaluate_tokens, score_choices
-from training.runtime import Runtime, pick_device, pick_precision
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python eval.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("checkpoint", help="a training run's out_dir, or one checkpoint folder in it")
+    p.add_argument(
+        "checkpoints",
+        nargs="+",
+        metavar="CHECKPOINT",
+        help="a training run's out_dir, or a checkpoint folder",
+    )
     what = p.add_mutually_exclusive_group()
     what.add_argument("--split", choices=["train", "val"], default="val", help="(default: %(default)s)")
     what.add_argument("--text-file", help="evaluate on this UTF-8 text instead of a split")
@@ -48,7 +58,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--data-dir", help="where prepared datasets live (default: the config's data.dir, or data/)"
     )
-    p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    p.add_argument("--json", action="store_true", help="print each result as one JSON object, a line each")
     return p.parse_args(argv)
 
 
@@ -59,44 +69,47 @@ def check_args(args: argparse.Namespace, block_size: int) -> None:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
 
 
-def split_file(args: argparse.Namespace, cfg, tok_meta: dict) -> tuple[Path, dict]:
-    """The split's bin file and the dataset's meta.json; the dataset must share the checkpoint's tokenizer."""
-    folder, meta = trained_dataset(cfg.data.dataset, args.data_dir or cfg.data.dir or DATA_DIR, tok_meta)
-    return folder / f"{args.split}.bin", meta
-
-
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
-    model, cfg, tok_meta, ckpt = checkpoint.load_model(args.checkpoint, device)
+    results = [evaluate_checkpoint(path, args, device) for path in args.checkpoints]
+    if args.json:
+        print("\n".join(json.dumps(r) for r in results))
+    else:
+        print(format_result(results[0]) if len(results) == 1 else format_rows(results))
+    return 0
+
+
+def evaluate_checkpoint(path: str, args: argparse.Namespace, device: torch.device) -> dict:
+    """One checkpoint's result, as eval.py prints it."""
+    model, cfg, tok_meta, ckpt = checkpoint.load_model(path, device)
     check_args(args, model.config.block_size)
     tokenizer = from_meta(tok_meta)
     rt = Runtime(device, pick_precision(args.precision, device, model.config.n_embd))
-    result = {"checkpoint": str(ckpt), "device": str(device), "precision": rt.precision}
+    result = {"checkpoint": str(ckpt), "tokenizer": tokenizer.name, "device": str(device)}
+    result["precision"] = rt.precision
     if args.choices:
         items = read_choices(args.choices)
         with tqdm(total=len(items), unit="item", disable=None, dynamic_ncols=True) as bar:
             score = score_choices(model, tokenizer, items, rt.autocast, bar.update)
-        result |= {"choices": args.choices, **vars(score)}
+        return result | {"choices": args.choices, **vars(score)}
+    if args.text_file:
+        tokens, dtype, what = encode_text_file(args.text_file, tokenizer), "uint16", args.text_file
     else:
-        if args.text_file:
-            tokens, dtype, what = encode_text_file(args.text_file, tokenizer), None, args.text_file
-        else:
-            path, meta = split_file(args, cfg, tok_meta)
-            tokens, dtype, what = path, meta["dtype"], f"{cfg.data.dataset} {args.split} split"
-        batch = args.batch_size or cfg.train.batch_size
-        with tqdm(unit="tok", unit_scale=True, disable=None, dynamic_ncols=True) as bar:
-            loss = evaluate_tokens(
-                model, tokens, tokenizer.byte_lengths(), batch, args.stride, rt, bar.update, dtype or "uint16"
-            )
-        result |= {
-            "data": what,
-            "context": model.config.block_size,
-            "stride": args.stride,
-            **loss_fields(loss),
-        }
-    print(json.dumps(result, indent=1) if args.json else table(result))
-    return 0
+        dataset = prepared_dataset(cfg.data.dataset, args.data_dir or cfg.data.dir, tokenizer=tok_meta)
+        tokens, dtype = dataset.split_path(args.split), dataset.meta.dtype
+        what = f"{cfg.data.dataset} {args.split} split"
+    batch = args.batch_size or cfg.train.batch_size
+    with tqdm(unit="tok", unit_scale=True, disable=None, dynamic_ncols=True) as bar:
+        loss = evaluate_tokens(
+            model, tokens, tokenizer.byte_lengths(), batch, args.stride, rt, bar.update, dtype
+        )
+    return result | {
+        "data": what,
+        "context": model.config.block_size,
+        "stride": args.stride,
+        **loss_fields(loss),
+    }
 
 
 def loss_fields(loss: TokenLoss) -> dict:
@@ -111,13 +124,16 @@ def loss_fields(loss: TokenLoss) -> dict:
     }
 
 
-def table(r: dict) -> str:
+def format_result(r: dict) -> str:
+    """One result as a two-column table."""
     rows = [("checkpoint", r["checkpoint"])]
     if "choices" in r:
         rows += [
             ("choices", f"{r['choices']}: {r['items']:,} items (chance {r['chance']:.1%})"),
-            ("accuracy", f"{r['accuracy_norm']:.2%} by mean loss per ending token (acc_norm)"),
-            ("", f"{r['accuracy']:.2%} by total loss of the ending (acc)"),
+            ("accuracy", f"{r['acc']:.2%} by the total loss of the ending (acc)"),
+            ("", f"{r['acc_per_token']:.2%} by its loss per token (acc_per_token: llm.c's acc_norm)"),
+            ("", f"{r['acc_per_char']:.2%} by its loss per character (acc_per_char: lm-eval's acc_norm)"),
+            ("", f"{r['acc_per_byte']:.2%} by its loss per byte (acc_per_byte: lm-eval's acc_bytes)"),
         ]
     else:
         windows = f"sliding by {r['stride']}" if r["stride"] else "non-overlapping"
@@ -130,6 +146,23 @@ def table(r: dict) -> str:
         ]
     rows.append(("device", f"{r['device']}, {r['precision']}"))
     return "\n".join(f"{k:<12}{v}" for k, v in rows)
+
+
+def format_rows(results: list[dict]) -> str:
+    """Several results as one Markdown table, a row each."""
+    keys = ("acc", "acc_per_token", "acc_per_char", "acc_per_byte")
+    if "choices" in results[0]:
+        head = "| checkpoint | tokenizer | items | " + " | ".join(keys) + " |"
+    else:
+        head = "| checkpoint | tokenizer | tokens | bytes | loss per token | bits per byte |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in results:
+        if "choices" in r:
+            cells = [f"{r['items']:,}", *(f"{r[k]:.2%}" for k in keys)]
+        else:
+            cells = [f"{r['tokens']:,}", f"{r['bytes']:,}", f"{r['loss']:.4f}", f"{r['bpb']:.4f}"]
+        lines.append("| " + " | ".join([r["checkpoint"], r["tokenizer"], *cells]) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

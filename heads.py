@@ -44,8 +44,8 @@ import torch
 
 from common.errors import UserError, run_cli
 from data.loader import TokenWindows
-from data.prepare import DATA_DIR, trained_dataset
-from data.prompts import checkpoint_and_prompt_parser, encode_prompt, read_prompt
+from data.prompts import encode_prompt, read_prompt
+from data.recipes import prepared_dataset
 from data.tokenizers import from_meta
 from interp.ablation import KINDS, ablate_heads, format_ablation
 from interp.explorer import write_page
@@ -62,18 +62,23 @@ from interp.plots import (
     token_labels,
 )
 from interp.scores import ROLES, THRESHOLD, role_name, score_heads
-from training import checkpoint
-from training.runtime import pick_device
+from runs import checkpoint
+from runs.runtime import pick_device
 
 DEFAULT_PROMPT_TOKENS = 40  # without --prompt: this many tokens from the start of the validation split
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = checkpoint_and_prompt_parser(
-        "python heads.py",
-        __doc__.split("\n\n")[0],
-        "text whose attention maps to draw (default: the start of the val split)",
+    p = argparse.ArgumentParser(prog="python heads.py", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "out_dir",
+        help="a training run's out_dir, one checkpoint folder in it, or a Hugging Face model folder",
     )
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument(
+        "--prompt", help="text whose attention maps to draw (default: the start of the val split)"
+    )
+    prompt.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
     p.add_argument("--layer", type=int, help="with --head: also draw this head enlarged")
     p.add_argument("--head", type=int, help="with --layer: also draw this head enlarged")
     p.add_argument("--out", help="folder for the pictures and scores (default: OUT_DIR's heads/)")
@@ -178,11 +183,12 @@ def head_groups(args: argparse.Namespace, n_layer: int, n_head: int) -> list[lis
 
 def validation_split(cfg, tok_meta: dict, data_dir: str | None, device: torch.device) -> TokenWindows:
     """The validation windows of the dataset the model was trained on."""
-    path, meta = trained_dataset(cfg.data.dataset, data_dir or cfg.data.dir or DATA_DIR, tok_meta)
-    return TokenWindows(path / "val.bin", meta["dtype"], cfg.model.block_size, device, cfg.train.seed, "val")
+    dataset = prepared_dataset(cfg.data.dataset, data_dir or cfg.data.dir, tokenizer=tok_meta)
+    return dataset.windows("val", cfg.model.block_size, device, cfg.train.seed)
 
 
-def default_prompt(val: TokenWindows, block_size: int) -> list[int]:
+def val_prompt(val: TokenWindows, block_size: int) -> list[int]:
+    """Without --prompt: the ids of the first tokens of the validation split."""
     data = np.memmap(val.path, dtype=val.dtype, mode="r")
     return data[: min(block_size, DEFAULT_PROMPT_TOKENS)].astype(np.int64).tolist()
 
@@ -317,9 +323,9 @@ def main(argv: list[str]) -> int:
     head_groups(args, mc.n_layer, mc.n_head)
     val = validation_split(cfg, tok_meta, args.data_dir, device)
     if args.prompt is None and args.prompt_file is None:
-        ids = default_prompt(val, mc.block_size)
+        ids = val_prompt(val, mc.block_size)
     else:
-        ids = encode_prompt(read_prompt(args, tokenizer), tokenizer, mc.block_size)
+        ids = encode_prompt(read_prompt(args.prompt, args.prompt_file, tokenizer), tokenizer, mc.block_size)
     if args.lens and len(ids) < 2:
         raise UserError("--lens needs a prompt of at least 2 tokens (each position is scored on the next)")
     prompts = patch_prompts(model, tokenizer, args.patch) if args.patch else None

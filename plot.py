@@ -17,8 +17,8 @@ from typing import Any
 
 from common.errors import UserError, run_cli
 from interp.curves import X_AXES, evals, plot_runs
-from training import checkpoint
-from training.config import to_dict
+from runs import checkpoint
+from runs.config import to_dict
 
 IGNORED = {"train.out_dir", "train.resume", "train.overwrite", "data.dir", "log.interval"}  # bookkeeping
 MAX_KEYS = 5  # config differences written into a label
@@ -54,7 +54,7 @@ def read_run(run: str) -> list[dict]:
 def flat_config(run: str) -> dict[str, Any]:
     """The run's config as dotted keys (empty when it wrote no checkpoint)."""
     try:
-        cfg = checkpoint.load_config(checkpoint.find(run))
+        cfg = checkpoint.find(run).config()
     except UserError:
         return {}
     out = {}

@@ -20,21 +20,24 @@ import sys
 import torch
 
 from common.errors import UserError, run_cli
-from data.prompts import checkpoint_and_prompt_parser, encode_prompt, read_prompt
+from data.prompts import encode_prompt, read_prompt
 from data.tokenizers import from_meta
 from model import generate, quantize_int8
-from training import checkpoint
-from training.runtime import pick_device
+from runs import checkpoint
+from runs.runtime import pick_device
 
 SEPARATOR = "\n---------------\n"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = checkpoint_and_prompt_parser(
-        "python sample.py",
-        __doc__.split("\n\n")[0],
-        "text to continue (default: a newline, or <|endoftext|> for BPE)",
+    p = argparse.ArgumentParser(prog="python sample.py", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "out_dir",
+        help="a training run's out_dir, one checkpoint folder in it, or a Hugging Face model folder",
     )
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", help="text to continue (default: a newline, or <|endoftext|> for BPE)")
+    prompt.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
     p.add_argument("--max-new-tokens", type=int, default=500)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
@@ -85,7 +88,9 @@ def main(argv: list[str]) -> int:
     model, _, tok_meta, ckpt = checkpoint.load_model(args.out_dir, device)
     tokenizer = from_meta(tok_meta)
     check_args(args, model.config.vocab_size)
-    ids = encode_prompt(read_prompt(args, tokenizer), tokenizer, model.config.block_size)
+    ids = encode_prompt(
+        read_prompt(args.prompt, args.prompt_file, tokenizer), tokenizer, model.config.block_size
+    )
     if args.quantize == "int8":
         model = quantize_int8(model)
     print(f"sampling from {ckpt}" + (" (compiling the decoding step first)" * args.compile), file=sys.stderr)

@@ -21,24 +21,14 @@ import numpy as np
 
 from common.errors import UserError
 from data.sources import TextFile
-from data.tokenizers import Tokenizer, UnknownCharacters
-
-
-def encode(text: str, tokenizer: Tokenizer, where: str) -> np.ndarray:
-    """Token ids of text; characters a character vocabulary lacks are one error naming them and `where`."""
-    try:
-        return tokenizer.encode(text)
-    except UnknownCharacters as e:
-        raise UserError(
-            f"{where} has {e}; this model's vocabulary has only the characters of its training text"
-        ) from None
+from data.tokenizers import Tokenizer, encode_text
 
 
 def encode_text_file(path: str | Path, tokenizer: Tokenizer) -> np.ndarray:
     """Every token of a UTF-8 text file (int64)."""
     source = TextFile(str(path), val_fraction=0.0)
     source.check()
-    pieces = [encode(text, tokenizer, str(path)) for text in source.documents("train")]
+    pieces = [encode_text(text, tokenizer, str(path)) for text in source.documents("train")]
     return np.concatenate(pieces)
 
 
@@ -97,11 +87,11 @@ def encode_choice(item: Choice, tokenizer: Tokenizer, block_size: int) -> list[t
     """For each ending: (context + ending token ids, number of ending tokens), the context cut from the left
     so that the sequence fits block_size + 1 tokens (the model predicts all but the first)."""
     where = f"line {item.line}"
-    ctx = encode(item.ctx, tokenizer, f"{where}'s ctx").tolist()
+    ctx = encode_text(item.ctx, tokenizer, f"{where}'s ctx").tolist()
     out = []
     for ending in item.endings:
         joined = ending if item.ctx[-1].isspace() or ending[0].isspace() else " " + ending
-        ids = encode(joined, tokenizer, f"{where}'s endings").tolist()
+        ids = encode_text(joined, tokenizer, f"{where}'s endings").tolist()
         if len(ids) > block_size:
             raise UserError(
                 f"{where}: an ending of {len(ids)} tokens does not fit the model's context of {block_size}"

@@ -1,15 +1,10 @@
 """Training batches: random windows of block_size + 1 tokens from a prepared split.
 
-Notable:
-- Stateless sampling: the windows of micro-batch `key` are drawn from a generator seeded by (seed, split,
-  key), so a batch depends only on its number. Resuming at iteration N needs no saved sampler state, and
-  in data-parallel runs each rank asks for its own keys (different batches, same global sequence).
-- The split file is opened as a fresh np.memmap for each batch and the windows are gathered with one
-  vectorised index, no per-sample Python loop. Keeping one memmap open for a whole run lets the resident
-  pages of a large file pile up in the process (the RAM growth nanoGPT's users hit); a fresh map costs
-  microseconds.
-- On CUDA the windows are gathered straight into one pinned (batch, block_size + 1) buffer, copied to the
-  GPU once with non_blocking=True, and cut into inputs and targets there.
+- Stateless: the windows of micro-batch `key` come from a generator seeded by (seed, split, stream, key), so a
+  batch depends only on its number: resuming needs no sampler state, and each torchrun rank asks for its keys.
+- A fresh np.memmap per batch and one vectorised gather: one map held for a whole run lets the resident pages
+  of a large file pile up (the RAM growth nanoGPT's users hit); a fresh map costs microseconds.
+- On CUDA the windows go into one pinned buffer, copied with non_blocking=True, and are cut on the GPU.
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ class TokenWindows:
         self.path, self.dtype, self.block_size = str(path), np.dtype(dtype), block_size
         self.device, self.seed, self.split_id = device, seed, 0 if split == "train" else 1
         if not Path(self.path).is_file():
-            raise UserError(f"{self.path} is missing; prepare the dataset again (python -m data.prepare ...)")
+            raise UserError(f"{self.path} is missing; prepare the dataset again (python prepare.py ...)")
         self.n_tokens = Path(self.path).stat().st_size // self.dtype.itemsize
         if self.n_tokens < block_size + 1:
             raise UserError(

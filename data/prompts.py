@@ -1,58 +1,39 @@
-"""Prompts for the scripts that take one (sample.py, heads.py): the OUT_DIR and --prompt / --prompt-file
-arguments, reading the prompt's text, and encoding it into token ids with errors a person can act on.
+"""Prompts for the scripts that take one (sample.py, heads.py, and train.py's samples): reading the text of
+--prompt or --prompt-file, and encoding it into token ids with errors a person can act on.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from common.errors import UserError
-from data.tokenizers import UnknownCharacters
+from data.tokenizers import Tokenizer, encode_text
 
 
-def checkpoint_and_prompt_parser(prog: str, description: str, prompt_help: str) -> argparse.ArgumentParser:
-    """The arguments sample.py and heads.py share: OUT_DIR and --prompt / --prompt-file."""
-    p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument(
-        "out_dir",
-        help="a training run's out_dir, one checkpoint folder in it, or a Hugging Face model folder",
-    )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", help=prompt_help)
-    src.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
-    return p
-
-
-def read_prompt(args: argparse.Namespace, tokenizer) -> str:
-    if args.prompt_file is not None:
+def read_prompt(prompt: str | None, prompt_file: str | None, tokenizer: Tokenizer) -> str:
+    """The text of --prompt, or of the file --prompt-file names; with neither, the default prompt."""
+    if prompt_file is not None:
         try:
-            return Path(args.prompt_file).read_text(encoding="utf-8")
+            return Path(prompt_file).read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise UserError(f"prompt file {args.prompt_file} not found") from None
+            raise UserError(f"prompt file {prompt_file} not found") from None
         except UnicodeDecodeError:
-            raise UserError(f"prompt file {args.prompt_file} is not UTF-8 text") from None
-    if args.prompt is not None:
-        return args.prompt
-    return default_prompt(tokenizer)
+            raise UserError(f"prompt file {prompt_file} is not UTF-8 text") from None
+    return prompt if prompt is not None else default_prompt(tokenizer)
 
 
-def default_prompt(tokenizer) -> str:
+def default_prompt(tokenizer: Tokenizer) -> str:
     """A newline for a character model; empty (the prompt becomes <|endoftext|>) for BPE."""
     return "\n" if tokenizer.eot_token is None else ""
 
 
-def encode_prompt(text: str, tokenizer, block_size: int) -> list[int]:
+def encode_prompt(text: str, tokenizer: Tokenizer, block_size: int) -> list[int]:
+    """The prompt's ids: an empty prompt is <|endoftext|> (BPE); it must fit the model's context."""
     if text == "" and tokenizer.eot_token is not None:
         return [tokenizer.eot_token]
     if text == "":
         raise UserError("the prompt is empty; give some text with --prompt")
-    try:
-        ids = tokenizer.encode(text).tolist()
-    except UnknownCharacters as e:
-        raise UserError(
-            f"the prompt has {e}; this model's vocabulary has only the characters of its training text"
-        ) from None
+    ids = encode_text(text, tokenizer, "the prompt").tolist()
     if len(ids) > block_size:
         raise UserError(
             f"the prompt is {len(ids)} tokens, longer than the model's context of {block_size}; shorten it"

@@ -21,7 +21,7 @@ from typing import Optional
 from common.errors import UserError
 from data.tokenizers import last_lossless_cut
 
-BLOCK = 1 << 18  # bytes read at a time: one encoding task each (see data.prepare.TASK_CHARS)
+BLOCK = 1 << 18  # bytes read at a time: one encoding task each (see data/prepare.py: TASK_CHARS)
 
 
 @dataclass(frozen=True)

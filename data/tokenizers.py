@@ -22,6 +22,7 @@ import codecs
 import json
 import math
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -35,6 +36,9 @@ PIECE_CHARS = 1 << 16  # tokenizers needs ~150 bytes per byte of a text it encod
 
 # our tokenizer metadata (to_meta) as a file: in checkpoint folders and in exported model folders
 METADATA_FILE = "tinygpt_tokenizer.json"
+TOKENIZER_JSON = (
+    "tokenizer.json"  # a tokenizer in Hugging Face's format (a bpe:N dataset's, a model folder's)
+)
 
 
 class UnknownCharacters(ValueError):
@@ -44,6 +48,16 @@ class UnknownCharacters(ValueError):
         self.missing = missing
         shown = ", ".join(repr(c) for c in missing[:20]) + (" ..." if len(missing) > 20 else "")
         super().__init__(f"{len(missing)} character(s) not in the vocabulary: {shown}")
+
+
+def encode_text(text: str, tokenizer: Tokenizer, where: str) -> np.ndarray:
+    """Token ids of text; characters a character vocabulary lacks are one error naming them and `where`."""
+    try:
+        return tokenizer.encode(text)
+    except UnknownCharacters as e:
+        raise UserError(
+            f"{where} has {e}; this model's vocabulary has only the characters of its training text"
+        ) from None
 
 
 class Tokenizer(Protocol):
@@ -74,7 +88,7 @@ class CharTokenizer:
         self.vocab_size = len(self.chars)
         self.drop_unknown = drop_unknown
         codes = np.array([ord(c) for c in self.chars])
-        # code point -> id, a table lookup (4x faster than a binary search); `_unknown` marks the rest
+        # code point -> id, a table lookup (faster than a binary search); `_unknown` marks the rest
         dtype = np.uint16 if self.vocab_size < 1 << 16 else np.uint32
         self._unknown = np.iinfo(dtype).max
         self._ids = np.full(codes.max() + 2, self._unknown, dtype=dtype)
@@ -346,3 +360,59 @@ def bits_per_byte(total_nats: float, n_bytes: float) -> float:
     total_nats is the summed cross-entropy over the predicted tokens; n_bytes the UTF-8 bytes they stand
     for: `tokenizer.byte_lengths()[targets].sum()` (an <|endoftext|> counts 0 bytes)."""
     return total_nats / math.log(2) / n_bytes if n_bytes else float("nan")
+
+
+# --- a tokenizer taken from elsewhere (prepare.py --tokenizer-from) ---
+
+
+def _tokenizer_meta_at(path: Path | str) -> dict:
+    """The tokenizer metadata of a prepared dataset folder (its meta.json), a checkpoint folder or a model
+    folder exported by tinygpt (its tinygpt_tokenizer.json), a training run's folder (its best/ or last/
+    checkpoint), or one of those JSON files; a Hugging Face tokenizer.json made by bpe:N (a dataset folder's)
+    works too."""
+    p = Path(path)
+    if p.is_dir():
+        names = ("meta.json", METADATA_FILE, TOKENIZER_JSON)
+        found = [folder / n for folder in (p, p / "best", p / "last") for n in names]
+        file = next((f for f in found if f.is_file()), None)
+        if file is None:
+            raise UserError(
+                f"--tokenizer-from {path}: the folder holds no meta.json, {METADATA_FILE} or "
+                f"{TOKENIZER_JSON}; give a prepared dataset folder (data/NAME) or a checkpoint or run "
+                "folder (out/NAME)"
+            )
+    elif p.is_file():
+        file = p
+    else:
+        raise UserError(
+            f"--tokenizer-from {path}: no such file or folder; give a prepared dataset folder "
+            "(data/NAME) or a checkpoint or run folder (out/NAME)"
+        )
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--tokenizer-from {path}: cannot read {file} ({e})") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"--tokenizer-from {path}: {file} is not a tokenizer file (not JSON: {e})") from None
+    if isinstance(data, dict) and isinstance(data.get("tokenizer"), dict):  # a dataset's meta.json
+        return data["tokenizer"]
+    if isinstance(data, dict) and "kind" in data:  # a checkpoint's tokenizer metadata
+        return data
+    if isinstance(data, dict) and "model" in data:  # a Hugging Face tokenizer.json
+        return TrainedBPE(json.dumps(data)).to_meta()
+    raise UserError(
+        f"--tokenizer-from {path}: {file} holds no tokenizer (expected a dataset's meta.json, a "
+        f"checkpoint's {METADATA_FILE} or a Hugging Face {TOKENIZER_JSON})"
+    )
+
+
+def tokenizer_from(path: Path | str, drop_unknown: bool = False) -> Tokenizer:
+    """The tokenizer of --tokenizer-from PATH; a char tokenizer drops unknown characters when asked."""
+    meta = _tokenizer_meta_at(path)
+    try:
+        tokenizer = from_meta(meta)
+    except (KeyError, TypeError) as e:
+        raise UserError(f"--tokenizer-from {path}: the tokenizer metadata is damaged (no {e})") from None
+    if isinstance(tokenizer, CharTokenizer) and drop_unknown:
+        tokenizer = CharTokenizer(tokenizer.chars, drop_unknown=True)
+    return tokenizer

@@ -76,6 +76,7 @@ def to_hf_config(cfg: GPTConfig, eot: int | None) -> dict:
             "model_type": "gpt2",
             "vocab_size": cfg.vocab_size,
             "n_positions": cfg.block_size,
+            "n_ctx": cfg.block_size,  # what llama.cpp's convert_hf_to_gguf.py reads for the context
             "n_embd": cfg.n_embd,
             "n_layer": cfg.n_layer,
             "n_head": cfg.n_head,

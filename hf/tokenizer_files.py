@@ -12,7 +12,13 @@ that tinygpt reads an exported folder back exactly:
   `encode(text, allowed_special="all")`). GPT-2's `vocab.json` and `merges.txt` are written too.
 - char: a BPE model whose vocabulary is our characters, with no merges, no normaliser and no pre-tokenizer,
   so every character is one token with our id; the Fuse decoder joins them back without spaces. Characters
-  outside the vocabulary are dropped (ours refuses them).
+  outside the vocabulary are dropped (ours refuses them). Tools want an end-of-text token (lm-eval fails
+  without one), and a character named so would be a special token, which `decode(skip_special_tokens=True)`,
+  as pipeline() decodes, deletes from the text. So the tokenizer (not the model) gets <|endoftext|> at the
+  id after the characters, as EOS, with `split_special_tokens`: text is never encoded to it (a literal
+  "<|endoftext|>" stays characters, as in ours), so no tool feeds it to the model, whose logits, and every
+  tool's numbers, stay exactly ours. No BOS: TransformerLens would prepend it (an id the model lacks);
+  without one it falls back to the EOS, which it finds is not one token of text, and prepends nothing.
 - a tokenizer whose metadata carries the `tokenizers` JSON itself (`tokenizer_json`) is written as it is.
 `tokenizer_of` answers the other way: which of our tokenizers a Hugging Face folder uses, if any.
 """
@@ -25,7 +31,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from common.errors import UserError
-from data.tokenizers import BPE_ALIASES, METADATA_FILE, BPETokenizer, byte_alphabet, from_meta
+from data.tokenizers import BPE_ALIASES, EOT, METADATA_FILE, BPETokenizer, byte_alphabet, from_meta
 
 GPT2_ENCODINGS = ("gpt2", "r50k_base")
 
@@ -71,7 +77,7 @@ def gpt2_vocab() -> dict[str, int]:
     """GPT-2's vocab.json: each token in GPT-2's byte alphabet -> its id, and <|endoftext|>."""
     alphabet = _byte_text()
     vocab = {"".join(alphabet[b] for b in token): rank for token, rank in _gpt2_ranks().items()}
-    vocab["<|endoftext|>"] = BPETokenizer("gpt2").eot_token
+    vocab[EOT] = BPETokenizer("gpt2").eot_token
     return vocab
 
 
@@ -120,7 +126,7 @@ def _gpt2_json() -> str:
     tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = tk.decoders.ByteLevel()
     tokenizer.post_processor = tk.processors.ByteLevel(trim_offsets=False)
-    tokenizer.add_special_tokens([tk.AddedToken("<|endoftext|>", special=True)])
+    tokenizer.add_special_tokens([tk.AddedToken(EOT, special=True)])
     return tokenizer.to_str()
 
 
@@ -128,6 +134,7 @@ def _char_json(chars: list[str]) -> str:
     tk = _tokenizers()
     tokenizer = tk.Tokenizer(tk.models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
     tokenizer.decoder = tk.decoders.Fuse()
+    tokenizer.add_special_tokens([tk.AddedToken(EOT, special=True)])  # id len(chars): the tools' BOS/EOS
     return tokenizer.to_str()
 
 
@@ -160,6 +167,8 @@ def write_tokenizer(folder: Path, meta: dict, block_size: int) -> int | None:
     if eot is not None:
         text = _token_text(tokenizer_json, eot)
         config |= {"bos_token": text, "eos_token": text}
+    elif meta.get("kind") == "char":  # the tokenizer's own <|endoftext|>, past the model's ids (see above)
+        config |= {"eos_token": EOT, "split_special_tokens": True}
     (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
     (folder / METADATA_FILE).write_text(json.dumps(meta, indent=1))

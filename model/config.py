@@ -1,13 +1,13 @@
 """The shape and options of a GPT, and the checks that say which field is wrong.
 
-`GPTConfig` is a plain dataclass: the model section of a training config (see `training/config.py`),
+`GPTConfig` is a plain dataclass: the model section of a training config (see `runs/config.py`),
 stored as YAML beside every checkpoint. The defaults describe a GPT-2 style network (learned positions,
 LayerNorm, GELU MLP, tied LM head); every other option is off unless a config turns it on.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal, Optional
 
 
@@ -61,35 +61,27 @@ class GPTConfig:
         if out:
             return out
         if self.n_embd % self.n_head:
-            out.append(
-                (
-                    "n_embd",
-                    f"{self.n_embd} is not divisible by n_head={self.n_head}; heads have size "
-                    f"n_embd/n_head (try n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))})",
-                )
-            )
+            fix = self.n_head * max(1, round(self.n_embd / self.n_head))
+            msg = f"{self.n_embd} is not divisible by n_head={self.n_head}; heads have size n_embd/n_head"
+            out.append(("n_embd", f"{msg} (try n_embd={fix})"))
         elif self.pos_emb == "rope" and self.head_dim % 2:
-            out.append(
-                ("n_embd", f"rotary embeddings need an even head size, got n_embd/n_head={self.head_dim}")
-            )
+            msg = f"rotary embeddings need an even head size, got n_embd/n_head={self.head_dim}"
+            out.append(("n_embd", msg))
         if not 0.0 <= self.dropout < 1.0:
             out.append(("dropout", f"must be in [0, 1), got {self.dropout}"))
         if self.n_kv_head is not None and (self.n_kv_head <= 0 or self.n_head % self.n_kv_head):
             out.append(
                 ("n_kv_head", f"must be a positive divisor of n_head={self.n_head}, got {self.n_kv_head}")
             )
-        if self.window is not None and self.window <= 0:
-            out.append(("window", f"must be a positive number of tokens or null, got {self.window}"))
-        if self.mlp_ratio <= 0:
-            out.append(("mlp_ratio", f"must be positive, got {self.mlp_ratio}"))
-        if self.mlp_hidden is not None and self.mlp_hidden <= 0:
-            out.append(("mlp_hidden", f"must be a positive width or null, got {self.mlp_hidden}"))
-        if self.norm_eps is not None and self.norm_eps <= 0:
-            out.append(("norm_eps", f"must be positive or null, got {self.norm_eps}"))
-        if self.logit_softcap is not None and self.logit_softcap <= 0:
-            out.append(("logit_softcap", f"must be positive or null, got {self.logit_softcap}"))
-        if self.rope_base <= 0:
-            out.append(("rope_base", f"must be positive, got {self.rope_base}"))
+        optional = {"window": "a positive number of tokens", "mlp_hidden": "a positive width"}
+        for name in ("window", "mlp_hidden", "norm_eps", "logit_softcap"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                out.append(
+                    (name, f"must be {optional.get(name, 'positive')} or null, got {getattr(self, name)}")
+                )
+        for name in ("mlp_ratio", "rope_base"):
+            if getattr(self, name) <= 0:
+                out.append((name, f"must be positive, got {getattr(self, name)}"))
         return out
 
     def validate(self) -> None:
@@ -99,11 +91,3 @@ class GPTConfig:
         if problems:
             name, msg = problems[0]
             raise ValueError(f"model.{name}: {msg}")
-
-    @classmethod
-    def from_dict(cls, d: dict) -> GPTConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown model config field(s): {', '.join(unknown)}")
-        return cls(**d)

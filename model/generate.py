@@ -6,7 +6,7 @@ and decoding goes on one token per step. Every new token therefore sees between 
 block_size previous tokens. Re-encoding the last block_size tokens at every step (nanoGPT's crop) would give
 each token a full context but cost a whole forward pass per token, which is what the cache exists to avoid.
 `use_cache=False` follows the same windows with a full forward pass per token: it is the reference the
-cached path is tested against, and the baseline bench.py measures the cache against.
+cached path is tested against, and the baseline tools/bench.py measures the cache against.
 
 Decoding at batch size B reads every weight once per step for all B samples, so a step costs little more
 than at B = 1 (the weights' bytes, not the arithmetic, bound it). The step (`decode_step`) has the same
@@ -14,9 +14,9 @@ shapes every time: one token per sample at a position given as a tensor, attendi
 slots of the static cache (model/kv_cache.py) under a mask. So `compile=True` can hand it to torch.compile
 once: on CUDA with CUDA graphs (mode reduce-overhead: the whole step is one replay instead of hundreds of
 kernel launches), on a CPU with inductor's decomposition of matrix-vector products into its own
-vectorised loops (1.6x eager's tokens/s for the 6 x 384 model; BENCHMARKS.md has the numbers).
-On a CPU a batch of several samples is decoded eagerly even with `compile`: compiled, its step took 2.8x
-as long (with the matrix products decomposed or not).
+vectorised loops. On a CPU a batch of several samples is decoded eagerly even with `compile`: compiled, its
+step was slower than eager's, with the matrix products decomposed or not (BENCHMARKS.md, "Sampling:
+decoding against the bandwidth floor").
 The prompt and each slide are encoded eagerly. Sampling never waits for the device: it draws with the
 exponential race below, and reading the token (to print it) is the one host sync per step, the caller's.
 """
@@ -58,7 +58,7 @@ def sample_next(
     return (probs / race).argmax(dim=-1)
 
 
-def encode(model: torch.nn.Module, tokens: torch.Tensor, cache: Optional[KVCache]) -> torch.Tensor:
+def prefill(model: torch.nn.Module, tokens: torch.Tensor, cache: Optional[KVCache]) -> torch.Tensor:
     """Logits (B, vocab) after tokens (B, T) at positions 0 .. T-1 (with a cache: a prefill of its slots)."""
     logits, _ = model(tokens, kv_cache=cache, last_only=True)
     return logits[:, -1]
@@ -122,7 +122,7 @@ def generate(
             torch._dynamo.mark_static_address(cache.keys)
             torch._dynamo.mark_static_address(cache.values)
     slot = torch.tensor([n], device=idx.device)  # where the next token goes in the cache
-    logits = encode(model, window[:, :n], cache)
+    logits = prefill(model, window[:, :n], cache)
     for i in range(max_new_tokens):
         token = sample_next(logits, temperature, top_k, top_p, generator)
         yield token
@@ -133,10 +133,10 @@ def generate(
         if n > block_size:  # slide: encode the most recent tokens afresh
             window[:, :keep] = window[:, n - keep : n].clone()
             n = keep
-            logits = encode(model, window[:, :n], cache)
+            logits = prefill(model, window[:, :n], cache)
             slot.fill_(n)
         elif cache is None:
-            logits = encode(model, window[:, :n], None)
+            logits = prefill(model, window[:, :n], None)
         else:
             logits = step(model, token, slot, cache)
             slot += 1

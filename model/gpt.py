@@ -85,7 +85,7 @@ def attend(
     group of query heads without copying it.
 
     On a CPU, bf16 attention runs in fp32 outside autocast: PyTorch's CPU flash kernel is several times
-    slower in bf16 (6.8 vs 1.0 ms forward + backward at B=12, H=4, T=64, d=32; BENCHMARKS.md).
+    slower in bf16 (BENCHMARKS.md, "Attention in fp32 under CPU autocast").
     """
     dtype = queries.dtype
     if dtype == torch.bfloat16 and queries.device.type == "cpu":

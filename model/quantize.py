@@ -10,7 +10,7 @@ On a CPU the product runs in `torch._weight_int8pack_mm` (PyTorch's kernel for t
 int8 weight-only quantisation calls there), whose fast path takes bf16 activations: the activations are
 rounded to bf16 going in, and the result comes back in their dtype. Elsewhere the weight is cast to the
 activations' dtype inside the product, which torch.compile fuses into one kernel (as gpt-fast does on GPUs).
-The text may differ from the fp32 model's: BENCHMARKS.md has the logit error and the greedy agreement.
+The text may differ from the fp32 model's: BENCHMARKS.md, "int8: how far the text moves".
 """
 
 from __future__ import annotations

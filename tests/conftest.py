@@ -70,10 +70,11 @@ def run_script(
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
     """A data folder with shakespeare_char prepared (shared by the tests that train)."""
-    from data.prepare import RECIPES, prepare
+    from data.prepare import prepare_dataset
+    from data.recipes import RECIPES
 
     d = tmp_path_factory.mktemp("data")
-    prepare("shakespeare_char", RECIPES["shakespeare_char"], d, workers=1)
+    prepare_dataset("shakespeare_char", RECIPES["shakespeare_char"], d, workers=1)
     return d
 
 
@@ -116,10 +117,9 @@ def train_induction(config: str, data_dir: Path, out: Path) -> dict:
     """Train configs/{config}.yaml with train.py (repeats prepared in data_dir) and score its heads."""
     import torch
 
-    from data.loader import TokenWindows
-    from data.prepare import load_meta
+    from data.dataset import Dataset
     from interp.scores import score_heads
-    from training import checkpoint
+    from runs import checkpoint
 
     run_script(
         "train.py",
@@ -133,14 +133,8 @@ def train_induction(config: str, data_dir: Path, out: Path) -> dict:
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["elapsed_s"] < 60  # the issue's budget: under a minute of CPU training
     model, cfg, _, _ = checkpoint.load_model(out)
-    meta = load_meta(data_dir / "repeats")
-    val = TokenWindows(
-        data_dir / "repeats" / "val.bin",
-        meta["dtype"],
-        cfg.model.block_size,
-        torch.device("cpu"),
-        cfg.train.seed,
-        "val",
+    val = Dataset.open("repeats", data_dir).windows(
+        "val", cfg.model.block_size, torch.device("cpu"), cfg.train.seed
     )
     return score_heads(model, val)
 
@@ -157,3 +151,49 @@ def induction_run(repeats_dir: Path, tmp_path_factory) -> tuple[Path, dict]:
     test_explorer.py)."""
     out = tmp_path_factory.mktemp("induction") / "out"
     return out, train_induction("induction", repeats_dir, out)
+
+
+# Text with code, accents, emoji, CRLF, tabs, runs of spaces, U+2581 and a literal <|endoftext|>: the
+# exported tokenizers must give our ids on it (a character vocabulary is built from it, so it is inside)
+MIXED = (
+    "First Citizen:\r\nBefore we proceed any further, hear me speak.\r\n\r\n   All:  Speak, speak!\t(x2)\n"
+    "naïve café — 日本語 🎉👍🏽 ¿qué? Ωmega ▁ \\n\n"
+    "def f(x):\n    return {'a': x ** 2}  # code\n\n\n"
+    "I'm you'll we've HE'S  trailing   \n<|endoftext|>Next 12345 3.14159\u00a0\u3000end "
+)
+
+
+@pytest.fixture(scope="session")
+def exportable(tmp_path_factory) -> dict[tuple[str, str], Path]:
+    """Checkpoints with random weights (noise of 0.3 on every parameter, so logits are far apart) for each
+    tokenizer kind (char from MIXED, bpe:512 from Shakespeare, gpt2) and each exportable family: GPT-2 type
+    (the defaults) and Llama type (rotary, RMSNorm, SwiGLU, grouped-query attention, untied head)."""
+    import torch
+
+    from data.tokenizers import BPETokenizer, CharTokenizer, TrainedBPE
+    from model import GPT
+    from runs import checkpoint
+    from runs.config import load_config
+
+    shakespeare = (ROOT / "data" / "tinyshakespeare.txt").read_text()[:200_000]
+    metas = {
+        "char": CharTokenizer.from_texts([MIXED]).to_meta(),
+        "bpe:512": TrainedBPE.train([shakespeare], 512).to_meta(),
+        "gpt2": BPETokenizer("gpt2").to_meta(),
+    }
+    llama = ["model.pos_emb=rope", "model.norm=rmsnorm", "model.activation=swiglu", "model.bias=false",
+             "model.n_kv_head=2", "model.tie_embeddings=false", "model.rope_base=500"]  # fmt: skip
+    out, runs = tmp_path_factory.mktemp("exportable"), {}
+    for kind, meta in metas.items():
+        for family, extra in (("gpt2", []), ("llama", llama)):
+            shape = [f"model.vocab_size={meta['vocab_size']}", "model.block_size=128", "model.n_layer=2",
+                     "model.n_head=4", "model.n_embd=64"]  # fmt: skip
+            cfg = load_config(None, [*shape, *extra]).cfg
+            torch.manual_seed(0)
+            model = GPT(cfg.model)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.3 * torch.randn_like(p))
+            runs[kind, family] = out / f"{kind.replace(':', '')}-{family}"
+            checkpoint.write_checkpoint(runs[kind, family], "last", model, cfg, meta)
+    return runs

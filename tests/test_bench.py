@@ -1,4 +1,4 @@
-"""bench.py end to end on a tiny config: its JSON, the comparison ratio, and linear memory in the context."""
+"""tools/bench.py end to end on a tiny config: its JSON, the ratio of two setups, memory against context."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ def test_bench_compare_sample_and_memory(data_dir: Path, tmp_path: Path):
     out = tmp_path / "bench.json"
     common = ["configs/shakespeare_char.yaml", f"data.dir={data_dir}", *TINY]
     result = run_script(
-        "bench.py",
+        "-m",
+        "tools.bench",
         *common,
         "optim.impl=forloop",
         "--compare",
@@ -51,5 +52,5 @@ def test_bench_compare_sample_and_memory(data_dir: Path, tmp_path: Path):
 
 
 def test_bench_rejects_unknown_measurements():
-    result = run_script("bench.py", "--only", "speed")
+    result = run_script("-m", "tools.bench", "--only", "speed")
     assert result.returncode == 2 and "--only takes train, sample and/or memory" in result.stderr

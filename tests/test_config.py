@@ -8,8 +8,8 @@ import pytest
 import yaml
 from conftest import run_script
 
-from common.errors import UserError
-from training.config import CONFIG_DIR, load_config, to_yaml
+from common.errors import ConfigError, UserError
+from runs.config import CONFIG_DIR, load_config, to_yaml
 
 REQUIRED = [
     "train.out_dir",
@@ -32,26 +32,27 @@ REQUIRED = [
 
 def test_every_shipped_config_loads_and_has_the_cli_contract_keys():
     for path in sorted(CONFIG_DIR.glob("*.yaml")):
-        cfg, _ = load_config(path)
+        cfg = load_config(path).cfg
         resolved = yaml.safe_load(to_yaml(cfg))
         for key in REQUIRED:
             section, name = key.split(".")
             assert name in resolved[section], f"{path.name} lacks {key}"
-    cfg, _ = load_config(None)
+    cfg = load_config(None).cfg
     assert cfg.data.dataset == "shakespeare_char" and cfg.log.wandb is False
 
 
 def test_base_chain_then_file_then_overrides(tmp_path: Path):
     (tmp_path / "base.yaml").write_text("model:\n  n_layer: 3\n  n_embd: 96\ntrain:\n  max_iters: 7\n")
     (tmp_path / "child.yaml").write_text("base: base.yaml\nmodel:\n  n_layer: 5\n")
-    cfg, origins = load_config(tmp_path / "child.yaml", ["train.max_iters=9", "model.window=null"])
+    request = load_config(tmp_path / "child.yaml", ["train.max_iters=9", "model.window=null"])
+    cfg, origins = request.cfg, request.origins
     assert (cfg.model.n_layer, cfg.model.n_embd, cfg.train.max_iters) == (5, 96, 9)
     assert origins["model.n_embd"].endswith("base.yaml") and origins["model.n_layer"].endswith("child.yaml")
     assert origins["train.max_iters"] == "override train.max_iters=9"
 
 
 def test_configs_are_found_by_name():
-    cfg, _ = load_config("shakespeare_char", ["train.max_iters=1"])
+    cfg = load_config("shakespeare_char", ["train.max_iters=1"]).cfg
     assert cfg.train.out_dir == "out/shakespeare_char"
 
 
@@ -147,7 +148,7 @@ def test_print_config_prints_resolved_yaml():
 
 def test_integral_floats_are_accepted_for_integer_keys(tmp_path: Path):
     (tmp_path / "mine.yaml").write_text("train:\n  max_iters: 5e3\n  eval_interval: 2.5e2\n")
-    cfg, _ = load_config(tmp_path / "mine.yaml", ["train.batch_size=1.6e1", "optim.lr=1e-3"])
+    cfg = load_config(tmp_path / "mine.yaml", ["train.batch_size=1.6e1", "optim.lr=1e-3"]).cfg
     assert (cfg.train.max_iters, cfg.train.eval_interval, cfg.train.batch_size) == (5000, 250, 16)
     assert cfg.optim.lr == 0.001
     with pytest.raises(
@@ -159,9 +160,9 @@ def test_integral_floats_are_accepted_for_integer_keys(tmp_path: Path):
 def test_a_config_elsewhere_can_build_on_a_shipped_one_by_name(tmp_path: Path):
     (tmp_path / "mine.yaml").write_text("base: shakespeare_char.yaml\nmodel:\n  n_layer: 2\n")
     (tmp_path / "short.yaml").write_text("base: induction\n")
-    cfg, _ = load_config(tmp_path / "mine.yaml")
+    cfg = load_config(tmp_path / "mine.yaml").cfg
     assert (cfg.model.n_layer, cfg.train.out_dir) == (2, "out/shakespeare_char")
-    assert load_config(tmp_path / "short.yaml")[0].data.dataset == "repeats"
+    assert load_config(tmp_path / "short.yaml").cfg.data.dataset == "repeats"
     (tmp_path / "lost.yaml").write_text("base: nowhere.yaml\n")
     with pytest.raises(UserError, match=r"base config nowhere.yaml not found .* among the shipped configs"):
         load_config(tmp_path / "lost.yaml")
@@ -169,7 +170,7 @@ def test_a_config_elsewhere_can_build_on_a_shipped_one_by_name(tmp_path: Path):
 
 def test_train_help_lists_the_configs_and_how_to_override():
     result = run_script("train.py", "--help", check=True, timeout=60)
-    for expected in ("usage: python train.py", "shakespeare_char", "training/config.py", "model.n_layer=6"):
+    for expected in ("usage: python train.py", "shakespeare_char", "runs/config.py", "model.n_layer=6"):
         assert expected in result.stdout
     line = next(line for line in result.stdout.splitlines() if line.strip().startswith("induction "))
     assert "Induction heads" in line  # each config with the first line of its opening comment
@@ -181,3 +182,11 @@ def test_wandb_without_a_login_is_one_line_before_training(tmp_path: Path):
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "no wandb login" in result.stderr and "wandb login" in result.stderr
     assert "WANDB_MODE=offline" in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_samples_are_drawn_at_evals():
+    with pytest.raises(
+        ConfigError, match=r"^log\.sample_every: 300 is not a multiple of train\.eval_interval=250 "
+    ):
+        load_config(None, ["log.sample_every=300"])
+    assert load_config(None, ["log.sample_every=500"]).cfg.log.sample_every == 500

@@ -12,15 +12,16 @@ import torch
 from conftest import TINY, train
 
 from model import GPT, GPTConfig, generate
-from training.config import load_config
+from runs.config import load_config
+from training.plan import plan_run
 from training.trainer import start_run, train_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def _run(data_dir: Path, *overrides: str):
-    cfg, _ = load_config("shakespeare_char", [f"data.dir={data_dir}", *TINY, "train.device=cuda", *overrides])
-    return start_run(cfg)
+    args = [f"data.dir={data_dir}", *TINY, "train.device=cuda", *overrides]
+    return start_run(plan_run(load_config("shakespeare_char", args)))
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,10 @@ import torch
 from conftest import ROOT, run_script
 
 from common.errors import UserError
+from data.dataset import token_dtype
 from data.loader import TokenWindows
-from data.prepare import RECIPES, Recipe, prepare, token_dtype
+from data.prepare import Recipe, prepare_dataset
+from data.recipes import RECIPES
 from data.sources import HFText, TextFile
 from data.tokenizers import BPETokenizer, CharTokenizer, UnknownCharacters, from_meta
 
@@ -33,22 +35,20 @@ def decode_split(folder: Path, split: str) -> str:
 def test_text_file_round_trip(tmp_path: Path, tokenizer: str):
     src = tmp_path / "input.txt"
     src.write_text(TEXT, encoding="utf-8")
-    meta = prepare("mine", Recipe(TextFile(str(src), 0.1), tokenizer), tmp_path, workers=2)
+    meta = prepare_dataset("mine", Recipe(TextFile(str(src), 0.1), tokenizer), tmp_path, workers=2)
     out = tmp_path / "mine"
     assert decode_split(out, "train") + decode_split(out, "val") == TEXT
-    assert meta["dtype"] == "uint16" and meta["tokenizer"]["kind"] == (
-        "char" if tokenizer == "char" else "bpe"
-    )
-    assert os.path.getsize(out / "train.bin") == 2 * meta["train_tokens"]
+    assert meta.dtype == "uint16" and meta.tokenizer["kind"] == ("char" if tokenizer == "char" else "bpe")
+    assert os.path.getsize(out / "train.bin") == 2 * meta.train_tokens
     if tokenizer == "char":
-        assert meta["vocab_size"] == len(set(TEXT))
+        assert meta.vocab_size == len(set(TEXT))
 
 
 def test_shakespeare_matches_nanogpt_token_counts(tmp_path: Path):
-    char = prepare("shakespeare_char", RECIPES["shakespeare_char"], tmp_path, workers=2)
-    bpe = prepare("shakespeare", RECIPES["shakespeare"], tmp_path, workers=2)
-    assert (char["train_tokens"], char["val_tokens"], char["vocab_size"]) == (1_003_854, 111_540, 65)
-    assert (bpe["train_tokens"], bpe["val_tokens"], bpe["vocab_size"]) == (301_966, 36_059, 50_257)
+    char = prepare_dataset("shakespeare_char", RECIPES["shakespeare_char"], tmp_path, workers=2)
+    bpe = prepare_dataset("shakespeare", RECIPES["shakespeare"], tmp_path, workers=2)
+    assert (char.train_tokens, char.val_tokens, char.vocab_size) == (1_003_854, 111_540, 65)
+    assert (bpe.train_tokens, bpe.val_tokens, bpe.vocab_size) == (301_966, 36_059, 50_257)
 
 
 def test_gpt2_resolves_to_the_offline_r50k_ranks():
@@ -66,7 +66,7 @@ def test_local_hf_dataset_round_trip(tmp_path: Path):
     write_jsonl(tmp_path / "a.jsonl", docs[:20])
     write_jsonl(tmp_path / "b.jsonl", docs[20:])
     files = (str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"))
-    meta = prepare(
+    meta = prepare_dataset(
         "local", Recipe(HFText("json", data_files=files, val_every=4), "gpt2"), tmp_path, workers=2
     )
     eot = "<|endoftext|>"
@@ -74,7 +74,7 @@ def test_local_hf_dataset_round_trip(tmp_path: Path):
     val = [d for i, d in enumerate(docs) if i % 4 == 3]
     assert decode_split(tmp_path / "local", "train") == "".join(d + eot for d in train)
     assert decode_split(tmp_path / "local", "val") == "".join(d + eot for d in val)
-    assert meta["source"]["type"] == "huggingface"
+    assert meta.source["type"] == "huggingface"
 
 
 @pytest.mark.slow
@@ -96,16 +96,17 @@ def test_hub_corpus_preparation_streams_in_bounded_memory(tmp_path: Path):
     script = f"""
 import resource, sys, dataclasses
 sys.path.insert(0, {str(ROOT)!r})
-from data.prepare import RECIPES, prepare
+from data.prepare import prepare_dataset
+from data.recipes import RECIPES
 recipe = RECIPES["fineweb_edu"]
 def peak_after(name, files):
     source = dataclasses.replace(recipe.source, path="parquet", name=None, data_files=files, val_every=50)
-    meta = prepare(name, dataclasses.replace(recipe, source=source), {str(tmp_path)!r}, workers=2)
+    meta = prepare_dataset(name, dataclasses.replace(recipe, source=source), {str(tmp_path)!r}, workers=2)
     return meta, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 peak_after("warm_up", {tuple(files[:1])!r})  # first-use allocations (imports, pools, caches)
 _, small = peak_after("one_file", {tuple(files[:1])!r})
 meta, large = peak_after("four_files", {tuple(files)!r})
-print(meta["train_tokens"], meta["val_tokens"], large - small)
+print(meta.train_tokens, meta.val_tokens, large - small)
 """
     result = run_script("-c", script, timeout=600, check=True)
     train_tokens, val_tokens, grew_mb = result.stdout.split()
@@ -155,8 +156,7 @@ def test_prepare_errors_are_one_line(tmp_path: Path, setup, args, message):
         write_jsonl(f, ["a", "b", "c"])
     args = [a.replace("{f}", str(f)) for a in args]
     result = run_script(
-        "-m",
-        "data.prepare",
+        "prepare.py",
         "custom",
         "--data-dir",
         str(tmp_path / "out"),
@@ -209,3 +209,31 @@ print(rss_mb() - before)
 """
     grew = float(run_script("-c", script, timeout=300, check=True).stdout)
     assert grew < 32, f"resident memory grew {grew:.0f} MB"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[1, 2]", "it holds a list, not an object"),
+        ('{"name": "x"}', "it has no tokenizer"),
+        ("\x00\x01 garbage", "Expecting value"),
+        ('{"name": "x", "tokenizer": {"kind": "char"}, "vocab_size": 70000, "dtype": "uint16", '
+         '"train_tokens": 5, "val_tokens": 5}', "dtype uint16 cannot hold ids up to 69999"),
+        ('{"name": "x", "tokenizer": {"kind": "char"}, "vocab_size": 65, "dtype": "float32", '
+         '"train_tokens": 5, "val_tokens": 5}', "dtype must be one of uint16, uint32, not 'float32'"),
+    ],
+)  # fmt: skip
+def test_a_damaged_meta_json_is_one_line(tmp_path: Path, content: str, message: str):
+    from data.dataset import Dataset
+
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "meta.json").write_text(content)
+    with pytest.raises(UserError, match=rf"meta\.json is damaged.*{message}.*prepare the dataset again"):
+        Dataset.open("x", tmp_path)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", ""])
+def test_a_dataset_name_is_a_name_not_a_path(tmp_path: Path, name: str):
+    result = run_script("prepare.py", name, "--data-dir", str(tmp_path / "data"), "--text-file", __file__)
+    assert result.returncode == 2 and "must be a plain folder name" in result.stderr, result.stderr
+    assert not any(tmp_path.rglob("*.bin"))

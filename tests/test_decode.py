@@ -13,7 +13,7 @@ from test_model import reference_generate, tiny
 
 from model import generate, quantize_int8, sample_next
 from model.quantize import Int8Linear
-from training import checkpoint
+from runs import checkpoint
 
 
 def test_sampling_draws_what_multinomial_draws():

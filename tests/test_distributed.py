@@ -20,9 +20,10 @@ import pytest
 import torch
 from conftest import ROOT, TINY, run_script, train
 
-from training import checkpoint
-from training.config import load_config
-from training.trainer import evaluate, start_run
+from runs import checkpoint
+from runs.config import load_config
+from training.plan import plan_run
+from training.trainer import estimate_loss, start_run
 
 pytestmark = pytest.mark.slow
 # a constant learning rate after warmup, so that extending max_iters does not change the earlier steps
@@ -70,8 +71,8 @@ def test_ddp_two_ranks_match_one_process_accumulating(data_dir: Path, tmp_path: 
     out = tmp_path / "ddp"
     torchrun(data_dir, out, "train.max_iters=30")
     assert close(losses(out), losses(single))
-    a = checkpoint.load_weights(out / "last")
-    b = checkpoint.load_weights(single / "last")
+    a = checkpoint.Checkpoint(out / "last").weights()
+    b = checkpoint.Checkpoint(single / "last").weights()
     assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)  # Adam amplifies float-order differences
     # resume under torchrun continues exactly where an uninterrupted run would be
     torchrun(data_dir, out, "train.max_iters=40", "train.resume=true")
@@ -93,7 +94,10 @@ def test_fsdp_checkpoints_are_whole_and_resume_on_another_number_of_ranks(
         "state.pt",
         "tinygpt_tokenizer.json",
     ]  # as any other run
-    full, reference = checkpoint.load_weights(out / "last"), checkpoint.load_weights(single / "last")
+    full, reference = (
+        checkpoint.Checkpoint(out / "last").weights(),
+        checkpoint.Checkpoint(single / "last").weights(),
+    )
     assert full.keys() == reference.keys()
     assert all(torch.allclose(full[k], reference[k], atol=1e-4) for k in full)
     greedy = ("--temperature", "0", "--max-new-tokens", "30")
@@ -218,8 +222,8 @@ def test_slow_preparation_uneven_fsdp_evaluation_and_a_stopped_rank(data_dir: Pa
     ), "".join(output.seen)
     assert launcher.returncode != 0
 
-    cfg, _ = load_config("shakespeare_char", [f"data.dir={data_dir}", *overrides])
-    reference = evaluate(start_run(cfg))  # one process, the same 3 batches
+    request = load_config("shakespeare_char", [f"data.dir={data_dir}", *overrides])
+    reference = estimate_loss(start_run(plan_run(request)))  # one process, the same 3 batches
     first = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["iter"] == 0
     assert (

@@ -13,9 +13,9 @@ from conftest import TINY, run_script, train
 
 from common.errors import UserError
 from model import GPT, GPTConfig
+from runs.config import load_config
 from training import estimate
-from training.config import load_config
-from training.trainer import with_vocabulary
+from training.plan import with_vocabulary
 
 OPTIONS = [
     {},
@@ -73,12 +73,12 @@ MEMORY_CONFIGS = {
 def test_predicted_peak_memory_is_within_30_percent_of_the_measured_one(data_dir: Path):
     """Two real steps of each config in a fresh process (bench.py's measure: the peak resident memory they
     add), less the file-backed pages of PyTorch's code they page in, against the prediction less weights."""
-    runs = [("shakespeare_char", [f"data.dir={data_dir}", *o]) for o in MEMORY_CONFIGS.values()]
+    runs = [["shakespeare_char", f"data.dir={data_dir}", *o] for o in MEMORY_CONFIGS.values()]
     with mp.get_context("spawn").Pool(len(runs)) as pool:  # a fresh process each, side by side
-        measured = pool.starmap(estimate._memory_probe, runs)
+        measured = pool.map(estimate._memory_probe, runs)
     rows = []
-    for name, (config, overrides), (added, code) in zip(MEMORY_CONFIGS, runs, measured):
-        cfg = with_vocabulary(load_config(config, overrides)[0], {"vocab_size": 65})
+    for name, args, (added, code) in zip(MEMORY_CONFIGS, runs, measured):
+        cfg = with_vocabulary(load_config(args[0], args[1:]).cfg, 65)
         precision = estimate.target_device(cfg)[1]
         predicted = estimate.memory(cfg, precision, "cpu").training / 2**20
         rows.append((name, precision, round(predicted, 1), round(added - code, 1)))
@@ -119,11 +119,10 @@ def test_dry_run_predicts_a_real_runs_time(data_dir: Path, tmp_path: Path):
 def test_dry_run_of_a_gpu_config_without_a_gpu_projects_from_flops():
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is visible: the dry run times real steps instead")
-    cfg, _ = load_config("gpt2", ["train.device=cuda"])
-    report = estimate.dry_run(cfg, "gpt2")
+    report = estimate.dry_run(load_config("gpt2", ["train.device=cuda"]))
     assert "124.48M parameters: 85.06M non-embedding + 39.42M embedding" in report
     assert "not measured: train.device=cuda but no CUDA GPU is visible here" in report
     assert re.search(r"on a GPU .* at 40% MFU .*H100 [\d.]+ h, A100 [\d.]+ h", report), report
     assert "peak" in report and "on cuda in bf16" in report and "in fp32 instead" in report
     with pytest.raises(UserError, match="dataset nothing_here is not prepared, so its vocabulary is unknown"):
-        estimate.dry_run(load_config(None, ["data.dataset=nothing_here"])[0], "x")
+        estimate.dry_run(load_config(None, ["data.dataset=nothing_here"]))

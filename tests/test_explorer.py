@@ -29,7 +29,7 @@ from interp.lens import direct_attribution, head_attributions, logit_lens
 from interp.plots import token_labels
 from interp.scores import ROLES, repeated_tokens
 from model import GPT, GPTConfig
-from training import checkpoint
+from runs import checkpoint
 
 STEP = 1 / 255  # the quantisation step; a stored weight is within half a step of the model's
 SHOWN = 0.5 * STEP + 0.0005 + 1e-6  # ... and the page shows it to 3 decimals

@@ -14,19 +14,22 @@ import torch.utils._triton
 from conftest import TINY
 
 from common.errors import ConfigError, UserError
-from training import checkpoint, distributed, runtime
-from training.config import load_config
-from training.runtime import Runtime
-from training.trainer import open_dataset, start_run, train_step
+from runs import checkpoint, runtime
+from runs.config import load_config
+from runs.runtime import Runtime
+from training import distributed
+from training.control import Agreement, Clock, StopRequest
+from training.plan import open_dataset, plan_run
+from training.trainer import start_run, train_step
 
 
 def test_several_machines_need_the_dataset_prepared_first(monkeypatch, tmp_path: Path):
     rt = Runtime(torch.device("cpu"), "fp32", rank=2, local_rank=0, world_size=4, local_world_size=2)
-    cfg, _ = load_config("shakespeare_char", [f"data.dir={tmp_path}"])
+    cfg = load_config("shakespeare_char", [f"data.dir={tmp_path}"]).cfg
     with pytest.raises(
         UserError,
         match=r"dataset shakespeare_char is not prepared in .*; with several machines, "
-        r"prepare it before starting torchrun, .*: python -m data\.prepare shakespeare_char",
+        r"prepare it before starting torchrun, .*: python prepare\.py shakespeare_char",
     ):
         open_dataset(cfg, rt)
 
@@ -58,13 +61,13 @@ def test_other_local_ranks_wait_for_the_files_while_local_rank_0_works(monkeypat
 
 
 def tiny_run(data_dir: Path, *overrides: str):
-    cfg, _ = load_config("shakespeare_char", [f"data.dir={data_dir}", *TINY, "train.device=cpu", *overrides])
-    return start_run(cfg)
+    args = [f"data.dir={data_dir}", *TINY, "train.device=cpu", *overrides]
+    return start_run(plan_run(load_config("shakespeare_char", args)))
 
 
 def poison(run, value: float = float("nan")) -> torch.Tensor:
     """Make the next loss non-finite; returns the embedding to put back."""
-    w = run.raw_model.token_emb.weight
+    w = run.model.token_emb.weight
     saved = w.detach().clone()
     with torch.no_grad():
         w.fill_(value)
@@ -80,7 +83,7 @@ def test_fp16_loss_scaling_survives_a_skipped_step(data_dir: Path):
     _, _, finite = train_step(run, 0)
     assert not bool(finite)
     with torch.no_grad():
-        run.raw_model.token_emb.weight.copy_(saved)
+        run.model.token_emb.weight.copy_(saved)
     _, _, finite = train_step(run, 1)
     assert bool(finite)
     assert run.scaler.get_scale() == 2.0**9  # halved after the non-finite gradients, as GradScaler does
@@ -110,35 +113,33 @@ class HostReads:
 def test_a_step_never_reads_back_and_a_non_finite_one_changes_nothing(data_dir: Path, monkeypatch, optimizer):
     run = tiny_run(data_dir, optimizer, "optim.impl=fused")
     train_step(run, 0)  # optimizer state exists from here on
-    params = {n: p.detach().clone() for n, p in run.raw_model.named_parameters()}
+    params = {n: p.detach().clone() for n, p in run.model.named_parameters()}
     state = [{k: v.clone() for k, v in s.items()} for opt in run.optimizers for s in opt.state.values()]
     saved = poison(run, float("inf"))
-    params["token_emb.weight"] = run.raw_model.token_emb.weight.detach().clone()
+    params["token_emb.weight"] = run.model.token_emb.weight.detach().clone()
     reads = HostReads(monkeypatch)
     results = [train_step(run, it) for it in (1, 2)]
     assert reads.count == 0  # the GPU never waits for the host within a step
     monkeypatch.undo()
     assert [bool(finite) for _, _, finite in results] == [False, False]
-    for name, p in run.raw_model.named_parameters():
+    for name, p in run.model.named_parameters():
         assert torch.equal(p, params[name]), name  # skipped on the device: nothing moved
     after = [s for opt in run.optimizers for s in opt.state.values()]
     assert all(torch.equal(a[k], b[k]) for a, b in zip(state, after) for k in a)  # nor the optimizer state
     with torch.no_grad():
-        run.raw_model.token_emb.weight.copy_(saved)
+        run.model.token_emb.weight.copy_(saved)
     _, _, finite = train_step(run, 3)
-    assert bool(finite) and not torch.equal(run.raw_model.token_emb.weight, saved)  # and it trains on
+    assert bool(finite) and not torch.equal(run.model.token_emb.weight, saved)  # and it trains on
 
 
 def test_torchrun_ranks_agree_on_stopping_at_log_steps_only(data_dir: Path, monkeypatch):
-    import train as train_module
-
     run = tiny_run(data_dir, "log.interval=10", "train.eval_interval=25")
     run.rt.world_size = 2  # as under torchrun: every agreement is an all-reduce that waits for the other rank
     calls = []
     monkeypatch.setattr(distributed, "agree", lambda values, rt: calls.append(values) or values)
-    stop, clock = train_module.StopRequest(verbose=False), train_module.Clock()
+    stop, clock = StopRequest(verbose=False), Clock()
     try:
-        agreed = train_module.Agreement(run, stop, clock)
+        agreed = Agreement(run.rt, stop, clock, sync_every=(10, 25))
         seen = [
             agreed.now(it) for it in range(3, 31)
         ]  # a resumed run: agrees at once, then at 10, 20, 25, 30
@@ -233,7 +234,7 @@ def test_bench_memory_where_there_is_no_proc_is_not_measured(data_dir: Path, mon
 
     monkeypatch.setattr(builtins, "open", without_proc)
     overrides = [f"data.dir={data_dir}", *TINY, "train.device=cpu"]
-    assert estimate._memory_probe("shakespeare_char", overrides) is None
+    assert estimate._memory_probe(["shakespeare_char", *overrides]) is None
 
 
 @pytest.mark.parametrize(

@@ -33,11 +33,12 @@ import heads as heads_script
 import sample as sample_script
 import train as train_script
 from common.errors import run_cli
-from data.prepare import RECIPES, SHAKESPEARE, prepare
+from data.prepare import prepare_dataset
+from data.recipes import RECIPES, SHAKESPEARE
 from data.tokenizers import from_meta
 from model import GPT, generate
-from training import checkpoint
-from training.config import load_config
+from runs import checkpoint
+from runs.config import load_config
 
 transformers.logging.set_verbosity_error()
 MIXED = (
@@ -102,7 +103,7 @@ def hf_llama(tmp_path_factory) -> tuple[Path, LlamaForCausalLM]:
 def bpe_data(data_dir: Path) -> Path:
     """data_dir with `shakespeare` (GPT-2 BPE) prepared as well."""
     if not (data_dir / "shakespeare" / "meta.json").is_file():
-        prepare("shakespeare", RECIPES["shakespeare"], data_dir, workers=1)
+        prepare_dataset("shakespeare", RECIPES["shakespeare"], data_dir, workers=1)
     return data_dir
 
 
@@ -261,10 +262,10 @@ def test_round_trip_export_then_init_from_keeps_every_weight(
             "train.max_iters=0",
             "train.eval_iters=1",
         )
-        before = load_file(str(checkpoint.find(run) / "model.safetensors"))
+        before = load_file(str(checkpoint.find(run).folder / "model.safetensors"))
         after = load_file(str(out / "last" / "model.safetensors"))
         assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
-        saved = load_config(out / "last" / "config.yaml")[0]
+        saved = load_config(out / "last" / "config.yaml").cfg
         assert saved.train.init_from == str(tmp_path / name)
 
 
@@ -301,7 +302,7 @@ def test_finetuning_a_gpt2_folder_trains_and_resumes(finetuned: Path, hf_gpt2, b
     assert [r["iter"] for r in rows] == [0, 4, 8] and rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.1
     files = sorted(p.name for p in (finetuned / "last").iterdir())
     assert files == ["config.yaml", "model.safetensors", "state.pt", "tinygpt_tokenizer.json"]
-    cfg = load_config(finetuned / "last" / "config.yaml")[0]
+    cfg = load_config(finetuned / "last" / "config.yaml").cfg
     assert cfg.train.init_from == str(hf_gpt2[0]) and cfg.model.block_size == 32
     assert (cfg.model.n_embd, cfg.model.activation, cfg.model.n_layer) == (32, "gelu_tanh", 2)
     train_here(*finetune_args(hf_gpt2[0], bpe_data, finetuned), "train.max_iters=12", "train.resume=true")
@@ -353,6 +354,8 @@ def test_bad_inputs_are_one_line(hf_gpt2, char_models, no_model_keys, data_dir: 
     (pickled / "config.json").write_text((hf_gpt2[0] / "config.json").read_text())
     (pickled / "pytorch_model.bin").write_bytes(b"never read")
     (full / "keep.txt").write_text("mine")
+    taken = tmp_path / "taken.gguf"
+    taken.write_bytes(b"mine")
     shape = [
         "model.vocab_size=65",
         "model.block_size=8",
@@ -360,9 +363,9 @@ def test_bad_inputs_are_one_line(hf_gpt2, char_models, no_model_keys, data_dir: 
         "model.n_head=2",
         "model.n_embd=8",
     ]
-    cfg, _ = load_config(None, [*shape, "model.qk_norm=true"])
+    cfg = load_config(None, [*shape, "model.qk_norm=true"]).cfg
     chars = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"]
-    checkpoint.save(qk, "last", GPT(cfg.model), cfg, chars)
+    checkpoint.write_checkpoint(qk, "last", GPT(cfg.model), cfg, chars)
 
     def init(source: Path, *more: str) -> list[str]:
         return [str(no_model_keys), f"data.dir={data_dir}", f"train.out_dir={tmp_path / 'out'}",
@@ -382,10 +385,17 @@ def test_bad_inputs_are_one_line(hf_gpt2, char_models, no_model_keys, data_dir: 
         (export_script.main, [str(qk), str(tmp_path / "x")], "cannot export: model.qk_norm=true (QK-norm) "
                                                              "has no exact equivalent"),
         (export_script.main, [str(char_models["gpt2"]), str(full)], "is not empty; pass --overwrite"),
+        (export_script.main, [str(qk), str(tmp_path / "qk.gguf")],
+         "cannot export: model.qk_norm=true (QK-norm) has no exact equivalent in llama.cpp's"),
+        (export_script.main, [str(char_models["gpt2"]), str(taken), "--dtype", "f16"],
+         "taken.gguf exists; pass --overwrite"),
+        (export_script.main, [str(char_models["gpt2"]), str(tmp_path / "y"), "--dtype", "q8_0"],
+         "--dtype is for GGUF files"),
     ]  # fmt: skip
     for main, argv, message in cases:
         one_line_error(capsys, main, argv, message)
     assert not (tmp_path / "x").exists() and [p.name for p in full.iterdir()] == ["keep.txt"]
+    assert not (tmp_path / "qk.gguf").exists() and taken.read_bytes() == b"mine"
     assert not (tmp_path / "out" / "last").exists()
 
 

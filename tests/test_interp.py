@@ -15,8 +15,8 @@ import torch
 from conftest import OPTIONS, model_with, replay, run_script
 
 from common.errors import run_cli
+from data.dataset import Dataset
 from data.loader import TokenWindows
-from data.prepare import load_meta
 from hf import folders
 from interp.ablation import METRICS, ablate, ablate_heads, head_means
 from interp.interventions import Edit, intervene, passes
@@ -25,7 +25,7 @@ from interp.patching import patch
 from interp.scores import THRESHOLD, icl_differences, repeat_losses, repeated_tokens, token_losses
 from model import GPT
 from model.hooks import hooked, point_names, run_with_cache, run_with_hooks
-from training import checkpoint
+from runs import checkpoint
 
 V = 40  # model_with's vocabulary
 
@@ -290,15 +290,7 @@ def test_transformer_lens_agrees_on_head_outputs_patterns_ablations_and_attribut
     model = exported_gpt2(run, tmp_path / "gpt2")
     bridge = bridge_of(tmp_path / "gpt2")
     cfg = model.config
-    meta = load_meta(data_dir / "shakespeare_char")
-    val = TokenWindows(
-        data_dir / "shakespeare_char" / "val.bin",
-        meta["dtype"],
-        cfg.block_size,
-        torch.device("cpu"),
-        0,
-        "val",
-    )
+    val = Dataset.open("shakespeare_char", data_dir).windows("val", cfg.block_size, torch.device("cpu"), 0)
     x, y = val.batch(0, 4, stream=2)
 
     with torch.no_grad():
@@ -377,14 +369,8 @@ PREVIOUS_TOKEN = 0.3  # a layer-0 head with at least this previous-token score c
 
 def induction_val(out: Path, repeats_dir: Path) -> tuple[GPT, TokenWindows]:
     model, cfg, _, _ = checkpoint.load_model(out)
-    meta = load_meta(repeats_dir / "repeats")
-    val = TokenWindows(
-        repeats_dir / "repeats" / "val.bin",
-        meta["dtype"],
-        cfg.model.block_size,
-        torch.device("cpu"),
-        cfg.train.seed,
-        "val",
+    val = Dataset.open("repeats", repeats_dir).windows(
+        "val", cfg.model.block_size, torch.device("cpu"), cfg.train.seed
     )
     return model, val
 

@@ -1,4 +1,5 @@
-"""The code's layers go one way: common <- model <- data <- interp <- hf <- training <- scripts.
+"""The code's layers go one way: common <- model <- data <- interp <- hf <- gguf_export <- runs <- training
+<- scripts, and one name means one thing.
 
 Every import of every module (lazy ones inside functions included) is read from the source with `ast`:
 a package may import only from itself and the packages below it, scripts (the top-level .py files) import
@@ -11,12 +12,13 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ["common", "model", "data", "interp", "hf", "training"]  # bottom first; scripts sit on top
+# bottom first; scripts sit on top
+LAYERS = ["common", "model", "data", "interp", "hf", "gguf_export", "runs", "training"]
 
 
 def modules() -> dict[str, Path]:
-    """Dotted module name -> file, for the packages and the top-level scripts."""
-    found = {p.stem: p for p in ROOT.glob("*.py")}
+    """Dotted module name -> file, for the packages, the top-level scripts and the tools (scripts too)."""
+    found = {p.stem: p for p in ROOT.glob("*.py")} | {f"tools.{p.stem}": p for p in ROOT.glob("tools/*.py")}
     for package in LAYERS:
         for p in (ROOT / package).rglob("*.py"):
             parts = p.relative_to(ROOT).with_suffix("").parts
@@ -90,4 +92,20 @@ def test_the_check_sees_real_imports():
     assert "model" in edges["training.trainer"] or "model.gpt" in edges["training.trainer"]
     assert "common.errors" in edges["data.prepare"]
     assert layer("sample") == len(LAYERS) and layer("data.loader") == 2
-    assert "hf.folders" in edges["training.checkpoint"] and "model" in edges["hf.convert"]
+    assert "hf.folders" in edges["runs.checkpoint"] and "model" in edges["hf.convert"]
+
+
+SCRIPT_NAMES = {"main", "parse_args", "check_args"}  # every script has its own
+
+
+def test_no_public_name_is_defined_in_two_modules():
+    """One name for one thing: a public function or class is defined once (scripts' entry points aside)."""
+    where: dict[str, list[str]] = {}
+    for name, path in modules().items():
+        script = layer(name) == len(LAYERS)
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            public = isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_")
+            if public and not (script and node.name in SCRIPT_NAMES):
+                where.setdefault(node.name, []).append(name)
+    twice = {n: ms for n, ms in where.items() if len(ms) > 1}
+    assert not twice, f"defined in more than one module: {twice}"

@@ -10,7 +10,7 @@ import torch
 from conftest import train
 
 from model import GPT, GPTConfig
-from training.config import OptimConfig
+from runs.config import OptimConfig
 from training.optim import lr_factor, make_optimizers, set_lr
 
 
@@ -131,7 +131,7 @@ def test_a_time_budget_ends_with_the_lr_decayed_and_a_final_eval(data_dir: Path,
 
 
 def test_muon_iterates_in_fp32_on_a_cpu_without_bf16_matrix_instructions(monkeypatch):
-    """Emulated bf16 matrix products made a Muon step 10x slower on such CPUs (BENCHMARKS.md)."""
+    """Emulated bf16 matrix products made a Muon step many times slower there (BENCHMARKS.md, "Muon")."""
     from training import muon
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")

@@ -7,7 +7,7 @@ import torch
 
 from common.errors import UserError
 from model import GPT, GPTConfig
-from training import runtime
+from runs import runtime
 
 
 def test_cpu_precision_auto_follows_the_measured_crossover(monkeypatch):

@@ -15,7 +15,8 @@ import pytest
 import torch
 from conftest import ROOT, TINY, run_script
 
-from data.prepare import RECIPES, SHAKESPEARE, Recipe, load_tokenizer, prepare
+from data.prepare import Recipe, prepare_dataset
+from data.recipes import RECIPES, SHAKESPEARE
 from data.sources import TextFile
 from data.tokenizers import (
     EOT,
@@ -26,6 +27,7 @@ from data.tokenizers import (
     byte_alphabet,
     from_meta,
     split_losslessly,
+    tokenizer_from,
 )
 
 # code, CRLF, tabs, runs of spaces, many scripts, combining marks, emoji (ZWJ, skin tones, flags),
@@ -125,20 +127,18 @@ def write(path: Path, text: str) -> Path:
 @pytest.mark.parametrize("kind", ["char", "gpt2", "bpe:300"])
 def test_prepare_round_trips_and_tokenizer_from_reproduces_the_ids(tmp_path: Path, kind: str):
     text = write(tmp_path / "text.txt", SHAKESPEARE_TEXT[:60_000] + HARD * 20)
-    meta = prepare("src", Recipe(TextFile(str(text)), kind), tmp_path, workers=2)
+    meta = prepare_dataset("src", Recipe(TextFile(str(text)), kind), tmp_path, workers=2)
     src = tmp_path / "src"
-    tok = load_tokenizer(src)
-    decoded = [
-        tok.decode(np.fromfile(src / f"{s}.bin", dtype=meta["dtype"]).tolist()) for s in ("train", "val")
-    ]
+    tok = tokenizer_from(src)
+    decoded = [tok.decode(np.fromfile(src / f"{s}.bin", dtype=meta.dtype).tolist()) for s in ("train", "val")]
     assert "".join(decoded) == text.read_bytes().decode("utf-8")
     again = run_script(
-        "-m", "data.prepare", "copy", "--data-dir", str(tmp_path), "--text-file", str(text),
+        "prepare.py", "copy", "--data-dir", str(tmp_path), "--text-file", str(text),
         "--tokenizer-from", str(src), check=True,
     )  # fmt: skip
     assert "prepared copy" in again.stdout
     copy_meta = json.loads((tmp_path / "copy" / "meta.json").read_text())
-    assert copy_meta["tokenizer"] == meta["tokenizer"]
+    assert copy_meta["tokenizer"] == meta.tokenizer
     for name in ("train.bin", "val.bin") + (("tokenizer.json",) if kind.startswith("bpe") else ()):
         assert (tmp_path / "copy" / name).read_bytes() == (src / name).read_bytes()
 
@@ -149,16 +149,16 @@ def test_dataset_tokenizer_json_is_what_hugging_face_loads(tmp_path: Path):
     from tokenizers import Tokenizer
 
     text = write(tmp_path / "text.txt", SHAKESPEARE_TEXT[:100_000])
-    first = prepare("a", Recipe(TextFile(str(text), 0.2), "bpe:400"), tmp_path, workers=2)
-    prepare("b", Recipe(TextFile(str(text), 0.2), "bpe:400"), tmp_path, workers=2)
+    first = prepare_dataset("a", Recipe(TextFile(str(text), 0.2), "bpe:400"), tmp_path, workers=2)
+    prepare_dataset("b", Recipe(TextFile(str(text), 0.2), "bpe:400"), tmp_path, workers=2)
     saved = (tmp_path / "a" / "tokenizer.json").read_bytes()
     assert saved == (tmp_path / "b" / "tokenizer.json").read_bytes()
-    assert json.loads(saved) == first["tokenizer"]["tokenizer_json"]
+    assert json.loads(saved) == first.tokenizer["tokenizer_json"]
     hf = Tokenizer.from_file(str(tmp_path / "a" / "tokenizer.json"))
     val = TextFile(str(text), 0.2)
     ids = [i for piece in val.documents("val") for i in hf.encode(piece, add_special_tokens=False).ids]
     assert ids == np.fromfile(tmp_path / "a" / "val.bin", dtype=np.uint16).tolist()
-    assert load_tokenizer(tmp_path / "a" / "tokenizer.json").to_meta() == first["tokenizer"]
+    assert tokenizer_from(tmp_path / "a" / "tokenizer.json").to_meta() == first.tokenizer
 
 
 def test_old_metadata_still_loads():
@@ -170,10 +170,10 @@ def test_old_metadata_still_loads():
 
 def test_drop_unknown_leaves_out_what_a_char_vocabulary_lacks(tmp_path: Path):
     src = write(tmp_path / "src.txt", "abc abc\nabc\n" * 50)
-    prepare("src", Recipe(TextFile(str(src)), "char"), tmp_path, workers=1)
+    prepare_dataset("src", Recipe(TextFile(str(src)), "char"), tmp_path, workers=1)
     new = write(tmp_path / "new.txt", "a b é c ☃\n" * 40 + "cab\n" * 10)
     result = run_script(
-        "-m", "data.prepare", "new", "--data-dir", str(tmp_path), "--text-file", str(new),
+        "prepare.py", "new", "--data-dir", str(tmp_path), "--text-file", str(new),
         "--tokenizer-from", str(tmp_path / "src"), "--drop-unknown", check=True,
     )  # fmt: skip
     assert "dropped 80 character(s) the vocabulary lacks" in result.stderr
@@ -192,10 +192,10 @@ def test_a_model_on_a_trained_bpe_dataset_trains_samples_and_resumes(tmp_path: P
     decodes to the text of the generated ids), take the run's tokenizer for new text, export it."""
     from data.prompts import encode_prompt
     from model import generate
-    from training import checkpoint
+    from runs import checkpoint
 
     text = write(tmp_path / "text.txt", SHAKESPEARE_TEXT[:300_000])
-    prepare("sh_bpe", Recipe(TextFile(str(text)), "bpe:300"), tmp_path, workers=2)
+    prepare_dataset("sh_bpe", Recipe(TextFile(str(text)), "bpe:300"), tmp_path, workers=2)
     out = tmp_path / "run"
     common = [
         "train.py", "configs/shakespeare_char.yaml", f"data.dir={tmp_path}", "data.dataset=sh_bpe",
@@ -221,10 +221,10 @@ def test_a_model_on_a_trained_bpe_dataset_trains_samples_and_resumes(tmp_path: P
 
     # new text prepared with this run's tokenizer (--tokenizer-from out/run) gets the run's ids
     assert (
-        load_tokenizer(out).encode(SHAKESPEARE_TEXT[-3000:]).tolist()
+        tokenizer_from(out).encode(SHAKESPEARE_TEXT[-3000:]).tolist()
         == tok.encode(SHAKESPEARE_TEXT[-3000:]).tolist()
     )
-    assert load_tokenizer(out).to_meta() == tok_meta
+    assert tokenizer_from(out).to_meta() == tok_meta
 
     # exported, transformers' AutoTokenizer encodes and decodes as we do
     from transformers import AutoTokenizer
@@ -274,17 +274,17 @@ def test_tinystories_recipe_on_local_stand_in_files(tmp_path: Path):
     recipe = RECIPES["tinystories"]
     assert recipe.source.path == "roneneldan/TinyStories" and recipe.tokenizer == "bpe:4096"
     local = dataclasses.replace(recipe, source=dataclasses.replace(recipe.source, path=str(hub)))
-    meta = prepare("tinystories", local, tmp_path / "data", workers=2)
+    meta = prepare_dataset("tinystories", local, tmp_path / "data", workers=2)
     folder = tmp_path / "data" / "tinystories"
     # the stand-in's few words run out of pairs to merge long before 4,096 tokens
-    assert 257 < meta["vocab_size"] < 4096 and meta["dtype"] == "uint16"
-    tok = from_meta(meta["tokenizer"])
+    assert 257 < meta.vocab_size < 4096 and meta.dtype == "uint16"
+    tok = from_meta(meta.tokenizer)
     for split, stories in (("train", train), ("val", val)):
         ids = np.fromfile(folder / f"{split}.bin", dtype=np.uint16)
         assert tok.decode(ids.tolist()) == "".join(s + EOT for s in stories)
         assert (ids == tok.eot_token).sum() == len(stories)
-    assert meta["source"]["val_split"] == "validation" and meta["source"]["streaming"] is True
-    assert json.loads((folder / "tokenizer.json").read_text()) == meta["tokenizer"]["tokenizer_json"]
+    assert meta.source["val_split"] == "validation" and meta.source["streaming"] is True
+    assert json.loads((folder / "tokenizer.json").read_text()) == meta.tokenizer["tokenizer_json"]
 
 
 def test_bits_per_byte():
@@ -320,10 +320,10 @@ def test_tokenizer_errors_are_one_line(tmp_path: Path, setup, args, message):
         (d / "meta.json").write_bytes(b"\x00not json")
     elif setup == "char":
         source = TextFile(str(write(tmp_path / "a.txt", "hello there\n" * 20)))
-        prepare("src", Recipe(source, "char"), tmp_path)
+        prepare_dataset("src", Recipe(source, "char"), tmp_path)
     text = write(tmp_path / "input.txt", "hello ☃ there é\n" * 20)
     result = run_script(
-        "-m", "data.prepare", "custom", "--data-dir", str(tmp_path / "out"), "--text-file", str(text),
+        "prepare.py", "custom", "--data-dir", str(tmp_path / "out"), "--text-file", str(text),
         *[a.replace("{d}", str(d)) for a in args], timeout=120,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr

@@ -15,7 +15,7 @@ from conftest import ROOT, TINY, train
 from safetensors.torch import load_file
 
 from model import GPT
-from training import checkpoint
+from runs import checkpoint
 
 
 def metrics(out: Path) -> list[dict]:
@@ -49,9 +49,9 @@ def test_checkpoint_load_gives_the_same_model(run: Path):
 
 
 def test_save_load_round_trip_in_process(tmp_path: Path):
-    from training.config import load_config
+    from runs.config import load_config
 
-    cfg, _ = load_config(
+    cfg = load_config(
         None,
         [
             "model.vocab_size=30",
@@ -61,10 +61,10 @@ def test_save_load_round_trip_in_process(tmp_path: Path):
             "model.block_size=8",
             "model.tie_embeddings=false",
         ],
-    )
+    ).cfg
     torch.manual_seed(0)
     m = GPT(cfg.model)
-    checkpoint.save(tmp_path, "last", torch.compile(m), cfg, {"kind": "char", "chars": ["a"]})
+    checkpoint.write_checkpoint(tmp_path, "last", torch.compile(m), cfg, {"kind": "char", "chars": ["a"]})
     loaded, *_ = checkpoint.load_model(tmp_path)
     x = torch.randint(0, 30, (2, 8))
     assert torch.equal(loaded(x)[0], m.eval()(x)[0])

@@ -18,7 +18,7 @@ import torch
 from conftest import ROOT, TINY, run_script, train
 
 from common.errors import UserError
-from training import checkpoint
+from runs import checkpoint
 
 
 def one_line_error(result: subprocess.CompletedProcess, message: str) -> None:
@@ -59,16 +59,16 @@ def test_a_signal_writes_a_checkpoint_and_says_how_to_resume(data_dir: Path, tmp
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
     assert f"{sig.name}: finishing this step" in err and "resume with: python train.py" in err
-    state = checkpoint.load_train_state(tmp_path / "out" / "last")
+    state = checkpoint.Checkpoint(tmp_path / "out" / "last").train_state()
     assert state["iter"] > 0
 
 
 def test_a_second_interrupt_exits_at_once(monkeypatch, capsys):
-    import train as train_module
+    from training.control import StopRequest
 
     exits = []
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
-    stop = train_module.StopRequest()
+    stop = StopRequest()
     try:
         stop._handle(signal.SIGINT, None)
         assert stop.signum == signal.SIGINT and exits == []
@@ -106,7 +106,7 @@ def test_kill_9_at_random_moments_leaves_a_loadable_checkpoint(data_dir: Path, t
         proc.wait(timeout=60)
         ckpt = checkpoint.find(out, prefer=("last",))
         model, _, _, _ = checkpoint.load_model(ckpt)
-        state = checkpoint.load_train_state(ckpt)
+        state = ckpt.train_state()
         assert state["iter"] >= last_iter, "a checkpoint went backwards"
         last_iter = state["iter"]
         assert torch.isfinite(model(torch.zeros(1, 4, dtype=torch.long))[0]).all()
@@ -118,7 +118,9 @@ def test_non_finite_loss_stops_with_the_last_good_checkpoint(data_dir: Path, tmp
     result = train(data_dir, tmp_path / "a", *explode, check=False)
     one_line_error(result, "non-finite loss or gradient at iteration 1")
     assert f"Last good checkpoint: {tmp_path / 'a' / 'last'}" in result.stderr
-    assert checkpoint.load_train_state(tmp_path / "a" / "last")["iter"] == 0  # written before the explosion
+    assert (
+        checkpoint.Checkpoint(tmp_path / "a" / "last").train_state()["iter"] == 0
+    )  # written before the explosion
     skipping = train(data_dir, tmp_path / "b", *explode, "train.skip_nonfinite=2", check=False)
     assert skipping.stdout.count("step skipped") == 2
     one_line_error(skipping, "non-finite loss or gradient at iteration 3")
@@ -135,17 +137,17 @@ def test_unwritable_out_dir_is_reported_before_training(data_dir: Path, tmp_path
 def test_too_little_disk_is_reported_before_training(monkeypatch, tmp_path: Path):
     import shutil
 
-    from training.config import load_config
+    from runs.config import load_config
 
-    cfg, _ = load_config(None)
+    cfg = load_config(None).cfg
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
     with pytest.raises(UserError, match="has 0 MiB free; checkpoints need about"):
-        checkpoint.prepare_out_dir(tmp_path / "out", cfg, n_params=10**6)
+        checkpoint.check_out_dir(tmp_path / "out", cfg, n_params=10**6)
 
 
 def test_disk_full_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_path: Path, run: Path):
     model, cfg, tok, _ = checkpoint.load_model(run / "last")
-    checkpoint.save(tmp_path, "last", model, cfg, tok, {"iter": 1})
+    checkpoint.write_checkpoint(tmp_path, "last", model, cfg, tok, {"iter": 1})
     before = (tmp_path / "last" / "model.safetensors").read_bytes()
 
     def full_disk(tensors, path, metadata=None):
@@ -154,9 +156,9 @@ def test_disk_full_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_
 
     monkeypatch.setattr(checkpoint, "save_file", full_disk)
     with pytest.raises(UserError, match=r"No space left on device.*the previous one is untouched"):
-        checkpoint.save(tmp_path, "last", model, cfg, tok, {"iter": 2})
+        checkpoint.write_checkpoint(tmp_path, "last", model, cfg, tok, {"iter": 2})
     assert (tmp_path / "last" / "model.safetensors").read_bytes() == before
-    assert checkpoint.load_train_state(tmp_path / "last")["iter"] == 1
+    assert checkpoint.Checkpoint(tmp_path / "last").train_state()["iter"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]  # no temporary folder left behind
 
 
@@ -193,12 +195,12 @@ def test_resuming_a_different_model_or_tokenizer_is_refused(run: Path, data_dir:
     result = train(data_dir, out, "train.max_iters=4", "train.resume=true", "model.n_layer=3", check=False)
     one_line_error(result, "has model.n_layer=2 but the config says 3")
     # same vocabulary size (65 characters), different characters
-    from data.prepare import Recipe, prepare
+    from data.prepare import Recipe, prepare_dataset
     from data.sources import TextFile
 
     text = "".join(chr(c) for c in range(0x100, 0x100 + 65)) * 200
     (tmp_path / "other.txt").write_text(text, encoding="utf-8")
-    prepare("other", Recipe(TextFile(str(tmp_path / "other.txt")), "char"), data_dir, workers=1)
+    prepare_dataset("other", Recipe(TextFile(str(tmp_path / "other.txt")), "char"), data_dir, workers=1)
     result = train(data_dir, out, "train.max_iters=4", "train.resume=true", "data.dataset=other", check=False)
     one_line_error(result, "was trained with another tokenizer (its chars differs")
 

@@ -1,10 +1,10 @@
-"""Data preparation speed against the tokenizer's own ceiling: MB/s and tokens/s of `data.prepare` for each
+"""Data preparation speed against the tokenizer's own ceiling: MB/s and tokens/s of data/prepare.py for each
 tokenizer, next to that tokenizer's own batch encode of the same text already in memory (no reading, no
 writing: the most preparation could reach), with encoding in threads (what prepare does) and in a process
 pool (the alternative), and the time and memory to build each vocabulary (char: a pass over the text;
 bpe:N: training it).
 
-    python tools/prepare_speed.py --text /tmp/shakespeare200.txt --mb 200 --tokenizers char gpt2 bpe:1024
+    python -m tools.prepare_speed --text /tmp/shakespeare200.txt --mb 200 --tokenizers char gpt2 bpe:1024
 
 The text is made (tiny Shakespeare repeated to --mb MB) when the file does not exist yet. Each vocabulary
 build and each preparation runs in a fresh process, so its peak memory (ru_maxrss) is its own; rounds
@@ -29,12 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import data.prepare as prep  # noqa: E402
-from data.sources import TextFile  # noqa: E402
-from data.tokenizers import BPETokenizer, CharTokenizer, TrainedBPE, from_meta, parse_spec  # noqa: E402
+import data.prepare as prep
+from data.recipes import SHAKESPEARE
+from data.sources import TextFile
+from data.tokenizers import BPETokenizer, CharTokenizer, TrainedBPE, from_meta, parse_spec
 
 MB = 1e6
 BATCH = 16  # pieces (of ~1 MiB) per call of a batch encoder in the ceiling
@@ -54,7 +52,7 @@ def peak_mb() -> float:
 
 def make_text(path: Path, mb: float) -> None:
     """Tiny Shakespeare, repeated until the file holds mb MB."""
-    text = Path(prep.SHAKESPEARE).read_text(encoding="utf-8")
+    text = Path(SHAKESPEARE).read_text(encoding="utf-8")
     with open(path, "w", encoding="utf-8") as f:
         for _ in range(max(1, round(mb * MB / len(text.encode())))):
             f.write(text)
@@ -109,11 +107,11 @@ def prepare_once(pool: str, text: str, meta_file: str, workers: int) -> dict:
         prep.encode_stream = process_stream  # the one difference between the two runs
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        meta = prep.prepare("speed", prep.Recipe(TextFile(text), "given"), out, workers, tokenizer)
+        meta = prep.prepare_dataset("speed", prep.Recipe(TextFile(text), "given"), out, workers, tokenizer)
         seconds = time.perf_counter() - start
     return {
         "seconds": seconds,
-        "tokens": meta["train_tokens"] + meta["val_tokens"],
+        "tokens": meta.train_tokens + meta.val_tokens,
         "peak_mb": peak_mb(),  # of the main process (a process pool's workers hold more)
     }
 
@@ -121,8 +119,9 @@ def prepare_once(pool: str, text: str, meta_file: str, workers: int) -> dict:
 def child(*args: str) -> dict:
     """Run this script in a fresh process for one measurement; its JSON result."""
     env = {**os.environ, "TQDM_DISABLE": "1"}
-    cmd = [sys.executable, __file__, "--child", *args]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    cmd = [sys.executable, "-m", "tools.prepare_speed", "--child", *args]
+    root = Path(__file__).resolve().parent.parent  # where `tools` is importable from
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, cwd=root)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{result.stderr}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -215,7 +214,7 @@ def report(results: dict, text_mb: float) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python tools/prepare_speed.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.prepare_speed", description=__doc__.split("\n\n")[0])
     p.add_argument("--text", default="/tmp/shakespeare200.txt", help="the text (made if missing)")
     p.add_argument("--mb", type=float, default=200, help="size of the text to make (default %(default)s MB)")
     p.add_argument("--tokenizers", nargs="+", default=["char", "gpt2", "bpe:1024"])

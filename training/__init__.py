@@ -1,2 +1,2 @@
-"""Training support: configs, runtime (device, precision), the trainer, optimisers, checkpoints,
-data-parallel wrappers, run records and hardware peaks. Scripts (train.py, bench.py, ...) sit on top."""
+"""Training: the plan of a run (its final config), the trainer, the loop's controls, optimisers,
+data-parallel wrappers, run records, exact evaluation, the dry run and hardware peaks."""

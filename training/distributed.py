@@ -1,18 +1,11 @@
 """Data-parallel training under torchrun: DDP or FSDP2, and the reductions that keep ranks in step.
 
-With one process every function here is a no-op or a plain call, so train.py reads the same either way.
-- `once_per_machine`: work done before the process group starts (preparing a dataset) by local rank 0 while
-  the other ranks of the machine wait on its files, not in a collective whose timeout the work could outlast.
-- `join`: the process group, with an explicit timeout (`train.dist_timeout`, minutes): a rank that stops or
-  hangs becomes an error on the others instead of a job that waits forever.
-- `wrap`: DDP (`train.parallel: ddp`) replicates the model; FSDP2 (`fsdp`, torch.distributed.fsdp.fully_shard)
-  shards each block's parameters, gradients and optimizer state across ranks (in bf16 runs it gathers bf16
-  weights and reduces gradients in fp32).
-- `sync_gradients`: gradients are all-reduced only on the last micro-step of an iteration (DDP no_sync /
-  FSDP set_requires_gradient_sync on the others).
-- `explain_hangs`: a collective that waited longer than `train.dist_timeout` (a rank stopped, died or took
-  another path) becomes one error line naming the collective and where it was called, not a traceback.
-Checkpoints of every kind of run are written and read by training/checkpoint.py.
+With one process every function here is a no-op or a plain call, so the training code reads the same.
+- `once_per_machine`: work before the process group starts (preparing a dataset), by local rank 0 while the
+  machine's other ranks wait on its files, not in a collective whose timeout the work could outlast.
+- `join`: the process group with a timeout (`train.dist_timeout`): a rank that stops or hangs becomes an error
+  on the others; `explain_hangs` turns that error into one line naming the collective and our caller.
+- `wrap`: DDP replicates the model; FSDP2 (fully_shard) shards each block (bf16 gathers, fp32 reductions).
 """
 
 from __future__ import annotations
@@ -161,10 +154,11 @@ def shutdown(rt) -> None:
         dist.destroy_process_group()
 
 
-def wrap(model: torch.nn.Module, cfg, rt) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(the module to run steps on, the underlying GPT) for this process."""
+def wrap(model: torch.nn.Module, cfg, rt) -> torch.nn.Module:
+    """The module this process runs forward passes through: the model itself (FSDP shards it in place), or
+    its DDP wrapper."""
     if not rt.distributed:
-        return model, model
+        return model
     if cfg.train.parallel == "fsdp":
         try:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -179,15 +173,17 @@ def wrap(model: torch.nn.Module, cfg, rt) -> tuple[torch.nn.Module, torch.nn.Mod
         for block in model.blocks:
             fully_shard(block, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
-        return model, model
+        return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [rt.local_rank] if rt.device.type == "cuda" else None
-    return DDP(model, device_ids=ids), model
+    return DDP(model, device_ids=ids)
 
 
-def sync_gradients(model: torch.nn.Module, sync: bool, rt):
-    """Context for one micro-step's forward and backward: all-reduce gradients only when `sync`."""
+def sync_gradients(forward: torch.nn.Module, sync: bool, rt):
+    """Context for one micro-step's forward and backward through `forward` (what `wrap` returned, compiled
+    or not): all-reduce gradients only when `sync`."""
+    model = getattr(forward, "_orig_mod", forward)  # under torch.compile: the module it compiled
     if not rt.distributed or sync:
         if rt.distributed and hasattr(model, "set_requires_gradient_sync"):
             model.set_requires_gradient_sync(True)

@@ -18,8 +18,8 @@ torch.compile's savings are the same reasoning, not measured here.
 
 `measure_training_memory` measures it instead, in a fresh process: the resident memory the first training
 steps add (Linux VmHWM after clear_refs), and how much of it is PyTorch's own code paged in on first use
-(file-backed; not training memory). bench.py reports the first number; the tests compare the second against
-the prediction.
+(file-backed; not training memory). tools/bench.py reports the first number; the tests compare the second
+against the prediction.
 """
 
 from __future__ import annotations
@@ -35,13 +35,15 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError
-from data.prepare import DATA_DIR, RECIPES, ensure_prepared, load_meta
+from data.dataset import Dataset, Meta
+from data.recipes import RECIPES, prepared_dataset
 from data.sources import HFText
 from model import GPT, GPTConfig
-from training.config import Config, load_config
+from runs.config import Config, Request, from_arguments
+from runs.runtime import compile_enabled, cpu_auto_precision
 from training.evaluation import final_eval_wanted
 from training.hardware import GPU_PEAKS
-from training.runtime import compile_enabled, cpu_auto_precision
+from training.plan import plan_run
 from training.trainer import Run, start_run, train_step
 
 MB = 2**20
@@ -142,7 +144,7 @@ class Memory:
 
     @property
     def training(self) -> float:
-        """Everything but the weights: what the first steps of a run add (bench.py's measure)."""
+        """Everything but the weights: what the first steps of a run add (tools/bench.py measures it)."""
         return self.gradients + self.optimizer + self.activations + self.backward
 
     @property
@@ -176,7 +178,7 @@ def checkpoint_bytes(cfg: Config, params: Params) -> float:
     return 4 * params.total + 8 * (params.total - params.muon) + 4 * params.muon
 
 
-# --- measuring memory (bench.py, tests) ---
+# --- measuring memory (tools/bench.py, tests) ---
 
 
 def _status_mb(fields: tuple[str, ...]) -> list[float]:
@@ -194,12 +196,11 @@ def _status_mb(fields: tuple[str, ...]) -> list[float]:
 CLEAR_REFS = "/proc/self/clear_refs"  # Linux: writing 5 resets the peak resident size (VmHWM) to the current
 
 
-def _memory_probe(config: str | None, overrides: list[str]) -> tuple[float, float] | None:
+def _memory_probe(args: list[str]) -> tuple[float, float] | None:
     """In a fresh process: (memory added by the first training steps, in MB; the part of it that is PyTorch's
     code paged in on first use). CPU: resident memory, where Linux's /proc lets it be measured (else None:
     macOS, Windows, some sandboxes); MPS: what the Metal driver allocated."""
-    cfg, _ = load_config(config, overrides)
-    run = start_run(cfg)
+    run = start_run(plan_run(from_arguments(args)))
     if run.rt.device.type == "mps":
         before = torch.mps.driver_allocated_memory()
         for it in range(2):
@@ -218,10 +219,11 @@ def _memory_probe(config: str | None, overrides: list[str]) -> tuple[float, floa
     return peak - rss, files_after - files
 
 
-def measure_training_memory(config: str | None, overrides: list[str]) -> tuple[float, float] | None:
-    """`_memory_probe` in a fresh process (so nothing this one allocated counts); None where it cannot."""
+def measure_training_memory(args: list[str]) -> tuple[float, float] | None:
+    """`_memory_probe` of the run `CONFIG [section.key=value ...]` asks for, in a fresh process (so nothing
+    this one allocated counts); None where it cannot."""
     with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_memory_probe, (config, overrides))
+        return pool.apply(_memory_probe, (args,))
 
 
 # --- time ---
@@ -255,28 +257,27 @@ def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
 
     def forward():
         with torch.no_grad(), rt.autocast():
-            run.step_model(x, y)
+            run.forward(x, y)
 
-    run.step_model.eval()
+    run.forward.eval()
     forwards = [timed(forward) for _ in range(4)][1:]
-    run.step_model.train()
+    run.forward.train()
     return Timing(statistics.median(times), statistics.median(forwards), first, len(times))
 
 
 # --- the dry run ---
 
 
-def _dataset_meta(cfg: Config) -> dict | None:
+def _dataset_meta(cfg: Config) -> Meta | None:
     """The dataset's meta.json; a known dataset made from local text is prepared first (seconds), one from the
     hub is not (it could be hours): None."""
-    data_dir = Path(cfg.data.dir) if cfg.data.dir else DATA_DIR
-    name = cfg.data.dataset
-    if not (data_dir / name / "meta.json").is_file():
-        recipe = RECIPES.get(name)
-        if recipe is None or isinstance(recipe.source, HFText):
-            return None
-        ensure_prepared(name, data_dir)
-    return load_meta(data_dir / name)
+    name, data_dir = cfg.data.dataset, cfg.data.dir
+    if Dataset.is_prepared(name, data_dir):
+        return Dataset.open(name, data_dir).meta
+    recipe = RECIPES.get(name)
+    if recipe is None or isinstance(recipe.source, HFText):
+        return None
+    return prepared_dataset(name, data_dir).meta
 
 
 def target_device(cfg: Config) -> tuple[str, str, bool]:
@@ -321,10 +322,11 @@ def _available_bytes(device: str) -> float | None:
     return None
 
 
-def dry_run(cfg: Config, name: str) -> str:
+def dry_run(request: Request) -> str:
     """The dry run's report (nothing is trained or written, except preparing a local dataset once)."""
+    cfg = request.cfg
     meta = _dataset_meta(cfg)
-    vocab = cfg.model.vocab_size or (meta or {}).get("vocab_size")
+    vocab = cfg.model.vocab_size or (meta.vocab_size if meta else None)
     if vocab is None:
         raise UserError(
             f"dataset {cfg.data.dataset} is not prepared, so its vocabulary is unknown; set model.vocab_size "
@@ -334,7 +336,7 @@ def dry_run(cfg: Config, name: str) -> str:
     device, precision, present = target_device(cfg)
     params = count_params(cfg.model, cfg.optim.name)
     mem = memory(cfg, precision, device, params)
-    lines = [f"dry run of {name}: nothing is trained or written", ""]
+    lines = [f"dry run of {request.name}: nothing is trained or written", ""]
     lines += _model_lines(cfg, params)
     timing, why_not = None, None
     if not present:
@@ -354,7 +356,7 @@ def dry_run(cfg: Config, name: str) -> str:
 def _time(cfg: Config) -> Timing:
     """Real steps of this config on this machine, one micro-batch each (grad_accum 1), nothing saved."""
     train = dataclasses.replace(cfg.train, grad_accum=1, resume=False, save=False)
-    run = start_run(dataclasses.replace(cfg, train=train))
+    run = start_run(plan_run(Request(dataclasses.replace(cfg, train=train))))
     return time_steps(run)
 
 
@@ -380,15 +382,15 @@ def _model_lines(cfg: Config, params: Params) -> list[str]:
     ]
 
 
-def _token_lines(cfg: Config, meta: dict | None, timing: Timing | None, params: Params) -> list[str]:
-    per_iter = cfg.train.batch_size * cfg.model.block_size * cfg.train.grad_accum
+def _token_lines(cfg: Config, meta: Meta | None, timing: Timing | None, params: Params) -> list[str]:
+    per_iter = cfg.tokens_per_iter
     iters = _iterations(cfg, timing)
     total = per_iter * iters
     by = f"{iters:,} iterations" + (" (train.max_time ends it first)" if iters < cfg.train.max_iters else "")
     if cfg.train.max_time and timing is None:
         by += f", or fewer: train.max_time={cfg.train.max_time:g}s"
     epochs = (
-        f" = {total / meta['train_tokens']:,.2f} epochs of the {meta['train_tokens']:,}-token train split"
+        f" = {total / meta.train_tokens:,.2f} epochs of the {meta.train_tokens:,}-token train split"
         if meta
         else ""
     )
@@ -414,8 +416,8 @@ def _memory_lines(cfg: Config, mem: Memory, params: Params, present: bool) -> li
         lines.append(f"            in {other} instead: {_mb(alt.peak)}")
     if compile_enabled(cfg.train.compile, torch.device(mem.device)):
         lines.append(
-            "            torch.compile on: counted as eager (on a CPU compiled peaks measured 4% below eager "
-            "at 6 x 384 x 256, 53 MB above it for the default model: the compiler's own memory)"
+            "            torch.compile on: counted as eager (compiled peaks measured within a few percent of "
+            "eager on a CPU, plus the compiler's own memory)"
         )
     free = _available_bytes(mem.device) if present else None
     if free is not None:
@@ -433,7 +435,7 @@ def _memory_lines(cfg: Config, mem: Memory, params: Params, present: bool) -> li
 
 def _time_lines(
     cfg: Config,
-    meta: dict | None,
+    meta: Meta | None,
     params: Params,
     timing: Timing | None,
     why_not: str | None,
@@ -442,7 +444,7 @@ def _time_lines(
 ) -> list[str]:
     m, t = cfg.model, cfg.train
     iters = _iterations(cfg, timing)
-    tokens = iters * t.batch_size * m.block_size * t.grad_accum
+    tokens = iters * cfg.tokens_per_iter
     lines = []
     if timing is not None:
         step = timing.step_s * t.grad_accum
@@ -450,14 +452,14 @@ def _time_lines(
         eval_s = 2 * t.eval_iters * timing.forward_s
         exact = ""
         total = iters * step + evals * eval_s
-        if meta and final_eval_wanted(t.final_eval, meta["val_tokens"]):
-            final_s = meta["val_tokens"] * timing.forward_s / (t.batch_size * m.block_size)
+        if meta and final_eval_wanted(t.final_eval, meta.val_tokens):
+            final_s = meta.val_tokens * timing.forward_s / (t.batch_size * m.block_size)
             exact, total = f" + exact val eval {_duration(final_s)}", total + final_s
         per = f" ({t.grad_accum} micro-steps)" if t.grad_accum > 1 else ""
         lines += [
             f"speed       {step * 1e3:,.1f} ms per iteration{per} on {device} in {precision} "
             f"(median of {timing.steps} steps after 2; the first took {timing.first_s:.2f} s) = "
-            f"{t.batch_size * m.block_size * t.grad_accum / step:,.0f} tokens/s",
+            f"{cfg.tokens_per_iter / step:,.0f} tokens/s",
             f"time        training {_duration(iters * step)} + {evals} evals x {eval_s:.1f} s{exact} = about "
             f"{_duration(total)} (checkpoint writes not counted)",
         ]

@@ -9,9 +9,12 @@
 - Bits per byte: the total loss in nats / ln 2 / the UTF-8 bytes of the predicted tokens (`byte_lengths` of
   data/tokenizers.py), which does not depend on the tokenizer: a character model and a BPE model compare.
   Special tokens (<|endoftext|> between documents) have no bytes; their loss counts like any other.
-- `score_choices`: multiple choice (HellaSwag's format, data/evalsets.py). Each ending is scored by the mean
-  loss of its tokens given the context (`accuracy_norm`, what nanoGPT's and llm.c's HellaSwag scripts report)
-  and by their total loss (`accuracy`); the lowest loss is the model's answer.
+- `score_choices`: multiple choice (HellaSwag's format, data/evalsets.py). Each ending is scored by the total
+  loss of its tokens given the context (`acc`), and normalised for its length: per token (`acc_per_token`,
+  the acc_norm of nanoGPT's and llm.c's HellaSwag scripts), per character of the ending as written
+  (`acc_per_char`, lm-evaluation-harness's acc_norm) and per UTF-8 byte (`acc_per_byte`, its acc_bytes);
+  the lowest loss is the model's answer. The two acc_norms differ (a token is several characters), hence
+  the names. The total loss of an ending is minus lm-eval's loglikelihood of it (`choice_losses`).
 - Under torchrun the batches are dealt out to the ranks and the sums all-reduced; every rank runs the same
   number of forward passes, as FSDP needs.
 """
@@ -32,8 +35,8 @@ import torch.nn.functional as F
 from common.errors import UserError
 from data.evalsets import Choice, encode_choice
 from data.tokenizers import Tokenizer, bits_per_byte, from_meta
+from runs.runtime import Runtime
 from training import distributed
-from training.runtime import Runtime
 
 # train.final_eval=auto: the exact eval at the end up to this many val tokens
 FINAL_EVAL_AUTO_TOKENS = 4_000_000
@@ -166,16 +169,18 @@ def evaluate_tokens(
 @dataclass
 class ChoiceScore:
     items: int
-    accuracy: float  # the ending with the lowest total loss
-    accuracy_norm: float  # the ending with the lowest mean loss per token (nanoGPT's and llm.c's acc_norm)
+    acc: float  # the ending with the lowest total loss
+    acc_per_token: float  # lowest loss per token (nanoGPT's and llm.c's acc_norm)
+    acc_per_char: float  # lowest loss per character of the ending (lm-evaluation-harness's acc_norm)
+    acc_per_byte: float  # lowest loss per UTF-8 byte of the ending (lm-evaluation-harness's acc_bytes)
     chance: float  # the expected accuracy of a random guess
 
 
 @torch.no_grad()
 def ending_losses(
     model: torch.nn.Module, encoded: list[tuple[list[int], int]], autocast=None
-) -> torch.Tensor:
-    """(n_endings, 2): the total and the mean loss of each ending's tokens given the context, in one batch."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(total loss, tokens) of each ending given its context, in one batch."""
     device = next(model.parameters()).device
     width = max(len(ids) for ids, _ in encoded) - 1
     x = torch.zeros((len(encoded), width), dtype=torch.long)
@@ -188,8 +193,12 @@ def ending_losses(
     with autocast() if autocast is not None else contextlib.nullcontext():
         logits, _ = model(x)
     nats = F.cross_entropy(logits.float().transpose(1, 2), y, ignore_index=-1, reduction="none")
-    total = nats.sum(dim=1)
-    return torch.stack([total, total / (y >= 0).sum(dim=1)], dim=1)
+    return nats.double().sum(dim=1).cpu(), (y >= 0).sum(dim=1).cpu()
+
+
+def choice_losses(model: torch.nn.Module, tokenizer: Tokenizer, item: Choice, autocast=None) -> torch.Tensor:
+    """The total loss in nats of each ending of `item` given its context (float64, on the CPU)."""
+    return ending_losses(model, encode_choice(item, tokenizer, model.config.block_size), autocast)[0]
 
 
 def score_choices(
@@ -199,16 +208,22 @@ def score_choices(
     autocast=None,
     progress: Callable[[int], None] | None = None,
 ) -> ChoiceScore:
-    """Accuracy of `model` on multiple-choice items: each ending scored by its loss given the context."""
+    """Accuracy of `model` on multiple-choice items: each ending scored by its loss given the context, in
+    total and per token, character and byte."""
     was_training = model.training
     model.eval()
-    right = np.zeros(2)
+    right = np.zeros(4)
     for item in items:
-        losses = ending_losses(model, encode_choice(item, tokenizer, model.config.block_size), autocast)
-        right += (losses.argmin(dim=0) == item.label).cpu().numpy()
+        total, tokens = ending_losses(
+            model, encode_choice(item, tokenizer, model.config.block_size), autocast
+        )
+        chars = torch.tensor([len(e) for e in item.endings], dtype=torch.float64)
+        n_bytes = torch.tensor([len(e.encode("utf-8")) for e in item.endings], dtype=torch.float64)
+        scores = torch.stack([total, total / tokens, total / chars, total / n_bytes], dim=1)
+        right += (scores.argmin(dim=0) == item.label).numpy()
         if progress is not None:
             progress(1)
     model.train(was_training)
     n = len(items)
     chance = sum(1 / len(item.endings) for item in items) / n
-    return ChoiceScore(n, right[0] / n, right[1] / n, chance)
+    return ChoiceScore(n, *(right / n).tolist(), chance)

@@ -2,11 +2,9 @@
 
 Muon (Jordan et al. 2024) replaces each 2-D weight's momentum update by its nearest semi-orthogonal matrix,
 found with five Newton-Schulz iterations in bf16 (fp32 on a CPU without bf16 matrix instructions, where
-PyTorch's bf16 matrix products are emulated and the step took 13 s instead of 1.7 s for a 4 x 256 model;
-BENCHMARKS.md). torch.optim.Muon (torch >= 2.9) runs them matrix by matrix;
-for the small matrices of a small GPT that is a long chain of tiny matrix products, and on a CPU the optimizer
-step took 18-25 ms for the 16 hidden matrices of a 4 x 128 model, about half a whole training step. Batched,
-it takes 11-14 ms (BENCHMARKS.md).
+PyTorch's bf16 matrix products are emulated and many times slower). torch.optim.Muon (torch >= 2.9) runs
+them matrix by matrix; for the small matrices of a small GPT that is a long chain of tiny matrix products,
+about half a whole training step on a CPU. Batched, it takes about half as long (BENCHMARKS.md, "Muon").
 
 This version computes the same update (same coefficients, Nesterov momentum, learning rate scaled by
 sqrt(max(1, rows / cols)), decoupled weight decay) but orthogonalises all matrices that share their short
@@ -23,7 +21,7 @@ import math
 
 import torch
 
-from training.runtime import cpu_has_bf16_matmul
+from runs.runtime import cpu_has_bf16_matmul
 
 COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's (Keller Jordan's) quintic iteration
 

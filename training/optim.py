@@ -1,18 +1,12 @@
 """Optimisers and the learning-rate schedule.
 
-- AdamW with weight decay on 2-D weights only (matrices and embeddings; not biases or norm gains). The
-  kernel (`optim.impl`): fused where torch has it for the device (CPU included), else foreach; `forloop`
-  keeps nanoGPT's plain per-parameter loop reachable for comparisons.
-- Muon (`optim.name: muon`): orthogonalised momentum for the 2-D weights inside the blocks; embeddings, the
-  LM head, biases and norms stay on AdamW (Muon is for hidden matrices only). training/muon.py computes
-  torch.optim.Muon's update batched over matrices, which is what makes it affordable on a CPU.
-- `step_unless`: a step is skipped on the device when its loss or gradient is not finite, without reading the
-  flag back: fused AdamW and Muon take it as `found_inf`, the attribute torch's GradScaler sets for the same
-  purpose (the other AdamW kernels, optim.impl=foreach|forloop, read it back once per step).
-- Schedule: lr x warmup(iter) x decay(progress), progress in [0, 1] being the larger of iter / max_iters and
-  elapsed / max_time, so a run with a time budget still ends with its learning rate decayed. Warmup rises
-  linearly over `warmup_iters`; decay is cosine to `min_lr_ratio`, warmup-stable-decay (flat, then linear
-  to the floor over the last `decay_frac`), or constant.
+- AdamW, weight decay on 2-D weights only; fused where torch has it for the device (CPU included), else
+  foreach (`forloop`: nanoGPT's plain loop, for comparisons). Muon (`optim.name: muon`, training/muon.py) for
+  the hidden matrices of the blocks, AdamW for embeddings, the LM head, biases and norms.
+- `step_unless` skips a step on the device when its loss or gradient is not finite, without reading the flag
+  back: fused AdamW and Muon take it as `found_inf`, as from torch's GradScaler (the other kernels read it).
+- The schedule: lr x warmup(iter) x decay(progress), progress the larger of iter / max_iters and elapsed /
+  max_time (a run with a time budget still ends decayed); cosine, warmup-stable-decay (wsd) or constant.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ import math
 
 import torch
 
-from training.config import OptimConfig, TrainConfig
+from runs.config import OptimConfig, TrainConfig
 from training.muon import Muon
 
 

@@ -1,17 +1,11 @@
-"""What a run shows and records: the progress bar and eval lines, OUT_DIR/metrics.jsonl, OUT_DIR/loss.png and
-Weights & Biases.
+"""What a run shows and records (rank 0 only): the progress bar, OUT_DIR/metrics.jsonl, loss.png and wandb.
 
-Without a terminal (a batch job's log, a pipe) the progress bar gives way to one line per log step:
-`iteration 10/19073: loss 4.2102, lr 6.00e-05, 312,115 tokens/s`.
-
-metrics.jsonl holds one JSON line per eval with at least iter, train_loss, val_loss, lr, tokens (trained on
-so far) and elapsed_s (training seconds so far, evals excluded), so runs can be plotted and compared by
-scripts (plot.py). loss.png is redrawn from it at each eval, unless drawing has already taken 1% of the
-run's wall time (it is always drawn at the end). Only rank 0 prints and writes. wandb is imported only when
-enabled; it follows WANDB_MODE (offline, disabled, ...) and the rest of its environment, writes under
-OUT_DIR/wandb, and a resumed run continues the same wandb run. Losses, gradient norms and finite flags stay on
-the device between log steps: they are read back every log.interval iterations (and when train.py asks,
-before evals and stops), so the GPU never waits for the host in between.
+- Without a terminal (a batch job, a pipe) the bar gives way to one line per log step.
+- metrics.jsonl: one JSON line per eval (iter, train_loss, val_loss, lr, tokens, elapsed_s: training seconds,
+  evals excluded), for plot.py and scripts. loss.png is redrawn at evals within 1% of the run's wall time.
+- wandb is imported only when enabled, follows WANDB_MODE, and a resumed run continues the same wandb run.
+- Losses, gradient norms and finite flags stay on the device, read back every log.interval iterations (and
+  before evals and stops), so the GPU never waits for the host in between.
 """
 
 from __future__ import annotations
@@ -29,8 +23,8 @@ import torch
 from tqdm import tqdm
 
 from common.errors import UserError
+from runs.config import to_dict
 from training import distributed
-from training.config import to_dict
 from training.trainer import Run
 
 PLOT_SHARE = 0.01  # the most of a run's wall time that redrawing loss.png may take
@@ -83,28 +77,27 @@ class Tracker:
 
     def step(
         self, it: int, loss: torch.Tensor, grad_norm: torch.Tensor, finite: torch.Tensor, elapsed: float
-    ) -> bool:
+    ) -> None:
         """After iteration it - 1 (`it` done): keep its results; every log.interval iterations (and at
-        max_iters) show and log the mean loss and return True (time to look at `nonfinite_steps`)."""
+        max_iters) show and log the mean loss."""
         self.loss_sum += loss
         self.steps.append((it - 1, torch.stack([loss.float(), grad_norm.float(), finite.float()])))
         self.bar.update(1)
         if it % self.run.cfg.log.interval and it != self.run.cfg.train.max_iters:
-            return False
+            return
         last_it, last_elapsed = self.last_log
         world = self.run.rt.world_size
         mean_loss = distributed.all_sum(self.loss_sum, self.run.rt).item() / (world * (it - last_it))
         lr = self.run.optimizers[0].param_groups[0]["lr"]
-        tok_s = self.run.tokens_per_iter * (it - last_it) / max(elapsed - last_elapsed, 1e-9)
+        tok_s = self.run.cfg.tokens_per_iter * (it - last_it) / max(elapsed - last_elapsed, 1e-9)
         self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
         if self.bar.disable:  # no terminal (a batch job's log, a pipe): one line per log step instead
             total = self.run.cfg.train.max_iters
             self.write(f"iteration {it}/{total}: loss {mean_loss:.4f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s")
-        tokens = it * self.run.tokens_per_iter
+        tokens = it * self.run.cfg.tokens_per_iter
         self.log(it, {"train/loss": mean_loss, "lr": lr, "tokens_per_s": tok_s, "tokens": tokens})
         self.loss_sum.zero_()
         self.last_log = (it, elapsed)
-        return True
 
     def nonfinite_steps(self) -> list[tuple[int, float, float]]:
         """(iteration, loss, gradient norm) of each step since the last call whose loss or gradient was not

@@ -1,7 +1,7 @@
 """Measure training and sampling speed, memory and MFU for a config.
 
-    python bench.py [CONFIG] [section.key=value ...]                      # one setup
-    python bench.py [CONFIG] [k=v ...] --compare [CONFIG2] [k=v ...]       # two setups, alternately
+    python -m tools.bench [CONFIG] [section.key=value ...]                   # one setup
+    python -m tools.bench [CONFIG] [k=v ...] --compare [CONFIG2] [k=v ...]    # two setups, alternately
     options: --steps N --rounds R --warmup W --only train,sample,memory --sample-tokens N --json PATH
 
 Training: the real train step (training/trainer.py) on the config's dataset: median ms/iteration and tokens/s
@@ -37,10 +37,11 @@ import torch
 
 from common.errors import UserError, run_cli
 from model import generate, quantize_int8, sample_next
-from training.config import Config, load_config
+from runs.config import Config, from_arguments
+from runs.runtime import Runtime
 from training.estimate import measure_training_memory
 from training.hardware import peak_flops
-from training.runtime import Runtime
+from training.plan import plan_run
 from training.trainer import Run, start_run, train_step
 
 CONTEXTS = (512, 1024, 2048, 4096)
@@ -49,8 +50,7 @@ CONTEXTS = (512, 1024, 2048, 4096)
 @dataclass
 class Setup:
     label: str
-    config: str | None
-    overrides: list[str]
+    args: list[str]  # CONFIG [section.key=value ...]
     run: Run = None
     threads: int = 0
     times: list[float] = field(default_factory=list)
@@ -67,7 +67,8 @@ class Setup:
         return self.run.rt
 
 
-def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str | None, list[str]]]]:
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[list[str]]]:
+    """The options, and each setup's `CONFIG [section.key=value ...]` (the groups --compare separates)."""
     options = {"--steps", "--rounds", "--warmup", "--only", "--sample-tokens", "--json"}
     groups, flags = [[]], []
     i = 0
@@ -83,7 +84,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str | None, l
         else:
             groups[-1].append(a)
         i += 1
-    p = argparse.ArgumentParser(prog="python bench.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=10, help="timed steps per round (default 10)")
     p.add_argument("--rounds", type=int, default=5, help="rounds; setups alternate each round (default 5)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compile happens here)")
@@ -93,27 +94,22 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str | None, l
         "--json", default="bench/last.json", help="where to write the results (default %(default)s)"
     )
     args = p.parse_args(flags)
-    setups = []
-    for k, g in enumerate(groups):
-        config = g[0] if g and "=" not in g[0] else None
-        overrides = g[1:] if config else g
-        if k == 1 and config is None:  # B: A's config and overrides, then B's
-            config, overrides = setups[0][0], setups[0][1] + overrides
-        setups.append((config, overrides))
-    return args, setups
+    if len(groups) == 2 and (not groups[1] or "=" in groups[1][0]):  # B: A's config and overrides, then B's
+        groups[1] = groups[0] + groups[1]
+    return args, groups
 
 
-def build(config: str | None, overrides: list[str]) -> Run:
-    return start_run(*load_config(config, overrides))  # the origins: for train.init_from
+def build(args: list[str]) -> Run:
+    return start_run(plan_run(from_arguments(args)))
 
 
 def cuda_allocated() -> int:
     return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
 
 
-def prepare(s: Setup, main_threads: int) -> None:
+def build_setup(s: Setup, main_threads: int) -> None:
     start = cuda_allocated()
-    s.run = build(s.config, s.overrides)
+    s.run = build(s.args)
     s.held = cuda_allocated() - start
     s.threads = torch.get_num_threads()
     torch.set_num_threads(main_threads)
@@ -144,19 +140,19 @@ def timed_steps(s: Setup, n: int, record: bool) -> None:
 def train_result(s: Setup) -> dict:
     run, rt = s.run, s.run.rt
     ms = statistics.median(s.times) * 1e3
-    tok_s = run.tokens_per_iter / (ms / 1e3)
-    flops = run.raw_model.flops_per_token(run.cfg.model.block_size) * tok_s
+    tok_s = run.cfg.tokens_per_iter / (ms / 1e3)
+    flops = run.model.flops_per_token(run.cfg.model.block_size) * tok_s
     torch.set_num_threads(s.threads)
     peak = peak_flops(rt.device, rt.precision)
     if rt.device.type == "cuda":
         memory = (s.held + s.peak_above) / 2**20
     else:
-        measured = measure_training_memory(s.config, s.overrides)
+        measured = measure_training_memory(s.args)
         memory = measured[0] if measured else None
     return {
         "setup": s.label,
-        "params_M": round(run.raw_model.num_params() / 1e6, 3),
-        "tokens_per_iter": run.tokens_per_iter,
+        "params_M": round(run.model.num_params() / 1e6, 3),
+        "tokens_per_iter": run.cfg.tokens_per_iter,
         "ms_per_iter": round(ms, 2),
         "tokens_per_s": round(tok_s),
         "mfu": round(flops / peak, 4) if peak else None,
@@ -172,19 +168,19 @@ def train_result(s: Setup) -> dict:
 def memory_scaling(s: Setup) -> list[dict]:
     rows = []
     for T in CONTEXTS:
-        overrides = s.overrides + [f"model.block_size={T}", "train.batch_size=1", "train.grad_accum=1"]
+        args = s.args + [f"model.block_size={T}", "train.batch_size=1", "train.grad_accum=1"]
         device = s.run.rt.device
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-            run = build(s.config, overrides)
+            run = build(args)
             base = torch.cuda.memory_allocated(device)
             for it in range(2):
                 train_step(run, it)
             mb = (torch.cuda.max_memory_allocated(device) - base) / 2**20
             del run
         else:
-            measured = measure_training_memory(s.config, overrides)
+            measured = measure_training_memory(args)
             mb = measured[0] if measured else None
         rows.append({"setup": s.label, "context": T, "peak_train_mem_MB": round(mb, 1) if mb else None})
     for a, b in itertools.pairwise(rows):
@@ -235,7 +231,7 @@ def decode_prompt(rt: Runtime, batch: int = 1) -> torch.Tensor:
 
 
 def decoders(model: torch.nn.Module, compiled: bool) -> dict[str, tuple[torch.nn.Module, int, bool]]:
-    """The decoding paths bench.py times: name -> (model, batch size, compile); the compiled ones when the
+    """The decoding paths this tool times: name -> (model, batch size, compile); the compiled ones when the
     setup compiles (train.compile)."""
     int8 = quantize_int8(copy.deepcopy(model))
     paths = {"fp32": (model, 1, False), "int8": (int8, 1, False), "fp32 x8 samples": (model, 8, False)}
@@ -251,9 +247,9 @@ def sampling(s: Setup, n_tokens: int, rounds: int) -> tuple[dict, list[dict]]:
     compiles: the paths alternate over `rounds`, each timed on the whole n_tokens (medians), between
     measurements of the GEMV bandwidth. Then, once each, full recompute over the same windows and nanoGPT's
     generator. Returns (the floor, one row per path)."""
-    model = s.run.raw_model.eval()
+    model = s.run.model.eval()
     torch.set_num_threads(s.threads)
-    paths = decoders(model, compiled=s.run.step_model is not s.run.model)
+    paths = decoders(model, compiled=s.run.compiled)
     gen = torch.Generator(device=s.rt.device)
 
     def seconds(fn) -> float:
@@ -307,7 +303,7 @@ def sampling(s: Setup, n_tokens: int, rounds: int) -> tuple[dict, list[dict]]:
     return floor, rows
 
 
-def table(rows: list[dict]) -> str:
+def format_table(rows: list[dict]) -> str:
     keys = list(dict.fromkeys(k for r in rows for k in r))
     cells = [["n/a" if r.get(k, "") is None else str(r.get(k, "")) for k in keys] for r in rows]
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
@@ -318,21 +314,21 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args, groups = parse(argv)
+    args, groups = parse_args(argv)
     only = set(args.only.split(","))
     if not only <= {"train", "sample", "memory"}:
         raise UserError(f"--only takes train, sample and/or memory, got {args.only}")
     main_threads = torch.get_num_threads()
-    setups = [Setup("AB"[i] if len(groups) > 1 else "A", c, o) for i, (c, o) in enumerate(groups)]
+    setups = [Setup("AB"[i] if len(groups) > 1 else "A", g) for i, g in enumerate(groups)]
     for s in setups:
-        prepare(s, main_threads)
+        build_setup(s, main_threads)
         print(
-            f"{s.label}: {s.config or 'default config'} {' '.join(s.overrides)} "
+            f"{s.label}: {' '.join(s.args) or 'the default config'} "
             f"[{s.rt.device}, {s.rt.precision}, {s.threads} threads]",
             file=sys.stderr,
         )
     results: dict = {
-        "command": "python bench.py " + " ".join(argv),
+        "command": "python -m tools.bench " + " ".join(argv),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "torch": torch.__version__,
     }
@@ -346,18 +342,18 @@ def main(argv: list[str]) -> int:
         if len(setups) == 2:
             a, b = results["train"]
             results["ratio_B_over_A_tokens_per_s"] = round(b["tokens_per_s"] / a["tokens_per_s"], 3)
-        print(table(results["train"]))
+        print(format_table(results["train"]))
         if "ratio_B_over_A_tokens_per_s" in results:
             print(f"B / A training tokens/s: {results['ratio_B_over_A_tokens_per_s']}")
     if "sample" in only:
         measured = [sampling(s, args.sample_tokens, args.rounds) for s in setups]
         results["sample_floor"] = [floor for floor, _ in measured]
         results["sample"] = [row for _, rows in measured for row in rows]
-        print(table(results["sample_floor"]))
-        print(table(results["sample"]))
+        print(format_table(results["sample_floor"]))
+        print(format_table(results["sample"]))
     if "memory" in only:
         results["memory"] = [row for s in setups for row in memory_scaling(s)]
-        print(table(results["memory"]))
+        print(format_table(results["memory"]))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"results in {args.json}", file=sys.stderr)

@@ -1,26 +1,16 @@
 """Checkpoints you can trust: the format, written atomically and read back without unpickling, in one place.
 
-OUT_DIR/last/ and OUT_DIR/best/ each hold
-    model.safetensors       the weights, whole (safetensors: tensors only, no code); the LM head is left
-                            out when it is tied to the token embedding
-    config.yaml             the resolved training config
-    tinygpt_tokenizer.json  the tokenizer metadata (vocabulary); tokenizer.json in older checkpoints (still
-                            read), a name AutoTokenizer would take for its own format
-    state.pt                training state: the optimizer state keyed by parameter name, iteration, RNG
-                            states, best val loss; plain tensors and numbers, read with
-                            torch.load(weights_only=True), which refuses anything else
-Notable:
-- Atomic: `_atomic_folder` writes into a temporary folder, flushes it to disk, then swaps it in by renames
-  (the old folder moves to .NAME.old, the new one takes its name, the old one is deleted). A crash at any
-  moment leaves NAME or .NAME.old complete, and `find()` takes whichever exists. `best` shares the files of
-  `last` by hard links (files are never modified in place, only replaced).
-- One format for every way of training: one process, DDP or FSDP. Under FSDP every rank takes part in
-  gathering the full weights and optimizer state (torch.distributed.checkpoint.state_dict, full state
-  dicts offloaded to rank 0's CPU), and rank 0 writes them. Loading shards them again for whatever number
-  of ranks resumes, so a run saved on 8 GPUs resumes on 1 and back, and sample.py reads it like any other.
-  (torch.distributed.checkpoint's own file format is not used: its metadata file is a pickle.)
-- `load_pretrained` reads the weights a run starts from (train.init_from) or that sample.py and heads.py
-  run: a checkpoint, or a Hugging Face model folder or hub name (converted by hf/).
+OUT_DIR/last/ and OUT_DIR/best/ each hold model.safetensors (the weights, whole; a tied LM head left out),
+config.yaml (the run's final config), tinygpt_tokenizer.json (data/tokenizers.py's metadata) and state.pt
+(optimizer state keyed by parameter name, progress, RNG states: tensors and numbers only, read with
+torch.load(weights_only=True), which refuses anything else).
+- Atomic: `atomic_folder` writes a temporary folder, flushes it, and swaps it in by renames (the old one moves
+  to .NAME.old first): a crash at any moment leaves NAME or .NAME.old complete, and `find` takes either.
+  best/ shares last/'s files by hard links (files are replaced, never modified in place).
+- One format for one process, DDP and FSDP: under FSDP every rank helps gather the full state and rank 0
+  writes it, so a run saved on 8 GPUs resumes on 1 (torch.distributed.checkpoint's metadata is a pickle).
+- Reading: `find` gives a `Checkpoint`, whose files are read on demand; `load_pretrained` reads the weights a
+  run starts from or a script runs: a checkpoint, or a Hugging Face model folder or hub name (via hf/).
 """
 
 from __future__ import annotations
@@ -32,7 +22,7 @@ import random
 import shutil
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,27 +38,22 @@ from common.errors import UserError
 from data.tokenizers import METADATA_FILE
 from hf import folders, tokenizer_files
 from model import GPT, GPTConfig
-from training.config import Config, DataConfig, to_yaml
+from runs.config import Config, DataConfig, to_yaml
 
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.yaml", METADATA_FILE, "state.pt"
-OLD_TOKENIZER = "tokenizer.json"  # checkpoints written before the rename
 
 
 # --- writing ---
 
 
 def _fsync(path: Path) -> None:
-    """Flush a file or a folder's entries to disk (best effort for folders, which some systems refuse)."""
-    try:
+    """Flush a file or a folder's entries to disk (best effort: some systems refuse it for folders)."""
+    with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _recover(out_dir: Path, name: str) -> None:
@@ -117,11 +102,9 @@ def atomic_folder(
 def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights to save, whole, as contiguous CPU tensors named as in GPT (no wrapper prefixes), without
     the tied copy of the embedding. Under FSDP every rank must call it; only rank 0 gets the tensors."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    options = StateDictOptions(full_state_dict=True, cpu_offload=distributed)
-    state = get_model_state_dict(model, options=options)
+    state = get_model_state_dict(model, options=_whole())
     if getattr(getattr(model, "config", None), "tie_embeddings", True):
         state.pop("lm_head.weight", None)
     return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
@@ -129,14 +112,20 @@ def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def optimizer_state(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict:
     """The optimizers' state keyed by parameter name, whole (FSDP: gathered; every rank calls it)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizers, options=_whole())
+
+
+def _whole():
+    """Full (unsharded) state dicts; under torchrun gathered to rank 0's CPU."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    options = StateDictOptions(full_state_dict=True, cpu_offload=distributed)
-    return get_optimizer_state_dict(model, optimizers, options=options)
+    return StateDictOptions(full_state_dict=True, cpu_offload=distributed)
 
 
-def save(
+def write_checkpoint(
     out_dir: Path | str,
     name: str,
     model: torch.nn.Module,
@@ -164,7 +153,7 @@ def save(
     return out_dir / name
 
 
-def copy(out_dir: Path | str, src: str, dst: str) -> Path:
+def copy_checkpoint(out_dir: Path | str, src: str, dst: str) -> Path:
     """Make checkpoint DST a copy of SRC (hard links where the filesystem allows), atomically."""
     out_dir = Path(out_dir)
     with atomic_folder(out_dir, dst) as tmp:
@@ -179,7 +168,7 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def prepare_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
+def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
     """Fail before training on an out_dir that cannot hold the checkpoints, or whose run would be lost;
     with train.overwrite, delete the run it holds."""
     try:
@@ -213,11 +202,67 @@ def prepare_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
 # --- reading ---
 
 
-def find(path: Path | str, prefer: tuple[str, ...] = ("best", "last")) -> Path:
-    """The checkpoint folder at `path`: path itself, else its best (or last) checkpoint."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint folder (OUT_DIR/last, OUT_DIR/best, or a copy elsewhere); its files are read on demand."""
+
+    folder: Path
+
+    def __str__(self) -> str:
+        return str(self.folder)
+
+    def __fspath__(self) -> str:  # a path wherever one is taken: Path(ckpt), open(ckpt / ...) through .folder
+        return str(self.folder)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return self._read(
+            WEIGHTS,
+            lambda path: load_file(str(path)),
+            (SafetensorError, OSError, ValueError),
+            " or not a safetensors file ({}); use another checkpoint (e.g. last/ instead of best/) or train "
+            "again",
+        )
+
+    def config(self) -> Config:
+        def parse(path: Path) -> Config:
+            data = yaml.safe_load(path.read_text())
+            return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), data or {}))
+
+        return self._read(CONFIG, parse, (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError))
+
+    def tokenizer(self) -> dict:
+        return self._read(TOKENIZER, lambda path: json.loads(path.read_text()), (ValueError,))
+
+    def train_state(self) -> dict[str, Any]:
+        """state.pt, never unpickling code: weights_only refuses it (UnpicklingError)."""
+        return self._read(
+            STATE,
+            lambda path: torch.load(path, map_location="cpu", weights_only=True),
+            (Exception,),
+            " or holds something other than tensors and numbers (refused to load it: {})",
+        )
+
+    def _read(self, name: str, parse, damage: tuple[type[Exception], ...], damaged: str = " ({})"):
+        """parse(folder / name); a missing file, or one that fails with a `damage` exception, is one line."""
+        path = self.folder / name
+        if not path.is_file():
+            if name == STATE:
+                raise UserError(
+                    f"{path} is missing: this checkpoint holds weights only and cannot resume training"
+                )
+            raise UserError(f"{path} is missing; the checkpoint is incomplete")
+        try:
+            return parse(path)
+        except damage as e:
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise UserError(f"{path} is damaged" + damaged.format(first)) from None
+
+
+def find(path: Path | str, prefer: tuple[str, ...] = ("best", "last")) -> Checkpoint:
+    """The checkpoint at `path`: path itself, else its best (or last) checkpoint."""
     path = Path(path)
     if (path / WEIGHTS).is_file():
-        return path
+        return Checkpoint(path)
     if path.is_file():
         raise UserError(
             f"{path} is a file, not a checkpoint: give a training run's folder (train.out_dir) or one "
@@ -231,11 +276,11 @@ def find(path: Path | str, prefer: tuple[str, ...] = ("best", "last")) -> Path:
     for name in prefer:
         for candidate in (path / name, path / f".{name}.old"):  # .old: a swap interrupted by a crash
             if (candidate / WEIGHTS).is_file():
-                return candidate
+                return Checkpoint(candidate)
     raise _none_in(path, prefer)
 
 
-def find_last(out_dir: Path | str) -> Path:
+def find_last(out_dir: Path | str) -> Checkpoint:
     """The checkpoint a resumed run continues: OUT_DIR/last (or the .last.old that a crash left)."""
     if not Path(out_dir).is_dir():
         raise _none_in(out_dir, ("last",))
@@ -249,94 +294,38 @@ def _none_in(path: Path | str, names: tuple[str, ...]) -> UserError:
     )
 
 
-def load_weights(ckpt: Path) -> dict[str, torch.Tensor]:
-    path = ckpt / WEIGHTS
-    try:
-        return load_file(str(path))
-    except FileNotFoundError:
-        raise UserError(f"{path} is missing; the checkpoint is incomplete") from None
-    except (SafetensorError, OSError, ValueError) as e:
-        raise UserError(
-            f"{path} is damaged or not a safetensors file ({str(e).splitlines()[0]}); "
-            "use another checkpoint (e.g. last/ instead of best/) or train again"
-        ) from None
-
-
-def load_config(ckpt: Path) -> Config:
-    try:
-        data = yaml.safe_load((ckpt / CONFIG).read_text())
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), data or {}))
-    except FileNotFoundError:
-        raise UserError(f"{ckpt / CONFIG} is missing; the checkpoint is incomplete") from None
-    except (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError) as e:
-        raise UserError(f"{ckpt / CONFIG} is damaged ({str(e).splitlines()[0]})") from None
-
-
-def load_tokenizer_meta(ckpt: Path) -> dict:
-    path = ckpt / (
-        TOKENIZER if (ckpt / TOKENIZER).is_file() or not (ckpt / OLD_TOKENIZER).is_file() else OLD_TOKENIZER
-    )
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{ckpt / TOKENIZER} is missing; the checkpoint is incomplete") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is damaged ({e})") from None
-
-
-def load_train_state(ckpt: Path) -> dict[str, Any]:
-    """state.pt of a checkpoint, never unpickling code."""
-    path = ckpt / STATE
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise UserError(
-            f"{path} is missing: this checkpoint holds weights only and cannot resume training"
-        ) from None
-    except Exception as e:  # weights_only refuses pickled code with UnpicklingError; damage gives others
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(
-            f"{path} is damaged or holds something other than tensors and numbers "
-            f"(refused to load it: {first[:200]})"
-        ) from None
-
-
-def load_into(model: GPT, weights: dict[str, torch.Tensor], ckpt: Path) -> None:
+def load_into(model: GPT, weights: dict[str, torch.Tensor], where: Path) -> None:
     """Load whole weights into a model that is not sharded yet (FSDP shards it afterwards)."""
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as e:  # shape mismatch
         last = str(e).splitlines()[-1].strip()
-        raise UserError(f"the weights in {ckpt} do not fit its config: {last}") from None
+        raise UserError(f"the weights in {where} do not fit its config: {last}") from None
     if model.config.tie_embeddings:
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
         raise UserError(
-            f"the weights in {ckpt} do not match its config (missing {missing[:3]}, unexpected "
+            f"the weights in {where} do not match its config (missing {missing[:3]}, unexpected "
             f"{unexpected[:3]}); the checkpoint is inconsistent"
         )
 
 
 def load_optimizers(
-    model: torch.nn.Module, optimizers: list[torch.optim.Optimizer], state: dict, ckpt: Path
+    model: torch.nn.Module, optimizers: list[torch.optim.Optimizer], state: dict, ckpt: Checkpoint
 ) -> None:
-    """Restore the optimizer state saved by `save` (sharding it again under FSDP, for any number of ranks)."""
+    """Restore the optimizer state written by `write_checkpoint` (sharding it again under FSDP, for any
+    number of ranks)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    saved = state.get("optimizer")
     mismatch = UserError(
         f"checkpoint {ckpt} holds state for a different optimizer setup; resume with the optim.name it "
         "was trained with"
     )
-    if saved is None:  # written before optimizer state was keyed by name: one state_dict per optimizer
-        old = state.get("optimizers")
-        if old is None or len(old) != len(optimizers):
-            raise mismatch
-        for opt, s in zip(optimizers, old):
-            opt.load_state_dict(s)
-        return
+    if "optimizer" not in state:
+        raise mismatch
+    options = StateDictOptions(full_state_dict=True)
     try:
-        set_optimizer_state_dict(model, optimizers, saved, options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(model, optimizers, state["optimizer"], options=options)
     except (KeyError, ValueError, RuntimeError):
         raise mismatch from None
 
@@ -377,9 +366,9 @@ def load_pretrained(name: Path | str, hub: bool = False) -> Pretrained:
             f"{path} holds no checkpoint ({WEIGHTS} with {CONFIG}, or a run's best/ or last/) and no Hugging "
             f"Face model (it has no {folders.CONFIG}); give a run's folder, a checkpoint or a model folder"
         ) from None
-    cfg, tokenizer = load_config(ckpt), load_tokenizer_meta(ckpt)
+    cfg, tokenizer = ckpt.config(), ckpt.tokenizer()
     return Pretrained(
-        ckpt, cfg.model, load_weights(ckpt), tokenizer, tokenizer_files.describe(tokenizer), cfg
+        ckpt.folder, cfg.model, ckpt.weights(), tokenizer, tokenizer_files.describe(tokenizer), cfg
     )
 
 
@@ -396,39 +385,9 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[GP
     if cfg is None:
         dataset = "shakespeare_char" if source.tokenizer["kind"] == "char" else "shakespeare"
         cfg = Config(model=source.model, data=DataConfig(dataset=dataset))
-    model = GPT(GPTConfig(**asdict(source.model)))
+    model = GPT(source.model)
     load_into(model, source.weights, source.where)
     return model.to(device).eval(), cfg, source.tokenizer, source.where
-
-
-def check_tokenizer(source: Pretrained, dataset: str, tokenizer_meta: dict) -> None:
-    """Refuse to train a model on data with another tokenizer than its own, naming both."""
-    if source.tokenizer is None or not tokenizer_files.same(source.tokenizer, tokenizer_meta):
-        raise UserError(
-            f"train.init_from {source.where} uses tokenizer {source.tokenizer_about}, but data.dataset "
-            f"{dataset} has {tokenizer_files.describe(tokenizer_meta)}; train on data prepared with the "
-            "model's tokenizer (for GPT-2: data.dataset=shakespeare, or python -m data.prepare NAME "
-            "--tokenizer gpt2)"
-        )
-
-
-def check_resumable(ckpt: Path, cfg: Config, tokenizer_meta: dict) -> None:
-    """Refuse to resume from a checkpoint of another shape or tokenizer, naming the field that differs."""
-    for field, theirs in asdict(load_config(ckpt).model).items():
-        ours = getattr(cfg.model, field)
-        if theirs != ours and field != "dropout":
-            raise UserError(
-                f"checkpoint {ckpt} has model.{field}={theirs} but the config says {ours}; resume "
-                "with the config it was trained with, or start a new run in another train.out_dir"
-            )
-    theirs = load_tokenizer_meta(ckpt)
-    if theirs != tokenizer_meta:
-        keys = sorted(set(theirs) | set(tokenizer_meta))
-        diff = next(k for k in keys if theirs.get(k) != tokenizer_meta.get(k))
-        raise UserError(
-            f"checkpoint {ckpt} was trained with another tokenizer (its {diff} differs from the "
-            "dataset's); resume on the dataset it was trained on"
-        )
 
 
 # --- random generators ---

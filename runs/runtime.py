@@ -1,15 +1,9 @@
-"""Where and how training runs: the device, the numeric precision, threads, compile, and torchrun ranks.
+"""Where and how a run computes: device, precision, threads, compile, and this process's torchrun rank.
 
-- device `auto`: CUDA, else Apple MPS, else CPU. Under torchrun each rank takes cuda:LOCAL_RANK.
-- precision `auto`: bf16 autocast on CUDA GPUs with bf16 tensor cores (compute capability 8.0 and newer),
-  fp16 autocast with a GradScaler on older ones (T4, V100: torch would emulate bf16 there, slowly),
-  fp32 on MPS; on a CPU, bf16 autocast where the model is wide enough for bf16 matrix units to pay for the
-  casts (see `cpu_auto_precision`), else fp32.
-- compile `auto`: torch.compile on CUDA where Triton works (it needs a GPU of compute capability 7.0 or
-  newer and is not built for native Windows); `true` without a working Triton is refused in one line.
-- TF32 matmuls on CUDA; `train.threads` sets torch's CPU threads.
-- torchrun: the rank of this process, read from torchrun's environment (training/distributed.py joins the
-  process group, once the data is ready).
+`auto` picks CUDA (each torchrun rank takes cuda:LOCAL_RANK), else Apple MPS, else the CPU; bf16 autocast on
+GPUs with bf16 tensor cores, fp16 with a GradScaler on older ones (T4, V100), fp32 on MPS, and on a CPU bf16
+only where bf16 matrix units pay for the casts (`cpu_auto_precision`); torch.compile on CUDA where Triton
+works. The rank is read from torchrun's environment; training/distributed.py joins the process group.
 """
 
 from __future__ import annotations
@@ -88,12 +82,12 @@ def cpu_has_bf16_matmul() -> bool:
 
 def cpu_auto_precision(n_embd: int) -> str:
     """bf16 on a CPU with bf16 matrix units once the model is wide enough that the faster matrix products
-    clearly outweigh the casts autocast adds around them; fp32 below that. The crossover is measured in
-    BENCHMARKS.md ("bf16 autocast: where it pays")."""
+    clearly outweigh the casts autocast adds around them; fp32 below that (BENCHMARKS.md, "bf16 autocast:
+    where it pays")."""
     return "bf16" if cpu_has_bf16_matmul() and n_embd >= CPU_BF16_MIN_WIDTH else "fp32"
 
 
-CPU_BF16_MIN_WIDTH = 128  # bf16 gains 0-10% (within noise) at 64 and 96 wide, 1.25x at 128, 1.8x at 256
+CPU_BF16_MIN_WIDTH = 128  # the narrowest model where bf16 gained more than the noise (the section above)
 
 
 def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:
@@ -131,8 +125,8 @@ def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int
 
 
 def compile_enabled(setting: str, device: torch.device) -> bool:
-    """train.compile: auto turns torch.compile on for CUDA where Triton works (on a small CPU model it
-    measured slower than eager; see BENCHMARKS.md); true on CUDA without a working Triton is refused."""
+    """train.compile: auto turns torch.compile on for CUDA where Triton works (on a CPU it gained little next
+    to its compile time: BENCHMARKS.md, "CPU precision and kernels"); true without Triton is refused."""
     setting = str(setting).lower()
     if device.type != "cuda":
         return setting == "true"

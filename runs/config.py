@@ -1,9 +1,9 @@
 """Training configs: typed YAML with sections, `base:` inheritance and `section.key=value` overrides.
 
-The schema is a tree of dataclasses (OmegaConf structured configs), so an unknown key or a value of the
-wrong type is caught when a file or override is merged in. Sources merge in order: schema defaults <- the
-`base:` chain (a path relative to the file that names it) <- the file <- command-line overrides. Every
-error names the key, the closest valid key for a typo, and the file or override it came from.
+The schema is a tree of dataclasses (OmegaConf structured configs): an unknown key or a value of the wrong
+type is caught when a file or override is merged in (defaults <- the `base:` chain <- the file <- overrides),
+and the error names the key, the closest valid one, and where it came from. `load_config` returns a
+`Request`; training/plan.py settles it into the final config that checkpoints keep as config.yaml.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -89,7 +89,8 @@ class LogConfig:
     wandb_run_name: Optional[str] = None
     head_scores: bool = False  # score attention heads at each eval (heads.py)
     plot: bool = True  # keep OUT_DIR/loss.png up to date (at evals, within 1% of the run's time; at the end)
-    sample_every: int = 0  # print (and log) a sample at the first eval after every N iterations; 0 = off
+    sample_every: int = 0  # print (and log) a sample every N iterations (a multiple of train.eval_interval,
+    # since samples are drawn at evals) and at the end; 0 = off
     sample_prompt: Optional[str] = None  # null: a newline (or <|endoftext|> for BPE), as sample.py
     sample_tokens: int = 200  # tokens per sample
 
@@ -101,6 +102,20 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     log: LogConfig = field(default_factory=LogConfig)
+
+    @property
+    def tokens_per_iter(self) -> int:
+        """Tokens one optimizer step trains on, over all processes together."""
+        return self.train.batch_size * self.model.block_size * self.train.grad_accum
+
+
+@dataclass
+class Request:
+    """A config as a command line asks for it, before training/plan.py settles it."""
+
+    cfg: Config
+    origins: dict[str, str] = field(default_factory=dict)  # dotted key -> the file or override that set it
+    name: str = "the default config"  # the config file, for messages
 
 
 def _flatten(d: Any, prefix: str = "") -> list[str]:
@@ -243,6 +258,11 @@ def problems(cfg: Config) -> list[tuple[str, str]]:
         ("log.sample_every", cfg.log.sample_every),
     ]
     out += [(k, f"must not be negative, got {v}") for k, v in non_negative if v < 0]
+    n, every = cfg.log.sample_every, t.eval_interval
+    if n > 0 and every > 0 and n % every:
+        fix = every * max(1, round(n / every))
+        msg = f"{n} is not a multiple of train.eval_interval={every} (samples are drawn at evals)"
+        out.append(("log.sample_every", f"{msg}; set log.sample_every={fix}"))
     if t.dist_timeout <= 0:
         out.append(("train.dist_timeout", f"must be a positive number of minutes, got {t.dist_timeout}"))
     if t.max_time is not None and t.max_time <= 0:
@@ -265,92 +285,68 @@ def problems(cfg: Config) -> list[tuple[str, str]]:
 
 
 def _setup_problems(cfg: Config) -> list[tuple[str, str]]:
-    """Combinations that cannot run: an optimizer with a kind of parallelism, a batch split, a name."""
-    t, o, out = cfg.train, cfg.optim, []
-    if o.name == "muon" and t.parallel == "fsdp":
-        out.append(
-            (
-                "optim.name",
-                "muon needs whole matrices and cannot run on FSDP shards; use "
-                "train.parallel=ddp or optim.name=adamw",
-            )
-        )
+    """Combinations that cannot run: an optimizer with a kind of parallelism, a batch split, CUDA graphs."""
+    t, out = cfg.train, []
+    if cfg.optim.name == "muon" and t.parallel == "fsdp":
+        msg = "muon needs whole matrices and cannot run on FSDP shards"
+        out.append(("optim.name", f"{msg}; use train.parallel=ddp or optim.name=adamw"))
     world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun
     if t.grad_accum % world:
         fix = world * max(1, round(t.grad_accum / world))
+        msg = f"{t.grad_accum} micro-batches per step (over all processes) cannot be split evenly over the"
         out.append(
             (
                 "train.grad_accum",
-                f"{t.grad_accum} micro-batches per step (over all processes) cannot be split evenly over the "
-                f"{world} processes; set train.grad_accum={fix} (a multiple of {world})",
+                f"{msg} {world} processes; set train.grad_accum={fix} (a multiple of {world})",
             )
         )
-    out += _cuda_graph_problems(t, world)
+    # CUDA graphs cannot accumulate gradients: the graph's outputs become the .grad of the first micro-step
+    # and the next replay overwrites them (pytorch#169545, open; older torch gives silently wrong gradients)
+    micro_steps = t.grad_accum // world
+    if t.compile_mode == "reduce-overhead" and micro_steps > 1 and str(t.compile).lower() != "false":
+        msg = (
+            f"reduce-overhead (CUDA graphs) cannot accumulate gradients over {micro_steps} micro-steps per "
+            "process: each graph replay overwrites the gradients of the one before (pytorch#169545)"
+        )
+        fix = f"train.grad_accum={world}, with a larger train.batch_size"
+        out.append(
+            (
+                "train.compile_mode",
+                f"{msg}; use train.compile_mode=default, or one micro-step per process ({fix})",
+            )
+        )
     if not cfg.data.dataset or "/" in cfg.data.dataset:
         out.append(("data.dataset", f"must be a dataset folder name, got {cfg.data.dataset!r}"))
     return out
 
 
-def _cuda_graph_problems(t: TrainConfig, world: int) -> list[tuple[str, str]]:
-    """CUDA graphs (compile_mode reduce-overhead) cannot accumulate gradients: the graph's outputs become the
-    .grad of the first micro-step and the next replay overwrites them (pytorch#169545, open; older torch
-    gives silently wrong gradients)."""
-    micro_steps = t.grad_accum // world
-    if t.compile_mode != "reduce-overhead" or micro_steps <= 1 or str(t.compile).lower() == "false":
-        return []
-    return [
-        (
-            "train.compile_mode",
-            f"reduce-overhead (CUDA graphs) cannot accumulate gradients over {micro_steps} micro-steps per "
-            "process: each graph replay overwrites the gradients of the one before (pytorch#169545); use "
-            f"train.compile_mode=default, or one micro-step per process (train.grad_accum={world}, with "
-            "a larger train.batch_size)",
-        )
-    ]
-
-
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> tuple[Config, dict[str, str]]:
-    """The resolved Config, and for each dotted key the file or override that set it last."""
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Request:
+    """The config of file `path` (a path or a shipped config's name; None: the default) with the overrides
+    applied, checked; and for each dotted key the file or override that set it last."""
+    name = str(path) if path is not None else "the default config"
     path = resolve_path(str(path)) if path is not None else DEFAULT_CONFIG
     sources = _file_chain(path) + [(f"override {item}", parse_override(item)) for item in overrides]
     merged = OmegaConf.structured(Config)
     origins: dict[str, str] = {}
-    for name, data in sources:
+    for source, data in sources:
         try:
             merged = OmegaConf.merge(merged, data)
         except OmegaConfBaseException as e:
-            raise _explain(e, name) from None
-        origins.update(dict.fromkeys(_flatten(data), name))
+            raise _explain(e, source) from None
+        origins.update(dict.fromkeys(_flatten(data), source))
     cfg: Config = OmegaConf.to_object(merged)
     found = problems(cfg)
     if found:
         key, msg = found[0]
-        where = origins.get(key, "the defaults")
-        raise ConfigError(f"{key}: {msg} (in {where})")
-    return cfg, origins
+        raise ConfigError(f"{key}: {msg} (in {origins.get(key, 'the defaults')})")
+    return Request(cfg, origins, name)
 
 
-def adopt_model(cfg: Config, source: GPTConfig, origins: dict[str, str], where: str) -> Config:
-    """cfg with the model of `source` (train.init_from): model keys a file or an override set explicitly
-    (`origins`) may lower block_size and set dropout; any other that differs from the source is an error
-    naming it; keys left unset follow the source."""
-    model = asdict(source)
-    for name, theirs in asdict(source).items():
-        key = f"model.{name}"
-        if key not in origins:
-            continue
-        ours = getattr(cfg.model, name)
-        same = ours == theirs or (name == "n_kv_head" and (ours or cfg.model.n_head) == source.kv_heads)
-        if same or name == "dropout" or (name == "block_size" and ours < theirs):
-            model[name] = ours
-            continue
-        allowed = " (it may only be lowered)" if name == "block_size" else ""
-        raise ConfigError(
-            f"{key}={ours} (in {origins[key]}) contradicts {where}, which has {name}={theirs}"
-            f"{allowed}; the model's shape comes from the weights: remove it, or use a config that leaves "
-            "it unset (like finetune_shakespeare)"
-        )
-    return replace(cfg, model=GPTConfig(**model))
+def from_arguments(args: list[str]) -> Request:
+    """`CONFIG [section.key=value ...]` as train.py and tools/bench.py take it: the first argument names a
+    config file unless it is an override."""
+    path = args[0] if args and "=" not in args[0] else None
+    return load_config(path, args[1:] if path is not None else args)
 
 
 def shipped_configs() -> list[tuple[str, str]]:

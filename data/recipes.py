@@ -1,0 +1,59 @@
+"""The known datasets, by name, and preparing one on first use.
+
+`RECIPES` names each dataset train.py and prepare.py know: where its text comes from and which tokenizer
+makes its ids. `prepared_dataset(name)` is how training and the scripts open a dataset: a known one not
+prepared yet is prepared first (seconds for Shakespeare; TinyStories and FineWeb-Edu stream from the hub,
+minutes to hours).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from common.errors import UserError
+from data.dataset import DATA_DIR, Dataset, dataset_folder
+from data.prepare import Recipe, prepare_dataset
+from data.repeats import Repeats
+from data.sources import HFText, TextFile
+
+SHAKESPEARE = str(DATA_DIR / "tinyshakespeare.txt")  # shipped, so the default run needs no download
+
+RECIPES: dict[str, Recipe] = {
+    "shakespeare_char": Recipe(
+        TextFile(SHAKESPEARE), "char", "tiny Shakespeare (1.1M chars), one token per character"
+    ),
+    "shakespeare": Recipe(TextFile(SHAKESPEARE), "gpt2", "tiny Shakespeare with the GPT-2 BPE"),
+    "shakespeare_bpe1024": Recipe(
+        TextFile(SHAKESPEARE), "bpe:1024", "tiny Shakespeare with its own 1,024-token BPE"
+    ),
+    "tinystories": Recipe(
+        HFText("roneneldan/TinyStories", val_split="validation", streaming=True),
+        "bpe:4096",
+        "TinyStories (Eldan & Li 2023, ~2.1M short stories), streamed from the hub, own 4,096-token BPE",
+    ),
+    "fineweb_edu": Recipe(
+        HFText("HuggingFaceFW/fineweb-edu", name="sample-10BT", streaming=True, val_every=2000),
+        "gpt2",
+        "FineWeb-Edu sample-10BT (~10B GPT-2 tokens, ~20 GB of bins), streamed from the hub",
+    ),
+    "repeats": Recipe(Repeats(), "char", "synthetic random segments that repeat (induction-head study)"),
+}
+
+
+def prepared_dataset(name: str, data_dir: str | Path | None = None, tokenizer: dict | None = None) -> Dataset:
+    """Dataset `name` in data_dir (None: data/), prepared first when it is a known dataset not prepared yet;
+    with `tokenizer` (a checkpoint's metadata), refused when it was tokenised otherwise."""
+    if not Dataset.is_prepared(name, data_dir):
+        if name not in RECIPES:
+            raise UserError(
+                f"dataset {name!r} is not prepared in {dataset_folder(name, data_dir)} and is not a known "
+                f"dataset ({', '.join(sorted(RECIPES))}); prepare it with: python prepare.py {name} "
+                "--text-file FILE (or --hf-dataset NAME)"
+            )
+        print(f"preparing dataset {name} in {dataset_folder(name, data_dir)} (first use)", file=sys.stderr)
+        prepare_dataset(name, RECIPES[name], data_dir)
+    dataset = Dataset.open(name, data_dir)
+    if tokenizer is not None:
+        dataset.check_tokenizer(tokenizer, "the checkpoint")
+    return dataset

@@ -1,0 +1,107 @@
+"""The tokenizer inside a GGUF: every kind tinygpt trains, as llama.cpp's byte-level BPE (model "gpt2").
+
+llama.cpp reads a token list, token types and merges; its BPE turns text into bytes shown in GPT-2's
+alphabet of 256 printable characters, splits it with a pre-tokenizer named in the file, merges by rank and
+looks the pieces up. For each kind the ids are exactly ours:
+- GPT-2 BPE: GPT-2's vocabulary and merges (rebuilt from tiktoken's ranks by hf/tokenizer_files.py) with
+  pre-tokenizer "gpt-2", llama.cpp's name for GPT-2's split pattern; <|endoftext|> (50256) is a control
+  token, so a literal "<|endoftext|>" in text stays text, as in ours.
+- bpe:N: its own vocabulary and merges, from the `tokenizers` JSON it carries, with the same split pattern;
+  <|endoftext|> is id 0.
+- char: each character is one token, written as its UTF-8 bytes in GPT-2's alphabet; the merges only join
+  the bytes of one character (a two-byte character takes one merge, a four-byte emoji three), so every
+  character of the vocabulary comes out whole with our id, whatever the split pattern. A character outside
+  the vocabulary is left out (llama.cpp drops bytes it has no token for), as the exported tokenizer.json
+  does. Other llama.cpp tokenizers were tried and refused: "llama" (SentencePiece) and "t5" (Unigram) give
+  our ids too but write spaces as U+2581 (a vocabulary holding that character breaks), and "llama" aborts
+  on an unknown character; "rwkv" (longest byte match) loops forever on an unknown character that shares
+  its first bytes with a known one; "plamo2" needs 256 byte tokens; and llama.cpp refuses a BPE
+  with no merges ("cannot find tokenizer merges"), so the list always ends with one that never applies
+  (two 0xFF bytes: 0xFF never occurs in UTF-8).
+  A character vocabulary has no end-of-text token, and llama.cpp needs one (without it token 11 would end
+  every generation), so the GGUF adds <|endoftext|> after our ids; `write_gguf` gives the model the row it
+  needs (see gguf_export/writer.py).
+Vocabulary rows past the tokenizer's (a padded embedding) are "[PADn]" tokens, unused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from common.errors import UserError
+from data.tokenizers import EOT, byte_alphabet
+from hf import tokenizer_files
+
+NORMAL, CONTROL, UNUSED = 1, 3, 5  # llama.cpp's token types (gguf.TokenType)
+PRE_TOKENIZER = "gpt-2"  # llama.cpp's name for GPT-2's split pattern
+NEVER = "ÿ ÿ"  # bytes 0xFF 0xFF in GPT-2's alphabet: a merge that never applies (0xFF is not UTF-8)
+
+
+@dataclass
+class Vocabulary:
+    tokens: list[str]  # by id, in GPT-2's byte alphabet
+    types: list[int]
+    merges: list[str]  # "left right", by rank
+    eot: int  # <|endoftext|>: llama.cpp's BOS and EOS
+    added_eot: bool  # the eot is past our ids (a char vocabulary): the model needs one more row
+
+
+@lru_cache(maxsize=1)
+def _alphabet() -> dict[int, str]:
+    return {b: c for c, b in byte_alphabet().items()}
+
+
+def _byte_text(data: bytes) -> str:
+    return "".join(_alphabet()[b] for b in data)
+
+
+def _char_vocabulary(chars: list[str]) -> Vocabulary:
+    """Each character as its bytes; one merge per byte after a character's first (its bytes so far, the
+    next byte), shorter first."""
+    tokens, merges = [_byte_text(c.encode()) for c in chars], set()
+    for c in chars:
+        data = c.encode()
+        merges.update((k, _byte_text(data[:k]), _byte_text(data[k : k + 1])) for k in range(1, len(data)))
+    lines = [f"{left} {right}" for _, left, right in sorted(merges)] + [NEVER]
+    return Vocabulary([*tokens, EOT], [NORMAL] * len(tokens) + [CONTROL], lines, len(tokens), True)
+
+
+def _bpe_vocabulary(vocab: dict[str, int], merges: list, eot: int) -> Vocabulary:
+    tokens = [""] * (max(vocab.values()) + 1)
+    for token, i in vocab.items():
+        tokens[i] = token
+    types = [CONTROL if i == eot else NORMAL for i in range(len(tokens))]
+    lines = [m if isinstance(m, str) else " ".join(m) for m in merges]
+    return Vocabulary(tokens, types, lines, eot, False)
+
+
+def vocabulary(meta: dict, n_rows: int) -> Vocabulary:
+    """The GGUF vocabulary for our tokenizer metadata and a model with `n_rows` embedding rows."""
+    kind = meta.get("kind")
+    if kind == "char":
+        vocab = _char_vocabulary(meta["chars"])
+    elif kind == "trained_bpe":
+        model = meta["tokenizer_json"]["model"]
+        vocab = _bpe_vocabulary(model["vocab"], model["merges"], 0)
+    elif kind == "bpe" and meta.get("encoding") in tokenizer_files.GPT2_ENCODINGS:
+        gpt2 = tokenizer_files.gpt2_vocab()
+        merges = [f"{a} {b}" for a, b in tokenizer_files.gpt2_merges()]
+        vocab = _bpe_vocabulary(gpt2, merges, gpt2[EOT])
+    else:
+        raise UserError(
+            f"cannot export the {tokenizer_files.describe(meta)} tokenizer to GGUF; export supports char, "
+            "gpt2 and bpe:N"
+        )
+    ours = len(vocab.tokens) - vocab.added_eot
+    if ours > n_rows:
+        raise UserError(f"the tokenizer has {ours} tokens but the model only {n_rows} embedding rows")
+    pads = [f"[PAD{i}]" for i in range(ours, n_rows)]
+    if vocab.added_eot:  # the padding rows come before the added <|endoftext|>, which goes last
+        vocab.tokens[ours:ours] = pads
+        vocab.types[ours:ours] = [UNUSED] * len(pads)
+        vocab.eot = n_rows
+    else:
+        vocab.tokens += pads
+        vocab.types += [UNUSED] * len(pads)
+    return vocab

@@ -1,0 +1,142 @@
+"""The plan of a run: its final config, where it runs and what it starts from, settled in one place.
+
+`plan_run` takes the config the command line asked for (runs/config.py) and settles what it leaves open, in
+the order the code reads: the checkpoint to resume or the pretrained model to start from (whose shape the
+model section follows), the runtime, the dataset (prepared on first use, once per machine, before the
+process group starts), the vocabulary, and the checks that a resumed or pretrained model fits the data.
+training/trainer.py builds the run from the `Plan` in one pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from common.errors import ConfigError, UserError
+from data.dataset import Dataset, dataset_folder
+from data.recipes import prepared_dataset
+from hf import tokenizer_files
+from model import GPTConfig
+from runs import checkpoint
+from runs.checkpoint import Checkpoint, Pretrained
+from runs.config import Config, Request
+from runs.runtime import Runtime, setup
+from training import distributed
+
+
+@dataclass
+class Plan:
+    cfg: Config  # final: the model's shape and vocabulary are set
+    rt: Runtime
+    dataset: Dataset
+    resume: Checkpoint | None = None  # OUT_DIR/last, with train.resume
+    pretrained: Pretrained | None = None  # train.init_from's model, for a fresh run
+
+
+def plan_run(request: Request) -> Plan:
+    """The final config of a run and what it needs before anything is built (see the module docstring)."""
+    cfg, t = request.cfg, request.cfg.train
+    resume = checkpoint.find_last(t.out_dir) if t.resume else None
+    pretrained = None
+    if t.init_from and resume is None:  # a fresh run: shape and weights of a pretrained model
+        pretrained = checkpoint.load_pretrained(t.init_from, hub=True)
+        cfg = follow_model(cfg, pretrained.model, request.origins, f"train.init_from {pretrained.where}")
+    elif t.init_from:  # resuming one: the shape it was given, without reading the source again
+        cfg = follow_model(cfg, resume.config().model, request.origins, f"checkpoint {resume}")
+
+    rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
+    dataset = open_dataset(cfg, rt)
+    distributed.join(rt, t.dist_timeout)
+
+    if pretrained is not None:
+        _check_tokenizer(pretrained, dataset)
+    cfg = with_vocabulary(cfg, dataset.meta.vocab_size)
+    if resume is not None:
+        _check_resumable(resume, cfg, dataset.meta.tokenizer)
+    return Plan(cfg, rt, dataset, resume, pretrained)
+
+
+def follow_model(cfg: Config, source: GPTConfig, origins: dict[str, str], where: str) -> Config:
+    """cfg with the model of `source` (train.init_from): keys left unset follow it; keys set explicitly
+    (`origins`) may lower block_size and set dropout, and any other that differs is an error naming it."""
+    model = dataclasses.asdict(source)
+    for name, theirs in dataclasses.asdict(source).items():
+        key = f"model.{name}"
+        if key not in origins:
+            continue
+        ours = getattr(cfg.model, name)
+        same = ours == theirs or (name == "n_kv_head" and (ours or cfg.model.n_head) == source.kv_heads)
+        if same or name == "dropout" or (name == "block_size" and ours < theirs):
+            model[name] = ours
+            continue
+        allowed = " (it may only be lowered)" if name == "block_size" else ""
+        raise ConfigError(
+            f"{key}={ours} (in {origins[key]}) contradicts {where}, which has {name}={theirs}"
+            f"{allowed}; the model's shape comes from the weights: remove it, or use a config that leaves "
+            "it unset (like finetune_shakespeare)"
+        )
+    return dataclasses.replace(cfg, model=GPTConfig(**model))
+
+
+def with_vocabulary(cfg: Config, vocab_size: int) -> Config:
+    """cfg with the dataset's `vocab_size` where model.vocab_size is null (a larger, padded one stays)."""
+    vocab = cfg.model.vocab_size
+    if vocab is not None and vocab < vocab_size:
+        raise UserError(
+            f"model.vocab_size={vocab} is smaller than the dataset's vocabulary ({vocab_size}); remove it to "
+            "use the dataset's"
+        )
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab or vocab_size))
+
+
+def open_dataset(cfg: Config, rt: Runtime) -> Dataset:
+    """The run's dataset. A known dataset is prepared on first use: under torchrun by local rank 0 of the
+    machine while its other ranks wait for the files (preparing FineWeb-Edu takes hours, longer than any
+    collective should wait). With several machines it must be prepared beforehand: two machines sharing a
+    filesystem would write the same files at once."""
+    name, data_dir = cfg.data.dataset, cfg.data.dir
+    folder = dataset_folder(name, data_dir)
+
+    def prepare() -> None:
+        if rt.world_size > rt.local_world_size:
+            raise UserError(
+                f"dataset {name} is not prepared in {folder}; with several machines, prepare it before "
+                "starting torchrun, on each machine (or once on a shared filesystem): python prepare.py "
+                f"{name}"
+            )
+        prepared_dataset(name, data_dir)
+
+    beat = folder.parent / f".{name}.preparing"  # local rank 0 touches it while it prepares
+    distributed.once_per_machine(rt, folder / "meta.json", prepare, f"dataset {name}", beat)
+    return Dataset.open(name, data_dir)
+
+
+def _check_tokenizer(source: Pretrained, dataset: Dataset) -> None:
+    """Refuse to train a model on data with another tokenizer than its own, naming both."""
+    theirs = dataset.meta.tokenizer
+    if source.tokenizer is None or not tokenizer_files.same(source.tokenizer, theirs):
+        raise UserError(
+            f"train.init_from {source.where} uses tokenizer {source.tokenizer_about}, but data.dataset "
+            f"{dataset.name} has {tokenizer_files.describe(theirs)}; train on data prepared with the "
+            "model's tokenizer (for GPT-2: data.dataset=shakespeare, or python prepare.py NAME --tokenizer "
+            "gpt2)"
+        )
+
+
+def _check_resumable(ckpt: Checkpoint, cfg: Config, tokenizer_meta: dict) -> None:
+    """Refuse to resume from a checkpoint of another shape or tokenizer, naming the field that differs."""
+    for field, theirs in dataclasses.asdict(ckpt.config().model).items():
+        ours = getattr(cfg.model, field)
+        if theirs != ours and field != "dropout":
+            raise UserError(
+                f"checkpoint {ckpt} has model.{field}={theirs} but the config says {ours}; resume "
+                "with the config it was trained with, or start a new run in another train.out_dir"
+            )
+    theirs = ckpt.tokenizer()
+    if theirs != tokenizer_meta:
+        keys = sorted(set(theirs) | set(tokenizer_meta))
+        diff = next(k for k in keys if theirs.get(k) != tokenizer_meta.get(k))
+        raise UserError(
+            f"checkpoint {ckpt} was trained with another tokenizer (its {diff} differs from the "
+            "dataset's); resume on the dataset it was trained on"
+        )
