@@ -1,3 +1,7 @@
-"""Interpretability: what the attention heads learned. scores.py gives every head role scores
-(previous-token, induction, ...); plots.py draws attention maps, score heatmaps and training curves;
-explorer.py writes the attention explorer, one HTML page (its template, script and styles are in page/)."""
+"""Interpretability: what the attention heads learned and what they do. scores.py gives every head role scores
+(previous-token, induction, ...); interventions.py runs many edited forward passes as one batch, which
+ablation.py (remove heads, measure what breaks) and patching.py (activation patching between two prompts)
+build on; lens.py reads each layer's prediction (logit lens) and each head's direct push on a prediction
+(direct logit attribution); plots.py draws attention maps, heatmaps and training curves; explorer.py writes
+the attention explorer, one HTML page (its template, script and styles are in page/). The hook points they
+use are model/hooks.py's."""

@@ -9,8 +9,13 @@ What is notable:
   base64-encoded. The page shows them to 3 decimals; they are within half a step (1/510) of the model's.
 - The page is bounded: all heads are kept, and the prompt is cut to the first tokens whose weights fit in
   MAX_WEIGHTS (the page says so). In a causal model the weights of a prefix do not depend on what follows,
-  so the rows shown are exactly those of the whole prompt. A 6 x 6 model on 256 tokens is about 1.7 MB.
+  so the rows shown are exactly those of the whole prompt. A 6 x 6 model on 256 tokens is about 1.9 MB.
 - Every role score comes from `interp.scores.score_heads`; each head is labelled with its strongest role.
+  With `heads.py --ablate`, each head's ablation effects (interp/ablation.py) sit beside its role score.
+- Each view also carries its logit lens (top LENS_TOP tokens per layer and position, the loss of the true
+  next token) and the direct attribution of every head to each true next token (interp/lens.py), rounded to
+  3 decimals: the page shows a layer x position lens and, for the token in focus, which heads pushed its
+  prediction up or down.
 - Prompt text reaches the page only as JSON data and is set as text by the script, never parsed as HTML.
 """
 
@@ -28,6 +33,8 @@ import torch
 from matplotlib.colors import to_hex
 
 from common.files import atomic_write
+from interp.ablation import METRICS
+from interp.lens import direct_attribution, logit_lens
 from interp.plots import token_labels
 from interp.scores import ROLES, THRESHOLD, repeated_tokens, role_name
 from model import GPT
@@ -35,6 +42,7 @@ from model import GPT
 PAGE = Path(__file__).with_name("page")  # page.html, explorer.css, explorer.js
 MAX_WEIGHTS = 2_000_000  # prompt weights on one page (bytes before base64): 6 x 6 heads x 256 tokens fit
 DEMO_LENGTH = 32  # tokens in R of the page's [R, R] demo, at most
+LENS_TOP = 3  # the logit lens's top tokens per layer and position on the page
 
 
 def tokens_that_fit(heads: int, tokens: int, budget: int) -> int:
@@ -56,10 +64,40 @@ def quantise(weights: list[torch.Tensor]) -> str:
     return base64.b64encode(q.numpy().tobytes()).decode("ascii")
 
 
+def rounded(values, places: int = 3):
+    """Nested lists of floats rounded for the page."""
+    if isinstance(values, list):
+        return [rounded(v, places) for v in values]
+    return round(float(values), places)
+
+
+def lens_view(model: GPT, ids: list[int], tokenizer) -> dict:
+    """The logit lens and the direct logit attribution of a view's tokens (interp/lens.py), rounded, with a
+    label for every token the lens names."""
+    if len(ids) < 2:
+        return {}
+    lens, attribution = logit_lens(model, ids, top=LENS_TOP), direct_attribution(model, ids)
+    named = sorted({i for stage in lens["top_ids"] for position in stage for i in position})
+    return {
+        "lens": {
+            "stages": lens["stages"],
+            "top_ids": lens["top_ids"],
+            "top_probs": rounded(lens["top_probs"]),
+            "loss": rounded(lens["loss"]),
+            "labels": dict(zip(map(str, named), token_labels(named, tokenizer))),
+        },
+        "attribution": {
+            "terms": attribution["terms"],
+            "values": rounded(attribution["values"]),
+            "logit": rounded(attribution["logit"]),
+        },
+    }
+
+
 @torch.no_grad()
 def attention_view(model: GPT, ids: list[int], tokenizer, budget: int, **about) -> dict:
-    """One view of the page: the tokens and every head's quantised attention weights on them, for as many
-    of the leading tokens as `budget` weights allow."""
+    """One view of the page: the tokens, every head's quantised attention weights on them, and their logit
+    lens and attribution, for as many of the leading tokens as `budget` weights allow."""
     cfg = model.config
     keep = tokens_that_fit(cfg.n_layer * cfg.n_head, len(ids), budget)
     device = next(model.parameters()).device
@@ -70,6 +108,7 @@ def attention_view(model: GPT, ids: list[int], tokenizer, budget: int, **about) 
         "total_tokens": len(ids),
         "weights": quantise(weights),
         "max_weights": budget,
+        **lens_view(model, ids[:keep], tokenizer),
         **about,
     }
 
@@ -96,8 +135,11 @@ def head_roles(scores: dict) -> list[list[dict]]:
     ]
 
 
-def page_data(model: GPT, ids: list[int], tokenizer, scores: dict, title: str, seed: int = 0) -> dict:
-    """Everything the page shows, as JSON-ready data."""
+def page_data(
+    model: GPT, ids: list[int], tokenizer, scores: dict, title: str, seed: int = 0, ablation=None
+) -> dict:
+    """Everything the page shows, as JSON-ready data (`ablation`: `interp.ablation.ablate_heads`'s result,
+    shown beside the role scores, or None)."""
     cfg = model.config
     viridis = matplotlib.colormaps["viridis"].resampled(256)
     return {
@@ -113,6 +155,8 @@ def page_data(model: GPT, ids: list[int], tokenizer, scores: dict, title: str, s
         "scores": {role_name(r): scores[r] for r in ROLES},
         "model_scores": {k: v for k, v in scores.items() if k not in ROLES},
         "colormap": [to_hex(viridis(i)) for i in range(256)],  # as heads.py's pictures
+        "ablation": None if ablation is None else {k: ablation[k] for k in ("kind", "clean", *METRICS)},
+        "metrics": list(METRICS),
     }
 
 
@@ -133,8 +177,9 @@ def render(data: dict) -> str:
 
 
 def write_page(
-    path: Path, model: GPT, ids: list[int], tokenizer, scores: dict, title: str, seed: int = 0
+    path: Path, model: GPT, ids: list[int], tokenizer, scores: dict, title: str, seed: int = 0, ablation=None
 ) -> Path:
     """Write the explorer page for `ids` (the prompt) to `path`."""
-    atomic_write(path, render(page_data(model, ids, tokenizer, scores, title, seed)))
+    data = page_data(model, ids, tokenizer, scores, title, seed, ablation)
+    atomic_write(path, render(data))
     return path

@@ -1,5 +1,6 @@
 """Pictures of attention heads: attention maps (a grid per layer, one head enlarged), the role-score heatmap,
-and role scores against training iteration next to the loss curves; and the token labels they (and the
+role scores against training iteration next to the loss curves, and the interventions' heatmaps (ablation,
+activation patching, the logit lens beside direct attribution); and the token labels they (and the
 attention explorer page) show.
 
 Drawn with matplotlib's object API onto its Agg canvas (no pyplot, no display needed). Attention maps put
@@ -19,10 +20,17 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from common.files import atomic_file
+from interp.ablation import METRICS
 from interp.scores import ROLES, role_name, strongest
 
 MAX_LABELS = 48  # token labels on the axes of prompts up to this many tokens
 CMAP = matplotlib.colormaps["viridis"].with_extremes(bad="white")
+
+
+def save(fig: Figure, path: Path, dpi: int) -> None:
+    """The picture, whole or not at all (a full disk leaves no half-written PNG)."""
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=dpi)
 
 
 def token_labels(ids: list[int], tokenizer) -> list[str]:
@@ -65,8 +73,7 @@ def plot_layer(weights: np.ndarray, labels: Optional[list[str]], layer: int, pat
         ax.axis("off")
     fig.colorbar(image, ax=axes.tolist(), shrink=0.6, label="attention weight")
     fig.suptitle(f"layer {layer}: attention weights of each head (rows: queries, columns: keys)")
-    with atomic_file(path) as tmp:  # whole, or not at all
-        fig.savefig(tmp, dpi=110)
+    save(fig, path, dpi=110)
 
 
 def plot_head(weights: np.ndarray, labels: Optional[list[str]], layer: int, head: int, path: Path) -> None:
@@ -75,8 +82,7 @@ def plot_head(weights: np.ndarray, labels: Optional[list[str]], layer: int, head
     ax = fig.subplots()
     image = _draw_map(ax, weights, labels, f"layer {layer}, head {head}: attention weights", fontsize=8)
     fig.colorbar(image, ax=ax, shrink=0.8, label="attention weight")
-    with atomic_file(path) as tmp:  # whole, or not at all
-        fig.savefig(tmp, dpi=110)
+    save(fig, path, dpi=110)
 
 
 def plot_scores(scores: dict, path: Path) -> None:
@@ -110,8 +116,7 @@ def plot_scores(scores: dict, path: Path) -> None:
         "(second half)",
         fontsize=10,
     )
-    with atomic_file(path) as tmp:  # whole, or not at all
-        fig.savefig(tmp, dpi=110)
+    save(fig, path, dpi=110)
 
 
 def plot_training_curves(records: list[dict], path: Path) -> None:
@@ -141,5 +146,85 @@ def plot_training_curves(records: list[dict], path: Path) -> None:
     for ax in axes:
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    with atomic_file(path) as tmp:  # whole, or not at all
-        fig.savefig(tmp, dpi=100)
+    save(fig, path, dpi=100)
+
+
+def _heatmap(ax, table: np.ndarray, title: str, cmap: str, vmin: float, vmax: float, xlabels, ylabels):
+    """One annotated heatmap panel (values written in the cells when there are few)."""
+    image = ax.imshow(table, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+    ax.set_title(title, fontsize=9)
+    size = 7 if len(xlabels) <= 16 else 5
+    ax.set_xticks(range(len(xlabels)), xlabels, fontsize=size, rotation=90 if len(xlabels) > 16 else 0)
+    ax.set_yticks(range(len(ylabels)), ylabels, fontsize=7)
+    if table.size <= 64:
+        for (row, col), value in np.ndenumerate(table):
+            dark = abs(value) > 0.6 * max(abs(vmin), abs(vmax)) if vmin < 0 else value < 0.5 * vmax
+            ax.text(
+                col,
+                row,
+                f"{value:+.2f}" if vmin < 0 else f"{value:.2f}",
+                ha="center",
+                va="center",
+                fontsize=6.5,
+                color="white" if dark else "black",
+            )
+    return image
+
+
+def _symmetric(table: np.ndarray) -> float:
+    return max(float(np.abs(table).max()), 1e-6)
+
+
+def plot_ablation(result: dict, path: Path) -> None:
+    """One layer x head heatmap per metric of an ablation (interp/ablation.py): red where removing the
+    head raised it."""
+    n_layer, n_head = len(result[METRICS[0]]), len(result[METRICS[0]][0])
+    size = (2.2 + len(METRICS) * max(2.6, 0.45 * n_head), 1.8 + 0.45 * n_layer)
+    fig = Figure(figsize=size, layout="constrained")
+    axes = fig.subplots(1, len(METRICS), squeeze=False).ravel()
+    heads, layers = [f"H{h}" for h in range(n_head)], [f"L{layer}" for layer in range(n_layer)]
+    for ax, metric in zip(axes, METRICS):
+        table = np.array(result[metric])
+        v = _symmetric(table)
+        title = f"{metric}\n(intact {result['clean'][metric]:.2f})"
+        fig.colorbar(_heatmap(ax, table, title, "RdBu_r", -v, v, heads, layers), ax=ax, shrink=0.8)
+    fig.suptitle(f"{result['kind']} ablation: change of each metric when one head is removed", fontsize=10)
+    save(fig, path, dpi=110)
+
+
+def plot_patching(result: dict, labels: list[str], path: Path) -> None:
+    """Activation patching (interp/patching.py): the restored fraction per head and per layer x position."""
+    tables = [k for k in ("heads", "resid_pre", "attn_out", "mlp_out") if k in result]
+    n_layer, n_head = len(result["heads"]), len(result["heads"][0])
+    widths = [max(2.6, 0.45 * n_head)] + [max(3.0, 0.16 * len(labels))] * (len(tables) - 1)
+    fig = Figure(figsize=(1.5 + sum(widths), 2.2 + 0.45 * n_layer), layout="constrained")
+    axes = fig.subplots(1, len(tables), squeeze=False, width_ratios=widths).ravel()
+    layers = [f"L{layer}" for layer in range(n_layer)]
+    for ax, table in zip(axes, tables):
+        columns = [f"H{h}" for h in range(n_head)] if table == "heads" else labels
+        image = _heatmap(ax, np.array(result[table]), table, "RdBu_r", -1.0, 1.0, columns, layers)
+    fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label="restored fraction")
+    fig.suptitle(
+        f"activation patching, clean into corrupted: logit difference {result['logit_diff_clean']:+.2f} "
+        f"(clean), {result['logit_diff_corrupted']:+.2f} (corrupted)",
+        fontsize=10,
+    )
+    save(fig, path, dpi=110)
+
+
+def plot_lens(lens: dict, heads: np.ndarray, labels: list[str], path: Path) -> None:
+    """The logit lens (probability of the true next token, stage x position) beside `heads`, each head's
+    mean direct attribution to the true next token's logit (n_layer x n_head)."""
+    prob = np.array(lens["true_prob"])
+    widths = [max(4.0, 0.18 * prob.shape[1]), max(2.6, 0.45 * heads.shape[1])]
+    fig = Figure(figsize=(3.5 + sum(widths), 2.4 + 0.4 * prob.shape[0]), layout="constrained")
+    axes = fig.subplots(1, 2, squeeze=False, width_ratios=widths).ravel()
+    title = "logit lens: probability of the true next token"
+    predicted = [f"{label}→" for label in labels[:-1]]
+    fig.colorbar(_heatmap(axes[0], prob, title, "viridis", 0.0, 1.0, predicted, lens["stages"]), ax=axes[0])
+    v = _symmetric(heads)
+    head_labels = [f"H{h}" for h in range(heads.shape[1])]
+    layers = [f"L{layer}" for layer in range(heads.shape[0])]
+    title = "direct logit attribution\n(mean over positions)"
+    fig.colorbar(_heatmap(axes[1], heads, title, "RdBu_r", -v, v, head_labels, layers), ax=axes[1])
+    save(fig, path, dpi=110)

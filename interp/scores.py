@@ -38,6 +38,7 @@ materialised a chunk of windows at a time (ATTENTION_BYTES), so a GPT-2-sized mo
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Optional
 
 import numpy as np
@@ -106,6 +107,17 @@ def icl_differences(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return losses[:, 1] - losses[:, 0]
 
 
+@contextmanager
+def evaluating(model: torch.nn.Module):
+    """Eval mode (no dropout) inside the block; the mode the model was in after it."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
 def _passes(model: GPT, idx: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor, list[torch.Tensor]]]:
     """(rows, logits, attention weights per layer) of idx through the explicit attention path, in chunks of
     rows small enough that every layer's weights fit in about ATTENTION_BYTES."""
@@ -148,9 +160,7 @@ def score_heads(
     x, y = (t.to(device) for t in val.batch(0, windows, stream=2))
     tokens = repeated_tokens(cfg.vocab_size, n, sequences, seed).to(device)
     text, rep, icl, first, second = [], [], [], [], []
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         for rows, logits, weights in _passes(model, x):
             text.append([text_scores(w) for w in weights])
             icl.append(icl_differences(logits, y[rows]))
@@ -159,8 +169,6 @@ def score_heads(
             halves = repeat_losses(logits, tokens[rows], n)
             first.append(halves[0])
             second.append(halves[1])
-    finally:
-        model.train(was_training)
     scores = {role: _table(text if role in TEXT_ROLES else rep, role) for role in ROLES}
     return {
         **scores,

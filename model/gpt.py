@@ -16,6 +16,9 @@ Notable:
   `activation: gelu_tanh` the network is GPT-2 exactly; with rotary positions, RMSNorm, SwiGLU and no biases
   it is Llama (hf/ converts the weights both ways).
 - GPT-2 initialisation: N(0, 0.02), the residual projections (W_O, MLP output) scaled by 1/sqrt(2 n_layer).
+- Hook points (model/hooks.py): Block and CausalSelfAttention check a `hook` that is None unless
+  `model.hooks.hooked` sets it, and then let it read or replace the residual stream, each head's output and
+  pattern, and the attention's and the MLP's outputs.
 - `kv_cache` (model/kv_cache.py: one slot per position, or `window` slots used in turn for a windowed model)
   lets generation encode a prompt once, then run one token per step at a position given as a tensor
   (`input_pos`), so the step's shapes never change. A model with a window and rotary positions depends only
@@ -26,6 +29,8 @@ Notable:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import Optional
 
 import torch
@@ -119,8 +124,10 @@ def attend_explicitly(
     values: torch.Tensor,
     mask: Mask,
     dropout: float,
+    edit: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same as `attend`, written out, also returning the attention weights (B, H, T, n_keys)."""
+    """The same as `attend`, written out, also returning the attention weights (B, H, T, n_keys) (after
+    `edit`, when given: a hook that reads or replaces them before they weight the values)."""
     T = queries.size(2)
     if mask is None:
         mask = causal_mask(torch.arange(T, device=queries.device), T, None)
@@ -132,10 +139,14 @@ def attend_explicitly(
     scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
     weights = weights.type_as(queries)
+    if edit is not None:
+        weights = edit(weights)
     return F.dropout(weights, dropout) @ values, weights
 
 
 class CausalSelfAttention(nn.Module):
+    hook = None  # a model.hooks.HookSite while hooks are set (attn.pattern, attn.z); checked, else unused
+
     def __init__(self, cfg: GPTConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -168,11 +179,16 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None:  # write this step's keys and values; attend over every slot of the cache
             keys, values = kv_cache.update(self.layer_idx, positions, keys, values)
         dropout = self.attn_dropout if self.training else 0.0
-        if return_weights:
-            y, weights = attend_explicitly(queries, keys, values, mask, dropout)
+        hook = self.hook
+        if return_weights or (hook is not None and hook.wants("pattern")):
+            edit = None if hook is None else partial(hook, "pattern")
+            y, weights = attend_explicitly(queries, keys, values, mask, dropout, edit)
         else:
             y, weights = attend(queries, keys, values, mask, dropout), None
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # concatenate the heads
+        y = y.transpose(1, 2)  # (B, T, H, d): each head's output
+        if hook is not None:
+            y = hook("z", y)
+        y = y.contiguous().view(B, T, C)  # concatenate the heads
         return self.resid_dropout(self.W_O(y)), weights
 
 
@@ -200,6 +216,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    hook = None  # a model.hooks.HookSite while hooks are set (resid_pre, attn_out, ...); checked, else unused
+
     def __init__(self, cfg: GPTConfig, layer_idx: int):
         super().__init__()
         self.norm1 = make_norm(cfg)
@@ -208,11 +226,15 @@ class Block(nn.Module):
         self.mlp = MLP(cfg) if cfg.mlp else None
 
     def forward(self, x, rotary, mask, kv_cache=None, positions=None, return_weights=False):
+        hook = self.hook
+        x = x if hook is None else hook("resid_pre", x)
         a, weights = self.attn(self.norm1(x), rotary, mask, kv_cache, positions, return_weights)
-        x = x + a
+        x = x + (a if hook is None else hook("attn_out", a))
         if self.mlp is not None:
-            x = x + self.mlp(self.norm2(x))
-        return x, weights
+            x = x if hook is None else hook("resid_mid", x)
+            m = self.mlp(self.norm2(x))
+            x = x + (m if hook is None else hook("mlp_out", m))
+        return (x if hook is None else hook("resid_post", x)), weights
 
 
 class GPT(nn.Module):

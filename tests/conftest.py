@@ -20,6 +20,37 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+OPTIONS = {  # every option a hook point must work with, a few at a time
+    "gpt2": {},
+    "rope_gqa": {"pos_emb": "rope", "n_kv_head": 2},
+    "window_qk_norm": {"window": 5, "qk_norm": True},
+    "attention_only": {"mlp": False, "pos_emb": "rope"},
+    "swiglu_rmsnorm": {"activation": "swiglu", "norm": "rmsnorm", "bias": False, "tie_embeddings": False},
+    "relu2_softcap": {"activation": "relu2", "logit_softcap": 5.0, "n_kv_head": 1},
+}
+
+
+def model_with(options: dict, seed: int = 0):
+    """A small GPT (2 x 4 heads, n_embd 32, vocabulary 40) with the options, its weights perturbed so that
+    every tensor matters."""
+    import torch
+
+    from model import GPT, GPTConfig
+
+    torch.manual_seed(seed)
+    cfg = GPTConfig(vocab_size=40, block_size=24, n_layer=2, n_head=4, n_embd=32, **options)
+    model = GPT(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def replay(cache: dict):
+    """A hook (model/hooks.py) that replaces each point's tensor with a copy of the cached one."""
+    return lambda x, name: cache[name].clone()
+
+
 def run_script(
     *args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None = None, check: bool = False
 ) -> subprocess.CompletedProcess:

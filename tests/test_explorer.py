@@ -7,6 +7,8 @@ package, or the browser at $CHROMIUM) or Playwright is missing."""
 from __future__ import annotations
 
 import base64
+import json
+import math
 import os
 import re
 import shutil
@@ -21,7 +23,9 @@ from conftest import run_script
 
 import interp.explorer
 from data.tokenizers import CharTokenizer, from_meta
-from interp.explorer import MAX_WEIGHTS, head_roles, page_data, render, tokens_that_fit, write_page
+from interp.ablation import METRICS
+from interp.explorer import LENS_TOP, MAX_WEIGHTS, head_roles, page_data, render, tokens_that_fit, write_page
+from interp.lens import direct_attribution, head_attributions, logit_lens
 from interp.plots import token_labels
 from interp.scores import ROLES, repeated_tokens
 from model import GPT, GPTConfig
@@ -87,6 +91,37 @@ def test_the_page_holds_every_weight_to_half_a_step():
     assert repeated["ids"] == repeated_tokens(len(CHARS), n, 1, seed=0)[0].tolist()
     assert np.abs(stored(repeated, 2, 3) - attention(model, repeated["ids"])).max() <= 0.5 * STEP + 1e-6
     assert data["colormap"][0] == "#440154" and data["colormap"][255] == "#fde725"  # viridis, as the PNGs
+
+
+def fake_ablation(n_layer: int, n_head: int) -> dict:
+    """An ablation result in the shape ablate_heads returns (values random)."""
+    rng = np.random.default_rng(1)
+    tables = {m: rng.normal(0, 1, (n_layer, n_head)).round(4).tolist() for m in METRICS}
+    return {"kind": "mean", "windows": 4, "sequences": 4, "clean": dict.fromkeys(METRICS, 1.5), **tables}
+
+
+def test_the_page_holds_the_lens_the_attributions_and_the_ablation():
+    tokenizer = CharTokenizer(CHARS)
+    model = tiny_model()
+    ids = tokenizer.encode("Hello <world> & 'all'\nabc").tolist()
+    ablation = fake_ablation(2, 3)
+    data = page_data(model, ids, tokenizer, fake_scores(2, 3), "a model", ablation=ablation)
+    assert data["ablation"] == {k: ablation[k] for k in ("kind", "clean", *METRICS)}
+    assert data["metrics"] == list(METRICS)
+    for view in data["views"]:
+        lens, attribution = (
+            logit_lens(model, view["ids"], top=LENS_TOP),
+            direct_attribution(model, view["ids"]),
+        )
+        assert view["lens"]["stages"] == lens["stages"] and view["lens"]["top_ids"] == lens["top_ids"]
+        for key in ("top_probs", "loss"):
+            assert np.abs(np.array(view["lens"][key]) - np.array(lens[key])).max() <= 5e-4 + 1e-7, key
+        named = {i for stage in lens["top_ids"] for position in stage for i in position}
+        assert view["lens"]["labels"] == {str(i): token_labels([i], tokenizer)[0] for i in sorted(named)}
+        assert view["attribution"]["terms"] == attribution["terms"]
+        stored = np.array(view["attribution"]["values"])
+        assert np.abs(stored - np.array(attribution["values"])).max() <= 5e-4 + 1e-7
+    assert page_data(model, ids, tokenizer, fake_scores(2, 3), "a model")["ablation"] is None
 
 
 def test_each_head_is_labelled_with_its_strongest_role():
@@ -201,6 +236,11 @@ def shown_weights(page) -> dict[int, float]:
     return {i: float(m.group(1)) for i, m in found.items() if m}
 
 
+def signed_value(text: str) -> float:
+    """The number in a page's signed text ("+1.23", "−0.45")."""
+    return float(text.replace("−", "-"))
+
+
 def role_label(page, layer: int, head: int) -> str:
     return page.inner_text(f'.head[data-layer="{layer}"][data-head="{head}"] .role')
 
@@ -220,7 +260,7 @@ def hover_cell(page, query: int, key: int) -> float:
 def test_the_page_in_a_browser_shows_the_models_weights(browser, induction_run, tmp_path: Path):
     out, scores = induction_run
     result = run_script(
-        "heads.py", str(out), "--prompt", PROMPT, "--html", "--out", str(tmp_path), check=True
+        "heads.py", str(out), "--prompt", PROMPT, "--html", "--ablate", "--out", str(tmp_path), check=True
     )
     path = tmp_path / "attention.html"
     assert str(path) in result.stdout
@@ -277,6 +317,32 @@ def test_the_page_in_a_browser_shows_the_models_weights(browser, induction_run, 
 
         # a cell of the full map
         assert abs(hover_cell(page, 30, 11) - weights[0, previous, 30, 11]) <= SHOWN
+
+        # each head's ablation effect under its role, for the metric chosen, as head_ablation.json has it
+        ablation = json.loads((tmp_path / "head_ablation.json").read_text())
+        for metric in ("val_loss", "repeat_loss_second_half"):
+            page.select_option("#ablation-metric", metric)
+            for layer, head in ((1, induction), (0, previous)):
+                line = page.inner_text(f'.head[data-layer="{layer}"][data-head="{head}"] .ablation')
+                assert abs(signed_value(line.removeprefix("Δ ")) - ablation[metric][layer][head]) <= 0.0051
+        assert page.locator("#ablation-tables table").count() == len(METRICS)
+
+        # the logit lens: each cell's probability and loss of the true next token, as the model has them
+        lens = logit_lens(model, ids)
+        for stage, position in ((0, 3), (2, 25), (2, 38)):
+            title = page.get_attribute(f'#lens td[data-stage="{stage}"][data-position="{position}"]', "title")
+            p, loss = (float(x) for x in re.search(r"p (\d\.\d{3}), loss (\d+\.\d{3})", title).groups())
+            assert abs(loss - lens["loss"][stage][position]) <= 0.0011, title
+            assert abs(p - math.exp(-lens["loss"][stage][position])) <= 0.0011, title
+
+        # a token clicked: which heads pushed its prediction up or down, from direct_attribution
+        page.click('#tokens .token[data-index="30"]')
+        pushes = head_attributions(direct_attribution(model, ids), 2, 4)[29].ravel()
+        shown = page.eval_on_selector_all("#attribution-heads td", "tds => tds.map(t => t.textContent)")
+        assert max(abs(signed_value(text) - v) for text, v in zip(shown, pushes)) <= 0.0051
+        assert len(shown) == 8 and max(pushes[4:]) > 1.0 > max(abs(pushes[:4]))  # layer 1 copies the token
+        assert f"“{PROMPT[30]}” (token 30)" in page.inner_text("#attribution-title")
+        page.click('#tokens .token[data-index="30"]')  # unpinned
 
         # the repeated-sequence demo: the same view on [R, R]
         page.click("#views button:nth-child(2)")

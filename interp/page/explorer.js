@@ -1,7 +1,8 @@
 "use strict";
 /* The attention explorer's script. It reads the data block that interp/explorer.py wrote and draws the
-   token strip, the layer x head grid, one head's full map and the role-score tables. Plain JavaScript, no
-   libraries. Text from the data (tokens, the checkpoint's name) is set with textContent, never as HTML.
+   token strip, the layer x head grid, one head's full map, the direct logit attribution of the token in
+   focus, the logit lens and the role-score (and ablation) tables. Plain JavaScript, no libraries. Text
+   from the data (tokens, the checkpoint's name) is set with textContent, never as HTML.
 
    Weights arrive as base64 of 8-bit lower triangles: for each layer, head, query q and key k <= q, in that
    order, the byte round(255 * weight). */
@@ -15,6 +16,8 @@ const THUMB = Math.max(40, Math.min(96, Math.floor(560 / (N_HEAD + 1)) - 8));   
 const COLOURS = DATA.colormap.map((hex) => [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16)));
 const FUTURE = [236, 236, 240];         // the masked future, under the hatching
 const HIGHLIGHT = "224, 112, 27";       // the token strip's colour (rgb), its opacity the √weight
+const UP = "214, 39, 40";               // diverging colours (rgb): a positive effect or attribution...
+const DOWN = "33, 102, 172";            // ...and a negative one, their opacity the size
 
 const state = {
   view: 0,             // index into DATA.views: the prompt, the repeated sequence
@@ -26,6 +29,7 @@ const state = {
   pinned: null,        // the clicked token
   hovered: null,       // the token under the mouse, in the strip or on the map
   cell: null,          // [query, key] under the mouse on the map
+  metric: "val_loss",  // the ablation metric shown under each head
 };
 
 const $ = (id) => document.getElementById(id);
@@ -33,6 +37,8 @@ const view = () => DATA.views[state.view];
 const mode = () => state.hoverMode || state.mode;
 const focus = () => state.hovered ?? state.pinned ?? view().T - 1;
 const headName = (layer, head) => (head === MEAN ? `L${layer} mean` : `L${layer}H${head}`);
+const signed = (x, digits = 2) => `${x >= 0 ? "+" : "−"}${Math.abs(x).toFixed(digits)}`;
+const diverging = (x, max) => `rgba(${x >= 0 ? UP : DOWN}, ${Math.min(1, Math.abs(x) / (max || 1)).toFixed(3)})`;
 
 function element(tag, className, text) {
   const e = document.createElement(tag);
@@ -133,6 +139,7 @@ function gridCell(layer, head, name, role, strong) {
   cell.dataset.head = head;
   cell.title = `${headName(layer, head)}: ${role} (click for its full map)`;
   cell.append(element("canvas"), element("div", "name", name), element("div", `role${strong}`, role));
+  if (DATA.ablation && head !== MEAN) cell.append(element("div", "ablation"));
   cell.addEventListener("click", () => selectHead(layer, head));
   return cell;
 }
@@ -379,33 +386,165 @@ function writeReadout(m) {
 function buildScores() {
   $("threshold").textContent = DATA.threshold;
   for (const role of DATA.roles) {
-    const table = element("table");
-    table.append(element("caption", "", role));
-    const header = table.insertRow();
-    header.append(element("th"));
-    for (let head = 0; head < N_HEAD; head++) header.append(element("th", "", `H${head}`));
-    DATA.scores[role].forEach((row, layer) => {
-      const tr = table.insertRow();
-      tr.append(element("th", "", `L${layer}`));
-      row.forEach((score, head) => {
-        const td = element("td", score >= DATA.threshold ? "strong" : "", score.toFixed(2));
-        const rgb = COLOURS[Math.round(Math.min(1, Math.max(0, score)) * 255)];
-        td.style.background = `rgb(${rgb})`;
-        td.style.color = score > 0.6 ? "black" : "white";
-        td.dataset.layer = layer;
-        td.dataset.head = head;
-        td.title = `L${layer}H${head} ${role}: ${score}`;
-        td.addEventListener("click", () => selectHead(layer, head));
-        tr.append(td);
-      });
-    });
-    $("scores").append(table);
+    $("scores").append(
+      headTable(role, DATA.scores[role], {
+        text: (score) => score.toFixed(2),
+        background: (score) => `rgb(${COLOURS[Math.round(Math.min(1, Math.max(0, score)) * 255)]})`,
+        ink: (score) => (score > 0.6 ? "black" : "white"),
+        strong: (score) => score >= DATA.threshold,
+      })
+    );
   }
   const s = DATA.model_scores;
   $("model-scores").textContent =
     `In-context learning score ${s.icl_score.toFixed(2)} (loss at context position ${s.icl_positions[1]} ` +
     `minus at ${s.icl_positions[0]}) · repeated-sequence loss ${s.repeat_loss_first_half.toFixed(2)} → ` +
     `${s.repeat_loss_second_half.toFixed(2)} (first → second copy of R, ${s.repeat_length} tokens)`;
+}
+
+// --- ablation: each head's effect beside its role, and one table per metric -----------------------------
+
+function buildAblation() {
+  const a = DATA.ablation;
+  $("ablation-control").hidden = $("ablation-section").hidden = !a;
+  if (!a) return;
+  for (const metric of DATA.metrics) $("ablation-metric").append(new Option(metric, metric));
+  $("ablation-metric").value = state.metric;
+  $("ablation-metric").addEventListener("change", (e) => {
+    state.metric = e.target.value;
+    labelAblation();
+  });
+  $("ablation-note").textContent =
+    `${a.kind} ablation: the change of each metric when the head alone is removed (red: it rose) · intact: ` +
+    DATA.metrics.map((m) => `${m} ${a.clean[m].toFixed(3)}`).join(" · ");
+  for (const metric of DATA.metrics) {
+    const max = Math.max(...a[metric].flat().map(Math.abs));
+    $("ablation-tables").append(headTable(metric, a[metric], effects(max)));
+  }
+  labelAblation();
+}
+
+// The ablation line under each head of the grid, for the chosen metric.
+function labelAblation() {
+  const a = DATA.ablation;
+  for (const line of document.querySelectorAll("#grid .head .ablation")) {
+    const cell = line.parentElement;
+    const [layer, head] = [+cell.dataset.layer, +cell.dataset.head];
+    line.textContent = `Δ ${signed(a[state.metric][layer][head])}`;
+    line.title = DATA.metrics.map((m) => `${m} ${signed(a[m][layer][head], 3)}`).join(", ");
+  }
+}
+
+// How headTable shows signed values (ablation effects, attributions): red up, blue down, up to max.
+const effects = (max) => ({ text: (x) => signed(x), background: (x) => diverging(x, max), ink: () => "black" });
+
+// A layer x head table of values (role scores, ablation effects, attributions); a click selects the head.
+// `show` gives each value's text, background and ink colours, and whether it is bold ("strong").
+function headTable(caption, rows, show) {
+  const table = element("table");
+  table.append(element("caption", "", caption));
+  const header = table.insertRow();
+  header.append(element("th"));
+  for (let head = 0; head < N_HEAD; head++) header.append(element("th", "", `H${head}`));
+  rows.forEach((row, layer) => {
+    const tr = table.insertRow();
+    tr.append(element("th", "", `L${layer}`));
+    row.forEach((value, head) => {
+      const td = element("td", show.strong && show.strong(value) ? "strong" : "", show.text(value));
+      td.style.background = show.background(value);
+      td.style.color = show.ink(value);
+      td.dataset.layer = layer;
+      td.dataset.head = head;
+      td.title = `L${layer}H${head} ${caption}: ${value}`;
+      td.addEventListener("click", () => selectHead(layer, head));
+      tr.append(td);
+    });
+  });
+  return table;
+}
+
+// --- direct logit attribution of the token in focus --------------------------------------------------
+
+function drawAttribution() {
+  const v = view();
+  const f = focus();
+  const box = $("attribution");
+  box.replaceChildren();
+  if (!v.attribution) {
+    $("attribution-title").textContent = "Direct logit attribution: the view has a single token";
+    return;
+  }
+  if (f === 0) {
+    $("attribution-title").textContent = "Direct logit attribution: the first token has no prediction";
+    return;
+  }
+  const { terms, values, logit } = v.attribution;
+  const row = values[f - 1];
+  $("attribution-title").textContent =
+    `Which parts pushed “${v.tokens[f]}” (token ${f}) up or down, predicted after “${v.tokens[f - 1]}”: ` +
+    `logit ${logit[f - 1].toFixed(3)}`;
+  const byName = new Map(terms.map((t, i) => [t, row[i]]));
+  const heads = [...Array(N_LAYER)].map((_, l) => [...Array(N_HEAD)].map((_, h) => byName.get(`L${l}H${h}`)));
+  const max = Math.max(...heads.flat().map(Math.abs));
+  const table = headTable("heads", heads, effects(max));
+  table.id = "attribution-heads";
+  const others = element("ul", "others");
+  for (const [t, x] of byName) {
+    if (!/^L\d+H\d+$/.test(t)) others.append(element("li", "", `${t} ${signed(x, 3)}`));
+  }
+  box.append(table, others);
+}
+
+// --- the logit lens: stage x position, coloured by the probability of the true next token --------------
+
+function buildLens() {
+  const v = view();
+  const box = $("lens");
+  box.replaceChildren();
+  $("lens-readout").textContent = "";
+  if (!v.lens) return;
+  const { stages, top_ids, top_probs, loss, labels } = v.lens;
+  const table = element("table");
+  const header = table.insertRow();
+  header.append(element("th"));
+  v.tokens.forEach((token, t) => header.append(element("th", "", v.T <= 64 ? token : t % 8 ? "" : String(t))));
+  stages.forEach((stage, s) => {
+    const tr = table.insertRow();
+    tr.append(element("th", "", stage));
+    for (let t = 0; t < v.T; t++) {
+      const best = labels[top_ids[s][t][0]];
+      const td = element("td", "", v.T <= 64 ? best : "");
+      const tops = top_ids[s][t].map((id, k) => `“${labels[id]}” ${top_probs[s][t][k].toFixed(3)}`).join(", ");
+      let about = `${stage} · position ${t} “${v.tokens[t]}”`;
+      if (t < v.T - 1) {
+        const p = Math.exp(-loss[s][t]);
+        const rgb = COLOURS[Math.round(p * 255)];
+        td.style.background = `rgb(${rgb})`;
+        td.style.color = p > 0.6 ? "black" : "white";
+        about += ` → true next “${v.tokens[t + 1]}”: p ${p.toFixed(3)}, loss ${loss[s][t].toFixed(3)}`;
+      } else {
+        td.classList.add("last");
+      }
+      td.title = `${about} · top: ${tops}`;
+      td.dataset.position = t;
+      td.dataset.stage = s;
+      tr.append(td);
+    }
+  });
+  table.addEventListener("mouseover", (e) => {
+    const td = e.target.closest("td");
+    if (td) $("lens-readout").textContent = td.title;
+  });
+  table.addEventListener("click", (e) => {
+    const td = e.target.closest("td");
+    if (td) pin(+td.dataset.position);
+  });
+  box.append(table);
+}
+
+function markLens() {
+  const f = focus();
+  for (const td of $("lens").querySelectorAll("td")) td.classList.toggle("focus", +td.dataset.position === f);
 }
 
 // --- views: the prompt and the repeated sequence -----------------------------------------------------
@@ -447,6 +586,7 @@ function showView(i) {
   document.querySelectorAll("#views button").forEach((b, j) => b.classList.toggle("on", j === i));
   $("view-note").textContent = viewNote(view());
   buildTokens();
+  buildLens();
   drawThumbnails();
   update();
 }
@@ -456,7 +596,8 @@ function showView(i) {
 function update() {
   const { layer, head } = state;
   const m = matrix(view(), layer, head);
-  for (const e of document.querySelectorAll(".head, .scores td")) {
+  drawAttribution();
+  for (const e of document.querySelectorAll(".head, .scores td, .attribution td")) {
     e.classList.toggle("selected", +e.dataset.layer === layer && +e.dataset.head === head);
   }
   const role = head === MEAN ? null : DATA.head_roles[layer][head];
@@ -470,6 +611,7 @@ function update() {
   drawMap();
   colourTokens(m);
   writeReadout(m);
+  markLens();
 }
 
 function onKey(event) {
@@ -504,6 +646,7 @@ function start() {
   buildViews();
   buildGrid();
   buildScores();
+  buildAblation();
   const strip = $("tokens");
   strip.addEventListener("mouseover", (e) => {
     const token = e.target.closest(".token");

@@ -1,0 +1,152 @@
+"""Hook points (model/hooks.py) on every model option: unused or reading-only hooks change no output bit,
+the cached activations are what the model computes (checked against each other and against the explicit
+attention path), replacing activations with themselves changes nothing, replacements act, and bad names
+are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import OPTIONS, model_with, replay
+
+from model import GPT, generate
+from model.hooks import hooked, point_names, run_with_cache, run_with_hooks, unembed
+
+
+def tokens(B: int = 2, T: int = 16, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 40, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def no_hooks_left(model: GPT) -> bool:
+    return all("hook" not in m.__dict__ and getattr(m, "hook", None) is None for m in model.modules())
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_unused_and_reading_hooks_change_no_output_bit(name):
+    model, idx = model_with(OPTIONS[name]), tokens()
+    with torch.no_grad():
+        before = model(idx)[0]
+        logits, cache = run_with_cache(model, idx, point_names(model, patterns=False))
+        after = model(idx)[0]
+    assert torch.equal(before, logits) and torch.equal(before, after) and no_hooks_left(model)
+    assert sorted(cache) == sorted(point_names(model, patterns=False))
+
+    # training: the same loss and gradients, bit for bit, with every point read
+    model.train()
+    targets = tokens(seed=2)
+    grads = []
+    for names in ([], point_names(model, patterns=False)):
+        model.zero_grad()
+        with hooked(model, dict.fromkeys(names, lambda x, name: None)):
+            model(idx, targets)[1].backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_cached_activations_are_what_the_model_computes(name):
+    model, idx = model_with(OPTIONS[name]), tokens()
+    cfg, (B, T) = model.config, idx.shape
+    with torch.no_grad():
+        logits, cache = run_with_cache(model, idx)  # every point, patterns included
+        _, weights = model.attention_weights(idx)
+        for layer, block in enumerate(model.blocks):
+            at = f"blocks.{layer}."
+            assert cache[at + "attn.z"].shape == (B, T, cfg.n_head, cfg.head_dim)
+            assert torch.equal(cache[at + "attn.pattern"], weights[layer])  # the explicit path's weights
+            z = cache[at + "attn.z"].reshape(B, T, cfg.n_embd)
+            assert torch.equal(cache[at + "attn_out"], block.attn.W_O(z))
+            mid = cache[at + "resid_pre"] + cache[at + "attn_out"]
+            if block.mlp is not None:
+                assert torch.equal(cache[at + "resid_mid"], mid)
+                mid = mid + cache[at + "mlp_out"]
+            assert torch.equal(cache[at + "resid_post"], mid)
+            if layer + 1 < cfg.n_layer:
+                assert torch.equal(cache[f"blocks.{layer + 1}.resid_pre"], cache[at + "resid_post"])
+        assert torch.equal(unembed(model, cache[f"blocks.{cfg.n_layer - 1}.resid_post"]), logits)
+        # the fast path's head outputs agree with the explicit path's
+        _, fast = run_with_cache(model, idx, [f"blocks.{i}.attn.z" for i in range(cfg.n_layer)])
+    for layer in range(cfg.n_layer):
+        torch.testing.assert_close(fast[f"blocks.{layer}.attn.z"], cache[f"blocks.{layer}.attn.z"])
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_replacing_activations_with_themselves_changes_nothing(name):
+    model, idx = model_with(OPTIONS[name]), tokens()
+    for names in (point_names(model, patterns=False), point_names(model)):
+        with torch.no_grad():
+            clean, cache = run_with_cache(model, idx, names)
+            patched, _ = run_with_hooks(model, idx, dict.fromkeys(names, replay(cache)))
+        assert torch.equal(patched, clean)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "rope_gqa", "window_qk_norm"])
+def test_a_replaced_pattern_weights_the_values(name):
+    """Each query attending only to itself: every head's z is its own value vector."""
+    model, idx = model_with(OPTIONS[name]), tokens()
+    cfg, block = model.config, model.blocks[1]
+    T = idx.size(1)
+    own = torch.eye(T).expand(idx.size(0), cfg.n_head, T, T)
+    seen = {}
+
+    def keep(z, name):
+        seen["z"] = z.clone()
+
+    with torch.no_grad():
+        _, cache = run_with_cache(model, idx, ["blocks.1.resid_pre"])
+        run_with_hooks(model, idx, {"blocks.1.attn.pattern": lambda w, name: own, "blocks.1.attn.z": keep})
+        qkv = block.attn.W_QKV(block.norm1(cache["blocks.1.resid_pre"]))
+        values = qkv[..., -cfg.kv_heads * cfg.head_dim :].view(*idx.shape, cfg.kv_heads, cfg.head_dim)
+    torch.testing.assert_close(seen["z"], values.repeat_interleave(cfg.n_head // cfg.kv_heads, dim=2))
+
+
+def test_a_block_may_run_on_a_bigger_batch_and_hooks_nest():
+    model, idx = model_with({}), tokens(B=1)
+    with torch.no_grad():
+        clean = model(idx)[0]
+        grown, _ = run_with_hooks(model, idx, {"blocks.1.resid_pre": lambda x, name: x.repeat(3, 1, 1)})
+        assert grown.shape == (3, *clean.shape[1:])
+        torch.testing.assert_close(grown, clean.expand(3, -1, -1), rtol=0, atol=1e-6)
+
+        calls = []
+        with hooked(model, {"blocks.0.attn.z": lambda z, name: calls.append(("outer", name))}):
+            zero = {"blocks.0.attn.z": lambda z, name: calls.append(("inner", name)) or torch.zeros_like(z)}
+            with hooked(model, zero):
+                inner = model(idx)[0]
+            model(idx)
+        assert calls == [
+            ("outer", "blocks.0.attn.z"),
+            ("inner", "blocks.0.attn.z"),
+            ("outer", "blocks.0.attn.z"),
+        ]
+        assert not torch.equal(inner, clean) and no_hooks_left(model)
+
+
+def test_hooks_run_during_cached_generation():
+    model = model_with(OPTIONS["rope_gqa"])
+    prompt = tokens(B=1, T=5)
+    shapes = []
+
+    def record(x, name):
+        shapes.append((name, tuple(x.shape)))
+
+    plain = torch.cat(list(generate(model, prompt, 4, temperature=0)))
+    with hooked(model, {"blocks.0.attn.z": record, "blocks.1.attn.pattern": record}):
+        hooked_run = torch.cat(list(generate(model, prompt, 4, temperature=0)))
+    assert torch.equal(plain, hooked_run)
+    assert ("blocks.0.attn.z", (1, 5, 4, 8)) in shapes and ("blocks.0.attn.z", (1, 1, 4, 8)) in shapes
+    assert any(name == "blocks.1.attn.pattern" and shape[2] == 1 for name, shape in shapes)
+
+
+def test_bad_point_names_say_what_is_wrong():
+    model, attention_only = model_with({}), model_with(OPTIONS["attention_only"])
+    for m, name, message in (
+        (model, "blocks.2.resid_pre", "the model has 2 layers"),
+        (model, "blocks.0.attn.q", "points are blocks.L."),
+        (model, "resid_final", "points are blocks.L."),
+        (attention_only, "blocks.0.mlp_out", "no MLP"),
+    ):
+        with pytest.raises(ValueError, match=message), hooked(m, {name: lambda x, n: None}):
+            pass
+    assert no_hooks_left(model)
+    assert "blocks.0.mlp_out" not in point_names(attention_only) and len(point_names(model)) == 2 * 7
