@@ -149,7 +149,9 @@ def _timed_out_collective(e: RuntimeError) -> str | None:
 
 
 def _ours(filename: str) -> bool:
-    return Path(filename).resolve().is_relative_to(ROOT)
+    """A file of this project's code: under its root, but not in a virtual environment kept there (.venv)."""
+    path = Path(filename).resolve()
+    return path.is_relative_to(ROOT) and "site-packages" not in path.parts
 
 
 def shutdown(rt) -> None:
