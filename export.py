@@ -3,6 +3,7 @@ GGUF file (llama.cpp runs it as it is).
 
     python export.py CHECKPOINT DEST [--overwrite]
     python export.py CHECKPOINT model.gguf [--dtype f32|f16|q8_0] [--overwrite]
+    python export.py LORA_CHECKPOINT DEST --adapter     # a PEFT adapter folder instead
 
 CHECKPOINT is a training run's folder (its best checkpoint is used, else its last) or one checkpoint folder.
 DEST receives config.json (model_type gpt2 for learned positions, llama for rotary ones), model.safetensors,
@@ -17,6 +18,11 @@ A DEST ending in .gguf is one file for llama.cpp (architecture gpt2 or llama, th
 in --dtype: f32 by default, f16, or q8_0), written by gguf_export/:
 
     llama_cpp.Llama("model.gguf", n_ctx=CONTEXT)   # or llama.cpp's llama-cli -m model.gguf
+
+A LoRA run's checkpoint (model/lora.py) exports with its adapters merged into its base's weights: one whole
+model, in either format. With --adapter, DEST gets the adapters alone as PEFT writes them
+(adapter_config.json, adapter_model.safetensors), which `PeftModel.from_pretrained(base, DEST)` loads onto
+the base exported as it was (the Hugging Face folder it came from, or `python export.py BASE BASE_DEST`).
 
 A model option with no exact equivalent in GPT-2 or Llama (QK-norm, ReLU^2, a sliding window, logit
 soft-capping, attention only) is refused, naming it. A non-empty DEST is refused unless --overwrite; the
@@ -46,6 +52,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--dtype", choices=DTYPES, help="a GGUF's matrices: f32 (default, exact), f16 or q8_0 (8-bit)"
     )
     p.add_argument("--overwrite", action="store_true", help="replace DEST if it is not empty")
+    p.add_argument(
+        "--adapter", action="store_true", help="a LoRA checkpoint's adapters alone, as a PEFT adapter folder"
+    )
     return p.parse_args(argv)
 
 
@@ -71,19 +80,27 @@ def check_dest(dest: Path, overwrite: bool) -> None:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     dest = Path(args.dest)
+    if args.adapter and is_gguf(dest):
+        raise UserError(
+            f"--adapter writes a PEFT adapter folder, not a GGUF file; give a folder, or drop "
+            f"--adapter to write {dest} with the adapters merged into the weights"
+        )
     if args.dtype and not is_gguf(dest):
         raise UserError(f"--dtype is for GGUF files (DEST ending in .gguf); {dest} is written in float32")
     check_dest(dest, args.overwrite)
-    source = checkpoint.load_pretrained(args.checkpoint)
+    source = checkpoint.load_pretrained(args.checkpoint, merge=not args.adapter)
+    if args.adapter:
+        return export_adapter(source, dest)
     if source.tokenizer is None:
         raise UserError(f"{source.where} has a tokenizer tinygpt cannot export: {source.tokenizer_about}")
     what, how = (
         export_gguf(source, dest, args.dtype or "f32") if is_gguf(dest) else export_folder(source, dest)
     )
-    m = source.model
+    m, lora = source.model, source.config.lora if source.config else None
+    merged = f"; LoRA adapters merged into the weights of {source.config.train.init_from}" if lora else ""
     print(
         f"exported {source.where} to {dest}: {what}, {m.n_layer} layers, {m.n_head} heads, n_embd "
-        f"{m.n_embd}, context {m.block_size}, tokenizer {source.tokenizer_about}\n{how}"
+        f"{m.n_embd}, context {m.block_size}, tokenizer {source.tokenizer_about}{merged}\n{how}"
     )
     return 0
 
@@ -103,6 +120,27 @@ def export_gguf(source: checkpoint.Pretrained, dest: Path, dtype: str) -> tuple[
     name = where.parent.name if where.name in ("best", "last") else where.name
     architecture = write_gguf(dest, source.model, source.weights, source.tokenizer, dtype, name)
     return f"GGUF {architecture} {dtype}", f"run it with llama.cpp: llama-cli -m {dest} -p PROMPT"
+
+
+def export_adapter(source: checkpoint.Pretrained, dest: Path) -> int:
+    """--adapter: the LoRA adapters of `source` (read with merge=False) as a PEFT adapter folder."""
+    if source.adapters is None:
+        raise UserError(
+            f"{source.where} is not a LoRA checkpoint (it holds whole weights): --adapter writes the "
+            "adapters of a run trained with a lora section; export it without --adapter"
+        )
+    base, advice = source.config.train.init_from, "choose another DEST"
+    with checkpoint.atomic_folder(dest.resolve().parent, dest.name, what="the export", advice=advice) as tmp:
+        tmp.mkdir()
+        targets = folders.write_adapter(tmp, source.model, source.config.lora, source.adapters, base)
+    print(
+        f"exported the LoRA adapters of {source.where} to {dest}: rank {source.config.lora.rank} on "
+        f"{', '.join(targets)}, for the base {base}\n"
+        "load them onto the base as transformers has it: peft.PeftModel.from_pretrained(AutoModelForCausalLM"
+        f'.from_pretrained(BASE), "{dest}"), BASE its Hugging Face folder (a run of ours: python export.py '
+        f"{base} BASE)"
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -138,8 +138,9 @@ Train a GPT on a dataset, writing checkpoints and metrics to train.out_dir.
 CONFIG is a YAML file, or the name of one shipped in {CONFIG_DIR.name}/ (default: shakespeare_char):
 {configs}
 
-A config has the sections model, data, train, optim and log. Every key, its type and its default is
-documented in runs/config.py (model keys in model/config.py); --print-config shows them resolved.
+A config has the sections model, data, train, optim and log (and lora, for LoRA fine-tuning). Every key,
+its type and its default is documented in runs/config.py (model keys in model/config.py, lora keys in
+model/lora.py); --print-config shows them resolved.
 Any key can be overridden as section.key=value (YAML syntax):
 
   python train.py shakespeare_char model.n_layer=6 optim.lr=1e-3 train.max_iters=5e3
@@ -156,8 +157,9 @@ options:
 def check_and_describe(run: Run) -> None:
     """Check the out_dir before training (rank 0, the others wait) and the sample prompt; describe the run."""
     cfg, rt, model = run.cfg, run.rt, run.model
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if rt.is_main:
-        checkpoint.check_out_dir(run.out_dir, cfg, model.num_params(non_embedding=False))
+        checkpoint.check_out_dir(run.out_dir, cfg, trained)
     distributed.barrier(rt)
     if cfg.log.sample_every:  # a prompt the vocabulary cannot encode stops here, not at the first sample
         sample_prompt(run)
@@ -177,6 +179,13 @@ def check_and_describe(run: Run) -> None:
     )
     if cfg.train.init_from and not cfg.train.resume:
         print(f"starting from the weights of {cfg.train.init_from} (fresh optimizer, iteration 0)")
+    if cfg.lora is not None:
+        total, lc = model.num_params(non_embedding=False), cfg.lora
+        print(
+            f"LoRA: rank {lc.rank}, alpha {lc.alpha:g} on {', '.join(lc.targets)}: {trained / 1e6:.3f}M "
+            f"parameters train ({100 * trained / total:.2f}% of {total / 1e6:.2f}M); the base is frozen, "
+            "checkpoints hold the adapters alone"
+        )
 
 
 def run_eval(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:

@@ -11,6 +11,9 @@ positions, RMSNorm and SwiGLU it is Llama. The computation is the same; only the
 - GPT-2 always has biases: a GPT-2 style model without them exports zeros, which compute the same.
 Options with no exact equivalent in these two families are refused by name (`export_problem`). Names are
 written without transformers' module prefix ("transformer.", "model."), which folders may or may not have.
+LoRA adapters (model/lora.py) become PEFT's: one per transformers module, as model/lora.py's `parts` already
+cuts them (GPT-2's c_attn whole, Llama's q_proj, k_proj, v_proj apart), so nothing is approximated; their
+A (rank x in) and B (out x rank) are stored as they are, even for GPT-2's transposed Conv1D (PEFT's layout).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Iterator
 import torch
 
 from common.errors import UserError
-from model import GPTConfig
+from model import GPTConfig, lora
 
 SUPPORTED = ("gpt2", "llama")
 PREFIX = {"gpt2": "transformer.", "llama": "model."}
@@ -265,3 +268,25 @@ def to_hf_weights(ours: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, to
             key = theirs if theirs == "lm_head.weight" else prefix + theirs
             out[key] = piece.t().contiguous() if transposed else piece.clone()
     return out
+
+
+def to_peft_weights(
+    adapters: dict[str, torch.Tensor], cfg: GPTConfig
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """PEFT's adapter_model.safetensors for our LoRA adapters (named as PEFT saves them: base_model.model.
+    + the module + .lora_A.weight / .lora_B.weight), and its target_modules (as module-name suffixes: GPT-2's
+    attn.c_proj and mlp.c_proj would both match a bare c_proj)."""
+    prefix, out, targets = "base_model.model." + PREFIX[family(cfg)], {}, set()
+    for name, theirs, _ in weight_names(cfg):
+        module = name.removesuffix(".weight")
+        if f"{module}.lora_A" not in adapters:
+            continue
+        A, B = adapters[f"{module}.lora_A"], adapters[f"{module}.lora_B"]
+        ours = lora.parts(cfg, module.rsplit(".", 1)[1])
+        if len(ours) != len(theirs):  # cannot happen for a model export_problem lets through
+            raise UserError(f"cannot write {module}'s {len(ours)} adapters as {len(theirs)} PEFT modules")
+        for (tensor, _), a, b in zip(theirs, A.split(B.size(1)), B.split(ours)):
+            path = prefix + tensor.removesuffix(".weight")
+            out[f"{path}.lora_A.weight"], out[f"{path}.lora_B.weight"] = a.clone(), b.clone()
+            targets.add(".".join(tensor.split(".")[2:-1]))  # h.3.attn.c_attn.weight -> attn.c_attn
+    return out, sorted(targets)

@@ -1,5 +1,5 @@
 """Hugging Face model folders: reading one (config.json and safetensors weights, sharded too), fetching one
-from the hub by name, and writing one for a model of ours.
+from the hub by name, and writing one for a model of ours, or a PEFT adapter folder for its LoRA adapters.
 
 Weights are read from safetensors only: a folder that has nothing but `pytorch_model.bin` (a pickle, which
 can run code when loaded) is refused with a line saying how to convert it. The hub is reached through
@@ -22,8 +22,10 @@ from common.files import save_tensors
 from data.tokenizers import METADATA_FILE
 from hf import convert, tokenizer_files
 from model import GPTConfig
+from model.lora import LoRAConfig
 
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # PEFT's
 HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # gpt2, openai-community/gpt2
 HUB_FILES = [
     CONFIG,
@@ -125,14 +127,18 @@ def download(name: str) -> Path:
         raise UserError(f"could not get {name} from the Hugging Face hub ({first})") from None
 
 
-def write_model(folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer: dict) -> str:
-    """Write a transformers model folder for our model into the empty `folder`; returns its architecture.
-    `weights` are ours by name (a tied LM head may be absent)."""
+def _check_exportable(cfg: GPTConfig) -> None:
     problem = convert.export_problem(cfg)
     if problem:
         raise UserError(
             f"cannot export: {problem} has no exact equivalent in transformers' GPT-2 or Llama models"
         )
+
+
+def write_model(folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer: dict) -> str:
+    """Write a transformers model folder for our model into the empty `folder`; returns its architecture.
+    `weights` are ours by name (a tied LM head may be absent)."""
+    _check_exportable(cfg)
     eot = tokenizer_files.write_tokenizer(folder, tokenizer, cfg.block_size)
     config = convert.to_hf_config(cfg, eot)
     save_tensors(convert.to_hf_weights(weights, cfg), folder / WEIGHTS, metadata={"format": "pt"})
@@ -140,3 +146,32 @@ def write_model(folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], 
     generation = {"bos_token_id": eot, "eos_token_id": eot, "max_length": cfg.block_size}
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     return config["architectures"][0]
+
+
+def write_adapter(
+    folder: Path, cfg: GPTConfig, lora: LoRAConfig, adapters: dict[str, torch.Tensor], base: str
+) -> list[str]:
+    """Write a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) for the LoRA `adapters`
+    (ours, by name) of a model `cfg` into the empty `folder`, `base` naming the model it adapts; returns
+    the target modules. `PeftModel.from_pretrained(base model, folder)` loads it."""
+    _check_exportable(cfg)
+    tensors, targets = convert.to_peft_weights(adapters, cfg)
+    save_tensors(tensors, folder / ADAPTER_WEIGHTS, metadata={"format": "pt"})
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base,
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": targets,
+        "fan_in_fan_out": convert.family(cfg) == "gpt2",  # GPT-2's Conv1D stores its weights transposed
+        "bias": "none",
+        "use_rslora": False,  # the scale is alpha / r, as ours
+        "use_dora": False,
+        "modules_to_save": None,
+        "init_lora_weights": True,
+        "inference_mode": True,
+    }
+    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    return targets

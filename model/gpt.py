@@ -264,12 +264,17 @@ class GPT(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward) as nanoGPT and PaLM (appendix B) count them:
-        6 per weight used in a matrix product, plus 12 * n_layer * n_embd * (attended span) for
-        Q K^T and weights @ V: the keys per query that scores are computed for, masked ones included (all
-        seq_len of them for causal attention, about 1.5 x window with a window: `attention_span`)."""
+        6 per weight used in a matrix product (4 for a frozen one, which gets no gradient: LoRA's base), plus
+        12 * n_layer * n_embd * (attended span) for Q K^T and weights @ V: the keys per query that scores are
+        computed for, masked ones included (all seq_len of them for causal attention, about 1.5 x window with
+        a window: `attention_span`)."""
         cfg = self.config
         span = attention_span(seq_len, cfg.window)
-        return 6 * self.num_params(non_embedding=True) + 12 * cfg.n_layer * cfg.n_embd * span
+        lookups = {id(self.pos_emb.weight) if self.pos_emb is not None else None}
+        if not cfg.tie_embeddings:
+            lookups.add(id(self.token_emb.weight))
+        frozen = sum(p.numel() for p in self.parameters() if not p.requires_grad and id(p) not in lookups)
+        return 6 * self.num_params(non_embedding=True) - 2 * frozen + 12 * cfg.n_layer * cfg.n_embd * span
 
     def _positions(self, idx: torch.Tensor, input_pos: Optional[torch.Tensor]) -> torch.Tensor:
         T, block_size = idx.size(1), self.config.block_size

@@ -4,6 +4,11 @@ OUT_DIR/last/ and OUT_DIR/best/ each hold model.safetensors (the weights, whole;
 config.yaml (the run's final config), tinygpt_tokenizer.json (data/tokenizers.py's metadata) and state.pt
 (optimizer state keyed by parameter name, progress, RNG states: tensors and numbers only, read with
 torch.load(weights_only=True), which refuses anything else).
+- LoRA runs (model/lora.py) hold adapters.safetensors instead of model.safetensors: the adapters alone, and in
+  its metadata the base they adapt (the folder its weights were read from, absolute) and the sha256 of those
+  weights (`fingerprint`: names, shapes and bytes, the same however the base is stored). Reading one loads
+  the base again and refuses it, in one line, if it moved or changed; `load_pretrained` gives the adapters
+  merged into the base's weights (sampling, evaluation, export: one function for every format), or apart.
 - Atomic: `atomic_folder` writes a temporary folder, flushes it, and swaps it in by renames (the old one moves
   to .NAME.old first): a crash at any moment leaves NAME or .NAME.old complete, and `find` takes either.
   best/ shares last/'s files by hard links (files are replaced, never modified in place).
@@ -20,6 +25,7 @@ torch.load(weights_only=True), which refuses anything else).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -27,13 +33,14 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import yaml
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from common import locks
@@ -41,11 +48,12 @@ from common.errors import UserError
 from common.files import save_tensors, space_note, write_failed
 from data.tokenizers import METADATA_FILE, check_meta
 from hf import folders, tokenizer_files
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, lora
 from runs import verify
 from runs.config import Config, DataConfig, config_from_data, problems, to_yaml
 
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.yaml", METADATA_FILE, "state.pt"
+ADAPTERS = "adapters.safetensors"  # a LoRA run's checkpoint: the adapters alone, and where its base is
 LOCK = ".lock"  # in an out_dir: held by the train.py that writes into it
 
 
@@ -162,18 +170,24 @@ def write_checkpoint(
     train_state: dict[str, Any] | None = None,
     optimizers: list[torch.optim.Optimizer] = (),
     is_main: bool = True,
+    base: dict[str, str] | None = None,
 ) -> Path:
     """Write checkpoint OUT_DIR/NAME atomically: the model's weights, config and tokenizer, and with a
-    train_state also the optimizer state (state.pt). Every rank calls it; rank 0 (`is_main`) writes."""
+    train_state also the optimizer state (state.pt). With `base` (`lora_base`: a LoRA run) the adapters
+    alone, with their base recorded. Every rank calls it; rank 0 (`is_main`) writes."""
     out_dir = Path(out_dir)
     weights = model_weights(model)
     if train_state is not None and optimizers:
         train_state = {**train_state, "optimizer": optimizer_state(model, list(optimizers))}
     if not is_main:
         return out_dir / name
-    with atomic_folder(out_dir, name, need=_tensor_bytes([weights, train_state])) as tmp:
+    saved = lora.adapter_weights(weights) if base is not None else weights
+    with atomic_folder(out_dir, name, need=_tensor_bytes([saved, train_state])) as tmp:
         tmp.mkdir()
-        save_tensors(weights, tmp / WEIGHTS, metadata={"format": "pt"})
+        if base is not None:
+            save_tensors(saved, tmp / ADAPTERS, metadata={"format": "pt", **base})
+        else:
+            save_tensors(saved, tmp / WEIGHTS, metadata={"format": "pt"})
         (tmp / CONFIG).write_text(to_yaml(cfg))
         (tmp / TOKENIZER).write_text(json.dumps(tokenizer_meta, indent=1))
         if train_state is not None:
@@ -259,7 +273,7 @@ def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
         "train.out_dir",
     )
     check_not_links(out_dir, ("last", "best"))
-    has_run = any((out_dir / n / WEIGHTS).is_file() for n in ("last", "best", ".last.old"))
+    has_run = any(is_checkpoint(out_dir / n) for n in ("last", "best", ".last.old"))
     if has_run and not cfg.train.resume:
         if not cfg.train.overwrite:
             raise UserError(
@@ -292,18 +306,29 @@ class Checkpoint:
     def __fspath__(self) -> str:  # a path wherever one is taken: Path(ckpt), open(ckpt / ...) through .folder
         return str(self.folder)
 
+    @property
+    def is_lora(self) -> bool:
+        return (self.folder / ADAPTERS).is_file()
+
     def weights(self) -> dict[str, torch.Tensor]:
         """The weights, their shapes checked against config.yaml's model (from the header) first."""
         model = self.config().model
         if (self.folder / WEIGHTS).is_file():
             verify.check_weights_file(self.folder / WEIGHTS, model)
-        return self._read(
-            WEIGHTS,
-            lambda path: load_file(str(path)),
-            (SafetensorError, OSError, ValueError),
-            " or not a safetensors file ({}); use another checkpoint (e.g. last/ instead of best/) or train "
-            "again",
-        )
+        return self._read(WEIGHTS, lambda path: load_file(str(path)), *_DAMAGED_WEIGHTS)
+
+    def adapters(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """A LoRA checkpoint's adapters, and what it records of their base (`lora_base`); their shapes are
+        checked against the config where they are used (`_lora_weights`)."""
+
+        def read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+            with safe_open(str(path), framework="pt") as f:
+                base = f.metadata() or {}
+                if not {"base", "base_sha256"} <= set(base):
+                    raise ValueError("its metadata does not say which base model the adapters belong to")
+                return {k: f.get_tensor(k) for k in f.keys()}, base  # noqa: SIM118 (not a dict)
+
+        return self._read(ADAPTERS, read, *_DAMAGED_WEIGHTS)
 
     def config(self) -> Config:
         """config.yaml as data: typed field by field, never interpolated, its values checked."""
@@ -361,10 +386,21 @@ class Checkpoint:
             raise UserError(f"{path} is damaged" + damaged.format(first)) from None
 
 
+_DAMAGED_WEIGHTS = (
+    (SafetensorError, OSError, ValueError),
+    " or not a safetensors file ({}); use another checkpoint (e.g. last/ instead of best/) or train again",
+)
+
+
+def is_checkpoint(folder: Path) -> bool:
+    """Whether `folder` holds a checkpoint's weights: the model's, or a LoRA run's adapters."""
+    return (folder / WEIGHTS).is_file() or (folder / ADAPTERS).is_file()
+
+
 def find(path: Path | str, prefer: tuple[str, ...] = ("best", "last")) -> Checkpoint:
     """The checkpoint at `path`: path itself, else its best (or last) checkpoint."""
     path = Path(path)
-    if (path / WEIGHTS).is_file():
+    if is_checkpoint(path):
         return Checkpoint(path)
     if path.is_file():
         raise UserError(
@@ -378,7 +414,7 @@ def find(path: Path | str, prefer: tuple[str, ...] = ("best", "last")) -> Checkp
         )
     for name in prefer:
         for candidate in (path / name, path / f".{name}.old"):  # .old: a swap interrupted by a crash
-            if (candidate / WEIGHTS).is_file():
+            if is_checkpoint(candidate):
                 return Checkpoint(candidate)
     raise _none_in(path, prefer)
 
@@ -397,14 +433,17 @@ def _none_in(path: Path | str, names: tuple[str, ...]) -> UserError:
     )
 
 
-def load_into(model: GPT, weights: dict[str, torch.Tensor], where: Path) -> None:
-    """Load whole weights into a model that is not sharded yet (FSDP shards it afterwards)."""
+def load_into(model: GPT, weights: dict[str, torch.Tensor], where: Path, adapters: bool = False) -> None:
+    """Load whole weights into a model that is not sharded yet (FSDP shards it afterwards); with `adapters`,
+    a LoRA model's adapters alone (its base already loaded)."""
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as e:  # shape mismatch
         last = str(e).splitlines()[-1].strip()
         raise UserError(f"the weights in {where} do not fit its config: {last}") from None
-    if model.config.tie_embeddings:
+    if adapters:
+        missing = [k for k in missing if lora.is_adapter(k)]
+    elif model.config.tie_embeddings:
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
         raise UserError(
@@ -440,10 +479,11 @@ class Pretrained:
 
     where: Path  # the checkpoint or model folder
     model: GPTConfig
-    weights: dict[str, torch.Tensor]  # ours, by name
+    weights: dict[str, torch.Tensor]  # ours, by name (a LoRA checkpoint's: merged, or its base's)
     tokenizer: dict | None  # our tokenizer metadata; None: a tokenizer tinygpt cannot run
     tokenizer_about: str  # what the tokenizer is, in a few words
     config: Config | None = None  # the training config of a checkpoint of ours
+    adapters: dict[str, torch.Tensor] | None = None  # a LoRA checkpoint read with merge=False: its adapters
 
     def weights_for(self, model: GPTConfig) -> dict[str, torch.Tensor]:
         """The weights for `model`, which may have a shorter context: learned positions are cropped."""
@@ -451,10 +491,71 @@ class Pretrained:
             return self.weights
         return {**self.weights, "pos_emb.weight": self.weights["pos_emb.weight"][: model.block_size]}
 
+    @cached_property
+    def fingerprint(self) -> str:
+        """sha256 of the weights as read (names, dtypes, shapes and bytes, in name order): the same however
+        they are stored (a checkpoint of ours, its Hugging Face export), another if one value changed."""
+        h = hashlib.sha256()
+        for name in sorted(self.weights):
+            t = self.weights[name].detach().cpu().contiguous()
+            h.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+        return h.hexdigest()
 
-def load_pretrained(name: Path | str, hub: bool = False) -> Pretrained:
+
+def lora_base(base: Pretrained) -> dict[str, str]:
+    """What a LoRA checkpoint records of its base: the folder its weights come from, and their fingerprint."""
+    return {"base": str(Path(base.where).resolve()), "base_sha256": base.fingerprint}
+
+
+def base_of(ckpt: Checkpoint) -> Pretrained:
+    """The base model of LoRA checkpoint `ckpt`, read where it was trained from; one line if it has moved or
+    its weights have changed since (the adapters would then apply to other weights)."""
+    recorded = ckpt.adapters()[1]
+    folder, what = Path(recorded["base"]), f"the base model of LoRA checkpoint {ckpt}"
+    if not folder.exists():
+        raise UserError(
+            f"{what}, {folder}, is missing (moved or deleted?); the checkpoint holds only the adapters: put "
+            "the base back there (a symbolic link will do)"
+        )
+    try:
+        base = load_pretrained(folder)
+    except UserError as e:
+        raise UserError(f"{what}, {folder}, cannot be read: {e}") from None
+    if base.fingerprint != recorded["base_sha256"]:
+        raise UserError(
+            f"{what}, {folder}, has changed since the adapters were trained (its weights' sha256 is "
+            f"{base.fingerprint[:12]}..., the checkpoint's {recorded['base_sha256'][:12]}...): put the "
+            "original weights back there, or train the adapters again on the new ones"
+        )
+    return base
+
+
+def _lora_weights(ckpt: Checkpoint, cfg: Config, merge: bool) -> tuple[dict, dict | None]:
+    """(weights, adapters) of a LoRA checkpoint: the base's weights with the adapters merged in and None, or
+    (merge False) the base's weights and the adapters apart."""
+    if cfg.lora is None:
+        raise UserError(f"{ckpt / CONFIG} has no lora section, but the checkpoint holds LoRA adapters")
+    adapters = ckpt.adapters()[0]
+    with torch.device("meta"):  # the adapters its config implies, to check the file against
+        model = GPT(cfg.model)
+        lora.add_lora(model, cfg.lora)
+    expected = {k: tuple(v.shape) for k, v in lora.adapter_weights(model.state_dict()).items()}
+    if {k: tuple(v.shape) for k, v in adapters.items()} != expected:
+        raise UserError(
+            f"the adapters in {ckpt / ADAPTERS} do not match its config ({len(adapters)} tensors; its lora "
+            f"section implies {len(expected)}, of other names or shapes); the checkpoint is inconsistent"
+        )
+    weights = base_of(ckpt).weights_for(cfg.model)
+    if merge:
+        return lora.merge(weights, adapters, cfg.model, cfg.lora), None
+    return weights, adapters
+
+
+def load_pretrained(name: Path | str, hub: bool = False, merge: bool = True) -> Pretrained:
     """The model at `name`: a training run's folder (its best checkpoint, else its last), a checkpoint
-    folder, a Hugging Face model folder (config.json), or with `hub` a Hugging Face hub name (gpt2)."""
+    folder, a Hugging Face model folder (config.json), or with `hub` a Hugging Face hub name (gpt2). A LoRA
+    checkpoint gives its base's weights with the adapters merged in, or with `merge` False, apart."""
     path = Path(name)
     if hub and not path.exists() and folders.is_hub_name(str(name)):
         path = folders.download(str(name))
@@ -477,15 +578,18 @@ def load_pretrained(name: Path | str, hub: bool = False) -> Pretrained:
             f"Face model (it has no {folders.CONFIG}); give a run's folder, a checkpoint or a model folder"
         ) from None
     cfg, tokenizer = ckpt.config(), ckpt.tokenizer()
-    return Pretrained(
-        ckpt.folder, cfg.model, ckpt.weights(), tokenizer, tokenizer_files.describe(tokenizer), cfg
-    )
+    weights, adapters = _lora_weights(ckpt, cfg, merge) if ckpt.is_lora else (ckpt.weights(), None)
+    about = tokenizer_files.describe(tokenizer)
+    return Pretrained(ckpt.folder, cfg.model, weights, tokenizer, about, cfg, adapters)
 
 
-def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[GPT, Config, dict, Path]:
+def load_model(
+    path: Path | str, device: torch.device | str = "cpu", merge: bool = True
+) -> tuple[GPT, Config, dict, Path]:
     """(model in eval mode, its training config, tokenizer metadata, checkpoint folder) for sampling. For a
-    Hugging Face model folder the config is made up: its model, and a shipped dataset with its tokenizer."""
-    source = load_pretrained(path)
+    Hugging Face model folder the config is made up: its model, and a shipped dataset with its tokenizer.
+    A LoRA checkpoint's model has the adapters merged into its weights, or with `merge` False, beside them."""
+    source = load_pretrained(path, merge=merge)
     if source.tokenizer is None:
         raise UserError(
             f"{source.where} uses a tokenizer tinygpt cannot run: {source.tokenizer_about}; tinygpt runs "
@@ -502,6 +606,9 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[GP
         cfg = Config(model=source.model, data=DataConfig(dataset=dataset))
     model = GPT(source.model)
     load_into(model, source.weights, source.where)
+    if source.adapters is not None:
+        lora.add_lora(model, cfg.lora)
+        load_into(model, source.adapters, source.where, adapters=True)
     return model.to(device).eval(), cfg, source.tokenizer, source.where
 
 

@@ -26,6 +26,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from common.errors import ConfigError
 from model.config import GPTConfig
+from model.lora import LoRAConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "shakespeare_char.yaml"
@@ -107,6 +108,9 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    # LoRA fine-tuning of train.init_from's model (model/lora.py): null = train every weight; set any key
+    # (lora.rank=8) to freeze the base and train adapters alone
+    lora: Optional[LoRAConfig] = None
 
     @property
     def tokens_per_iter(self) -> int:
@@ -132,11 +136,17 @@ def _flatten(d: Any, prefix: str = "") -> list[str]:
     return out
 
 
-def _keys_under(schema: Any, dotted: str) -> list[str]:
+def _unwrap(kind: Any) -> Any:
+    """X for Optional[X] (an optional section such as lora), else kind itself."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    return args[0] if typing.get_origin(kind) is typing.Union and len(args) == 1 else kind
+
+
+def _keys_under(schema: type, dotted: str) -> list[str]:
     """Valid keys of the section that `dotted` points into (for 'did you mean')."""
     node = schema
     for part in dotted.split(".")[:-1]:
-        node = getattr(node, part, None)
+        node = _unwrap(typing.get_type_hints(node).get(part)) if is_dataclass(node) else None
     if node is None or not is_dataclass(node):
         return []
     return [f.name for f in fields(node)]
@@ -145,7 +155,7 @@ def _keys_under(schema: Any, dotted: str) -> list[str]:
 def _explain(e: OmegaConfBaseException, source: str) -> ConfigError:
     key = getattr(e, "full_key", None) or "?"
     if isinstance(e, ConfigKeyError):
-        valid = _keys_under(Config(), key)
+        valid = _keys_under(Config, key)
         close = difflib.get_close_matches(key.split(".")[-1], valid, n=1, cutoff=0.6)
         hint = (
             f"did you mean {'.'.join(key.split('.')[:-1] + close[:1])}?"
@@ -155,6 +165,8 @@ def _explain(e: OmegaConfBaseException, source: str) -> ConfigError:
         return ConfigError(f"unknown config key {key} (in {source}); {hint}")
     if isinstance(e, ValidationError):
         msg = getattr(e, "msg", str(e)).splitlines()[0]
+        if "is not a ListConfig" in msg:
+            msg = "must be a list ([A,B] on the command line)"
         return ConfigError(f"{key}: {msg} (in {source})")
     return ConfigError(f"{key}: {str(e).splitlines()[0]} (in {source})")
 
@@ -214,7 +226,7 @@ def _integral(data: Any, schema: type = Config) -> Any:
     hints = typing.get_type_hints(schema)
     out = {}
     for key, value in data.items():
-        kind = hints.get(key)
+        kind = _unwrap(hints.get(key))
         if is_dataclass(kind):
             value = _integral(value, kind)
         elif kind in (int, Optional[int]) and isinstance(value, (float, str)) and not isinstance(value, bool):
@@ -264,6 +276,14 @@ def problems(cfg: Config, setup: bool = True) -> list[tuple[str, str]]:
         return out
     out = [(f"model.{k}", m) for k, m in cfg.model.problems()]
     t, o = cfg.train, cfg.optim
+    if cfg.lora is not None:
+        out += [(f"lora.{k}", m) for k, m in cfg.lora.problems()]
+        if not t.init_from:
+            msg = (
+                "LoRA adapts a pretrained model, and train.init_from names none; set it (a run of ours, a "
+                "Hugging Face GPT-2 or Llama folder, or a hub name), or set lora=null to train every weight"
+            )
+            out.append(("lora", msg))
     positive = [
         ("train.eval_interval", t.eval_interval),
         ("train.eval_iters", t.eval_iters),
@@ -368,7 +388,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Request:
     found = problems(cfg)
     if found:
         key, msg = found[0]
-        raise ConfigError(f"{key}: {msg} (in {origins.get(key, 'the defaults')})")
+        origin = origins.get(key) or next((v for k, v in origins.items() if k.startswith(f"{key}.")), None)
+        raise ConfigError(f"{key}: {msg} (in {origin or 'the defaults'})")
     return Request(cfg, origins, name)
 
 
@@ -404,6 +425,10 @@ def _field_value(kind: Any, value: Any, key: str) -> Any:
             if value is None
             else _field_value(next(o for o in options if o is not type(None)), value, key)
         )
+    if typing.get_origin(kind) is list:  # lora.targets
+        if not isinstance(value, list):
+            raise ValueError(f"{key} is {value!r}, not a list")
+        return [_field_value(options[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
     if typing.get_origin(kind) is Literal:
         if value not in options:
             raise ValueError(f"{key} is {value!r}, not one of {', '.join(map(str, options))}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,40 @@ def data_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("data")
     prepare_dataset("shakespeare_char", RECIPES["shakespeare_char"], d, workers=1)
     return d
+
+
+def train_here(*argv: str) -> None:
+    """train.py's main in this process (no interpreter to start), its signal handlers put back after."""
+    import train as train_script
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert train_script.main(list(argv)) == 0
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+def script(capsys, main, *argv: str) -> None:
+    """A script's main in this process, as run_cli runs it from the command line; it must succeed."""
+    from common.errors import run_cli
+
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, list(argv))
+    assert e.value.code == 0, capsys.readouterr().err
+
+
+def script_error(capsys, main, argv: list[str], message: str) -> None:
+    """A script's main in this process must stop with one line on stderr that holds `message`, exit code 2."""
+    from common.errors import run_cli
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, argv)
+    for s, h in handlers.items():
+        signal.signal(s, h)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
 
 
 TINY = [

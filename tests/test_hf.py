@@ -10,14 +10,13 @@ line each. tinygpt itself never imports transformers: the tests use it as the re
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import pytest
 import tiktoken
 import torch
 import transformers
-from conftest import TINY, run_script
+from conftest import TINY, run_script, script, script_error, train_here
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForCausalLM,
@@ -32,7 +31,6 @@ import export as export_script
 import heads as heads_script
 import sample as sample_script
 import train as train_script
-from common.errors import run_cli
 from data.prepare import prepare_dataset
 from data.recipes import RECIPES, SHAKESPEARE
 from data.tokenizers import from_meta
@@ -105,16 +103,6 @@ def bpe_data(data_dir: Path) -> Path:
     if not (data_dir / "shakespeare" / "meta.json").is_file():
         prepare_dataset("shakespeare", RECIPES["shakespeare"], data_dir, workers=1)
     return data_dir
-
-
-def train_here(*argv: str) -> None:
-    """train.py's main in this process (no interpreter to start), its signal handlers put back after."""
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        assert train_script.main(list(argv)) == 0
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
 
 
 def ours(folder: Path) -> GPT:
@@ -203,13 +191,6 @@ def char_models(data_dir: Path, tmp_path_factory) -> dict[str, Path]:
     for name, extra in (("gpt2", []), ("llama", llama)):
         train_here("shakespeare_char", f"data.dir={data_dir}", f"train.out_dir={runs[name]}", *common, *extra)
     return runs
-
-
-def script(capsys, main, *argv: str) -> None:
-    """A script's main in this process, as run_cli runs it from the command line; it must succeed."""
-    with pytest.raises(SystemExit) as e:
-        run_cli(main, list(argv))
-    assert e.value.code == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
@@ -336,16 +317,6 @@ def test_exported_gpt2_tokenizer_is_tiktokens(finetuned: Path, tmp_path: Path):
 # --- bad inputs: one line, exit 2 ---
 
 
-def one_line_error(capsys, main, argv: list[str], message: str) -> None:
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    with pytest.raises(SystemExit) as e:
-        run_cli(main, argv)
-    for s, h in handlers.items():
-        signal.signal(s, h)
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
-
-
 def test_bad_inputs_are_one_line(hf_gpt2, char_models, no_model_keys, data_dir: Path, tmp_path: Path, capsys):
     empty, bert, pickled, qk, full = (tmp_path / n for n in ("empty", "bert", "pickled", "qk", "full"))
     for folder in (empty, bert, pickled, full):
@@ -393,7 +364,7 @@ def test_bad_inputs_are_one_line(hf_gpt2, char_models, no_model_keys, data_dir: 
          "--dtype is for GGUF files"),
     ]  # fmt: skip
     for main, argv, message in cases:
-        one_line_error(capsys, main, argv, message)
+        script_error(capsys, main, argv, message)
     assert not (tmp_path / "x").exists() and [p.name for p in full.iterdir()] == ["keep.txt"]
     assert not (tmp_path / "qk.gguf").exists() and taken.read_bytes() == b"mine"
     assert not (tmp_path / "out" / "last").exists()

@@ -12,11 +12,12 @@ masks; with a window or documents, what model/attention.py's blocks keep (`local
 their two calls, padded copies, the block-sized score tensors of the math path, one document mask for all
 layers); for the head the log-softmax output over the vocabulary. Under autocast the copies cast for matrix
 products are 2 bytes a value and the cast weights are kept for backward; on a CPU attention runs in fp32
-(model/gpt.py). On top: fp32 weights and gradients, optimizer state (AdamW 8 bytes a parameter, Muon's
-momentum 4), and the working set of the backward pass (about one block's activations, or the gradient of the
-logits when the vocabulary is large). The per-tensor counts were read off autograd's saved tensors
-(torch.autograd.graph.saved_tensors_hooks; tests/test_estimate.py keeps checking them); the GPU variant and
-torch.compile's savings are the same reasoning, not measured here.
+(model/gpt.py). On top: fp32 weights, the gradients and optimizer state (AdamW 8 bytes a parameter, Muon's
+momentum 4) of what trains (with LoRA, the adapters alone), and the working set of the backward pass (about
+one block's activations, or the gradient of the logits when the vocabulary is large). The per-tensor counts
+were read off autograd's saved tensors (torch.autograd.graph.saved_tensors_hooks; tests/test_estimate.py keeps
+checking them); the GPU variant and torch.compile's savings are the same reasoning, not measured here. A
+LoRA run's activations are counted as full fine-tuning's (the adapters' own are a rank's worth per token).
 
 `measure_training_memory` measures it instead, in a fresh process: the resident memory the first training
 steps add (Linux VmHWM after clear_refs), and how much of it is PyTorch's own code paged in on first use
@@ -42,11 +43,13 @@ from data.recipes import RECIPES, prepared_dataset
 from data.sources import HFText
 from model import GPT, GPTConfig
 from model.attention import attention_span, block_layout
+from model.lora import LoRAConfig, add_lora
+from runs import checkpoint
 from runs.config import Config, Request, from_arguments
 from runs.runtime import compile_enabled, cpu_auto_precision
 from training.evaluation import final_eval_wanted
 from training.hardware import GPU_PEAKS
-from training.plan import plan_run
+from training.plan import follow_model, plan_run
 from training.trainer import Run, start_run, train_step
 
 MB = 2**20
@@ -72,6 +75,7 @@ class Params:
     embedding: int  # token and learned position embeddings (Kaplan et al.'s "non-embedding" leaves them out)
     linear: int  # in matrix products (the LM head included), cast under autocast
     muon: int  # Muon's share (hidden matrices) when optim.name is muon
+    trained: int  # what has gradients and optimizer state: all of them, or with LoRA the adapters
     flops_per_token: float  # training FLOPs per token at the full context (GPT.flops_per_token)
     matmul: int  # weights in matrix products, the 6N of those FLOPs (GPT.num_params())
 
@@ -80,17 +84,21 @@ class Params:
         return self.total - self.embedding
 
 
-def count_params(m: GPTConfig, optimizer: str = "adamw") -> Params:
-    """Parameter counts of a model, built on the meta device (no memory, no time)."""
+def count_params(m: GPTConfig, optimizer: str = "adamw", lora: LoRAConfig | None = None) -> Params:
+    """Parameter counts of a model (with LoRA adapters), built on the meta device (no memory, no time)."""
     with torch.device("meta"):
         model = GPT(m)
+        if lora is not None:
+            add_lora(model, lora)
     linear = sum(mod.weight.numel() for mod in model.modules() if isinstance(mod, torch.nn.Linear))
+    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
     muon = 0
     if optimizer == "muon":
-        muon = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and n.startswith("blocks."))
+        muon = sum(p.numel() for n, p in trained.items() if p.dim() == 2 and n.startswith("blocks."))
     embedding = sum(e.weight.numel() for e in (model.token_emb, model.pos_emb) if e is not None)
     flops = model.flops_per_token(m.block_size)
-    return Params(model.num_params(non_embedding=False), embedding, linear, muon, flops, model.num_params())
+    total, n_trained = model.num_params(non_embedding=False), sum(p.numel() for p in trained.values())
+    return Params(total, embedding, linear, muon, n_trained, flops, model.num_params())
 
 
 # --- memory ---
@@ -234,7 +242,7 @@ class Memory:
 def memory(cfg: Config, precision: str, device: str, params: Params | None = None) -> Memory:
     """The peak memory of training with `cfg` (vocab_size set) at `precision` on `device` (cpu | cuda)."""
     m = cfg.model
-    params = params or count_params(m, cfg.optim.name)
+    params = params or count_params(m, cfg.optim.name, cfg.lora)
     tokens = cfg.train.batch_size * m.block_size  # one micro-batch
     a = 2 if precision in ("bf16", "fp16") else 4
     block = block_bytes_per_token(m, precision, device, cfg.train.batch_size) * tokens
@@ -244,8 +252,8 @@ def memory(cfg: Config, precision: str, device: str, params: Params | None = Non
     logits_grad = m.vocab_size * (4 + a) * tokens  # the gradient of the log-softmax, then of the logits
     return Memory(
         weights=4 * params.total,
-        gradients=4 * params.total,
-        optimizer=8 * (params.total - params.muon) + 4 * params.muon,
+        gradients=4 * params.trained,
+        optimizer=8 * (params.trained - params.muon) + 4 * params.muon,
         activations=m.n_layer * block + head + casts,
         backward=max(block, logits_grad),
         device=device,
@@ -254,8 +262,14 @@ def memory(cfg: Config, precision: str, device: str, params: Params | None = Non
 
 
 def checkpoint_bytes(cfg: Config, params: Params) -> float:
-    """A checkpoint folder on disk: fp32 weights (a tied head once) and the optimizer state."""
-    return 4 * params.total + 8 * (params.total - params.muon) + 4 * params.muon
+    """A checkpoint folder on disk: fp32 weights (a tied head once; LoRA: the adapters) and the optimizer
+    state."""
+    return 4 * saved_params(cfg, params) + 8 * (params.trained - params.muon) + 4 * params.muon
+
+
+def saved_params(cfg: Config, params: Params) -> int:
+    """The parameters a checkpoint holds: all of them, or a LoRA run's adapters alone."""
+    return params.trained if cfg.lora is not None else params.total
 
 
 # --- measuring memory (tools/bench.py, tests) ---
@@ -417,8 +431,11 @@ def dry_run(request: Request) -> str:
     cfg = dataclasses.replace(
         cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab, doc_token=doc_token)
     )
+    if cfg.train.init_from:  # the shape of the weights it starts from (training/plan.py's rule)
+        source = checkpoint.load_pretrained(cfg.train.init_from, hub=True)
+        cfg = follow_model(cfg, source.model, request.origins, f"train.init_from {source.where}")
     device, precision, present = target_device(cfg)
-    params = count_params(cfg.model, cfg.optim.name)
+    params = count_params(cfg.model, cfg.optim.name, cfg.lora)
     mem = memory(cfg, precision, device, params)
     lines = [f"dry run of {request.name}: nothing is trained or written", ""]
     lines += _model_lines(cfg, params)
@@ -430,17 +447,18 @@ def dry_run(request: Request) -> str:
     elif (_available_bytes(device) or float("inf")) < mem.peak:
         why_not = "the predicted memory does not fit in what is free here"
     else:
-        timing = _time(cfg)
+        timing = _time(cfg, request.origins)
     lines += _token_lines(cfg, meta, timing, params)
     lines += _memory_lines(cfg, mem, params, present)
     lines += _time_lines(cfg, meta, params, timing, why_not, device, precision)
     return "\n".join(lines)
 
 
-def _time(cfg: Config) -> Timing:
-    """Real steps of this config on this machine, one micro-batch each (grad_accum 1), nothing saved."""
+def _time(cfg: Config, origins: dict[str, str]) -> Timing:
+    """Real steps of this config on this machine, one micro-batch each (grad_accum 1), nothing saved. The
+    `origins` of its keys keep a lowered block_size and a dropout where train.init_from's model has others."""
     train = dataclasses.replace(cfg.train, grad_accum=1, resume=False, save=False)
-    run = start_run(plan_run(Request(dataclasses.replace(cfg, train=train))))
+    run = start_run(plan_run(Request(dataclasses.replace(cfg, train=train), origins)))
     return time_steps(run)
 
 
@@ -455,7 +473,9 @@ def _iterations(cfg: Config, timing: Timing | None) -> int:
 def _model_lines(cfg: Config, params: Params) -> list[str]:
     m, flops = cfg.model, params.flops_per_token
     tied = ", the LM head tied to the token embedding" if m.tie_embeddings else ""
-    matmul = 6 * params.matmul
+    span = attention_span(m.block_size, m.window)
+    attention = 12 * m.n_layer * m.n_embd * span  # GPT.flops_per_token's
+    per_weight = "6 x" if cfg.lora is None else "6 per trained, 4 per frozen one of"
     block, reach = block_layout(m.block_size, m.window)
     local = [f"a window of {m.window} tokens, in blocks of {block}"] if reach else []
     local += ["within documents"] if m.doc_mask else []
@@ -464,13 +484,23 @@ def _model_lines(cfg: Config, params: Params) -> list[str]:
         f"non-embedding + {params.embedding / 1e6:,.2f}M embedding{tied}",
         f"            {m.n_layer} layers x {m.n_embd}, {m.n_head} heads, context {m.block_size}, vocabulary "
         f"{m.vocab_size:,}",
-        f"compute     {flops / 1e6:,.1f} MFLOP per token trained: 6 x {matmul / 6e6:,.2f}M weights in matrix "
-        f"products + {(flops - matmul) / 1e6:,.1f}M in attention",
+        f"compute     {flops / 1e6:,.1f} MFLOP per token trained: {per_weight} {params.matmul / 1e6:,.2f}M "
+        f"weights in matrix products + {attention / 1e6:,.1f}M in attention",
     ]
     if local:
-        span = attention_span(m.block_size, m.window)
         lines.append(f"            {' and '.join(local)}: attention scores for {span:,.0f} keys per query")
-    return lines
+    return lines + _lora_lines(cfg, params)
+
+
+def _lora_lines(cfg: Config, params: Params) -> list[str]:
+    if cfg.lora is None:
+        return []
+    lc = cfg.lora
+    return [
+        f"lora        rank {lc.rank} on {', '.join(lc.targets)}: {params.trained / 1e6:,.3f}M parameters "
+        f"train ({params.trained / params.total:.2%}); the base is frozen: no gradients or optimizer state, "
+        "and 4 FLOPs per frozen weight instead of 6 (no weight gradient)"
+    ]
 
 
 def _token_lines(cfg: Config, meta: Meta | None, timing: Timing | None, params: Params) -> list[str]:
@@ -516,8 +546,8 @@ def _memory_lines(cfg: Config, mem: Memory, params: Params, present: bool) -> li
         lines.append(f"            {_mb(free)} free here: {fits}")
     size = checkpoint_bytes(cfg, params)
     lines.append(
-        f"checkpoint  {_mb(size)} on disk (weights {_mb(4 * params.total)} + optimizer state "
-        f"{_mb(size - 4 * params.total)}); best/ shares last/'s files"
+        f"checkpoint  {_mb(size)} on disk (weights {_mb(4 * saved_params(cfg, params))} + optimizer state "
+        f"{_mb(size - 4 * saved_params(cfg, params))}); best/ shares last/'s files"
     )
     if Path(cfg.train.out_dir).exists():
         lines[-1] += f"; {_mb(shutil.disk_usage(cfg.train.out_dir).free)} free in {cfg.train.out_dir}"

@@ -4,7 +4,9 @@
 the order the code reads: the checkpoint to resume or the pretrained model to start from (whose shape the
 model section follows), the runtime, the dataset (prepared on first use, once per machine, before the
 process group starts), the vocabulary, and the checks that a resumed or pretrained model fits the data.
-training/trainer.py builds the run from the `Plan` in one pass.
+A LoRA run (the lora section) resumed reads its base again, from where its checkpoint says it was trained
+(checked against the fingerprint it recorded), not from train.init_from. training/trainer.py builds the run
+from the `Plan` in one pass.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from data.dataset import Dataset, dataset_folder
 from data.recipes import prepared_dataset
 from hf import tokenizer_files
 from model import GPTConfig
+from model.lora import model_problem
 from runs import checkpoint
 from runs.checkpoint import Checkpoint, Pretrained
 from runs.config import Config, Request
@@ -30,7 +33,7 @@ class Plan:
     rt: Runtime
     dataset: Dataset
     resume: Checkpoint | None = None  # OUT_DIR/last, with train.resume
-    pretrained: Pretrained | None = None  # train.init_from's model, for a fresh run
+    pretrained: Pretrained | None = None  # train.init_from's model for a fresh run; a LoRA run's base
 
 
 def plan_run(request: Request) -> Plan:
@@ -43,12 +46,20 @@ def plan_run(request: Request) -> Plan:
         cfg = follow_model(cfg, pretrained.model, request.origins, f"train.init_from {pretrained.where}")
     elif t.init_from:  # resuming one: the shape it was given, without reading the source again
         cfg = follow_model(cfg, resume.config().model, request.origins, f"checkpoint {resume}")
+    if resume is not None:
+        _check_same_lora(resume, cfg)
+    if cfg.lora is not None:
+        problem = model_problem(cfg.model, cfg.lora)
+        if problem:
+            raise UserError(f"{problem}; remove them from lora.targets")
+        if resume is not None:  # the base of the adapters: from where they were trained, checked
+            pretrained = checkpoint.base_of(resume)
 
     rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
     dataset = open_dataset(cfg, rt)
     distributed.join(rt, t.dist_timeout)
 
-    if pretrained is not None:
+    if pretrained is not None and resume is None:
         _check_tokenizer(pretrained, dataset)
     cfg = with_vocabulary(cfg, dataset.meta.vocab_size)
     if cfg.model.doc_mask and cfg.model.doc_token is None:
@@ -137,6 +148,25 @@ def _check_tokenizer(source: Pretrained, dataset: Dataset) -> None:
             "model's tokenizer (for GPT-2: data.dataset=shakespeare, or python prepare.py NAME --tokenizer "
             "gpt2)"
         )
+
+
+def _check_same_lora(ckpt: Checkpoint, cfg: Config) -> None:
+    """Refuse to resume LoRA adapters of another shape, or a full run as a LoRA one (or back)."""
+    theirs, ours = ckpt.config().lora, cfg.lora
+    if theirs is None and ours is None:
+        return
+    if theirs is None or ours is None:
+        said = "has no lora section" if theirs is None else "has a lora section"
+        raise UserError(
+            f"checkpoint {ckpt} {said} but the config {'does not' if ours is None else 'does'}; resume with "
+            "the config it was trained with, or start a new run in another train.out_dir"
+        )
+    for field, value in dataclasses.asdict(theirs).items():
+        if value != getattr(ours, field) and field != "dropout":
+            raise UserError(
+                f"checkpoint {ckpt} has lora.{field}={value} but the config says {getattr(ours, field)}; "
+                "resume with the config it was trained with, or start a new run in another train.out_dir"
+            )
 
 
 def _check_resumable(ckpt: Checkpoint, cfg: Config, tokenizer_meta: dict) -> None:

@@ -1,9 +1,11 @@
 """A training run, built in one pass from its plan, and the steps it takes.
 
 `start_run(plan)` builds the model (seeded, or with the weights of the checkpoint it resumes or of
-train.init_from), wrapped for DDP/FSDP and compiled when asked, its optimisers and GradScaler, the dataset's
-token windows, and restores a resumed run's state. `train_step` runs one iteration and reads nothing back (a
-step whose loss or gradient is not finite is skipped on the device), so the GPU never waits for the host.
+train.init_from; with LoRA, the base's weights frozen and adapters beside them, model/lora.py), wrapped for
+DDP/FSDP and compiled when asked, its optimisers (for what trains: the adapters alone, with LoRA) and
+GradScaler, the dataset's token windows, and restores a resumed run's state. `train_step` runs one iteration
+and reads nothing back (a step whose loss or gradient is not finite is skipped on the device), so the GPU
+never waits for the host.
 `estimate_loss` estimates the loss on fixed batches; `save_checkpoint` writes OUT_DIR/last (and best).
 """
 
@@ -22,6 +24,7 @@ from data.dataset import SPLITS, Dataset
 from data.loader import TokenWindows
 from data.tokenizers import bits_per_byte
 from model import GPT
+from model.lora import add_lora
 from runs import checkpoint, verify
 from runs.checkpoint import Checkpoint
 from runs.config import Config
@@ -76,6 +79,7 @@ class Run:
     scaler: torch.amp.GradScaler  # enabled for fp16 only; a pass-through otherwise
     progress: Progress
     byte_lengths: torch.Tensor | None = None  # UTF-8 bytes of each token id, for bits per byte
+    lora_base: dict[str, str] | None = None  # a LoRA run: its base, as checkpoints record it
 
     @property
     def out_dir(self) -> Path:
@@ -93,15 +97,8 @@ class Run:
 def start_run(plan: Plan) -> Run:
     """Everything a run needs, built from its plan (see the module docstring)."""
     cfg, rt, t = plan.cfg, plan.rt, plan.cfg.train
-    weights, where = None, None  # read (their shapes checked) before any model is built
-    if plan.resume is not None:
-        weights, where = plan.resume.weights(), plan.resume.folder
-    elif plan.pretrained is not None:
-        weights, where = plan.pretrained.weights_for(cfg.model), plan.pretrained.where
     torch.manual_seed(t.seed)
-    model = GPT(cfg.model).to(rt.device)
-    if weights is not None:  # whole weights, before FSDP shards them
-        checkpoint.load_into(model, weights, where)
+    model = build_model(plan)
     forward = distributed.wrap(model, cfg, rt)
     optimizers = make_optimizers(model, cfg.optim, rt.device)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.precision == "fp16")
@@ -111,9 +108,31 @@ def start_run(plan: Plan) -> Run:
     lengths = byte_lengths_of(plan.dataset.meta.tokenizer)
     lengths = torch.from_numpy(lengths).to(rt.device) if lengths is not None else None
     run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), lengths)
+    if cfg.lora is not None:
+        run.lora_base = checkpoint.lora_base(plan.pretrained)
     if plan.resume is not None:
         _restore(run, plan.resume)
     return run
+
+
+def build_model(plan: Plan) -> GPT:
+    """The network with its starting weights, whole (before FSDP shards it): the resumed checkpoint's, else
+    train.init_from's, else initialised. With LoRA, the base's weights and adapters (A drawn at random, B
+    zero; a resumed run's from its checkpoint) on the projections lora.targets names."""
+    cfg, resume, pretrained = plan.cfg, plan.resume, plan.pretrained
+    weights, where = None, None  # read (their shapes checked) before any model is built
+    if resume is not None and cfg.lora is None:
+        weights, where = resume.weights(), resume.folder
+    elif pretrained is not None:  # a fresh run's init_from, or a LoRA run's base
+        weights, where = pretrained.weights_for(cfg.model), pretrained.where
+    model = GPT(cfg.model).to(plan.rt.device)
+    if weights is not None:
+        checkpoint.load_into(model, weights, where)
+    if cfg.lora is not None:
+        add_lora(model, cfg.lora)
+        if resume is not None:
+            checkpoint.load_into(model, resume.adapters()[0], resume.folder, adapters=True)
+    return model
 
 
 def _restore(run: Run, ckpt: Checkpoint) -> None:
@@ -138,7 +157,7 @@ def save_checkpoint(run: Run, improved: bool) -> Path:
     }
     tokenizer, main = run.dataset.meta.tokenizer, run.rt.is_main
     path = checkpoint.write_checkpoint(
-        run.out_dir, "last", run.model, run.cfg, tokenizer, state, run.optimizers, main
+        run.out_dir, "last", run.model, run.cfg, tokenizer, state, run.optimizers, main, run.lora_base
     )
     if improved and main:
         checkpoint.copy_checkpoint(run.out_dir, "last", "best")

@@ -1,0 +1,154 @@
+"""LoRA: low-rank adapters on a frozen GPT's projections (Hu et al. 2021, as PEFT implements them).
+
+A targeted projection y = x W^T + b becomes y = x W^T + b + (alpha / rank) * dropout(x) A^T B^T, with A
+(rank x in) random and B (out x rank) zero at the start, so training begins from the base model exactly;
+W, b and every other weight of the base stay frozen (requires_grad False), so they get no gradient and no
+optimizer state. `add_lora` swaps the targeted nn.Linear modules for `LoRALinear` in place: the base weights
+keep their names (blocks.0.attn.W_QKV.weight), the adapters sit beside them (blocks.0.attn.W_QKV.lora_A,
+.lora_B), so a checkpoint can hold the adapters alone and load them onto the base.
+
+Notable: our W_QKV fuses the query, key and value projections, and with SwiGLU W_in fuses gate and up. A
+LoRA on a fused matrix is one rank-r update of the whole of it; separate LoRAs on its parts are a block
+structure (A stacks one A_i per part, B is block-diagonal: each part's rows use its own A_i). GPT-2 itself
+fuses c_attn, and PEFT adapts it whole; Llama keeps q_proj, k_proj, v_proj (and gate_proj, up_proj) apart,
+and PEFT adapts each. `parts` follows the family, so an adapter trained here is the one PEFT would train on
+the same base, and hf/ writes it as a PEFT adapter with nothing approximated: learned positions (GPT-2) one
+adapter per matrix, rotary positions (Llama) one per projection. `merge` folds adapters into the weights
+(W + scale * B A), for sampling and export.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.config import GPTConfig
+
+# the projections an adapter may target, in the order adapters are made, and the module holding each
+TARGETS = {"W_QKV": "attn", "W_O": "attn", "W_in": "mlp", "W_out": "mlp"}
+ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
+
+
+@dataclass
+class LoRAConfig:
+    rank: int = 8  # r: the rank of each adapter (per projection part)
+    alpha: float = 8.0  # the update is scaled by alpha / rank (PEFT's lora_alpha; PEFT's defaults: 8 and 8)
+    dropout: float = 0.0  # on the adapter's input, while training (PEFT's lora_dropout)
+    targets: list[str] = field(default_factory=lambda: ["W_QKV", "W_O"])  # of W_QKV, W_O, W_in, W_out
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, message) for every impossible value."""
+        out = []
+        if self.rank < 1:
+            out.append(("rank", f"must be at least 1, got {self.rank}"))
+        if self.alpha <= 0:
+            out.append(("alpha", f"must be positive, got {self.alpha}"))
+        if not 0.0 <= self.dropout < 1.0:
+            out.append(("dropout", f"must be in [0, 1), got {self.dropout}"))
+        unknown = [t for t in self.targets if t not in TARGETS]
+        if unknown:
+            out.append(("targets", f"unknown projection {unknown[0]}; choose from {', '.join(TARGETS)}"))
+        elif not self.targets:
+            out.append(("targets", f"is empty; choose from {', '.join(TARGETS)}"))
+        elif len(set(self.targets)) < len(self.targets):
+            out.append(("targets", f"names a projection twice: {self.targets}"))
+        return out
+
+
+def model_problem(model: GPTConfig, cfg: LoRAConfig) -> str | None:
+    """Why these adapters do not fit this model, said for a person; None when they do."""
+    if not model.mlp and {"W_in", "W_out"} & set(cfg.targets):
+        return "lora.targets names the MLP's W_in or W_out, but the model has no MLP (model.mlp=false)"
+    return None
+
+
+def parts(model: GPTConfig, target: str) -> list[int]:
+    """The output rows of each adapter on `target`, top to bottom: one adapter on the whole matrix, or (rotary
+    positions, the Llama family) one per projection fused in it: q, k, v in W_QKV; gate, up in W_in."""
+    q, kv, w = model.n_head * model.head_dim, model.kv_heads * model.head_dim, model.mlp_width
+    llama = model.pos_emb == "rope"
+    if target == "W_QKV":
+        return [q, kv, kv] if llama else [q + 2 * kv]
+    if target == "W_in":
+        swiglu = model.activation == "swiglu"
+        return [w, w] if llama and swiglu else [2 * w if swiglu else w]
+    return [model.n_embd]
+
+
+def delta(lora_A: torch.Tensor, lora_B: torch.Tensor, parts: list[int], scale: float) -> torch.Tensor:
+    """The update the adapters add to the weight (out x in): scale * B A, B block-diagonal over the parts."""
+    return scale * (block_diagonal(lora_B, parts) @ lora_A)
+
+
+def block_diagonal(lora_B: torch.Tensor, parts: list[int]) -> torch.Tensor:
+    """B (out x rank) as (out x len(parts) * rank): the rows of part i multiply the i-th block of A only."""
+    return lora_B if len(parts) == 1 else torch.block_diag(*lora_B.split(parts))
+
+
+class LoRALinear(nn.Linear):
+    """A frozen nn.Linear (its own weight and bias Parameters, shared) with LoRA adapters beside it."""
+
+    def __init__(self, base: nn.Linear, parts: list[int], cfg: LoRAConfig):
+        super().__init__(base.in_features, base.out_features, bias=base.bias is not None, device="meta")
+        self.weight, self.bias = base.weight, base.bias  # the base's Parameters, not copies
+        self.parts, self.rank, self.scale = parts, cfg.rank, cfg.scale
+        device = base.weight.device
+        self.lora_A = nn.Parameter(torch.empty(len(parts) * cfg.rank, base.in_features, device=device))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, cfg.rank, device=device))
+        for i in range(len(parts)):  # as nn.Linear (and PEFT) initialise A; B zero
+            nn.init.kaiming_uniform_(self.lora_A[i * cfg.rank : (i + 1) * cfg.rank], a=math.sqrt(5))
+        self.lora_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.linear(self.lora_dropout(x), self.lora_A)  # (..., parts * rank)
+        return F.linear(x, self.weight, self.bias) + self.scale * F.linear(
+            h, block_diagonal(self.lora_B, self.parts)
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rank={self.rank}, parts={self.parts}, scale={self.scale:g}"
+
+
+def add_lora(model: nn.Module, cfg: LoRAConfig) -> None:
+    """Freeze every weight of `model` (a GPT) and put adapters on the targeted projections of every block,
+    in place; the adapters draw their A from torch's generator, block by block, in the order of TARGETS."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for block in model.blocks:
+        for target, owner in TARGETS.items():
+            module = getattr(block, owner)
+            if target in cfg.targets and module is not None:
+                setattr(module, target, LoRALinear(getattr(module, target), parts(model.config, target), cfg))
+
+
+def is_adapter(name: str) -> bool:
+    return name.endswith(ADAPTER_SUFFIXES)
+
+
+def adapter_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapters in a LoRA model's state dict: lora_A and lora_B of every adapted projection."""
+    return {k: v for k, v in state.items() if is_adapter(k)}
+
+
+def merge(
+    weights: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor], model: GPTConfig, cfg: LoRAConfig
+) -> dict[str, torch.Tensor]:
+    """The base `weights` (ours, by name) with the `adapters` folded in: W + scale * B A for every adapted
+    projection; the others are the same tensors. One model computes the same either way, to rounding."""
+    out = dict(weights)
+    for name in adapters:
+        if not name.endswith(".lora_A"):
+            continue
+        prefix = name.removesuffix(".lora_A")  # blocks.3.attn.W_QKV
+        target = prefix.rsplit(".", 1)[1]
+        A, B, W = adapters[name].float(), adapters[f"{prefix}.lora_B"].float(), weights[f"{prefix}.weight"]
+        out[f"{prefix}.weight"] = (W.float() + delta(A, B, parts(model, target), cfg.scale)).to(W.dtype)
+    return out
