@@ -60,6 +60,9 @@ def flat_config(run: str) -> dict[str, Any]:
         return {}
     out = {}
     for section, values in to_dict(cfg).items():
+        if values is None:  # an optional section that is off (lora)
+            out[section] = None
+            continue
         out.update({f"{section}.{k}": v for k, v in values.items() if f"{section}.{k}" not in IGNORED})
     return out
 
