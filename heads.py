@@ -95,6 +95,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="also write attention.html, a page to explore every head on the prompt in a browser",
     )
+    add_analysis_args(p)
+    p.add_argument(
+        "--sequences",
+        type=int,
+        default=None,
+        help="[R, R] sequences for the duplicate and induction scores (default: 16) and --ablate "
+        "(default: about 512 tokens' worth, at least 4)",
+    )
+    p.add_argument(
+        "--windows",
+        type=int,
+        default=None,
+        help="validation windows for the real-text scores (default: 8k tokens' worth, at least 16) and "
+        "--ablate (default: about 1k tokens' worth, at least 4)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random sequences (default: %(default)s)")
+    p.add_argument("--data-dir", help="where the training dataset is prepared (default: the run's data.dir)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    return p.parse_args(argv)
+
+
+def add_analysis_args(p: argparse.ArgumentParser) -> None:
+    """--ablate (with --group, --precision), --patch and --lens: the analyses that test what a head does."""
     p.add_argument(
         "--ablate",
         nargs="?",
@@ -121,29 +144,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the prompt's logit lens and each head's direct attribution to the true next token",
     )
     p.add_argument(
-        "--sequences",
-        type=int,
-        default=None,
-        help="[R, R] sequences for the duplicate and induction scores (default: 16) and --ablate "
-        "(default: about 512 tokens' worth, at least 4)",
-    )
-    p.add_argument(
-        "--windows",
-        type=int,
-        default=None,
-        help="validation windows for the real-text scores (default: 8k tokens' worth, at least 16) and "
-        "--ablate (default: about 1k tokens' worth, at least 4)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random sequences (default: %(default)s)")
-    p.add_argument("--data-dir", help="where the training dataset is prepared (default: the run's data.dir)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
-    p.add_argument(
         "--precision",
         default="auto",
         choices=["auto", "fp32", "bf16", "fp16"],
         help="--ablate's, as train.precision",
     )
-    return p.parse_args(argv)
 
 
 def analyses(args: argparse.Namespace) -> bool:

@@ -276,14 +276,7 @@ def problems(cfg: Config, setup: bool = True) -> list[tuple[str, str]]:
         return out
     out = [(f"model.{k}", m) for k, m in cfg.model.problems()]
     t, o = cfg.train, cfg.optim
-    if cfg.lora is not None:
-        out += [(f"lora.{k}", m) for k, m in cfg.lora.problems()]
-        if not t.init_from:
-            msg = (
-                "LoRA adapts a pretrained model, and train.init_from names none; set it (a run of ours, a "
-                "Hugging Face GPT-2 or Llama folder, or a hub name), or set lora=null to train every weight"
-            )
-            out.append(("lora", msg))
+    out += _lora_problems(cfg)
     positive = [
         ("train.eval_interval", t.eval_interval),
         ("train.eval_iters", t.eval_iters),
@@ -334,6 +327,19 @@ def problems(cfg: Config, setup: bool = True) -> list[tuple[str, str]]:
     if not cfg.data.dataset or "/" in cfg.data.dataset:
         out.append(("data.dataset", f"must be a dataset folder name, got {cfg.data.dataset!r}"))
     return out + (_setup_problems(cfg) if setup else [])
+
+
+def _lora_problems(cfg: Config) -> list[tuple[str, str]]:
+    if cfg.lora is None:
+        return []
+    out = [(f"lora.{k}", m) for k, m in cfg.lora.problems()]
+    if not cfg.train.init_from:
+        msg = (
+            "LoRA adapts a pretrained model, and train.init_from names none; set it (a run of ours, a "
+            "Hugging Face GPT-2 or Llama folder, or a hub name), or set lora=null to train every weight"
+        )
+        out.append(("lora", msg))
+    return out
 
 
 def _setup_problems(cfg: Config) -> list[tuple[str, str]]:

@@ -447,6 +447,7 @@ def test_heads_command_ablates_patches_and_reads_the_lens(
     assert saved["checkpoint"] == str(out / "best")
     expected = ablate_heads(model, val, groups=[[(1, 0), (1, 1), (1, 2), (1, 3)], [(0, 0)]])
     assert all(saved[k] == expected[k] for k in ("clean", *METRICS, "groups"))
+    assert saved["precision"] == "fp32"  # --precision auto: float32 below width 128 on a CPU
     assert saved["groups"][0]["heads"] == ["L1H0", "L1H1", "L1H2", "L1H3"]
     assert saved["groups"][1]["val_loss"] == pytest.approx(saved["val_loss"][0][0], abs=2e-4)  # one head
     assert "L1H0 L1H1 L1H2 L1H3 removed together: val_loss +" in result.stdout
@@ -472,3 +473,10 @@ def test_heads_command_ablates_patches_and_reads_the_lens(
             run_cli(command.main, [str(out), "--out", str(tmp_path), *args])
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, (args, err)
+
+    # --precision bf16: the same effects, to bf16's rounding
+    assert command.main([str(out), "--ablate", "--precision", "bf16", "--out", str(tmp_path / "bf16")]) == 0
+    low = json.loads((tmp_path / "bf16" / "head_ablation.json").read_text())
+    assert low["precision"] == "bf16" and ", bf16)" in capsys.readouterr().out
+    for m in METRICS:
+        np.testing.assert_allclose(low[m], saved[m], atol=0.15)
