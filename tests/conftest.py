@@ -99,13 +99,16 @@ def train_here(*argv: str) -> None:
             signal.signal(s, h)
 
 
-def script(capsys, main, *argv: str) -> None:
-    """A script's main in this process, as run_cli runs it from the command line; it must succeed."""
+def script(capsys, main, *argv: str) -> str:
+    """A script's main in this process, as run_cli runs it from the command line; it must succeed; returns
+    its stdout."""
     from common.errors import run_cli
 
     with pytest.raises(SystemExit) as e:
         run_cli(main, list(argv))
-    assert e.value.code == 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert e.value.code == 0, err
+    return out
 
 
 def script_error(capsys, main, argv: list[str], message: str) -> None:
@@ -121,6 +124,14 @@ def script_error(capsys, main, argv: list[str], message: str) -> None:
     assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
 
 
+# A Llama-type model's options (transformers' LlamaForCausalLM computes the same)
+LLAMA = [
+    "model.pos_emb=rope",
+    "model.norm=rmsnorm",
+    "model.activation=swiglu",
+    "model.bias=false",
+    "model.tie_embeddings=false",
+]
 TINY = [
     "model.n_layer=2",
     "model.n_head=2",
@@ -224,8 +235,7 @@ def exportable(tmp_path_factory) -> dict[tuple[str, str], Path]:
         "bpe:512": TrainedBPE.train([shakespeare], 512).to_meta(),
         "gpt2": BPETokenizer("gpt2").to_meta(),
     }
-    llama = ["model.pos_emb=rope", "model.norm=rmsnorm", "model.activation=swiglu", "model.bias=false",
-             "model.n_kv_head=2", "model.tie_embeddings=false", "model.rope_base=500"]  # fmt: skip
+    llama = [*LLAMA, "model.n_kv_head=2", "model.rope_base=500"]
     out, runs = tmp_path_factory.mktemp("exportable"), {}
     for kind, meta in metas.items():
         for family, extra in (("gpt2", []), ("llama", llama)):
@@ -240,3 +250,21 @@ def exportable(tmp_path_factory) -> dict[tuple[str, str], Path]:
             runs[kind, family] = out / f"{kind.replace(':', '')}-{family}"
             checkpoint.write_checkpoint(runs[kind, family], "last", model, cfg, meta)
     return runs
+
+
+def tiny_checkpoint(folder: Path, data_dir: Path, *overrides: str) -> Path:
+    """An untrained 1-layer char checkpoint (shakespeare_char's tokenizer) with `overrides`: folder/last."""
+    from model import GPT
+    from runs import checkpoint
+    from runs.config import load_config
+
+    shape = [
+        "model.vocab_size=65",
+        "model.block_size=8",
+        "model.n_layer=1",
+        "model.n_head=2",
+        "model.n_embd=8",
+    ]
+    cfg = load_config(None, [*shape, *overrides]).cfg
+    chars = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"]
+    return checkpoint.write_checkpoint(folder, "last", GPT(cfg.model), cfg, chars)

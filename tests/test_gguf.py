@@ -18,10 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import MIXED, run_script
+from conftest import MIXED, run_script, script
 
 import sample as sample_script
-from common.errors import run_cli
 from data.tokenizers import from_meta
 from model import generate
 from runs import checkpoint
@@ -33,15 +32,6 @@ pytestmark = pytest.mark.slow
 PROMPT = "def f(x):\n    return"  # inside every test vocabulary (the char one is MIXED's characters)
 # llama.cpp's convert_hf_to_gguf.py ships in llama-cpp-python's source (vendor/llama.cpp), not its wheel
 CONVERTER = os.environ.get("TINYGPT_LLAMA_CPP_CONVERTER")
-
-
-def script(capsys, main, *argv: str) -> str:
-    """A script's main run as from the command line; it must succeed; returns its stdout."""
-    with pytest.raises(SystemExit) as e:
-        run_cli(main, list(argv))
-    out, err = capsys.readouterr()
-    assert e.value.code == 0, err
-    return out
 
 
 def llama(path: Path, n_ctx: int = 128) -> llama_cpp.Llama:

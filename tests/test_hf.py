@@ -16,7 +16,7 @@ import pytest
 import tiktoken
 import torch
 import transformers
-from conftest import TINY, run_script, script, script_error, train_here
+from conftest import LLAMA, TINY, run_script, script, script_error, tiny_checkpoint, train_here
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForCausalLM,
@@ -133,7 +133,7 @@ def test_imported_models_compute_what_transformers_computes(name, hf_gpt2, hf_ll
 
 def test_sample_and_heads_read_a_model_folder(hf_gpt2, bpe_data: Path, tmp_path: Path, capsys):
     folder, theirs = hf_gpt2
-    script(
+    out = script(
         capsys,
         sample_script.main,
         str(folder),
@@ -146,8 +146,8 @@ def test_sample_and_heads_read_a_model_folder(hf_gpt2, bpe_data: Path, tmp_path:
     )
     enc = tiktoken.get_encoding("r50k_base")
     expected = theirs.generate(torch.tensor([enc.encode("ROMEO:")]), do_sample=False, max_new_tokens=20)
-    assert capsys.readouterr().out == enc.decode(expected[0].tolist()) + "\n"
-    script(
+    assert out == enc.decode(expected[0].tolist()) + "\n"
+    out = script(
         capsys,
         heads_script.main,
         str(folder),
@@ -162,7 +162,7 @@ def test_sample_and_heads_read_a_model_folder(hf_gpt2, bpe_data: Path, tmp_path:
         "--windows",
         "2",
     )
-    assert "heads with a role" in capsys.readouterr().out and (tmp_path / "head_scores.json").is_file()
+    assert "heads with a role" in out and (tmp_path / "head_scores.json").is_file()
 
 
 # --- export ---
@@ -179,14 +179,7 @@ def char_models(data_dir: Path, tmp_path_factory) -> dict[str, Path]:
         "train.eval_interval=10",
         "train.eval_iters=1",
     ]
-    llama = [
-        "model.pos_emb=rope",
-        "model.norm=rmsnorm",
-        "model.activation=swiglu",
-        "model.bias=false",
-        "model.n_kv_head=1",
-        "model.tie_embeddings=false",
-    ]
+    llama = [*LLAMA, "model.n_kv_head=1"]
     runs = {"gpt2": out / "gpt2", "llama": out / "llama"}
     for name, extra in (("gpt2", []), ("llama", llama)):
         train_here("shakespeare_char", f"data.dir={data_dir}", f"train.out_dir={runs[name]}", *common, *extra)
@@ -327,16 +320,7 @@ def test_bad_inputs_are_one_line(hf_gpt2, char_models, no_model_keys, data_dir: 
     (full / "keep.txt").write_text("mine")
     taken = tmp_path / "taken.gguf"
     taken.write_bytes(b"mine")
-    shape = [
-        "model.vocab_size=65",
-        "model.block_size=8",
-        "model.n_layer=1",
-        "model.n_head=2",
-        "model.n_embd=8",
-    ]
-    cfg = load_config(None, [*shape, "model.qk_norm=true"]).cfg
-    chars = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"]
-    checkpoint.write_checkpoint(qk, "last", GPT(cfg.model), cfg, chars)
+    tiny_checkpoint(qk, data_dir, "model.qk_norm=true")
 
     def init(source: Path, *more: str) -> list[str]:
         return [str(no_model_keys), f"data.dir={data_dir}", f"train.out_dir={tmp_path / 'out'}",

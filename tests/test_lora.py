@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import TINY, script, script_error, train_here
+from conftest import LLAMA, TINY, script, script_error, tiny_checkpoint, train_here
 from peft import PeftModel
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -45,14 +45,7 @@ from training.trainer import start_run, train_step
 transformers.logging.set_verbosity_error()
 HAMLET = "To be, or not to be, that is the question:\n" * 1000  # new to a model of Shakespeare's plays
 BASE = [*TINY, "train.max_iters=150", "train.eval_interval=150", "optim.lr=1e-2"]
-LLAMA = [
-    "model.pos_emb=rope",
-    "model.norm=rmsnorm",
-    "model.activation=swiglu",
-    "model.bias=false",
-    "model.n_kv_head=1",
-    "model.tie_embeddings=false",
-]
+LLAMA_GQA = [*LLAMA, "model.n_kv_head=1"]
 ALL = "lora.targets=[W_QKV,W_O,W_in,W_out]"
 
 
@@ -92,7 +85,7 @@ def bases(data_dir: Path, tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("bases")
     train_here("shakespeare_char", f"data.dir={data_dir}", f"train.out_dir={out / 'gpt2'}", *BASE)
     train_here(
-        "shakespeare_char", f"data.dir={data_dir}", f"train.out_dir={out / 'llama-run'}", *BASE, *LLAMA
+        "shakespeare_char", f"data.dir={data_dir}", f"train.out_dir={out / 'llama-run'}", *BASE, *LLAMA_GQA
     )
     assert export_script.main([str(out / "llama-run"), str(out / "llama")]) == 0
     return {"gpt2": out / "gpt2", "llama": out / "llama"}
@@ -227,19 +220,20 @@ def test_sample_eval_and_heads_read_a_lora_checkpoint(tuned, hamlet: Path, tmp_p
     assert isinstance(model.blocks[1].mlp.W_out, LoRALinear)
     tokenizer = from_meta(tok_meta)
     args = ["--prompt", "To be", "--temperature", "0", "--max-new-tokens", "40"]
-    script(capsys, sample_script.main, str(run), *args)
+    out = script(capsys, sample_script.main, str(run), *args)
     ids = tokenizer.encode("To be").tolist()
     expected = torch.cat(list(generate(model, torch.tensor([ids]), 40, temperature=0))).tolist()
-    assert capsys.readouterr().out == "To be" + tokenizer.decode(expected) + "\n"
+    assert out == "To be" + tokenizer.decode(expected) + "\n"
 
-    script(capsys, eval_script.main, str(run), "--json")
-    loss = json.loads(capsys.readouterr().out)["loss"]
+    loss = json.loads(script(capsys, eval_script.main, str(run), "--json"))["loss"]
     val = hamlet / "hamlet" / "val.bin"
     exact = evaluate_tokens(model, val, tokenizer.byte_lengths(), 8).loss
     assert abs(loss - exact) < 1e-5
 
-    script(capsys, heads_script.main, str(run), "--out", str(tmp_path), "--sequences", "2", "--windows", "2")
-    assert "heads with a role" in capsys.readouterr().out and (tmp_path / "head_scores.json").is_file()
+    out = script(
+        capsys, heads_script.main, str(run), "--out", str(tmp_path), "--sequences", "2", "--windows", "2"
+    )
+    assert "heads with a role" in out and (tmp_path / "head_scores.json").is_file()
 
 
 # --- export: merged, and as a PEFT adapter ---
@@ -255,8 +249,8 @@ def test_merged_export_and_peft_adapter_give_the_adapter_models_logits(name, tun
         ours = model(idx)[0]
         assert (ours - base_model(idx)[0]).abs().max() > 0.1  # the adapters matter
 
-        script(capsys, export_script.main, str(run), str(tmp_path / "merged"))
-        assert "LoRA adapters merged into the weights of" in capsys.readouterr().out
+        out = script(capsys, export_script.main, str(run), str(tmp_path / "merged"))
+        assert "LoRA adapters merged into the weights of" in out
         merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
         torch.testing.assert_close(merged(idx).logits, ours, rtol=0, atol=1e-5)
 
@@ -285,8 +279,8 @@ def test_a_lora_run_exports_to_gguf_with_its_adapters_merged(name, tuned, tmp_pa
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     run = tuned[name]
     model, *_ = checkpoint.load_model(run, merge=False)
-    script(capsys, export_script.main, str(run), str(tmp_path / "merged.gguf"))
-    assert "LoRA adapters merged into the weights of" in capsys.readouterr().out
+    out = script(capsys, export_script.main, str(run), str(tmp_path / "merged.gguf"))
+    assert "LoRA adapters merged into the weights of" in out
     f32 = llama_cpp.GGML_TYPE_F32
     llm = llama_cpp.Llama(
         str(tmp_path / "merged.gguf"),
@@ -315,16 +309,7 @@ def test_bad_lora_settings_and_a_moved_or_changed_base_are_one_line(
 ):
     copy, attention_only = tmp_path / "base", tmp_path / "attention-only"
     shutil.copytree(bases["gpt2"] / "best", copy)
-    shape = [
-        "model.vocab_size=65",
-        "model.block_size=8",
-        "model.n_layer=1",
-        "model.n_head=2",
-        "model.n_embd=8",
-    ]
-    cfg = load_config(None, [*shape, "model.mlp=false"]).cfg
-    chars = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"]
-    checkpoint.write_checkpoint(attention_only, "last", GPT(cfg.model), cfg, chars)
+    tiny_checkpoint(attention_only, data_dir, "model.mlp=false")
 
     def lora(base: Path, *more: str) -> list[str]:
         return lora_args(config, base, hamlet, tmp_path / "out", *more)
@@ -355,7 +340,6 @@ def test_bad_lora_settings_and_a_moved_or_changed_base_are_one_line(
     script_error(capsys, sample_script.main, sample, "is missing (moved or deleted?)")
     (tmp_path / "moved").rename(copy)
     script(capsys, sample_script.main, *sample)  # back in place: it runs
-    capsys.readouterr()
     weights = load_file(str(copy / "model.safetensors"))
     weights["norm_f.weight"][0] += 1e-3
     save_file(weights, str(copy / "model.safetensors"))

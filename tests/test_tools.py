@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MIXED
+from conftest import MIXED, script
 
 import eval as eval_script
 import export as export_script
 import sample as sample_script
-from common.errors import run_cli
 from data.evalsets import read_choices
 from data.tokenizers import from_meta
 from runs import checkpoint
@@ -49,14 +48,6 @@ metric_list:
   - metric: acc_norm
   - metric: acc_bytes
 """
-
-
-def script(capsys, main, *argv: str) -> str:
-    with pytest.raises(SystemExit) as e:
-        run_cli(main, list(argv))
-    out, err = capsys.readouterr()
-    assert e.value.code == 0, err
-    return out
 
 
 @pytest.fixture(scope="module")
