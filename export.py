@@ -35,6 +35,8 @@ from common.errors import UserError, run_cli  # first: a Ctrl-C while torch load
 
 # isort: split
 import argparse
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from gguf_export.writer import DTYPES, write_gguf
@@ -105,11 +107,18 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def export_folder(source: checkpoint.Pretrained, dest: Path) -> tuple[str, str]:
-    """Write the Hugging Face folder; (what was written, how to load it)."""
+@contextlib.contextmanager
+def new_folder(dest: Path) -> Iterator[Path]:
+    """An empty folder to write the export into; it becomes DEST in one swap when the block ends."""
     advice = "choose another DEST"
     with checkpoint.atomic_folder(dest.resolve().parent, dest.name, what="the export", advice=advice) as tmp:
         tmp.mkdir()
+        yield tmp
+
+
+def export_folder(source: checkpoint.Pretrained, dest: Path) -> tuple[str, str]:
+    """Write the Hugging Face folder; (what was written, how to load it)."""
+    with new_folder(dest) as tmp:
         architecture = folders.write_model(tmp, source.model, source.weights, source.tokenizer)
     return architecture, f'load it with transformers.AutoModelForCausalLM.from_pretrained("{dest}")'
 
@@ -129,9 +138,8 @@ def export_adapter(source: checkpoint.Pretrained, dest: Path) -> int:
             f"{source.where} is not a LoRA checkpoint (it holds whole weights): --adapter writes the "
             "adapters of a run trained with a lora section; export it without --adapter"
         )
-    base, advice = source.config.train.init_from, "choose another DEST"
-    with checkpoint.atomic_folder(dest.resolve().parent, dest.name, what="the export", advice=advice) as tmp:
-        tmp.mkdir()
+    base = source.config.train.init_from
+    with new_folder(dest) as tmp:
         targets = folders.write_adapter(tmp, source.model, source.config.lora, source.adapters, base)
     print(
         f"exported the LoRA adapters of {source.where} to {dest}: rank {source.config.lora.rank} on "

@@ -91,6 +91,12 @@ def atomic_write(path: Path | str, data: str | bytes, advice: str = "") -> None:
         tmp.write_bytes(raw)
 
 
+def save_figure(fig, path: Path | str, **savefig) -> None:
+    """A matplotlib figure saved to `path` whole, or not at all (a full disk leaves no half-written PNG)."""
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, **savefig)
+
+
 def append_line(path: Path | str, line: str, advice: str = "") -> None:
     """Append one line to a text file whole: a write that fails cuts the file back to what it was (an
     append cannot go to a temporary file) and is `write_failed`'s line."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
-from common.files import atomic_file
+from common.files import save_figure
 
 X_AXES = {
     "tokens": ("tokens", "tokens seen"),
@@ -53,8 +53,7 @@ def plot_run(records: list[dict], path: Path, title: str = "") -> None:
     lr.tick_params(axis="y", colors="grey", labelsize=8)
     lr.set_ylim(bottom=0)
     fig.suptitle(title, fontsize=10)
-    with atomic_file(path) as tmp:  # whole, or not at all
-        fig.savefig(tmp)
+    save_figure(fig, path)
 
 
 def plot_runs(runs: list[tuple[str, list[dict]]], metric: str, x: str, path: Path) -> None:
@@ -78,5 +77,4 @@ def plot_runs(runs: list[tuple[str, list[dict]]], metric: str, x: str, path: Pat
         ax.text(
             0.99, 0.01, "★ exact, over the whole val split", transform=ax.transAxes, ha="right", fontsize=8
         )
-    with atomic_file(path) as tmp:  # whole, or not at all
-        fig.savefig(tmp)
+    save_figure(fig, path)

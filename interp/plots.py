@@ -19,18 +19,12 @@ import numpy as np
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
-from common.files import atomic_file
+from common.files import save_figure
 from interp.ablation import METRICS
 from interp.scores import ROLES, role_name, strongest
 
 MAX_LABELS = 48  # token labels on the axes of prompts up to this many tokens
 CMAP = matplotlib.colormaps["viridis"].with_extremes(bad="white")
-
-
-def save(fig: Figure, path: Path, dpi: int) -> None:
-    """The picture, whole or not at all (a full disk leaves no half-written PNG)."""
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, dpi=dpi)
 
 
 def token_labels(ids: list[int], tokenizer) -> list[str]:
@@ -73,7 +67,7 @@ def plot_layer(weights: np.ndarray, labels: Optional[list[str]], layer: int, pat
         ax.axis("off")
     fig.colorbar(image, ax=axes.tolist(), shrink=0.6, label="attention weight")
     fig.suptitle(f"layer {layer}: attention weights of each head (rows: queries, columns: keys)")
-    save(fig, path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def plot_head(weights: np.ndarray, labels: Optional[list[str]], layer: int, head: int, path: Path) -> None:
@@ -82,7 +76,7 @@ def plot_head(weights: np.ndarray, labels: Optional[list[str]], layer: int, head
     ax = fig.subplots()
     image = _draw_map(ax, weights, labels, f"layer {layer}, head {head}: attention weights", fontsize=8)
     fig.colorbar(image, ax=ax, shrink=0.8, label="attention weight")
-    save(fig, path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def plot_scores(scores: dict, path: Path) -> None:
@@ -116,7 +110,7 @@ def plot_scores(scores: dict, path: Path) -> None:
         "(second half)",
         fontsize=10,
     )
-    save(fig, path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def plot_training_curves(records: list[dict], path: Path) -> None:
@@ -146,7 +140,7 @@ def plot_training_curves(records: list[dict], path: Path) -> None:
     for ax in axes:
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    save(fig, path, dpi=100)
+    save_figure(fig, path, dpi=100)
 
 
 def _heatmap(ax, table: np.ndarray, title: str, cmap: str, vmin: float, vmax: float, xlabels, ylabels):
@@ -189,7 +183,7 @@ def plot_ablation(result: dict, path: Path) -> None:
         title = f"{metric}\n(intact {result['clean'][metric]:.2f})"
         fig.colorbar(_heatmap(ax, table, title, "RdBu_r", -v, v, heads, layers), ax=ax, shrink=0.8)
     fig.suptitle(f"{result['kind']} ablation: change of each metric when one head is removed", fontsize=10)
-    save(fig, path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def plot_patching(result: dict, labels: list[str], path: Path) -> None:
@@ -209,7 +203,7 @@ def plot_patching(result: dict, labels: list[str], path: Path) -> None:
         f"(clean), {result['logit_diff_corrupted']:+.2f} (corrupted)",
         fontsize=10,
     )
-    save(fig, path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def plot_lens(lens: dict, heads: np.ndarray, labels: list[str], path: Path) -> None:
@@ -227,4 +221,4 @@ def plot_lens(lens: dict, heads: np.ndarray, labels: list[str], path: Path) -> N
     layers = [f"L{layer}" for layer in range(heads.shape[0])]
     title = "direct logit attribution\n(mean over positions)"
     fig.colorbar(_heatmap(axes[1], heads, title, "RdBu_r", -v, v, head_labels, layers), ax=axes[1])
-    save(fig, path, dpi=110)
+    save_figure(fig, path, dpi=110)

@@ -433,7 +433,9 @@ def dry_run(request: Request) -> str:
     )
     if cfg.train.init_from:  # the shape of the weights it starts from (training/plan.py's rule)
         source = checkpoint.load_pretrained(cfg.train.init_from, hub=True)
-        cfg = follow_model(cfg, source.model, request.origins, f"train.init_from {source.where}")
+        shape, where = source.model, source.where
+        del source  # only the shape is needed here: the timing below reads the weights itself
+        cfg = follow_model(cfg, shape, request.origins, f"train.init_from {where}")
     device, precision, present = target_device(cfg)
     params = count_params(cfg.model, cfg.optim.name, cfg.lora)
     mem = memory(cfg, precision, device, params)
