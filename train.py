@@ -88,8 +88,10 @@ def main(argv: list[str]) -> int:
             if last:
                 break
 
-            # forward, backward, update (not applied, on the device, if the loss or gradient is not finite)
-            loss, grad_norm, finite = train_step(run, p.iter)
+            # forward, backward, update (not applied, on the device, if the loss or gradient is not finite),
+            # on a CPU at the thread count the steps' times choose (common/threads.py)
+            with run.tuner.timed(p.iter):
+                loss, grad_norm, finite = train_step(run, p.iter)
             p.iter += 1
 
             # timing and logging (the host reads the losses back every log.interval iterations)

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from common.errors import UserError
+from common.threads import ThreadTuner, pin
 
 
 @dataclass
@@ -45,6 +46,12 @@ class Runtime:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def thread_tuner(self, **kwargs) -> ThreadTuner:
+        """A tuner of the CPU thread count for one loop (common/threads.py): off the CPU, under torchrun (the
+        ranks wait for each other, so one rank's steps do not time its threads) and with train.threads set,
+        a no-op."""
+        return ThreadTuner(enabled=self.device.type == "cpu" and not self.distributed, **kwargs)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -118,8 +125,8 @@ def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    if threads:
-        torch.set_num_threads(threads)
+    if threads:  # the user's count: no tuner changes it
+        pin(threads)
     precision = pick_precision(precision_setting, device, n_embd)
     return Runtime(device, precision, rank, local_rank, world, local_world)
 

@@ -412,9 +412,8 @@ def decoders(model: torch.nn.Module, compiled: bool) -> dict[str, tuple[torch.nn
     setup compiles (train.compile)."""
     int8 = quantize_int8(copy.deepcopy(model))
     paths = {"fp32": (model, 1, False), "int8": (int8, 1, False), "fp32 x8 samples": (model, 8, False)}
-    if compiled:  # on a CPU, generate compiles batch 1 only
-        cpu = next(model.parameters()).device.type == "cpu"
-        paths |= {f"{k} compiled": (m, b, True) for k, (m, b, _) in paths.items() if b == 1 or not cpu}
+    if compiled:
+        paths |= {f"{k} compiled": (m, b, True) for k, (m, b, _) in paths.items()}
     return paths
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError
+from common.threads import ThreadTuner
 from data.dataset import SPLITS, Dataset
 from data.loader import TokenWindows
 from data.tokenizers import bits_per_byte
@@ -78,6 +79,7 @@ class Run:
     optimizers: list[torch.optim.Optimizer]
     scaler: torch.amp.GradScaler  # enabled for fp16 only; a pass-through otherwise
     progress: Progress
+    tuner: ThreadTuner  # the CPU thread count of the training steps, timed as they run
     byte_lengths: torch.Tensor | None = None  # UTF-8 bytes of each token id, for bits per byte
     lora_base: dict[str, str] | None = None  # a LoRA run: its base, as checkpoints record it
 
@@ -107,7 +109,8 @@ def start_run(plan: Plan) -> Run:
     splits = {s: plan.dataset.windows(s, cfg.model.block_size, rt.device, t.seed) for s in SPLITS}
     lengths = byte_lengths_of(plan.dataset.meta.tokenizer)
     lengths = torch.from_numpy(lengths).to(rt.device) if lengths is not None else None
-    run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), lengths)
+    tuner = rt.thread_tuner()
+    run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), tuner, lengths)
     if cfg.lora is not None:
         run.lora_base = checkpoint.lora_base(plan.pretrained)
     if plan.resume is not None:
@@ -203,13 +206,13 @@ def estimate_loss(run: Run) -> dict[str, float]:
     for nothing."""
     cfg, rt = run.cfg, run.rt
     run.forward.eval()
-    out = {}
+    out, tuner = {}, rt.thread_tuner()
     per_rank = -(-cfg.train.eval_iters // rt.world_size)
     for name, data in run.splits.items():
         total = torch.zeros(3, device=rt.device)  # sum of batch losses, batches, sum of bytes per token
         for key in range(rt.rank, per_rank * rt.world_size, rt.world_size):
             x, y = data.batch(key, cfg.train.batch_size, stream=1)
-            with rt.autocast():
+            with tuner.timed(), rt.autocast():
                 _, loss = run.forward(x, y)
             if key < cfg.train.eval_iters:  # past it, a forward only keeps FSDP's collectives in step
                 one = torch.ones((), device=rt.device)
