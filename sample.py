@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
     print(f"sampling from {ckpt}" + (" (compiling the decoding step first)" * args.compile), file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     shown = [] if ids == [tokenizer.eot_token] else ids  # the prompt each sample starts with
-    timing = Timing()
+    timing = SpeedLine()
     for first in range(0, args.num_samples, args.batch_size):
         n = min(args.batch_size, args.num_samples - first)
         prompt = torch.tensor([ids] * n, dtype=torch.long, device=device)
@@ -135,7 +135,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-class Timing:
+class SpeedLine:
     """The speed line sample.py ends with, as llama.cpp prints its timings: the prompt (its encoding and the
     first token) and the decoding of every token after it, over all batches."""
 

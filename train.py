@@ -259,7 +259,9 @@ def draw_sample(run: Run, log: Tracker) -> str | None:
     generator = torch.Generator(device=run.rt.device).manual_seed(cfg.train.seed)
     idx = torch.tensor([sample_prompt(run)], device=run.rt.device)
     model.eval()
-    tokens = [t.item() for t in generate(model, idx, cfg.log.sample_tokens, 0.8, None, None, generator)]
+    tuner = run.rt.thread_tuner(tries=8)  # keeps train.threads
+    tokens = generate(model, idx, cfg.log.sample_tokens, 0.8, None, None, generator, tuner=tuner)
+    tokens = [t.item() for t in tokens]
     model.train()
     text = tokenizer.decode(idx[0].tolist()) + tokenizer.decode(tokens)
     log.write(f"sample at iteration {run.progress.iter} (temperature 0.8, seed {cfg.train.seed}):")

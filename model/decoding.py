@@ -114,7 +114,7 @@ def ahead_of_time(step: DecodeStep) -> Step:
     if key not in _libraries:
         path = cache_folder() / "decode" / f"{key}.pt2"
         if not path.exists():
-            build(step, path)
+            build_library(step, path)
         _libraries[key] = load_library(path)
     library = _libraries[key]
     run = library.boxed_run  # the inputs as a list, the outputs as one: no pytree work per token
@@ -128,7 +128,7 @@ def ahead_of_time(step: DecodeStep) -> Step:
     return call
 
 
-def build(step: DecodeStep, path: Path) -> None:
+def build_library(step: DecodeStep, path: Path) -> None:
     """Export the step and compile it with AOTInductor into `path`, written whole."""
     print("compiling the decoding step (once for this model's shape: some seconds)", file=sys.stderr)
     token = torch.zeros(step.cache.doc_start.size(0), dtype=torch.long)

@@ -74,10 +74,13 @@ def generate(
     generator: Optional[torch.Generator] = None,
     use_cache: bool = True,
     compile: bool = False,
+    tuner: Optional[ThreadTuner] = None,
 ) -> Iterator[torch.Tensor]:
     """Continue idx (B, T) token ids, yielding each new column of tokens (B,) as soon as it is chosen.
 
     The tokens stay on the model's device; `compile` compiles the decoding step (see the module docstring).
+    `tuner` times the steps for the CPU's thread count (default: a new one; a run's runtime gives one that
+    keeps its train.threads).
     """
     B, block_size = idx.size(0), model.config.block_size
     endless = model.config.unbounded_context  # positions go on past block_size: no slide
@@ -91,7 +94,7 @@ def generate(
         return
     with decoder(model, B, compile) as (cache, step):
         slot = torch.tensor([n], device=idx.device)  # where the next token goes in the cache
-        tuner = ThreadTuner.for_device(idx.device, tries=8)  # a CPU's thread count, timed per token
+        tuner = tuner or ThreadTuner.for_device(idx.device, tries=8)  # a CPU's thread count, timed per token
         logits = prefill(model, window[:, :n], cache)
         for i in range(max_new_tokens):
             token = sample_next(logits, temperature, top_k, top_p, generator)

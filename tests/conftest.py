@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest

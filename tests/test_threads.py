@@ -40,7 +40,7 @@ def cores(monkeypatch):
 
     def set_cores(n: int) -> None:
         monkeypatch.setattr(threads, "DEFAULT_THREADS", n)
-        monkeypatch.setattr(threads, "_pinned", False)
+        monkeypatch.setattr(threads, "PINNED", False)
         torch.set_num_threads(n)
 
     yield set_cores
@@ -101,9 +101,9 @@ def test_many_cores_stop_where_the_busy_core_is_left_out(cores):
 def test_a_pinned_count_and_other_devices_are_never_changed(cores, monkeypatch):
     cores(2)
     machine = Machine({2: 1.0, 1: 0.5})
-    monkeypatch.setattr(threads, "_pinned", True)
+    monkeypatch.setattr(threads, "PINNED", True)  # OMP_NUM_THREADS was set
     assert set(machine.run(threads.ThreadTuner(clock=machine.clock), range(200))) == {2}
-    monkeypatch.setattr(threads, "_pinned", False)
+    monkeypatch.setattr(threads, "PINNED", False)
     tuner = threads.ThreadTuner.for_device("meta", clock=machine.clock)
     assert set(machine.run(tuner, range(200))) == {2}
 

@@ -46,6 +46,7 @@ class Progress:
     skipped_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
     evaluated_at: int = -1  # the iteration of the last eval, so a resumed run does not repeat it
     wandb_id: str | None = None
+    threads: int = 0  # the CPU thread count the steps ran at (common/threads.py): a resumed run goes on there
 
     @classmethod
     def from_state(cls, state: dict, where: Path | str = "state.pt") -> Progress:
@@ -79,7 +80,7 @@ class Run:
     optimizers: list[torch.optim.Optimizer]
     scaler: torch.amp.GradScaler  # enabled for fp16 only; a pass-through otherwise
     progress: Progress
-    tuner: ThreadTuner  # the CPU thread count of the training steps, timed as they run
+    tuner: ThreadTuner | None  # the CPU thread count of the training steps, timed as they run
     byte_lengths: torch.Tensor | None = None  # UTF-8 bytes of each token id, for bits per byte
     lora_base: dict[str, str] | None = None  # a LoRA run: its base, as checkpoints record it
 
@@ -109,12 +110,12 @@ def start_run(plan: Plan) -> Run:
     splits = {s: plan.dataset.windows(s, cfg.model.block_size, rt.device, t.seed) for s in SPLITS}
     lengths = byte_lengths_of(plan.dataset.meta.tokenizer)
     lengths = torch.from_numpy(lengths).to(rt.device) if lengths is not None else None
-    tuner = rt.thread_tuner()
-    run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), tuner, lengths)
+    run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), None, lengths)
     if cfg.lora is not None:
         run.lora_base = checkpoint.lora_base(plan.pretrained)
     if plan.resume is not None:
         _restore(run, plan.resume)
+    run.tuner = rt.thread_tuner(start=run.progress.threads)
     return run
 
 
@@ -152,6 +153,7 @@ def _restore(run: Run, ckpt: Checkpoint) -> None:
 def save_checkpoint(run: Run, improved: bool) -> Path:
     """Write OUT_DIR/last with everything needed to resume, and copy it to OUT_DIR/best when `improved`."""
     p = run.progress
+    p.threads = run.tuner.count if run.tuner.enabled else 0
     state = {
         **dataclasses.asdict(p),
         "tokens": p.iter * run.cfg.tokens_per_iter,
