@@ -3,7 +3,7 @@
 # prepared on a machine with pip's registries and rehearsed on the CPU.
 #
 #   bash tools/gpu_check.sh prepare                 # here, with pip's registries: what the GPU machine lacks
-#   bash tools/gpu_check.sh                         # there: the check (figures in $OUT, default bench/gpu_check)
+#   bash tools/gpu_check.sh                         # there: the check; figures in $OUT (bench/gpu_check)
 #   GPU_CHECK_DEVICE=cpu bash tools/gpu_check.sh    # the rehearsal: the same steps on the CPU, small sizes
 #   bash tools/gpu_check.sh --dry-run               # each step's command and time budget, nothing run
 #   bash tools/gpu_check.sh --help                  # this text
@@ -16,15 +16,15 @@
 #                      requirement, PyYAML, is there); datasets and wandb are imported only where used
 #   tiktoken-cache/    GPT-2's BPE ranks (tiktoken's r50k_base), for a machine that cannot download them
 #
-# The check's steps, the most valuable first. Each prints its command (copy it to run the step alone) and its
-# figures as soon as they exist; $OUT/log.txt keeps everything, so a run cut at its limit still reports what it
-# measured. Each step has a time budget and the run a deadline (GPU_CHECK_SECONDS): a slow step is stopped,
-# and the steps after it still run. $OUT gets at most 8 files, none in a folder.
+# The check's steps, the most valuable first. Each prints its command (copy it to run the step alone) and
+# its figures as soon as they exist; $OUT/log.txt keeps everything, so a run cut at its limit still reports
+# what it measured. Each step has a time budget and the run a deadline (GPU_CHECK_SECONDS): a slow step is
+# stopped, and the steps after it still run. $OUT gets at most 8 files, none in a folder.
 #   gpu, versions  nvidia-smi (is anything else on the GPU?); the GPU, driver, Python, torch, packages
 #   tests       tests/test_cuda.py: bf16, fp16 + GradScaler, torch.compile, CUDA graphs, pinned batches, steps
 #               that never wait for the host, windowed and document attention, KV caches, train.py
-#   gpt2        GPT-2 124M as configs/gpt2.yaml trains it (32 x 1024 tokens, 16 micro-steps: 524,288 tokens an
-#               iteration), compiled: ms/iteration, tokens/s, MFU against the GPU's bf16 peak, peak memory
+#   gpt2        GPT-2 124M as configs/gpt2.yaml trains it (32 x 1024 tokens, 16 micro-steps: 524,288 tokens
+#               an iteration), compiled: ms/iteration, tokens/s, MFU (of the data sheet's bf16 peak), memory
 #   train.py    train.py's own loop on the same config, 24 iterations: tokens/s every 4, evals at 0 and 24
 #   sample      decoding against the memory-bandwidth floor: fp32, int8, 8 samples, nanoGPT's generator
 #   attention   a window of 256 (in blocks) against full causal attention, forward + backward, T to 16,384
@@ -79,6 +79,7 @@ prepare() {
     echo "== ready"
     echo "what travels: the checkout's files (tracked, and untracked but not ignored) $((files / 1024)) KiB" \
         "+ these folders $((carried / 1024)) KiB = $(((files + carried) / 1024)) KiB"
+    (((files + carried) > 64 * 1048576)) && echo "warning: over the 64 MiB a lent GPU machine takes along"
     local list
     list=$(printf '"%s", ' "${CARRY[@]}")
     echo "take along (carry): [${list%, }]"
@@ -91,8 +92,8 @@ use_wheels() {  # omegaconf from wheels/ where the Python lacks it, installed be
     $PY -c "import omegaconf" 2>/dev/null && return 0
     local site=${TMPDIR:-/tmp}/tinygpt_gpu_check_site
     if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
-        echo "error: $PY has no omegaconf and $WHEELS/ holds no wheels: run 'bash tools/gpu_check.sh prepare'" \
-            "on a machine with pip's registries and take $WHEELS/ along" >&2
+        echo "error: $PY has no omegaconf and $WHEELS/ holds no wheels: run" \
+            "'bash tools/gpu_check.sh prepare' on a machine with pip's registries and take $WHEELS/ along" >&2
         exit 2
     fi
     rm -rf "$site"
@@ -129,10 +130,15 @@ step() {  # step NAME BUDGET core|extra COMMAND...: run it within its budget and
         SUMMARY+=("$(printf '%-10s ok, %s s' "$name" $((SECONDS - start)))")
         return
     fi
-    ((rc == 124 || rc == 137)) && rc="stopped at its budget, $budget s" || rc="failed (exit $rc)"
+    if ((rc == 124 || rc == 137)); then
+        rc="stopped at its budget, $budget s"
+        [ "$kind" = core ] && FAILED=1  # an extra step cut short is only a figure missing
+    else
+        rc="failed (exit $rc)"
+        FAILED=1
+    fi
     echo "== $name: $rc"
     SUMMARY+=("$(printf '%-10s %s' "$name" "$rc")")
-    FAILED=1
 }
 
 headline() {  # the main figures again, from the JSON files: the end of a long log is what a reader sees first
@@ -147,33 +153,32 @@ for name, label in (("gpt2_train.json", "gpt2 compiled"), ("gpt2_train_eager.jso
     for r in rows(name, "train"):
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
         print(f"{label}: {r['ms_per_iter']:,} ms/iteration, {r['tokens_per_s']:,} tokens/s, MFU {mfu}, "
-              f"peak {r['peak_mem_MB']} MB, {r['precision']}, {r['device']}")
-for name in ("sample.json", "sample_compiled.json"):
-    for r in rows(name, "sample_floor"):
-        print(f"sampling floor: {r['floor_tok_s']:,} tokens/s ({r['weights_MB_per_token']} MB a token at "
-              f"{r['gemv_GB_s']} GB/s)")
-    for r in rows(name, "sample"):
-        print(f"  {r['path']}: {r['tok_s']:,} tokens/s, {r['of_floor']} of the floor")
-long = [r for r in rows("attention.json", "attention") if r["path"] != "full causal"]
-for r in long[-2:]:
-    print(f"attention at T={r['context']:,}, {r['path']}: {r['time_vs_full']} x the time of full causal, "
+              f"peak memory {r['peak_mem_MB']} MB, {r['precision']} on {r['device']}")
+for r in rows("sample.json", "sample_floor"):
+    print(f"sampling: the floor {r['floor_tok_s']:,} tokens/s ({r['weights_MB_per_token']} MB a token at "
+          f"{r['gemv_GB_s']} GB/s)")
+compiled = [r for r in rows("sample_compiled.json", "sample") if r["compile_s"]]
+for r in rows("sample.json", "sample") + compiled:
+    print(f"  {r['path']}: {r['tok_s']:,} tokens/s, {r['of_floor']} of the floor")
+attention = rows("attention.json", "attention")
+for path in dict.fromkeys(r["path"] for r in attention if r["path"] != "full causal"):
+    r = [r for r in attention if r["path"] == path][-1]
+    print(f"attention at T={r['context']:,}, {path}: {r['time_vs_full']} x the time of full causal, "
           f"{r['memory_vs_full']} x its memory")
 EOF
 }
 
-check() {
-    DEVICE=${GPU_CHECK_DEVICE:-cuda}
-    OUT=${OUT:-bench/gpu_check}
-    local run=${TMPDIR:-/tmp}/tinygpt_gpu_check_run
-    # gpt2.yaml as it is on the stand-in data; on the CPU, the same steps at a size two cores run in seconds
-    local G=(gpt2 "data.dataset=shakespeare" "train.device=$DEVICE") T I S A X=() budget
+sizes() {  # the steps' arguments on this device: gpt2.yaml as it is on a GPU; on the CPU, a size two cores
+    # run in seconds, on the same data and vocabulary
+    RUN_DIR=${TMPDIR:-/tmp}/tinygpt_gpu_check_run
+    G=(gpt2 "data.dataset=shakespeare" "train.device=$DEVICE") X=()
     if [ "$DEVICE" = cuda ]; then
         DEADLINE=${GPU_CHECK_SECONDS:-285} MIN_STEP=20
         T=(--warmup 3 --steps 2 --rounds 3)  # 6 timed iterations; the compile happens in the first
         I=(train.max_iters=24 train.eval_interval=24 log.interval=4)
         S=(--sample-tokens 200 --rounds 3)
         A=(--rounds 3)
-        budget=(20 20 120 120 90 45 40 45 60)  # seconds per step, in the order below
+        BUDGET=(20 20 120 120 90 45 40 45 60)  # seconds per step, in the order of steps()
         $PY -c "import xdist" 2>/dev/null && X=(-n 4)  # pytest-xdist: the tests' compiles side by side
     elif [ "$DEVICE" = cpu ]; then
         DEADLINE=${GPU_CHECK_SECONDS:-840} MIN_STEP=30
@@ -183,41 +188,31 @@ check() {
         I=(train.max_iters=24 train.eval_interval=24 log.interval=4)
         S=(--sample-tokens 32 --rounds 2)
         A=(--rounds 2 --contexts 256,512,1024)
-        budget=(0 30 90 240 180 90 60 60 240)
+        BUDGET=(0 30 90 240 180 90 60 60 240)
     else
         echo "error: GPU_CHECK_DEVICE is cuda or cpu, got $DEVICE" >&2
         exit 2
     fi
-    if [ -z "$DRY" ]; then
-        if [ ! -f "$DATA/train.bin" ]; then
-            echo "error: $DATA is not prepared: run 'bash tools/gpu_check.sh prepare' first and take it along" >&2
-            exit 2
-        fi
-        mkdir -p "$OUT"
-        exec > >(tee "$OUT/log.txt") 2>&1  # every line also in $OUT/log.txt as it comes
-        export PYTHONUNBUFFERED=1 WANDB_MODE=offline
-        [ -d "$VOCAB" ] && export TIKTOKEN_CACHE_DIR=$PWD/$VOCAB  # the machine may not reach tiktoken's server
-        echo "tinygpt GPU check on $DEVICE, $(date -u '+%Y-%m-%d %H:%M UTC'), commit" \
-            "$(git rev-parse --short HEAD 2>/dev/null || echo unknown); deadline $DEADLINE s"
-        use_wheels
-    fi
+}
+
+steps() {
     local bench=("$PY" -m tools.bench "${G[@]}")
-    [ "$DEVICE" = cuda ] && step gpu "${budget[0]}" core nvidia-smi
-    step versions "${budget[1]}" core "$PY" -m tools.versions
-    step tests "${budget[2]}" core "$PY" -m pytest -v -p no:cacheprovider "${X[@]}" --durations=10 \
+    [ "$DEVICE" = cuda ] && step gpu "${BUDGET[0]}" core nvidia-smi
+    step versions "${BUDGET[1]}" core "$PY" -m tools.versions
+    step tests "${BUDGET[2]}" core "$PY" -m pytest -v -p no:cacheprovider "${X[@]}" --durations=10 \
         tests/test_cuda.py
-    step gpt2 "${budget[3]}" core "${bench[@]}" train.compile=true --only train "${T[@]}" \
+    step gpt2 "${BUDGET[3]}" core "${bench[@]}" train.compile=true --only train "${T[@]}" \
         --json "$OUT/gpt2_train.json"
-    step train.py "${budget[4]}" core "$PY" train.py "${G[@]}" train.compile=true "${I[@]}" train.save=false \
-        log.plot=false "train.out_dir=$run"
-    [ -z "$DRY" ] && [ -f "$run/metrics.jsonl" ] && cp "$run/metrics.jsonl" "$OUT/train_py_metrics.jsonl"
-    step sample "${budget[5]}" core "${bench[@]}" train.compile=false --only sample "${S[@]}" \
+    step train.py "${BUDGET[4]}" core "$PY" train.py "${G[@]}" train.compile=true "${I[@]}" train.save=false \
+        log.plot=false "train.out_dir=$RUN_DIR"
+    [ -z "$DRY" ] && [ -f "$RUN_DIR/metrics.jsonl" ] && cp "$RUN_DIR/metrics.jsonl" "$OUT/train_py.jsonl"
+    step sample "${BUDGET[5]}" core "${bench[@]}" train.compile=false --only sample "${S[@]}" \
         --json "$OUT/sample.json"
-    step attention "${budget[6]}" core "$PY" -m tools.bench "train.device=$DEVICE" --only attention "${A[@]}" \
-        --json "$OUT/attention.json" --plot "$OUT/attention_cost.png"
-    step eager "${budget[7]}" extra "${bench[@]}" train.compile=false --only train "${T[@]}" \
+    step attention "${BUDGET[6]}" core "$PY" -m tools.bench "train.device=$DEVICE" --only attention \
+        "${A[@]}" --json "$OUT/attention.json" --plot "$OUT/attention_cost.png"
+    step eager "${BUDGET[7]}" extra "${bench[@]}" train.compile=false --only train "${T[@]}" \
         --json "$OUT/gpt2_train_eager.json"
-    step compiled "${budget[8]}" extra "${bench[@]}" train.compile=true --only sample "${S[@]}" \
+    step compiled "${BUDGET[8]}" extra "${bench[@]}" train.compile=true --only sample "${S[@]}" \
         --json "$OUT/sample_compiled.json"
     [ -n "$DRY" ] && return 0
     echo
@@ -227,6 +222,26 @@ check() {
     echo "== summary: $SECONDS s of $DEADLINE; in $OUT: $(ls "$OUT" | tr '\n' ' ')"
     printf '%s\n' "${SUMMARY[@]}"
     return $FAILED
+}
+
+check() {
+    DEVICE=${GPU_CHECK_DEVICE:-cuda}
+    OUT=${OUT:-bench/gpu_check}
+    sizes
+    [ -n "$DRY" ] && { steps; return; }
+    if [ ! -f "$DATA/train.bin" ]; then
+        echo "error: $DATA is not prepared: run 'bash tools/gpu_check.sh prepare' first and take it along" >&2
+        exit 2
+    fi
+    mkdir -p "$OUT"
+    export PYTHONUNBUFFERED=1 WANDB_MODE=offline
+    [ -d "$VOCAB" ] && export TIKTOKEN_CACHE_DIR=$PWD/$VOCAB  # the machine may not reach tiktoken's server
+    {
+        echo "tinygpt GPU check on $DEVICE, $(date -u '+%Y-%m-%d %H:%M UTC'), commit" \
+            "$(git rev-parse --short HEAD 2>/dev/null || echo unknown); deadline $DEADLINE s"
+        use_wheels && steps
+    } 2>&1 | tee "$OUT/log.txt"  # every line also in $OUT/log.txt as it comes
+    return "${PIPESTATUS[0]}"
 }
 
 DRY=""

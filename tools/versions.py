@@ -9,10 +9,12 @@ nvidia-smi reports it) or the CPU (model, cores, torch's threads, the instructio
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import platform
 import shutil
 import subprocess
+import sys
 
 import torch
 
@@ -66,7 +68,13 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
 
 
-def main() -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tools.versions", description=__doc__.split("\n\n")[0])
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> None:
+    parse_args(argv)
     print(f"python {platform.python_version()} ({platform.platform()})")
     print(f"torch {torch.__version__} ({'CUDA ' + torch.version.cuda if torch.version.cuda else 'no CUDA'})")
     print("packages: " + ", ".join(f"{name} {version(name)}" for name in PACKAGES))
@@ -87,4 +95,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
