@@ -67,19 +67,21 @@ prepare() {
     mkdir -p "$VOCAB"
     local have=${TIKTOKEN_CACHE_DIR:-../shared/tiktoken-cache}  # a cache at hand (the project's shared one)
     if [ -d "$have" ] && [ "$(cd "$have" && pwd)" != "$(cd "$VOCAB" && pwd)" ]; then
-        cp -p "$have"/* "$VOCAB"/
+        cp -pR "$have"/. "$VOCAB"/
     fi  # else tiktoken downloads the ranks here
     TIKTOKEN_CACHE_DIR=$PWD/$VOCAB $PY -c \
         "import tiktoken; print('r50k_base:', tiktoken.get_encoding('r50k_base').n_vocab, 'tokens')"
     echo "== the stand-in data into $DATA/"
     TIKTOKEN_CACHE_DIR=$PWD/$VOCAB $PY prepare.py shakespeare
-    local files carried
-    files=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r du -cb -- | tail -1 | cut -f1)
+    local files carried total  # bytes: the checkout's files (tracked, or untracked but not ignored); ours
+    files=$({ git ls-files -z --cached --others --exclude-standard || true; } | xargs -0 -r du -cb -- |
+        tail -1 | cut -f1)
     carried=$(du -scb "${CARRY[@]}" | tail -1 | cut -f1)
+    total=$((${files:-0} + carried))
     echo "== ready"
-    echo "what travels: the checkout's files (tracked, and untracked but not ignored) $((files / 1024)) KiB" \
-        "+ these folders $((carried / 1024)) KiB = $(((files + carried) / 1024)) KiB"
-    (((files + carried) > 64 * 1048576)) && echo "warning: over the 64 MiB a lent GPU machine takes along"
+    echo "what travels: the checkout's files $((${files:-0} / 1024)) KiB + these folders" \
+        "$((carried / 1024)) KiB = $((total / 1024)) KiB"
+    ((total > 64 * 1048576)) && echo "warning: over the 64 MiB a lent GPU machine takes along"
     local list
     list=$(printf '"%s", ' "${CARRY[@]}")
     echo "take along (carry): [${list%, }]"
