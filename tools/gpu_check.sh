@@ -180,8 +180,7 @@ sizes() {  # the steps' arguments on this device: gpt2.yaml as it is on a GPU; o
         I=(train.max_iters=24 train.eval_interval=24 log.interval=4)
         S=(--sample-tokens 200 --rounds 3)
         A=(--rounds 3)
-        BUDGET=(20 20 120 120 90 45 40 45 60)  # seconds per step, in the order of steps()
-        $PY -c "import xdist" 2>/dev/null && X=(-n 4)  # pytest-xdist: the tests' compiles side by side
+        BUDGET=(20 20 120 120 100 45 40 45 60)  # seconds per step, in the order of steps()
     elif [ "$DEVICE" = cpu ]; then
         DEADLINE=${GPU_CHECK_SECONDS:-840} MIN_STEP=30
         G+=(model.n_layer=2 model.n_head=2 model.n_embd=64 model.block_size=128 train.batch_size=4
@@ -195,6 +194,8 @@ sizes() {  # the steps' arguments on this device: gpt2.yaml as it is on a GPU; o
         echo "error: GPU_CHECK_DEVICE is cuda or cpu, got $DEVICE" >&2
         exit 2
     fi
+    # pytest-xdist where it is installed (the GPU image has it): the tests' compiles side by side
+    $PY -c "import xdist" 2>/dev/null && X=(-n "$([ "$DEVICE" = cuda ] && echo 4 || echo 2)")
 }
 
 steps() {
