@@ -206,6 +206,7 @@ steps() {
         tests/test_cuda.py
     step gpt2 "${BUDGET[3]}" core "${bench[@]}" train.compile=true --only train "${T[@]}" \
         --json "$OUT/gpt2_train.json"
+    [ -z "$DRY" ] && rm -rf "$RUN_DIR"  # no metrics of an earlier run
     step train.py "${BUDGET[4]}" core "$PY" train.py "${G[@]}" train.compile=true "${I[@]}" train.save=false \
         log.plot=false "train.out_dir=$RUN_DIR"
     [ -z "$DRY" ] && [ -f "$RUN_DIR/metrics.jsonl" ] && cp "$RUN_DIR/metrics.jsonl" "$OUT/train_py.jsonl"
