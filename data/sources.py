@@ -114,7 +114,12 @@ class HFText:
         return {"type": "huggingface", **d}
 
     def _load(self, split: str):
-        import datasets
+        try:
+            import datasets
+        except ImportError:
+            raise UserError(
+                "reading a Hugging Face dataset needs the datasets package: pip install datasets"
+            ) from None
 
         files = list(self.data_files) if self.data_files else None
         try:
