@@ -39,6 +39,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from common.files import atomic_folder
 from gguf_export.writer import DTYPES, write_gguf
 from hf import folders
 from runs import checkpoint
@@ -111,7 +112,7 @@ def main(argv: list[str]) -> int:
 def new_folder(dest: Path) -> Iterator[Path]:
     """An empty folder to write the export into; it becomes DEST in one swap when the block ends."""
     advice = "choose another DEST"
-    with checkpoint.atomic_folder(dest.resolve().parent, dest.name, what="the export", advice=advice) as tmp:
+    with atomic_folder(dest.resolve().parent, dest.name, what="the export", advice=advice) as tmp:
         tmp.mkdir()
         yield tmp
 

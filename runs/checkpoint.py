@@ -9,8 +9,9 @@ torch.load(weights_only=True), which refuses anything else).
   weights (`fingerprint`: names, shapes and bytes, the same however the base is stored). Reading one loads
   the base again and refuses it, in one line, if it moved or changed; `load_pretrained` gives the adapters
   merged into the base's weights (sampling, evaluation, export: one function for every format), or apart.
-- Atomic: `atomic_folder` writes a temporary folder, flushes it, and swaps it in by renames (the old one moves
-  to .NAME.old first): a crash at any moment leaves NAME or .NAME.old complete, and `find` takes either.
+- Atomic: common/files.py's `atomic_folder` writes a temporary folder, flushes it, and swaps it in by renames
+  (the old one moves to .NAME.old first): a crash at any moment leaves NAME or .NAME.old complete, and `find`
+  takes either.
   best/ shares last/'s files by hard links (files are replaced, never modified in place).
 - One format for one process, DDP and FSDP: under FSDP every rank helps gather the full state and rank 0
   writes it, so a run saved on 8 GPUs resumes on 1 (torch.distributed.checkpoint's metadata is a pickle).
@@ -24,14 +25,11 @@ torch.load(weights_only=True), which refuses anything else).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import random
 import shutil
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -45,7 +43,7 @@ from safetensors.torch import load_file
 
 from common import locks
 from common.errors import UserError
-from common.files import save_tensors, space_note, write_failed
+from common.files import atomic_folder, check_not_links, save_tensors
 from data.tokenizers import METADATA_FILE, check_meta
 from hf import folders, tokenizer_files
 from model import GPT, GPTConfig, lora
@@ -55,84 +53,10 @@ from runs.config import Config, DataConfig, config_from_data, problems, to_yaml
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.yaml", METADATA_FILE, "state.pt"
 ADAPTERS = "adapters.safetensors"  # a LoRA run's checkpoint: the adapters alone, and where its base is
 LOCK = ".lock"  # in an out_dir: held by the train.py that writes into it
+OUT_DIR_ADVICE = "choose another train.out_dir"
 
 
 # --- writing ---
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file or a folder's entries to disk (best effort: some systems refuse it for folders)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _recover(out_dir: Path, name: str) -> None:
-    """Finish a swap that a crash interrupted, and drop leftovers of unfinished writes."""
-    final, old = out_dir / name, out_dir / f".{name}.old"
-    if old.exists():
-        if final.exists():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(old, final)
-    for tmp in out_dir.glob(f".{name}.tmp-*"):
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def check_not_links(out_dir: Path, names: tuple[str, ...]) -> None:
-    """Refuse checkpoint folders that are symbolic links: a swap renames the link, not what it points to."""
-    for name in names:
-        for path in (out_dir / name, out_dir / f".{name}.old"):
-            if path.is_symlink():
-                raise UserError(
-                    f"{path} is a symbolic link (to {os.readlink(path)}); checkpoints are replaced by "
-                    "renaming folders, which would move the link, not its target: put the folder itself "
-                    "there (or point train.out_dir at the place the link leads to)"
-                )
-
-
-@contextlib.contextmanager
-def atomic_folder(
-    out_dir: Path,
-    name: str,
-    what: str = "checkpoint",
-    advice: str = "choose another train.out_dir",
-    need: int | None = None,
-) -> Iterator[Path]:
-    """Yield an empty temporary folder's path; when the block ends, it becomes out_dir/name in one swap.
-    If the block fails, the temporary folder is deleted and out_dir/name is untouched; a write that fails
-    is one line with the space `need`ed (bytes, when known)."""
-    check_not_links(out_dir, (name,))
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise write_failed(out_dir, e, need, advice) from None
-    _recover(out_dir, name)
-    tmp = out_dir / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
-    final, old = out_dir / name, out_dir / f".{name}.old"
-    try:
-        yield tmp
-        for f in tmp.iterdir():
-            _fsync(f)
-        _fsync(tmp)
-        if final.exists():
-            os.rename(final, old)
-        os.rename(tmp, final)
-        _fsync(out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(
-            f"could not write {what} {final} ({e.strerror or e}){space_note(out_dir, need)}; the previous "
-            "one is untouched. "
-            f"Free disk space or {advice}"
-        ) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -182,7 +106,8 @@ def write_checkpoint(
     if not is_main:
         return out_dir / name
     saved = lora.adapter_weights(weights) if base is not None else weights
-    with atomic_folder(out_dir, name, need=_tensor_bytes([saved, train_state])) as tmp:
+    need = _tensor_bytes([saved, train_state])
+    with atomic_folder(out_dir, name, "checkpoint", OUT_DIR_ADVICE, need) as tmp:
         tmp.mkdir()
         if base is not None:
             save_tensors(saved, tmp / ADAPTERS, metadata={"format": "pt", **base})
@@ -239,7 +164,7 @@ def _save_state(state: dict, path: Path) -> None:
 def copy_checkpoint(out_dir: Path | str, src: str, dst: str) -> Path:
     """Make checkpoint DST a copy of SRC (hard links where the filesystem allows), atomically."""
     out_dir = Path(out_dir)
-    with atomic_folder(out_dir, dst) as tmp:
+    with atomic_folder(out_dir, dst, "checkpoint", OUT_DIR_ADVICE) as tmp:
         shutil.copytree(out_dir / src, tmp, copy_function=_link_or_copy)
     return out_dir / dst
 
@@ -272,7 +197,7 @@ def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
         advice="another train.py writes into it: wait for it to end (or stop it), or choose another "
         "train.out_dir",
     )
-    check_not_links(out_dir, ("last", "best"))
+    check_not_links(out_dir, ("last", "best"), OUT_DIR_ADVICE)
     has_run = any(is_checkpoint(out_dir / n) for n in ("last", "best", ".last.old"))
     if has_run and not cfg.train.resume:
         if not cfg.train.overwrite:
