@@ -32,7 +32,7 @@ from tqdm import tqdm
 from data.evalsets import encode_text_file, read_choices
 from data.recipes import prepared_dataset
 from data.tokenizers import from_meta
-from runs import checkpoint
+from runs.pretrained import load_model
 from runs.runtime import Runtime, pick_device, pick_precision
 from training.evaluation import TokenLoss, evaluate_tokens, score_choices
 
@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
 
 def evaluate_checkpoint(path: str, args: argparse.Namespace, device: torch.device) -> dict:
     """One checkpoint's result, as eval.py prints it."""
-    model, cfg, tok_meta, ckpt = checkpoint.load_model(path, device)
+    model, cfg, tok_meta, ckpt = load_model(path, device)
     check_args(args, model.config.block_size)
     tokenizer = from_meta(tok_meta)
     rt = Runtime(device, pick_precision(args.precision, device, model.config.n_embd))

@@ -69,8 +69,8 @@ from interp.plots import (
     token_labels,
 )
 from interp.scores import ROLES, THRESHOLD, role_name, score_heads
-from runs import checkpoint
 from runs.config import seed_problem
+from runs.pretrained import load_model
 from runs.runtime import Runtime, pick_device, pick_precision
 
 DEFAULT_PROMPT_TOKENS = 40  # without --prompt: this many tokens from the start of the validation split
@@ -341,7 +341,7 @@ def output_folder(args: argparse.Namespace, ckpt: Path) -> Path:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
-    model, cfg, tok_meta, ckpt = checkpoint.load_model(args.out_dir, device)
+    model, cfg, tok_meta, ckpt = load_model(args.out_dir, device)
     tokenizer = from_meta(tok_meta)
     mc = model.config
     check_args(args, mc.n_layer, mc.n_head)

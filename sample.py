@@ -26,8 +26,8 @@ import torch
 from data.prompts import encode_prompt, read_prompt
 from data.tokenizers import from_meta
 from model import generate, quantize_int8
-from runs import checkpoint
 from runs.config import seed_problem
+from runs.pretrained import load_model
 from runs.runtime import pick_device
 
 SEPARATOR = "\n---------------\n"
@@ -91,7 +91,7 @@ def check_args(args: argparse.Namespace, vocab_size: int) -> None:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
-    model, _, tok_meta, ckpt = checkpoint.load_model(args.out_dir, device)
+    model, _, tok_meta, ckpt = load_model(args.out_dir, device)
     tokenizer = from_meta(tok_meta)
     check_args(args, model.config.vocab_size)
     ids = encode_prompt(

@@ -2,57 +2,43 @@
 
 OUT_DIR/last/ and OUT_DIR/best/ each hold model.safetensors (the weights, whole; a tied LM head left out),
 config.yaml (the run's final config), tinygpt_tokenizer.json (data/tokenizers.py's metadata) and state.pt
-(optimizer state keyed by parameter name, progress, RNG states: tensors and numbers only, read with
-torch.load(weights_only=True), which refuses anything else).
+(what resuming needs besides the weights: runs/train_state.py).
 - LoRA runs (model/lora.py) hold adapters.safetensors instead of model.safetensors: the adapters alone, and in
-  its metadata the base they adapt (the folder its weights were read from, absolute) and the sha256 of those
-  weights (`fingerprint`: names, shapes and bytes, the same however the base is stored). Reading one loads
-  the base again and refuses it, in one line, if it moved or changed; `load_pretrained` gives the adapters
-  merged into the base's weights (sampling, evaluation, export: one function for every format), or apart.
+  its metadata the base they adapt (runs/pretrained.py reads the base again, checked).
 - Atomic: common/files.py's `atomic_folder` writes a temporary folder, flushes it, and swaps it in by renames
   (the old one moves to .NAME.old first): a crash at any moment leaves NAME or .NAME.old complete, and `find`
-  takes either.
-  best/ shares last/'s files by hard links (files are replaced, never modified in place).
+  takes either. best/ shares last/'s files by hard links (files are replaced, never modified in place).
 - One format for one process, DDP and FSDP: under FSDP every rank helps gather the full state and rank 0
   writes it, so a run saved on 8 GPUs resumes on 1 (torch.distributed.checkpoint's metadata is a pickle).
 - Reading: `find` gives a `Checkpoint`, whose files are read on demand, each checked before it is used
-  (runs/verify.py: the weights' shapes against the config before any model is built, every tensor of
-  state.pt against what it will be used for; config.yaml is data, never interpolated); `load_pretrained`
-  reads the weights a run starts from or a script runs: a checkpoint, or a Hugging Face model folder or hub
-  name (via hf/).
-- An out_dir has one writer: train.py holds OUT_DIR/.lock for its whole run (common/locks.py).
+  (runs/verify.py: the weights' shapes against the config before any model is built; config.yaml is data,
+  never interpolated).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import random
 import shutil
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
-from common import locks
 from common.errors import UserError
-from common.files import atomic_folder, check_not_links, save_tensors
+from common.files import atomic_folder, save_tensors
 from data.tokenizers import METADATA_FILE, check_meta
-from hf import folders, tokenizer_files
-from model import GPT, GPTConfig, lora
+from model import GPT, lora
 from runs import verify
-from runs.config import Config, DataConfig, config_from_data, problems, to_yaml
+from runs.config import Config, config_from_data, problems, to_yaml
+from runs.train_state import STATE, _save_state, _whole, optimizer_state
 
-WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.yaml", METADATA_FILE, "state.pt"
+WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.yaml", METADATA_FILE
 ADAPTERS = "adapters.safetensors"  # a LoRA run's checkpoint: the adapters alone, and where its base is
-LOCK = ".lock"  # in an out_dir: held by the train.py that writes into it
 OUT_DIR_ADVICE = "choose another train.out_dir"
 
 
@@ -68,21 +54,6 @@ def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if getattr(getattr(model, "config", None), "tie_embeddings", True):
         state.pop("lm_head.weight", None)
     return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-
-
-def optimizer_state(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict:
-    """The optimizers' state keyed by parameter name, whole (FSDP: gathered; every rank calls it)."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    return get_optimizer_state_dict(model, optimizers, options=_whole())
-
-
-def _whole():
-    """Full (unsharded) state dicts; under torchrun gathered to rank 0's CPU."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    return StateDictOptions(full_state_dict=True, cpu_offload=distributed)
 
 
 def write_checkpoint(
@@ -131,36 +102,6 @@ def _tensor_bytes(obj: Any) -> int:
     return 0
 
 
-class _Recorded:
-    """A file for torch.save that keeps the OSError of a failed write: torch reports it only as a
-    RuntimeError ("unexpected pos ...") without the reason."""
-
-    def __init__(self, f):
-        self.f, self.error = f, None
-
-    def write(self, data) -> int:
-        try:
-            return self.f.write(data)
-        except OSError as e:
-            self.error = e
-            raise
-
-    def flush(self) -> None:
-        self.f.flush()
-
-
-def _save_state(state: dict, path: Path) -> None:
-    """torch.save(state, path), failing with the OSError of the write that failed."""
-    with open(path, "wb") as f:
-        recorded = _Recorded(f)
-        try:
-            torch.save(state, recorded)
-        except RuntimeError:
-            if recorded.error is None:
-                raise
-            raise recorded.error from None
-
-
 def copy_checkpoint(out_dir: Path | str, src: str, dst: str) -> Path:
     """Make checkpoint DST a copy of SRC (hard links where the filesystem allows), atomically."""
     out_dir = Path(out_dir)
@@ -174,46 +115,6 @@ def _link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
-
-
-def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
-    """Fail before training on an out_dir that cannot hold the checkpoints, whose run would be lost, or that
-    another run writes into; with train.overwrite, delete the run it holds. Holds OUT_DIR/.lock from here to
-    the end of the process (the caller's run)."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".write-test"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(
-            f"train.out_dir {out_dir} is not writable ({e.strerror or e}); choose another "
-            "train.out_dir or fix its permissions"
-        ) from None
-    locks.hold(
-        out_dir / LOCK,
-        f"train.out_dir {out_dir}",
-        exclusive=True,
-        advice="another train.py writes into it: wait for it to end (or stop it), or choose another "
-        "train.out_dir",
-    )
-    check_not_links(out_dir, ("last", "best"), OUT_DIR_ADVICE)
-    has_run = any(is_checkpoint(out_dir / n) for n in ("last", "best", ".last.old"))
-    if has_run and not cfg.train.resume:
-        if not cfg.train.overwrite:
-            raise UserError(
-                f"{out_dir} already holds a checkpoint; continue it with train.resume=true, start "
-                "over with train.overwrite=true (deletes it), or pick another train.out_dir"
-            )
-        for name in ("last", "best", ".last.old", ".best.old"):
-            shutil.rmtree(out_dir / name, ignore_errors=True)
-    need = n_params * 4 * 4 * 2  # weights + AdamW moments, fp32, in last/ and best/ while swapping
-    free = shutil.disk_usage(out_dir).free
-    if cfg.train.save and free < need:
-        raise UserError(
-            f"{out_dir} has {free / 2**20:.0f} MiB free; checkpoints need about {need / 2**20:.0f} MiB. "
-            "Free some space or choose another train.out_dir"
-        )
 
 
 # --- reading ---
@@ -377,187 +278,4 @@ def load_into(model: GPT, weights: dict[str, torch.Tensor], where: Path, adapter
         )
 
 
-def load_optimizers(
-    model: torch.nn.Module, optimizers: list[torch.optim.Optimizer], state: dict, ckpt: Checkpoint
-) -> None:
-    """Restore the optimizer state written by `write_checkpoint` (sharding it again under FSDP, for any
-    number of ranks)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    mismatch = UserError(
-        f"checkpoint {ckpt} holds state for a different optimizer setup; resume with the optim.name it "
-        "was trained with"
-    )
-    if "optimizer" not in state:
-        raise mismatch
-    checked = verify.safe_optimizer_state(state["optimizer"], model, optimizers, ckpt.folder / STATE)
-    options = StateDictOptions(full_state_dict=True)
-    try:
-        set_optimizer_state_dict(model, optimizers, checked, options=options)
-    except (KeyError, ValueError, RuntimeError):
-        raise mismatch from None
-
-
-@dataclass
-class Pretrained:
-    """Weights to start from or to run: a checkpoint of ours, or a Hugging Face model converted by hf/."""
-
-    where: Path  # the checkpoint or model folder
-    model: GPTConfig
-    weights: dict[str, torch.Tensor]  # ours, by name (a LoRA checkpoint's: merged, or its base's)
-    tokenizer: dict | None  # our tokenizer metadata; None: a tokenizer tinygpt cannot run
-    tokenizer_about: str  # what the tokenizer is, in a few words
-    config: Config | None = None  # the training config of a checkpoint of ours
-    adapters: dict[str, torch.Tensor] | None = None  # a LoRA checkpoint read with merge=False: its adapters
-
-    def weights_for(self, model: GPTConfig) -> dict[str, torch.Tensor]:
-        """The weights for `model`, which may have a shorter context: learned positions are cropped."""
-        if "pos_emb.weight" not in self.weights:
-            return self.weights
-        return {**self.weights, "pos_emb.weight": self.weights["pos_emb.weight"][: model.block_size]}
-
-    @cached_property
-    def fingerprint(self) -> str:
-        """sha256 of the weights as read (names, dtypes, shapes and bytes, in name order): the same however
-        they are stored (a checkpoint of ours, its Hugging Face export), another if one value changed."""
-        h = hashlib.sha256()
-        for name in sorted(self.weights):
-            t = self.weights[name].detach().cpu().contiguous()
-            h.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
-        return h.hexdigest()
-
-
-def lora_base(base: Pretrained) -> dict[str, str]:
-    """What a LoRA checkpoint records of its base: the folder its weights come from, and their fingerprint."""
-    return {"base": str(Path(base.where).resolve()), "base_sha256": base.fingerprint}
-
-
-def base_of(ckpt: Checkpoint) -> Pretrained:
-    """The base model of LoRA checkpoint `ckpt`, read where it was trained from; one line if it has moved or
-    its weights have changed since (the adapters would then apply to other weights)."""
-    recorded = ckpt.adapters()[1]
-    folder, what = Path(recorded["base"]), f"the base model of LoRA checkpoint {ckpt}"
-    if not folder.exists():
-        raise UserError(
-            f"{what}, {folder}, is missing (moved or deleted?); the checkpoint holds only the adapters: put "
-            "the base back there (a symbolic link will do)"
-        )
-    try:
-        base = load_pretrained(folder)
-    except UserError as e:
-        raise UserError(f"{what}, {folder}, cannot be read: {e}") from None
-    if base.fingerprint != recorded["base_sha256"]:
-        raise UserError(
-            f"{what}, {folder}, has changed since the adapters were trained (its weights' sha256 is "
-            f"{base.fingerprint[:12]}..., the checkpoint's {recorded['base_sha256'][:12]}...): put the "
-            "original weights back there, or train the adapters again on the new ones"
-        )
-    return base
-
-
-def _lora_weights(ckpt: Checkpoint, cfg: Config, merge: bool) -> tuple[dict, dict | None]:
-    """(weights, adapters) of a LoRA checkpoint: the base's weights with the adapters merged in and None, or
-    (merge False) the base's weights and the adapters apart."""
-    if cfg.lora is None:
-        raise UserError(f"{ckpt / CONFIG} has no lora section, but the checkpoint holds LoRA adapters")
-    adapters = ckpt.adapters()[0]
-    with torch.device("meta"):  # the adapters its config implies, to check the file against
-        model = GPT(cfg.model)
-        lora.add_lora(model, cfg.lora)
-    expected = {k: tuple(v.shape) for k, v in lora.adapter_weights(model.state_dict()).items()}
-    if {k: tuple(v.shape) for k, v in adapters.items()} != expected:
-        raise UserError(
-            f"the adapters in {ckpt / ADAPTERS} do not match its config ({len(adapters)} tensors; its lora "
-            f"section implies {len(expected)}, of other names or shapes); the checkpoint is inconsistent"
-        )
-    weights = base_of(ckpt).weights_for(cfg.model)
-    if merge:
-        return lora.merge(weights, adapters, cfg.model, cfg.lora), None
-    return weights, adapters
-
-
-def load_pretrained(name: Path | str, hub: bool = False, merge: bool = True) -> Pretrained:
-    """The model at `name`: a training run's folder (its best checkpoint, else its last), a checkpoint
-    folder, a Hugging Face model folder (config.json), or with `hub` a Hugging Face hub name (gpt2). A LoRA
-    checkpoint gives its base's weights with the adapters merged in, or with `merge` False, apart."""
-    path = Path(name)
-    if hub and not path.exists() and folders.is_hub_name(str(name)):
-        path = folders.download(str(name))
-    if folders.is_model_folder(path):
-        model, weights, tokenizer, about = folders.read_model(path)
-        verify.check_weight_shapes({k: tuple(v.shape) for k, v in weights.items()}, model, path)
-        try:
-            if tokenizer is not None:
-                check_meta(tokenizer)
-        except ValueError as e:
-            raise UserError(f"{path / TOKENIZER} is damaged ({e})") from None
-        return Pretrained(path, model, weights, tokenizer, about)
-    try:
-        ckpt = find(path)
-    except UserError:
-        if not path.is_dir():  # missing, or a file: find says which
-            raise
-        raise UserError(
-            f"{path} holds no checkpoint ({WEIGHTS} with {CONFIG}, or a run's best/ or last/) and no Hugging "
-            f"Face model (it has no {folders.CONFIG}); give a run's folder, a checkpoint or a model folder"
-        ) from None
-    cfg, tokenizer = ckpt.config(), ckpt.tokenizer()
-    weights, adapters = _lora_weights(ckpt, cfg, merge) if ckpt.is_lora else (ckpt.weights(), None)
-    about = tokenizer_files.describe(tokenizer)
-    return Pretrained(ckpt.folder, cfg.model, weights, tokenizer, about, cfg, adapters)
-
-
-def load_model(
-    path: Path | str, device: torch.device | str = "cpu", merge: bool = True
-) -> tuple[GPT, Config, dict, Path]:
-    """(model in eval mode, its training config, tokenizer metadata, checkpoint folder) for sampling. For a
-    Hugging Face model folder the config is made up: its model, and a shipped dataset with its tokenizer.
-    A LoRA checkpoint's model has the adapters merged into its weights, or with `merge` False, beside them."""
-    source = load_pretrained(path, merge=merge)
-    if source.tokenizer is None:
-        raise UserError(
-            f"{source.where} uses a tokenizer tinygpt cannot run: {source.tokenizer_about}; tinygpt runs "
-            "char, GPT-2 BPE and its own bpe:N models"
-        )
-    if source.tokenizer["vocab_size"] > source.model.vocab_size:
-        raise UserError(
-            f"{source.where}: its tokenizer has {source.tokenizer['vocab_size']} tokens, more than the "
-            f"model's vocabulary of {source.model.vocab_size}; the checkpoint is inconsistent"
-        )
-    cfg = source.config
-    if cfg is None:
-        dataset = "shakespeare_char" if source.tokenizer["kind"] == "char" else "shakespeare"
-        cfg = Config(model=source.model, data=DataConfig(dataset=dataset))
-    model = GPT(source.model)
-    load_into(model, source.weights, source.where)
-    if source.adapters is not None:
-        lora.add_lora(model, cfg.lora)
-        load_into(model, source.adapters, source.where, adapters=True)
-    return model.to(device).eval(), cfg, source.tokenizer, source.where
-
-
 # --- random generators ---
-
-
-def rng_state() -> dict[str, Any]:
-    """Every random generator training touches, as tensors and plain numbers (weights_only-loadable). On CUDA,
-    the generator of this process's device only: every rank seeds its device alike and draws alike, and a
-    run resumed where fewer GPUs are visible has no generators for the others."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)
-    state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()  # the current device's
-    return state
-
-
-def set_rng_state(state: dict[str, Any], where: Path | str = "state.pt") -> None:
-    verify.check_rng_state(state, where)
-    torch.set_rng_state(state["torch"])
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])  # on the current device

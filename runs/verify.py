@@ -172,7 +172,7 @@ def safe_optimizer_state(
 
 
 def check_rng_state(state: Any, where: Path | str) -> None:
-    """The random generators' state as checkpoint.rng_state writes it."""
+    """The random generators' state as train_state.rng_state writes it."""
 
     def bad(what: str) -> UserError:
         return UserError(f"{where} is damaged: its random generator state {what}; use another checkpoint")

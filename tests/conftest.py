@@ -173,7 +173,7 @@ def train_induction(config: str, data_dir: Path, out: Path) -> dict:
 
     from data.dataset import Dataset
     from interp.scores import score_heads
-    from runs import checkpoint
+    from runs import pretrained
 
     run_script(
         "train.py",
@@ -186,7 +186,7 @@ def train_induction(config: str, data_dir: Path, out: Path) -> dict:
     )
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["elapsed_s"] < 60  # the budget: under a minute of CPU training
-    model, cfg, _, _ = checkpoint.load_model(out)
+    model, cfg, _, _ = pretrained.load_model(out)
     val = Dataset.open("repeats", data_dir).windows(
         "val", cfg.model.block_size, torch.device("cpu"), cfg.train.seed
     )

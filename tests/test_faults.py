@@ -27,7 +27,7 @@ import torch
 from conftest import ROOT, TINY, one_line_error, run_script, train
 
 from common.errors import UserError
-from runs import checkpoint
+from runs import checkpoint, out_dir, pretrained
 from runs.config import load_config
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -163,7 +163,7 @@ def test_a_checkpoint_config_is_data_never_interpolated(copy: Path):
     cfg = checkpoint.Checkpoint(copy / "last").config()
     assert cfg.log.sample_prompt == "${oc.env:HOME}" and cfg.log.wandb_run_name == "${"
     # and what is written is read back as written
-    model, _, tokenizer, _ = checkpoint.load_model(copy / "last")
+    model, _, tokenizer, _ = pretrained.load_model(copy / "last")
     checkpoint.write_checkpoint(copy, "again", model, cfg, tokenizer)
     assert checkpoint.Checkpoint(copy / "again").config() == cfg
 
@@ -179,7 +179,7 @@ def test_the_weights_are_checked_against_the_config_before_any_model_is_built(co
     with pytest.raises(
         UserError, match=r"token_emb\.weight is \[65, 32\] in the file, \[65, 65536\] by the config"
     ):
-        checkpoint.load_model(copy / "last")
+        pretrained.load_model(copy / "last")
     assert built == []
 
 
@@ -205,7 +205,7 @@ def test_a_checkpoint_tokenizer_is_only_what_tinygpt_writes(copy: Path, monkeypa
         content = {**meta, "chars": meta["chars"][::-1]}
     path.write_text(json.dumps(content))
     with pytest.raises(UserError, match=r"tinygpt_tokenizer\.json is damaged") as e:
-        checkpoint.load_model(copy / "last")
+        pretrained.load_model(copy / "last")
     assert message in str(e.value)
 
 
@@ -484,13 +484,13 @@ def test_a_symlinked_checkpoint_folder_is_one_line(run: Path, tmp_path: Path):
     shutil.copytree(run / "last", tmp_path / "elsewhere")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "last").symlink_to(tmp_path / "elsewhere")
-    model, cfg, tok, _ = checkpoint.load_model(run / "last")
+    model, cfg, tok, _ = pretrained.load_model(run / "last")
     with pytest.raises(
         UserError, match=r"out/last is a symbolic link .*checkpoints are replaced by renaming"
     ):
         checkpoint.write_checkpoint(tmp_path / "out", "last", model, cfg, tok, {"iter": 1})
     with pytest.raises(UserError, match="is a symbolic link"):
-        checkpoint.check_out_dir(tmp_path / "out", cfg, model.num_params())
+        out_dir.check_out_dir(tmp_path / "out", cfg, model.num_params())
     assert (tmp_path / "out" / "last").is_symlink() and leftovers(tmp_path) == []
 
 

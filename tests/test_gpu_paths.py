@@ -14,7 +14,7 @@ import torch.utils._triton
 from conftest import TINY
 
 from common.errors import ConfigError, UserError
-from runs import checkpoint, runtime
+from runs import runtime, train_state
 from runs.config import load_config
 from runs.runtime import Runtime
 from training import distributed
@@ -168,10 +168,10 @@ def fake_gpus(monkeypatch, count: int) -> tuple[torch.Generator, ...]:
 
 def test_resume_with_fewer_visible_gpus_restores_this_devices_generator(monkeypatch, tmp_path: Path):
     gpus = fake_gpus(monkeypatch, 2)  # saved by a process that saw 2 GPUs
-    torch.save(checkpoint.rng_state(), tmp_path / "state.pt")
+    torch.save(train_state.rng_state(), tmp_path / "state.pt")
     saved = gpus[0].get_state()
     gpus = fake_gpus(monkeypatch, 1)  # resumed where 1 is visible: used to raise (an index past the devices)
-    checkpoint.set_rng_state(torch.load(tmp_path / "state.pt", weights_only=True))
+    train_state.set_rng_state(torch.load(tmp_path / "state.pt", weights_only=True))
     assert torch.equal(gpus[0].get_state(), saved)
 
 

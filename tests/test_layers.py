@@ -92,7 +92,7 @@ def test_the_check_sees_real_imports():
     assert "model" in edges["training.trainer"] or "model.gpt" in edges["training.trainer"]
     assert "common.errors" in edges["data.prepare"]
     assert layer("sample") == len(LAYERS) and layer("data.loader") == 2
-    assert "hf.folders" in edges["runs.checkpoint"] and "model" in edges["hf.convert"]
+    assert "hf.folders" in edges["runs.pretrained"] and "model" in edges["hf.convert"]
 
 
 SCRIPT_NAMES = {"main", "parse_args", "check_args"}  # every script has its own

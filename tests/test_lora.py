@@ -36,7 +36,7 @@ import train as train_script
 from data.tokenizers import from_meta
 from model import GPT, GPTConfig, generate
 from model.lora import TARGETS, LoRAConfig, LoRALinear, adapter_weights, add_lora, merge, parts
-from runs import checkpoint
+from runs import pretrained
 from runs.config import from_arguments, load_config
 from training.evaluation import evaluate_tokens
 from training.plan import plan_run
@@ -177,7 +177,7 @@ def test_only_the_adapters_train(bases, hamlet: Path, config: Path, tmp_path: Pa
     now = dict(run.model.named_parameters())
     assert all(torch.equal(now[n], t) for n, t in frozen.items())  # bit for bit
     assert all(not torch.equal(now[n], t) for n, t in adapters.items() if n.endswith("lora_B"))
-    base = checkpoint.load_pretrained(bases["gpt2"]).weights
+    base = pretrained.load_pretrained(bases["gpt2"]).weights
     assert all(torch.equal(frozen[n], base[n]) for n in base)
 
 
@@ -193,7 +193,7 @@ def test_a_lora_finetune_trains_and_its_checkpoint_holds_the_adapters(tuned, bas
         with safe_open(str(run / "last" / "adapters.safetensors"), "pt") as f:
             names, recorded = set(f.keys()), f.metadata()
         assert names == set(adapter_weights(dict.fromkeys(names))) and len(names) == 2 * 4 * 2
-        base = checkpoint.load_pretrained(bases[name])
+        base = pretrained.load_pretrained(bases[name])
         assert (
             recorded["base"] == str(Path(base.where).resolve())
             and recorded["base_sha256"] == base.fingerprint
@@ -216,7 +216,7 @@ def test_resuming_a_lora_run_is_exact(tuned, bases, hamlet: Path, config: Path, 
 
 def test_sample_eval_and_heads_read_a_lora_checkpoint(tuned, hamlet: Path, tmp_path: Path, capsys):
     run = tuned["llama"]
-    model, _, tok_meta, _ = checkpoint.load_model(run, merge=False)  # the adapter model, unmerged
+    model, _, tok_meta, _ = pretrained.load_model(run, merge=False)  # the adapter model, unmerged
     assert isinstance(model.blocks[1].mlp.W_out, LoRALinear)
     tokenizer = from_meta(tok_meta)
     args = ["--prompt", "To be", "--temperature", "0", "--max-new-tokens", "40"]
@@ -242,8 +242,8 @@ def test_sample_eval_and_heads_read_a_lora_checkpoint(tuned, hamlet: Path, tmp_p
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_merged_export_and_peft_adapter_give_the_adapter_models_logits(name, tuned, bases, tmp_path, capsys):
     run = tuned[name]
-    model, *_ = checkpoint.load_model(run, merge=False)
-    base_model, *_ = checkpoint.load_model(bases[name])
+    model, *_ = pretrained.load_model(run, merge=False)
+    base_model, *_ = pretrained.load_model(bases[name])
     idx = torch.randint(0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ours = model(idx)[0]
@@ -278,7 +278,7 @@ def test_a_lora_run_exports_to_gguf_with_its_adapters_merged(name, tuned, tmp_pa
     """The GGUF path reads the same merged weights: llama.cpp gives the adapter model's logits."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     run = tuned[name]
-    model, *_ = checkpoint.load_model(run, merge=False)
+    model, *_ = pretrained.load_model(run, merge=False)
     out = script(capsys, export_script.main, str(run), str(tmp_path / "merged.gguf"))
     assert "LoRA adapters merged into the weights of" in out
     f32 = llama_cpp.GGML_TYPE_F32

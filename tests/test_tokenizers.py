@@ -192,7 +192,7 @@ def test_a_model_on_a_trained_bpe_dataset_trains_samples_and_resumes(tmp_path: P
     decodes to the text of the generated ids), take the run's tokenizer for new text, export it."""
     from data.prompts import encode_prompt
     from model import generate
-    from runs import checkpoint
+    from runs import pretrained
 
     text = write(tmp_path / "text.txt", SHAKESPEARE_TEXT[:300_000])
     prepare_dataset("sh_bpe", Recipe(TextFile(str(text)), "bpe:300"), tmp_path, workers=2)
@@ -210,7 +210,7 @@ def test_a_model_on_a_trained_bpe_dataset_trains_samples_and_resumes(tmp_path: P
     prompt = "ROMEO: ☃é"  # unseen characters are bytes for a byte-level BPE
     args = ["sample.py", str(out), "--prompt", prompt, "--max-new-tokens", "60", "--temperature", "0"]
     sampled = run_script(*args, check=True).stdout
-    model, _, tok_meta, _ = checkpoint.load_model(out, "cpu")
+    model, _, tok_meta, _ = pretrained.load_model(out, "cpu")
     tok = from_meta(tok_meta)
     ids = encode_prompt(prompt, tok, model.config.block_size)
     with torch.no_grad():

@@ -15,7 +15,7 @@ from conftest import ROOT, TINY, train
 from safetensors.torch import load_file
 
 from model import GPT
-from runs import checkpoint
+from runs import checkpoint, pretrained
 
 
 def metrics(out: Path) -> list[dict]:
@@ -40,7 +40,7 @@ def test_a_short_run_writes_checkpoints_and_metrics(run: Path):
 
 
 def test_checkpoint_load_gives_the_same_model(run: Path):
-    model, cfg, tok_meta, ckpt = checkpoint.load_model(run / "last")
+    model, cfg, tok_meta, ckpt = pretrained.load_model(run / "last")
     saved = load_file(str(run / "last" / "model.safetensors"))
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, saved["token_emb.weight" if name == "lm_head.weight" else name])
@@ -66,7 +66,7 @@ def test_save_load_round_trip_in_process(tmp_path: Path):
     m = GPT(cfg.model)
     chars = {"kind": "char", "vocab_size": 30, "chars": [chr(c) for c in range(ord("A"), ord("A") + 30)]}
     checkpoint.write_checkpoint(tmp_path, "last", torch.compile(m), cfg, chars)
-    loaded, *_ = checkpoint.load_model(tmp_path)
+    loaded, *_ = pretrained.load_model(tmp_path)
     x = torch.randint(0, 30, (2, 8))
     assert torch.equal(loaded(x)[0], m.eval()(x)[0])
 

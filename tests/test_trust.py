@@ -19,7 +19,7 @@ import torch
 from conftest import ROOT, TINY, one_line_error, run_script, train
 
 from common.errors import UserError
-from runs import checkpoint
+from runs import checkpoint, out_dir, pretrained
 
 
 def start(data_dir: Path, out: Path, *args: str) -> subprocess.Popen:
@@ -99,7 +99,7 @@ def test_kill_9_at_random_moments_leaves_a_loadable_checkpoint(data_dir: Path, t
         proc.kill()
         proc.wait(timeout=60)
         ckpt = checkpoint.find(out, prefer=("last",))
-        model, _, _, _ = checkpoint.load_model(ckpt)
+        model, _, _, _ = pretrained.load_model(ckpt)
         state = ckpt.train_state()
         assert state["iter"] >= last_iter, "a checkpoint went backwards"
         last_iter = state["iter"]
@@ -136,11 +136,11 @@ def test_too_little_disk_is_reported_before_training(monkeypatch, tmp_path: Path
     cfg = load_config(None).cfg
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
     with pytest.raises(UserError, match="has 0 MiB free; checkpoints need about"):
-        checkpoint.check_out_dir(tmp_path / "out", cfg, n_params=10**6)
+        out_dir.check_out_dir(tmp_path / "out", cfg, n_params=10**6)
 
 
 def test_disk_full_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_path: Path, run: Path):
-    model, cfg, tok, _ = checkpoint.load_model(run / "last")
+    model, cfg, tok, _ = pretrained.load_model(run / "last")
     checkpoint.write_checkpoint(tmp_path, "last", model, cfg, tok, {"iter": 1})
     before = (tmp_path / "last" / "model.safetensors").read_bytes()
 

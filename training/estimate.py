@@ -44,8 +44,8 @@ from data.sources import HFText
 from model import GPT, GPTConfig
 from model.attention import attention_span, block_layout
 from model.lora import LoRAConfig, add_lora
-from runs import checkpoint
 from runs.config import Config, Request, from_arguments
+from runs.pretrained import load_pretrained
 from runs.runtime import compile_enabled, cpu_auto_precision
 from training.evaluation import final_eval_wanted
 from training.hardware import GPU_PEAKS
@@ -432,7 +432,7 @@ def dry_run(request: Request) -> str:
         cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab, doc_token=doc_token)
     )
     if cfg.train.init_from:  # the shape of the weights it starts from (training/plan.py's rule)
-        source = checkpoint.load_pretrained(cfg.train.init_from, hub=True)
+        source = load_pretrained(cfg.train.init_from, hub=True)
         shape, where = source.model, source.where
         del source  # only the shape is needed here: the timing below reads the weights itself
         cfg = follow_model(cfg, shape, request.origins, f"train.init_from {where}")

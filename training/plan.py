@@ -20,9 +20,9 @@ from data.recipes import prepared_dataset
 from hf import tokenizer_files
 from model import GPTConfig
 from model.lora import model_problem
-from runs import checkpoint
-from runs.checkpoint import Checkpoint, Pretrained
+from runs.checkpoint import Checkpoint, find_last
 from runs.config import Config, Request
+from runs.pretrained import Pretrained, base_of, load_pretrained
 from runs.runtime import Runtime, setup
 from training import distributed
 
@@ -39,10 +39,10 @@ class Plan:
 def plan_run(request: Request) -> Plan:
     """The final config of a run and what it needs before anything is built (see the module docstring)."""
     cfg, t = request.cfg, request.cfg.train
-    resume = checkpoint.find_last(t.out_dir) if t.resume else None
+    resume = find_last(t.out_dir) if t.resume else None
     pretrained = None
     if t.init_from and resume is None:  # a fresh run: shape and weights of a pretrained model
-        pretrained = checkpoint.load_pretrained(t.init_from, hub=True)
+        pretrained = load_pretrained(t.init_from, hub=True)
         cfg = follow_model(cfg, pretrained.model, request.origins, f"train.init_from {pretrained.where}")
     elif t.init_from:  # resuming one: the shape it was given, without reading the source again
         cfg = follow_model(cfg, resume.config().model, request.origins, f"checkpoint {resume}")
@@ -53,7 +53,7 @@ def plan_run(request: Request) -> Plan:
         if problem:
             raise UserError(f"{problem}; remove them from lora.targets")
         if resume is not None:  # the base of the adapters: from where they were trained, checked
-            pretrained = checkpoint.base_of(resume)
+            pretrained = base_of(resume)
 
     rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
     dataset = open_dataset(cfg, rt)

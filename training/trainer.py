@@ -25,9 +25,10 @@ from data.loader import TokenWindows
 from data.tokenizers import bits_per_byte
 from model import GPT
 from model.lora import add_lora
-from runs import checkpoint, verify
+from runs import checkpoint, train_state, verify
 from runs.checkpoint import Checkpoint
 from runs.config import Config
+from runs.pretrained import lora_base
 from runs.runtime import Runtime, compile_enabled
 from training import distributed
 from training.evaluation import byte_lengths_of
@@ -109,7 +110,7 @@ def start_run(plan: Plan) -> Run:
     lengths = torch.from_numpy(lengths).to(rt.device) if lengths is not None else None
     run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), lengths)
     if cfg.lora is not None:
-        run.lora_base = checkpoint.lora_base(plan.pretrained)
+        run.lora_base = lora_base(plan.pretrained)
     if plan.resume is not None:
         _restore(run, plan.resume)
     return run
@@ -138,12 +139,12 @@ def build_model(plan: Plan) -> GPT:
 def _restore(run: Run, ckpt: Checkpoint) -> None:
     """Optimizer and scaler state, progress and random generators of checkpoint `ckpt`."""
     state, where = ckpt.train_state(), ckpt.folder / checkpoint.STATE
-    checkpoint.load_optimizers(run.model, run.optimizers, state, ckpt)
+    train_state.load_optimizers(run.model, run.optimizers, state, where)
     if state.get("scaler") and run.scaler.is_enabled():
         verify.check_scaler_state(state["scaler"], where)
         run.scaler.load_state_dict(state["scaler"])
     run.progress = Progress.from_state(state, where)
-    checkpoint.set_rng_state(state["rng"], where)
+    train_state.set_rng_state(state["rng"], where)
 
 
 def save_checkpoint(run: Run, improved: bool) -> Path:
@@ -152,7 +153,7 @@ def save_checkpoint(run: Run, improved: bool) -> Path:
     state = {
         **dataclasses.asdict(p),
         "tokens": p.iter * run.cfg.tokens_per_iter,
-        "rng": checkpoint.rng_state(),
+        "rng": train_state.rng_state(),
         "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
     }
     tokenizer, main = run.dataset.meta.tokenizer, run.rt.is_main
