@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from common.errors import UserError
+from common.errors import UserError, first_line
 from common.files import save_tensors
 from data.tokenizers import METADATA_FILE
 from hf import convert, tokenizer_files
@@ -123,8 +123,7 @@ def download(name: str) -> Path:
             "cached for it; connect to the internet once, or give a local model folder"
         ) from None
     except (HfHubHTTPError, OSError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"could not get {name} from the Hugging Face hub ({first})") from None
+        raise UserError(f"could not get {name} from the Hugging Face hub ({first_line(e)})") from None
 
 
 def _check_exportable(cfg: GPTConfig) -> None:

@@ -29,13 +29,13 @@ import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
-from common.errors import UserError
+from common.errors import UserError, first_line
 from common.files import atomic_folder, save_tensors
 from data.tokenizers import METADATA_FILE, check_meta
 from model import GPT, lora
 from runs import verify
 from runs.config import Config, config_from_data, problems, to_yaml
-from runs.train_state import STATE, _save_state, _whole, optimizer_state
+from runs.train_state import STATE, TrainState, whole_state_options
 
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.yaml", METADATA_FILE
 ADAPTERS = "adapters.safetensors"  # a LoRA run's checkpoint: the adapters alone, and where its base is
@@ -50,7 +50,7 @@ def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     the tied copy of the embedding. Under FSDP every rank must call it; only rank 0 gets the tensors."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    state = get_model_state_dict(model, options=_whole())
+    state = get_model_state_dict(model, options=whole_state_options())
     if getattr(getattr(model, "config", None), "tie_embeddings", True):
         state.pop("lm_head.weight", None)
     return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
@@ -59,25 +59,19 @@ def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def write_checkpoint(
     out_dir: Path | str,
     name: str,
-    model: torch.nn.Module,
+    weights: dict[str, torch.Tensor],
     cfg: Config,
     tokenizer_meta: dict,
-    train_state: dict[str, Any] | None = None,
-    optimizers: list[torch.optim.Optimizer] = (),
-    is_main: bool = True,
+    train_state: TrainState | None = None,
     base: dict[str, str] | None = None,
 ) -> Path:
-    """Write checkpoint OUT_DIR/NAME atomically: the model's weights, config and tokenizer, and with a
-    train_state also the optimizer state (state.pt). With `base` (`lora_base`: a LoRA run) the adapters
-    alone, with their base recorded. Every rank calls it; rank 0 (`is_main`) writes."""
+    """Write checkpoint OUT_DIR/NAME atomically: the weights (`model_weights`), config and tokenizer
+    metadata, and with a train_state (`TrainState.capture`) state.pt. With `base` (`lora_base`: a LoRA run)
+    the adapters alone, with their base recorded. Under torchrun rank 0 alone calls it, once every rank has
+    helped gather the weights and the train state."""
     out_dir = Path(out_dir)
-    weights = model_weights(model)
-    if train_state is not None and optimizers:
-        train_state = {**train_state, "optimizer": optimizer_state(model, list(optimizers))}
-    if not is_main:
-        return out_dir / name
     saved = lora.adapter_weights(weights) if base is not None else weights
-    need = _tensor_bytes([saved, train_state])
+    need = _tensor_bytes([saved, train_state.to_dict() if train_state is not None else None])
     with atomic_folder(out_dir, name, "checkpoint", OUT_DIR_ADVICE, need) as tmp:
         tmp.mkdir()
         if base is not None:
@@ -87,7 +81,7 @@ def write_checkpoint(
         (tmp / CONFIG).write_text(to_yaml(cfg))
         (tmp / TOKENIZER).write_text(json.dumps(tokenizer_meta, indent=1))
         if train_state is not None:
-            _save_state(train_state, tmp / STATE)
+            train_state.save(tmp / STATE)
     return out_dir / name
 
 
@@ -178,38 +172,24 @@ class Checkpoint:
 
         return self._read(TOKENIZER, parse, (ValueError,))
 
-    def train_state(self) -> dict[str, Any]:
-        """state.pt, never unpickling code: weights_only refuses it (UnpicklingError). Its tensors are
-        checked where they are used (runs/verify.py)."""
-        state = self._read(
-            STATE,
-            lambda path: torch.load(path, map_location="cpu", weights_only=True),
-            (Exception,),
-            " or holds something other than tensors and numbers (refused to load it: {})",
-        )
-        missing = [k for k in ("iter", "rng", "optimizer") if not isinstance(state, dict) or k not in state]
-        if missing:
-            what = f"has no {missing[0]}" if isinstance(state, dict) else f"holds a {type(state).__name__}"
+    def train_state(self) -> TrainState:
+        """state.pt, read without unpickling code and checked (runs/train_state.py)."""
+        path = self.folder / STATE
+        if not path.is_file():
             raise UserError(
-                f"{self.folder / STATE} is damaged: it {what} (not state.pt as train.py writes it); use "
-                "another checkpoint"
+                f"{path} is missing: this checkpoint holds weights only and cannot resume training"
             )
-        return state
+        return TrainState.load(path)
 
     def _read(self, name: str, parse, damage: tuple[type[Exception], ...], damaged: str = " ({})"):
         """parse(folder / name); a missing file, or one that fails with a `damage` exception, is one line."""
         path = self.folder / name
         if not path.is_file():
-            if name == STATE:
-                raise UserError(
-                    f"{path} is missing: this checkpoint holds weights only and cannot resume training"
-                )
             raise UserError(f"{path} is missing; the checkpoint is incomplete")
         try:
             return parse(path)
         except damage as e:
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise UserError(f"{path} is damaged" + damaged.format(first)) from None
+            raise UserError(f"{path} is damaged" + damaged.format(first_line(e))) from None
 
 
 _DAMAGED_WEIGHTS = (

@@ -248,7 +248,9 @@ def exportable(tmp_path_factory) -> dict[tuple[str, str], Path]:
                 for p in model.parameters():
                     p.add_(0.3 * torch.randn_like(p))
             runs[kind, family] = out / f"{kind.replace(':', '')}-{family}"
-            checkpoint.write_checkpoint(runs[kind, family], "last", model, cfg, meta)
+            checkpoint.write_checkpoint(
+                runs[kind, family], "last", checkpoint.model_weights(model), cfg, meta
+            )
     return runs
 
 
@@ -267,4 +269,5 @@ def tiny_checkpoint(folder: Path, data_dir: Path, *overrides: str) -> Path:
     ]
     cfg = load_config(None, [*shape, *overrides]).cfg
     chars = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"]
-    return checkpoint.write_checkpoint(folder, "last", GPT(cfg.model), cfg, chars)
+    weights = checkpoint.model_weights(GPT(cfg.model))
+    return checkpoint.write_checkpoint(folder, "last", weights, cfg, chars)

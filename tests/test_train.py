@@ -65,7 +65,7 @@ def test_save_load_round_trip_in_process(tmp_path: Path):
     torch.manual_seed(0)
     m = GPT(cfg.model)
     chars = {"kind": "char", "vocab_size": 30, "chars": [chr(c) for c in range(ord("A"), ord("A") + 30)]}
-    checkpoint.write_checkpoint(tmp_path, "last", torch.compile(m), cfg, chars)
+    checkpoint.write_checkpoint(tmp_path, "last", checkpoint.model_weights(torch.compile(m)), cfg, chars)
     loaded, *_ = pretrained.load_model(tmp_path)
     x = torch.randint(0, 30, (2, 8))
     assert torch.equal(loaded(x)[0], m.eval()(x)[0])

@@ -11,61 +11,27 @@ never waits for the host.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from common.errors import UserError
 from data.dataset import SPLITS, Dataset
 from data.loader import TokenWindows
 from data.tokenizers import bits_per_byte
 from model import GPT
 from model.lora import add_lora
-from runs import checkpoint, train_state, verify
+from runs import checkpoint
 from runs.checkpoint import Checkpoint
 from runs.config import Config
 from runs.pretrained import lora_base
 from runs.runtime import Runtime, compile_enabled
+from runs.train_state import STATE, Progress, TrainState
 from training import distributed
 from training.evaluation import byte_lengths_of
 from training.optim import make_optimizers, step_unless
 from training.plan import Plan
-
-
-@dataclass
-class Progress:
-    """How far a run has come: what a checkpoint's state.pt records besides optimizer and RNG state."""
-
-    iter: int = 0
-    best_val_loss: float = math.inf
-    elapsed_s: float = 0.0  # training seconds (evals and checkpoints excluded)
-    skipped_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
-    evaluated_at: int = -1  # the iteration of the last eval, so a resumed run does not repeat it
-    wandb_id: str | None = None
-
-    @classmethod
-    def from_state(cls, state: dict, where: Path | str = "state.pt") -> Progress:
-        """The progress a checkpoint's state.pt records, each number of its field's type (not nan)."""
-        out = {}
-        for name, kind in typing.get_type_hints(cls).items():
-            if name not in state:
-                continue
-            value = state[name]
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if kind is int:
-                fits = number and isinstance(value, int) and value >= -1
-            elif kind is float:
-                fits = number and not math.isnan(value)
-            else:  # wandb_id
-                fits = value is None or isinstance(value, str)
-            if not fits:
-                raise UserError(f"{where} is damaged: its {name} is {value!r}; use another checkpoint")
-            out[name] = float(value) if kind is float else value
-        return cls(**out)
 
 
 @dataclass
@@ -137,33 +103,24 @@ def build_model(plan: Plan) -> GPT:
 
 
 def _restore(run: Run, ckpt: Checkpoint) -> None:
-    """Optimizer and scaler state, progress and random generators of checkpoint `ckpt`."""
-    state, where = ckpt.train_state(), ckpt.folder / checkpoint.STATE
-    train_state.load_optimizers(run.model, run.optimizers, state, where)
-    if state.get("scaler") and run.scaler.is_enabled():
-        verify.check_scaler_state(state["scaler"], where)
-        run.scaler.load_state_dict(state["scaler"])
-    run.progress = Progress.from_state(state, where)
-    train_state.set_rng_state(state["rng"], where)
+    """Optimizer and scaler state, progress and random generators of checkpoint `ckpt` (its state.pt)."""
+    where = ckpt.folder / STATE
+    run.progress = ckpt.train_state().restore(run.model, run.optimizers, run.scaler, where)
 
 
 def save_checkpoint(run: Run, improved: bool) -> Path:
     """Write OUT_DIR/last with everything needed to resume, and copy it to OUT_DIR/best when `improved`."""
-    p = run.progress
-    state = {
-        **dataclasses.asdict(p),
-        "tokens": p.iter * run.cfg.tokens_per_iter,
-        "rng": train_state.rng_state(),
-        "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
-    }
-    tokenizer, main = run.dataset.meta.tokenizer, run.rt.is_main
-    path = checkpoint.write_checkpoint(
-        run.out_dir, "last", run.model, run.cfg, tokenizer, state, run.optimizers, main, run.lora_base
-    )
-    if improved and main:
-        checkpoint.copy_checkpoint(run.out_dir, "last", "best")
+    # every rank helps gather (FSDP), the weights first: it leaves the parameters resharded, which gathering
+    # the optimizer state needs (torch's get_state_dict orders them so too); rank 0 writes
+    weights = checkpoint.model_weights(run.model)
+    state = TrainState.capture(run.progress, run.cfg.tokens_per_iter, run.model, run.optimizers, run.scaler)
+    if run.rt.is_main:
+        tokenizer_meta, base = run.dataset.meta.tokenizer, run.lora_base
+        checkpoint.write_checkpoint(run.out_dir, "last", weights, run.cfg, tokenizer_meta, state, base)
+        if improved:
+            checkpoint.copy_checkpoint(run.out_dir, "last", "best")
     distributed.barrier(run.rt)
-    return path
+    return run.out_dir / "last"
 
 
 def train_step(run: Run, it: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
