@@ -223,7 +223,7 @@ def test_bench_memory_where_there_is_no_proc_is_not_measured(data_dir: Path, mon
     all its timing rounds. Now the CPU memory is 'not measured' and everything else is reported."""
     import builtins
 
-    from training import estimate
+    from training import measure
 
     real_open = builtins.open
 
@@ -234,7 +234,7 @@ def test_bench_memory_where_there_is_no_proc_is_not_measured(data_dir: Path, mon
 
     monkeypatch.setattr(builtins, "open", without_proc)
     overrides = [f"data.dir={data_dir}", *TINY, "train.device=cpu"]
-    assert estimate._memory_probe(["shakespeare_char", *overrides]) is None
+    assert measure._memory_probe(["shakespeare_char", *overrides]) is None
 
 
 @pytest.mark.parametrize(
