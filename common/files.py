@@ -26,12 +26,13 @@ from common.errors import UserError
 
 
 def size_text(n: float) -> str:
-    """A byte count for people: 512 B, 3.1 MB, 1.2 GB."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+    """A byte count for people, the one way tinygpt prints sizes (memory and disk alike): 512 B, 3.1 MiB,
+    1.2 GiB, in powers of 1024 (as nvidia-smi and PyTorch's memory summaries count)."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    power = 0
+    while n >= 1024 and power < len(units) - 1:
+        n, power = n / 1024, power + 1
+    return f"{n:.0f} B" if power == 0 else f"{n:,.1f} {units[power]}"
 
 
 def free_space(path: Path | str) -> int | None:

@@ -3,7 +3,7 @@
 `RECIPES` names each dataset train.py and prepare.py know: where its text comes from and which tokenizer
 makes its ids. `prepared_dataset(name)` is how training and the scripts open a dataset: a known one not
 prepared yet is prepared first (seconds for Shakespeare; TinyStories and FineWeb-Edu stream from the hub,
-minutes to hours).
+minutes to hours); `local_dataset` is the dry run's, which prepares only what takes seconds.
 """
 
 from __future__ import annotations
@@ -39,6 +39,15 @@ RECIPES: dict[str, Recipe] = {
     ),
     "repeats": Recipe(Repeats(), "char", "synthetic random segments that repeat (induction-head study)"),
 }
+
+
+def local_dataset(name: str, data_dir: str | Path | None = None) -> Dataset | None:
+    """Dataset `name` prepared, or prepared now when its text is here (seconds); None when it is not
+    prepared and would stream from the hub (hours: train.py prepares it on first use) or is not known."""
+    recipe = RECIPES.get(name)
+    if not Dataset.is_prepared(name, data_dir) and (recipe is None or isinstance(recipe.source, HFText)):
+        return None
+    return prepared_dataset(name, data_dir)
 
 
 def prepared_dataset(name: str, data_dir: str | Path | None = None, tokenizer: dict | None = None) -> Dataset:

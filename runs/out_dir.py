@@ -10,7 +10,7 @@ from pathlib import Path
 
 from common import locks
 from common.errors import UserError
-from common.files import check_not_links
+from common.files import check_not_links, size_text
 from runs.checkpoint import OUT_DIR_ADVICE, is_checkpoint
 from runs.config import Config
 
@@ -52,6 +52,6 @@ def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
     free = shutil.disk_usage(out_dir).free
     if cfg.train.save and free < need:
         raise UserError(
-            f"{out_dir} has {free / 2**20:.0f} MiB free; checkpoints need about {need / 2**20:.0f} MiB. "
+            f"{out_dir} has {size_text(free)} free; checkpoints need about {size_text(need)}. "
             "Free some space or choose another train.out_dir"
         )

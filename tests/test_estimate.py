@@ -14,6 +14,7 @@ from conftest import TINY, run_script, train
 from common.errors import UserError
 from model import GPT, GPTConfig
 from runs.config import load_config
+from runs.runtime import planned
 from training import estimate, measure, memory
 from training.plan import with_vocabulary
 
@@ -106,7 +107,7 @@ def test_predicted_peak_memory_is_within_30_percent_of_the_measured_one(data_dir
     rows = []
     for name, args, (added, code) in zip(MEMORY_CONFIGS, runs, measured):
         cfg = with_vocabulary(load_config(args[0], args[1:]).cfg, 65)
-        precision = estimate.target_device(cfg)[1]
+        precision = planned(cfg.train.device, cfg.train.precision, cfg.model.n_embd)[1]
         predicted = memory.memory(cfg, precision, "cpu").training / 2**20
         rows.append((name, precision, round(predicted, 1), round(added - code, 1)))
     print("memory (config, precision, predicted MB, measured MB):", rows)

@@ -411,7 +411,7 @@ def test_prepare_on_a_full_disk(tmp_path: Path):
     text = str(ROOT / "data" / "tinyshakespeare.txt")
     result = full_disk(200_000, "prepare.py", "x", "--text-file", text, "--data-dir", str(tmp_path))
     one_line_error(
-        result, f"could not write {tmp_path / 'x' / 'train.bin'} (File too large); it needs about 2.0 MB"
+        result, f"could not write {tmp_path / 'x' / 'train.bin'} (File too large); it needs about 1.9 MiB"
     )
     assert sorted(p.name for p in (tmp_path / "x").iterdir()) == [".lock"]
 

@@ -195,6 +195,23 @@ def test_auto_precision_on_a_t4_or_v100_is_fp16_with_loss_scaling(monkeypatch, c
     assert runtime.pick_precision("bf16", cuda, 768) == "bf16"  # asked for: emulated where not native
 
 
+def test_the_dry_run_predicts_the_precision_training_chooses_on_a_gpu_without_native_bf16(monkeypatch):
+    """The dry run used to choose the precision itself, counting emulated bf16 as supported: on a T4 or a
+    V100 it predicted a bf16 run where training runs in fp16. Both ask runs/runtime.py now."""
+    from training import estimate
+
+    cuda = fake_gpu(monkeypatch, (7, 5))  # a T4
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (15 * 2**30, 16 * 2**30))
+    monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: False)
+    trained = runtime.pick_precision("auto", cuda, 768)  # what training's runtime.setup chooses
+    report = estimate.dry_run(
+        load_config("gpt2", ["train.device=cuda"])
+    )  # its dataset is not prepared: no timing
+    assert trained == "fp16" and "training on cuda in fp16" in report and "in fp32 instead" in report, report
+    fake_gpu(monkeypatch, (8, 0))  # an A100: native bf16
+    assert "training on cuda in bf16" in estimate.dry_run(load_config("gpt2", ["train.device=cuda"]))
+
+
 def test_compile_needs_a_working_triton_on_cuda(monkeypatch):
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: False)  # native Windows, GPUs before 7.0

@@ -33,6 +33,7 @@ import heads as heads_script
 import prepare as prepare_script
 import sample as sample_script
 import train as train_script
+from common.files import size_text
 from data.tokenizers import from_meta
 from model import GPT, GPTConfig, generate
 from model.lora import TARGETS, LoRAConfig, LoRALinear, adapter_weights, add_lora, merge, parts
@@ -357,4 +358,4 @@ def test_the_dry_run_of_a_lora_finetune_counts_the_base_and_the_adapters(bases, 
     assert "2 layers x 32, 2 heads, context 16, vocabulary 65" in out  # the base's shape, block_size lowered
     n = 2 * (8 * (32 + 96) + 8 * (32 + 32))  # A and B of rank 8 on W_QKV (32 -> 96) and W_O, in 2 layers
     assert f"lora        rank 8 on W_QKV, W_O: {n / 1e6:,.3f}M parameters train" in out
-    assert f"checkpoint  {n * 12 / 2**20:,.1f} MB on disk" in out and "speed" in out
+    assert f"checkpoint  {size_text(n * 12)} on disk" in out and "speed" in out

@@ -136,7 +136,7 @@ def test_too_little_disk_is_reported_before_training(monkeypatch, tmp_path: Path
 
     cfg = load_config(None).cfg
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
-    with pytest.raises(UserError, match="has 0 MiB free; checkpoints need about"):
+    with pytest.raises(UserError, match="has 1000 B free; checkpoints need about"):
         out_dir.check_out_dir(tmp_path / "out", cfg, n_params=10**6)
 
 

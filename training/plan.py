@@ -14,16 +14,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import torch
+
 from common.errors import ConfigError, UserError
 from data.dataset import Dataset, dataset_folder
-from data.recipes import prepared_dataset
+from data.recipes import local_dataset, prepared_dataset
 from hf import tokenizer_files
 from model import GPTConfig
 from model.lora import model_problem
 from runs.checkpoint import Checkpoint, find_last
 from runs.config import Config, Request
 from runs.pretrained import Pretrained, base_of, load_pretrained
-from runs.runtime import Runtime, setup
+from runs.runtime import Runtime, planned, setup
 from training import distributed
 
 
@@ -36,8 +38,53 @@ class Plan:
     pretrained: Pretrained | None = None  # train.init_from's model for a fresh run; a LoRA run's base
 
 
+@dataclass
+class PaperPlan:
+    """A run planned as `plan_run` plans it, without taking a device, joining a process group or resuming
+    (the dry run's): what it would train, on what, and where."""
+
+    cfg: Config  # final where the dataset is prepared (else model.vocab_size must be set)
+    dataset: Dataset | None  # None: not prepared, and from the hub (data/recipes.py's `local_dataset`)
+    pretrained: Pretrained | None  # train.init_from's model, read
+    device: torch.device
+    precision: str
+    present: bool  # the device is here (a CUDA config on a machine without a GPU: False)
+
+
 def plan_run(request: Request) -> Plan:
     """The final config of a run and what it needs before anything is built (see the module docstring)."""
+    t = request.cfg.train
+    cfg, resume, pretrained = starting_point(request)
+    rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
+    dataset = open_dataset(cfg, rt)
+    distributed.join(rt, t.dist_timeout)
+    return Plan(fit_to_data(cfg, dataset, resume, pretrained), rt, dataset, resume, pretrained)
+
+
+def paper_plan(request: Request) -> PaperPlan:
+    """The run `request` asks for, planned from its start (train.resume aside) without taking the device
+    runs/runtime.py chooses for it; a dataset from the hub is not prepared for it (see `PaperPlan`)."""
+    fresh = dataclasses.replace(request.cfg, train=dataclasses.replace(request.cfg.train, resume=False))
+    cfg, _, pretrained = starting_point(dataclasses.replace(request, cfg=fresh))
+    dataset = local_dataset(cfg.data.dataset, cfg.data.dir)
+    if dataset is not None:
+        cfg = fit_to_data(cfg, dataset, None, pretrained)
+    elif cfg.model.vocab_size is None:
+        raise UserError(
+            f"dataset {cfg.data.dataset} is not prepared, so its vocabulary is unknown; set model.vocab_size "
+            "for the dry run, or prepare the dataset first"
+        )
+    elif cfg.model.doc_mask and cfg.model.doc_token is None:  # its id changes no cost: any will do
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=0))
+    t = cfg.train
+    device, precision, present = planned(t.device, t.precision, cfg.model.n_embd)
+    return PaperPlan(cfg, dataset, pretrained, device, precision, present)
+
+
+def starting_point(request: Request) -> tuple[Config, Checkpoint | None, Pretrained | None]:
+    """(config, the checkpoint it resumes, the pretrained model it starts from): train.resume's OUT_DIR/last,
+    else train.init_from's model (whose shape the model section follows), read; a LoRA run's base, read again
+    from where its checkpoint says it was trained (checked against the fingerprint it recorded)."""
     cfg, t = request.cfg, request.cfg.train
     resume = find_last(t.out_dir) if t.resume else None
     pretrained = None
@@ -54,11 +101,14 @@ def plan_run(request: Request) -> Plan:
             raise UserError(f"{problem}; remove them from lora.targets")
         if resume is not None:  # the base of the adapters: from where they were trained, checked
             pretrained = base_of(resume)
+    return cfg, resume, pretrained
 
-    rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
-    dataset = open_dataset(cfg, rt)
-    distributed.join(rt, t.dist_timeout)
 
+def fit_to_data(
+    cfg: Config, dataset: Dataset, resume: Checkpoint | None, pretrained: Pretrained | None
+) -> Config:
+    """cfg with the dataset's vocabulary (and document token), once the model it starts from is checked to
+    fit the data: the same tokenizer, and for a resumed run the same shape."""
     if pretrained is not None and resume is None:
         _check_tokenizer(pretrained, dataset)
     cfg = with_vocabulary(cfg, dataset.meta.vocab_size)
@@ -68,7 +118,7 @@ def plan_run(request: Request) -> Plan:
         )
     if resume is not None:
         _check_resumable(resume, cfg, dataset.meta.tokenizer)
-    return Plan(cfg, rt, dataset, resume, pretrained)
+    return cfg
 
 
 def follow_model(cfg: Config, source: GPTConfig, origins: dict[str, str], where: str) -> Config:
