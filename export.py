@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
     source = load_pretrained(args.checkpoint, merge=not args.adapter)
     if args.adapter:
         return export_adapter(source, dest)
-    if source.tokenizer is None:
+    if source.tokenizer_meta is None:
         raise UserError(f"{source.where} has a tokenizer tinygpt cannot export: {source.tokenizer_about}")
     what, how = (
         export_gguf(source, dest, args.dtype or "f32") if is_gguf(dest) else export_folder(source, dest)
@@ -120,7 +120,7 @@ def new_folder(dest: Path) -> Iterator[Path]:
 def export_folder(source: Pretrained, dest: Path) -> tuple[str, str]:
     """Write the Hugging Face folder; (what was written, how to load it)."""
     with new_folder(dest) as tmp:
-        architecture = folders.write_model(tmp, source.model, source.weights, source.tokenizer)
+        architecture = folders.write_model(tmp, source.model, source.weights, source.tokenizer_meta)
     return architecture, f'load it with transformers.AutoModelForCausalLM.from_pretrained("{dest}")'
 
 
@@ -128,7 +128,7 @@ def export_gguf(source: Pretrained, dest: Path, dtype: str) -> tuple[str, str]:
     """Write the GGUF file; (what was written, how to run it)."""
     where = source.where
     name = where.parent.name if where.name in ("best", "last") else where.name
-    architecture = write_gguf(dest, source.model, source.weights, source.tokenizer, dtype, name)
+    architecture = write_gguf(dest, source.model, source.weights, source.tokenizer_meta, dtype, name)
     return f"GGUF {architecture} {dtype}", f"run it with llama.cpp: llama-cli -m {dest} -p PROMPT"
 
 

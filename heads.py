@@ -53,7 +53,6 @@ from common.files import atomic_write
 from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
 from data.recipes import prepared_dataset
-from data.tokenizers import from_meta
 from interp.ablation import KINDS, ablate_heads, format_ablation
 from interp.explorer import write_page
 from interp.lens import direct_attribution, format_lens, head_attributions, logit_lens
@@ -202,9 +201,9 @@ def head_groups(args: argparse.Namespace, n_layer: int, n_head: int) -> list[lis
     return groups
 
 
-def validation_split(cfg, tok_meta: dict, data_dir: str | None, device: torch.device) -> TokenWindows:
+def validation_split(cfg, tokenizer_meta: dict, data_dir: str | None, device: torch.device) -> TokenWindows:
     """The validation windows of the dataset the model was trained on."""
-    dataset = prepared_dataset(cfg.data.dataset, data_dir or cfg.data.dir, tokenizer=tok_meta)
+    dataset = prepared_dataset(cfg.data.dataset, data_dir or cfg.data.dir, tokenizer_meta=tokenizer_meta)
     return dataset.windows("val", cfg.model.block_size, device, cfg.train.seed)
 
 
@@ -341,12 +340,12 @@ def output_folder(args: argparse.Namespace, ckpt: Path) -> Path:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
-    model, cfg, tok_meta, ckpt = load_model(args.out_dir, device)
-    tokenizer = from_meta(tok_meta)
+    loaded = load_model(args.out_dir, device)
+    model, cfg, tokenizer, ckpt = loaded.model, loaded.config, loaded.tokenizer, loaded.where
     mc = model.config
     check_args(args, mc.n_layer, mc.n_head)
     head_groups(args, mc.n_layer, mc.n_head)
-    val = validation_split(cfg, tok_meta, args.data_dir, device)
+    val = validation_split(cfg, loaded.tokenizer_meta, args.data_dir, device)
     if args.prompt is None and args.prompt_file is None:
         ids = val_prompt(val, mc.block_size)
     else:

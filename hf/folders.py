@@ -97,8 +97,8 @@ def read_model(folder: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], dict |
     config = read_config(folder)
     cfg = convert.from_hf_config(config, str(folder))
     weights = convert.from_hf_weights(read_weights(folder), cfg, str(folder))
-    tokenizer, about = tokenizer_files.tokenizer_of(folder, config.get("model_type"), cfg.vocab_size)
-    return cfg, weights, tokenizer, about
+    tokenizer_meta, about = tokenizer_files.tokenizer_of(folder, config.get("model_type"), cfg.vocab_size)
+    return cfg, weights, tokenizer_meta, about
 
 
 def download(name: str) -> Path:
@@ -134,11 +134,11 @@ def _check_exportable(cfg: GPTConfig) -> None:
         )
 
 
-def write_model(folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer: dict) -> str:
+def write_model(folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer_meta: dict) -> str:
     """Write a transformers model folder for our model into the empty `folder`; returns its architecture.
     `weights` are ours by name (a tied LM head may be absent)."""
     _check_exportable(cfg)
-    eot = tokenizer_files.write_tokenizer(folder, tokenizer, cfg.block_size)
+    eot = tokenizer_files.write_tokenizer(folder, tokenizer_meta, cfg.block_size)
     config = convert.to_hf_config(cfg, eot)
     save_tensors(convert.to_hf_weights(weights, cfg), folder / WEIGHTS, metadata={"format": "pt"})
     (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")

@@ -32,7 +32,7 @@ from safetensors.torch import load_file
 from common.errors import UserError, first_line
 from common.files import atomic_folder, save_tensors
 from data.tokenizers import METADATA_FILE, check_meta
-from model import GPT, lora
+from model import lora
 from runs import verify
 from runs.config import Config, config_from_data, problems, to_yaml
 from runs.train_state import STATE, TrainState, whole_state_options
@@ -138,8 +138,13 @@ class Checkpoint:
         return self._read(WEIGHTS, lambda path: load_file(str(path)), *_DAMAGED_WEIGHTS)
 
     def adapters(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        """A LoRA checkpoint's adapters, and what it records of their base (`lora_base`); their shapes are
-        checked against the config where they are used (`_lora_weights`)."""
+        """A LoRA checkpoint's adapters, their names and shapes checked against config.yaml's lora section,
+        and what it records of their base (runs/pretrained.py's `lora_base`)."""
+        cfg = self.config()
+        if cfg.lora is None:
+            raise UserError(
+                f"{self.folder / CONFIG} has no lora section, but the checkpoint holds LoRA adapters"
+            )
 
         def read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             with safe_open(str(path), framework="pt") as f:
@@ -148,7 +153,9 @@ class Checkpoint:
                     raise ValueError("its metadata does not say which base model the adapters belong to")
                 return {k: f.get_tensor(k) for k in f.keys()}, base  # noqa: SIM118 (not a dict)
 
-        return self._read(ADAPTERS, read, *_DAMAGED_WEIGHTS)
+        adapters, base = self._read(ADAPTERS, read, *_DAMAGED_WEIGHTS)
+        verify.check_adapter_shapes(adapters, cfg.model, cfg.lora, self.folder / ADAPTERS)
+        return adapters, base
 
     def config(self) -> Config:
         """config.yaml as data: typed field by field, never interpolated, its values checked."""
@@ -164,11 +171,13 @@ class Checkpoint:
 
         return self._read(CONFIG, parse, (yaml.YAMLError, ValueError, TypeError))
 
-    def tokenizer(self) -> dict:
+    def tokenizer_meta(self) -> dict:
+        """tinygpt_tokenizer.json: the tokenizer's metadata (data/tokenizers.py), checked."""
+
         def parse(path: Path) -> dict:
-            meta = json.loads(path.read_text(encoding="utf-8"))
-            check_meta(meta)
-            return meta
+            tokenizer_meta = json.loads(path.read_text(encoding="utf-8"))
+            check_meta(tokenizer_meta)
+            return tokenizer_meta
 
         return self._read(TOKENIZER, parse, (ValueError,))
 
@@ -237,25 +246,3 @@ def _none_in(path: Path | str, names: tuple[str, ...]) -> UserError:
         f"no checkpoint in {path} (expected {' or '.join(names)}/{WEIGHTS}); has training reached its "
         "first eval?"
     )
-
-
-def load_into(model: GPT, weights: dict[str, torch.Tensor], where: Path, adapters: bool = False) -> None:
-    """Load whole weights into a model that is not sharded yet (FSDP shards it afterwards); with `adapters`,
-    a LoRA model's adapters alone (its base already loaded)."""
-    try:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-    except RuntimeError as e:  # shape mismatch
-        last = str(e).splitlines()[-1].strip()
-        raise UserError(f"the weights in {where} do not fit its config: {last}") from None
-    if adapters:
-        missing = [k for k in missing if lora.is_adapter(k)]
-    elif model.config.tie_embeddings:
-        missing = [k for k in missing if k != "lm_head.weight"]
-    if missing or unexpected:
-        raise UserError(
-            f"the weights in {where} do not match its config (missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]}); the checkpoint is inconsistent"
-        )
-
-
-# --- random generators ---

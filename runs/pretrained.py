@@ -1,7 +1,9 @@
 """Where a model comes from: a checkpoint of ours, or a Hugging Face model folder or hub name (via hf/).
 
 `load_pretrained` reads the weights a run starts from (train.init_from) or a script runs, as a `Pretrained`;
-`load_model` builds the model for sampling, evaluation and the heads tool. A LoRA checkpoint holds the
+`load_model` builds the model for sampling, evaluation and the heads tool, and gives it with its tokenizer
+and the tokenizer's metadata (`Loaded`), so a script builds neither again; `load_into` puts weights into a
+model. A LoRA checkpoint holds the
 adapters alone and records its base (the folder its weights were read from, absolute) and the sha256 of
 those weights (`fingerprint`: names, shapes and bytes, the same however the base is stored). Reading one
 loads the base again (`base_of`) and refuses it, in one line, if it moved or changed; `load_pretrained`
@@ -19,11 +21,11 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError
-from data.tokenizers import check_meta
-from hf import folders, tokenizer_files
+from data.tokenizers import Tokenizer, describe, from_meta
+from hf import folders
 from model import GPT, GPTConfig, lora
 from runs import verify
-from runs.checkpoint import ADAPTERS, CONFIG, TOKENIZER, WEIGHTS, Checkpoint, find, load_into
+from runs.checkpoint import CONFIG, WEIGHTS, Checkpoint, find
 from runs.config import Config, DataConfig
 
 
@@ -34,7 +36,7 @@ class Pretrained:
     where: Path  # the checkpoint or model folder
     model: GPTConfig
     weights: dict[str, torch.Tensor]  # ours, by name (a LoRA checkpoint's: merged, or its base's)
-    tokenizer: dict | None  # our tokenizer metadata; None: a tokenizer tinygpt cannot run
+    tokenizer_meta: dict | None  # our tokenizer's metadata; None: a tokenizer tinygpt cannot run
     tokenizer_about: str  # what the tokenizer is, in a few words
     config: Config | None = None  # the training config of a checkpoint of ours
     adapters: dict[str, torch.Tensor] | None = None  # a LoRA checkpoint read with merge=False: its adapters
@@ -57,15 +59,61 @@ class Pretrained:
         return h.hexdigest()
 
 
+@dataclass
+class Loaded:
+    """A model ready to run (`load_model`) and what a script needs beside it."""
+
+    model: GPT  # in eval mode, on the device asked for
+    config: Config  # its training config (made up for a Hugging Face folder: its model, a shipped dataset)
+    tokenizer: Tokenizer
+    tokenizer_meta: dict  # the tokenizer's metadata, to check a dataset against
+    where: Path  # the checkpoint or model folder it was read from
+
+
+def load_pretrained(name: Path | str, hub: bool = False, merge: bool = True) -> Pretrained:
+    """The model at `name`: a training run's folder (its best checkpoint, else its last), a checkpoint
+    folder, a Hugging Face model folder (config.json), or with `hub` a Hugging Face hub name (gpt2). A LoRA
+    checkpoint gives its base's weights with the adapters merged in, or with `merge` False, apart."""
+    path = Path(name)
+    if hub and not path.exists() and folders.is_hub_name(str(name)):
+        path = folders.download(str(name))
+    if folders.is_model_folder(path):  # converted by hf/, its tokenizer metadata checked there
+        model, weights, tokenizer_meta, about = folders.read_model(path)
+        verify.check_weight_shapes({k: tuple(v.shape) for k, v in weights.items()}, model, path)
+        return Pretrained(path, model, weights, tokenizer_meta, about)
+    try:
+        ckpt = find(path)
+    except UserError:
+        if not path.is_dir():  # missing, or a file: find says which
+            raise
+        raise UserError(
+            f"{path} holds no checkpoint ({WEIGHTS} with {CONFIG}, or a run's best/ or last/) and no Hugging "
+            f"Face model (it has no {folders.CONFIG}); give a run's folder, a checkpoint or a model folder"
+        ) from None
+    cfg, tokenizer_meta = ckpt.config(), ckpt.tokenizer_meta()
+    about = describe(tokenizer_meta)
+    if not ckpt.is_lora:
+        return Pretrained(ckpt.folder, cfg.model, ckpt.weights(), tokenizer_meta, about, cfg)
+    adapters, recorded = ckpt.adapters()
+    weights = _base(recorded, ckpt).weights_for(cfg.model)
+    if merge:
+        weights, adapters = lora.merge(weights, adapters, cfg.model, cfg.lora), None
+    return Pretrained(ckpt.folder, cfg.model, weights, tokenizer_meta, about, cfg, adapters)
+
+
 def lora_base(base: Pretrained) -> dict[str, str]:
     """What a LoRA checkpoint records of its base: the folder its weights come from, and their fingerprint."""
     return {"base": str(Path(base.where).resolve()), "base_sha256": base.fingerprint}
 
 
 def base_of(ckpt: Checkpoint) -> Pretrained:
-    """The base model of LoRA checkpoint `ckpt`, read where it was trained from; one line if it has moved or
-    its weights have changed since (the adapters would then apply to other weights)."""
-    recorded = ckpt.adapters()[1]
+    """The base model of LoRA checkpoint `ckpt`, read where it was trained from (`_base`)."""
+    return _base(ckpt.adapters()[1], ckpt)
+
+
+def _base(recorded: dict[str, str], ckpt: Checkpoint) -> Pretrained:
+    """The base a LoRA checkpoint recorded (`lora_base`); one line if it has moved or its weights have
+    changed since (the adapters would then apply to other weights)."""
     folder, what = Path(recorded["base"]), f"the base model of LoRA checkpoint {ckpt}"
     if not folder.exists():
         raise UserError(
@@ -85,82 +133,50 @@ def base_of(ckpt: Checkpoint) -> Pretrained:
     return base
 
 
-def _lora_weights(ckpt: Checkpoint, cfg: Config, merge: bool) -> tuple[dict, dict | None]:
-    """(weights, adapters) of a LoRA checkpoint: the base's weights with the adapters merged in and None, or
-    (merge False) the base's weights and the adapters apart."""
-    if cfg.lora is None:
-        raise UserError(f"{ckpt / CONFIG} has no lora section, but the checkpoint holds LoRA adapters")
-    adapters = ckpt.adapters()[0]
-    with torch.device("meta"):  # the adapters its config implies, to check the file against
-        model = GPT(cfg.model)
-        lora.add_lora(model, cfg.lora)
-    expected = {k: tuple(v.shape) for k, v in lora.adapter_weights(model.state_dict()).items()}
-    if {k: tuple(v.shape) for k, v in adapters.items()} != expected:
-        raise UserError(
-            f"the adapters in {ckpt / ADAPTERS} do not match its config ({len(adapters)} tensors; its lora "
-            f"section implies {len(expected)}, of other names or shapes); the checkpoint is inconsistent"
-        )
-    weights = base_of(ckpt).weights_for(cfg.model)
-    if merge:
-        return lora.merge(weights, adapters, cfg.model, cfg.lora), None
-    return weights, adapters
-
-
-def load_pretrained(name: Path | str, hub: bool = False, merge: bool = True) -> Pretrained:
-    """The model at `name`: a training run's folder (its best checkpoint, else its last), a checkpoint
-    folder, a Hugging Face model folder (config.json), or with `hub` a Hugging Face hub name (gpt2). A LoRA
-    checkpoint gives its base's weights with the adapters merged in, or with `merge` False, apart."""
-    path = Path(name)
-    if hub and not path.exists() and folders.is_hub_name(str(name)):
-        path = folders.download(str(name))
-    if folders.is_model_folder(path):
-        model, weights, tokenizer, about = folders.read_model(path)
-        verify.check_weight_shapes({k: tuple(v.shape) for k, v in weights.items()}, model, path)
-        try:
-            if tokenizer is not None:
-                check_meta(tokenizer)
-        except ValueError as e:
-            raise UserError(f"{path / TOKENIZER} is damaged ({e})") from None
-        return Pretrained(path, model, weights, tokenizer, about)
-    try:
-        ckpt = find(path)
-    except UserError:
-        if not path.is_dir():  # missing, or a file: find says which
-            raise
-        raise UserError(
-            f"{path} holds no checkpoint ({WEIGHTS} with {CONFIG}, or a run's best/ or last/) and no Hugging "
-            f"Face model (it has no {folders.CONFIG}); give a run's folder, a checkpoint or a model folder"
-        ) from None
-    cfg, tokenizer = ckpt.config(), ckpt.tokenizer()
-    weights, adapters = _lora_weights(ckpt, cfg, merge) if ckpt.is_lora else (ckpt.weights(), None)
-    about = tokenizer_files.describe(tokenizer)
-    return Pretrained(ckpt.folder, cfg.model, weights, tokenizer, about, cfg, adapters)
-
-
-def load_model(
-    path: Path | str, device: torch.device | str = "cpu", merge: bool = True
-) -> tuple[GPT, Config, dict, Path]:
-    """(model in eval mode, its training config, tokenizer metadata, checkpoint folder) for sampling. For a
-    Hugging Face model folder the config is made up: its model, and a shipped dataset with its tokenizer.
-    A LoRA checkpoint's model has the adapters merged into its weights, or with `merge` False, beside them."""
+def load_model(path: Path | str, device: torch.device | str = "cpu", merge: bool = True) -> Loaded:
+    """The model at `path` (`load_pretrained`) built for sampling, evaluation and the heads tool, with its
+    tokenizer. For a Hugging Face model folder the config is made up: its model, and a shipped dataset with
+    its tokenizer. A LoRA checkpoint's model has the adapters merged into its weights, or with `merge` False,
+    beside them."""
     source = load_pretrained(path, merge=merge)
-    if source.tokenizer is None:
+    tokenizer_meta = source.tokenizer_meta
+    if tokenizer_meta is None:
         raise UserError(
             f"{source.where} uses a tokenizer tinygpt cannot run: {source.tokenizer_about}; tinygpt runs "
             "char, GPT-2 BPE and its own bpe:N models"
         )
-    if source.tokenizer["vocab_size"] > source.model.vocab_size:
+    if tokenizer_meta["vocab_size"] > source.model.vocab_size:
         raise UserError(
-            f"{source.where}: its tokenizer has {source.tokenizer['vocab_size']} tokens, more than the "
+            f"{source.where}: its tokenizer has {tokenizer_meta['vocab_size']} tokens, more than the "
             f"model's vocabulary of {source.model.vocab_size}; the checkpoint is inconsistent"
         )
+    tokenizer = from_meta(tokenizer_meta)
     cfg = source.config
     if cfg is None:
-        dataset = "shakespeare_char" if source.tokenizer["kind"] == "char" else "shakespeare"
+        dataset = "shakespeare_char" if tokenizer_meta["kind"] == "char" else "shakespeare"
         cfg = Config(model=source.model, data=DataConfig(dataset=dataset))
     model = GPT(source.model)
     load_into(model, source.weights, source.where)
     if source.adapters is not None:
         lora.add_lora(model, cfg.lora)
         load_into(model, source.adapters, source.where, adapters=True)
-    return model.to(device).eval(), cfg, source.tokenizer, source.where
+    return Loaded(model.to(device).eval(), cfg, tokenizer, tokenizer_meta, source.where)
+
+
+def load_into(model: GPT, weights: dict[str, torch.Tensor], where: Path, adapters: bool = False) -> None:
+    """Load whole weights into a model that is not sharded yet (FSDP shards it afterwards); with `adapters`,
+    a LoRA model's adapters alone (its base already loaded)."""
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # shape mismatch
+        last = str(e).splitlines()[-1].strip()
+        raise UserError(f"the weights in {where} do not fit its config: {last}") from None
+    if adapters:
+        missing = [k for k in missing if lora.is_adapter(k)]
+    elif model.config.tie_embeddings:
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise UserError(
+            f"the weights in {where} do not match its config (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}); the checkpoint is inconsistent"
+        )

@@ -4,8 +4,9 @@ Weights come from disk: damaged, or made by someone else. safetensors refuses co
 another shape, nor a config.yaml that claims n_embd 65536 (51 GB for GPT-2's vocabulary).
 `check_weights_file` reads a safetensors header (names, shapes, dtypes, without the data) and holds it
 against the shapes the checkpoint's config implies; `check_weight_shapes` does it for weights already in
-memory (a Hugging Face folder's, converted). A failure is one UserError naming the file and the first
-difference. state.pt's tensors are checked by runs/train_state.py.
+memory (a Hugging Face folder's, converted); `check_adapter_shapes` does it for a LoRA checkpoint's
+adapters. A failure is one UserError naming the file and the first difference. state.pt's tensors are
+checked by runs/train_state.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError, first_line
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, lora
 
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}  # safetensors' names
 
@@ -74,3 +75,18 @@ def check_weights_file(path: Path, cfg: GPTConfig) -> None:
         if dtype not in FLOAT_DTYPES:
             raise UserError(f"{path} is damaged: weight {name} holds {dtype}, not floating-point numbers")
     check_weight_shapes({k: shape for k, (shape, _) in header.items()}, cfg, path.parent)
+
+
+def check_adapter_shapes(
+    adapters: dict[str, torch.Tensor], cfg: GPTConfig, lora_cfg: lora.LoRAConfig, where: Path
+) -> None:
+    """Refuse LoRA adapters that are not those its config implies (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+        lora.add_lora(model, lora_cfg)
+    expected = {k: tuple(v.shape) for k, v in lora.adapter_weights(model.state_dict()).items()}
+    if {k: tuple(v.shape) for k, v in adapters.items()} != expected:
+        raise UserError(
+            f"the adapters in {where} do not match its config ({len(adapters)} tensors; its lora section "
+            f"implies {len(expected)}, of other names or shapes); the checkpoint is inconsistent"
+        )

@@ -186,7 +186,8 @@ def train_induction(config: str, data_dir: Path, out: Path) -> dict:
     )
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["elapsed_s"] < 60  # the budget: under a minute of CPU training
-    model, cfg, _, _ = pretrained.load_model(out)
+    loaded = pretrained.load_model(out)
+    model, cfg = loaded.model, loaded.config
     val = Dataset.open("repeats", data_dir).windows(
         "val", cfg.model.block_size, torch.device("cpu"), cfg.train.seed
     )

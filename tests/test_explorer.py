@@ -264,8 +264,9 @@ def test_the_page_in_a_browser_shows_the_models_weights(browser, induction_run, 
     )
     path = tmp_path / "attention.html"
     assert str(path) in result.stdout
-    model, _, tok_meta, _ = pretrained.load_model(out)
-    tokenizer = from_meta(tok_meta)
+    loaded = pretrained.load_model(out)
+    model, tokenizer_meta = loaded.model, loaded.tokenizer_meta
+    tokenizer = from_meta(tokenizer_meta)
     ids = tokenizer.encode(PROMPT).tolist()
     weights = attention(model, ids)
     induction = int(np.argmax(scores["induction"][1]))

@@ -164,7 +164,8 @@ def test_a_checkpoint_config_is_data_never_interpolated(copy: Path):
     cfg = checkpoint.Checkpoint(copy / "last").config()
     assert cfg.log.sample_prompt == "${oc.env:HOME}" and cfg.log.wandb_run_name == "${"
     # and what is written is read back as written
-    model, _, tokenizer, _ = pretrained.load_model(copy / "last")
+    loaded = pretrained.load_model(copy / "last")
+    model, tokenizer = loaded.model, loaded.tokenizer_meta
     checkpoint.write_checkpoint(copy, "again", checkpoint.model_weights(model), cfg, tokenizer)
     assert checkpoint.Checkpoint(copy / "again").config() == cfg
 
@@ -485,7 +486,8 @@ def test_a_symlinked_checkpoint_folder_is_one_line(run: Path, tmp_path: Path):
     shutil.copytree(run / "last", tmp_path / "elsewhere")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "last").symlink_to(tmp_path / "elsewhere")
-    model, cfg, tok, _ = pretrained.load_model(run / "last")
+    loaded = pretrained.load_model(run / "last")
+    model, cfg, tok = loaded.model, loaded.config, loaded.tokenizer_meta
     with pytest.raises(
         UserError, match=r"out/last is a symbolic link .*checkpoints are replaced by renaming"
     ):

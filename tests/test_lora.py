@@ -217,9 +217,10 @@ def test_resuming_a_lora_run_is_exact(tuned, bases, hamlet: Path, config: Path, 
 
 def test_sample_eval_and_heads_read_a_lora_checkpoint(tuned, hamlet: Path, tmp_path: Path, capsys):
     run = tuned["llama"]
-    model, _, tok_meta, _ = pretrained.load_model(run, merge=False)  # the adapter model, unmerged
+    loaded = pretrained.load_model(run, merge=False)  # the adapter model, unmerged
+    model, tokenizer_meta = loaded.model, loaded.tokenizer_meta
     assert isinstance(model.blocks[1].mlp.W_out, LoRALinear)
-    tokenizer = from_meta(tok_meta)
+    tokenizer = from_meta(tokenizer_meta)
     args = ["--prompt", "To be", "--temperature", "0", "--max-new-tokens", "40"]
     out = script(capsys, sample_script.main, str(run), *args)
     ids = tokenizer.encode("To be").tolist()
@@ -243,8 +244,8 @@ def test_sample_eval_and_heads_read_a_lora_checkpoint(tuned, hamlet: Path, tmp_p
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_merged_export_and_peft_adapter_give_the_adapter_models_logits(name, tuned, bases, tmp_path, capsys):
     run = tuned[name]
-    model, *_ = pretrained.load_model(run, merge=False)
-    base_model, *_ = pretrained.load_model(bases[name])
+    model = pretrained.load_model(run, merge=False).model
+    base_model = pretrained.load_model(bases[name]).model
     idx = torch.randint(0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ours = model(idx)[0]
@@ -279,7 +280,7 @@ def test_a_lora_run_exports_to_gguf_with_its_adapters_merged(name, tuned, tmp_pa
     """The GGUF path reads the same merged weights: llama.cpp gives the adapter model's logits."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     run = tuned[name]
-    model, *_ = pretrained.load_model(run, merge=False)
+    model = pretrained.load_model(run, merge=False).model
     out = script(capsys, export_script.main, str(run), str(tmp_path / "merged.gguf"))
     assert "LoRA adapters merged into the weights of" in out
     f32 = llama_cpp.GGML_TYPE_F32

@@ -100,7 +100,7 @@ def test_kill_9_at_random_moments_leaves_a_loadable_checkpoint(data_dir: Path, t
         proc.kill()
         proc.wait(timeout=60)
         ckpt = checkpoint.find(out, prefer=("last",))
-        model, _, _, _ = pretrained.load_model(ckpt)
+        model = pretrained.load_model(ckpt).model
         state = ckpt.train_state().progress
         assert state.iter >= last_iter, "a checkpoint went backwards"
         last_iter = state.iter
@@ -141,7 +141,8 @@ def test_too_little_disk_is_reported_before_training(monkeypatch, tmp_path: Path
 
 
 def test_disk_full_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_path: Path, run: Path):
-    model, cfg, tok, _ = pretrained.load_model(run / "last")
+    loaded = pretrained.load_model(run / "last")
+    model, cfg, tok = loaded.model, loaded.config, loaded.tokenizer_meta
     weights = checkpoint.model_weights(model)
     checkpoint.write_checkpoint(
         tmp_path, "last", weights, cfg, tok, TrainState(Progress(iter=1), rng_state(), {})

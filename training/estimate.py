@@ -20,9 +20,9 @@ import torch
 
 from common.files import size_text
 from data.dataset import Meta
-from model.attention import attention_span, block_layout
+from model.attention import block_layout
 from runs.config import Config, Request
-from runs.runtime import compile_enabled, setup
+from runs.runtime import setup
 from training.evaluation import final_eval_wanted
 from training.hardware import GPU_PEAKS
 from training.measure import Timing, time_steps
@@ -59,7 +59,6 @@ class Estimate:
     compiled: bool  # torch.compile on
     free: float | None  # bytes of memory free on the device here (None: not this machine's, or unknown)
     disk_free: float | None  # bytes free in train.out_dir, where it exists
-    span: float  # keys each query's attention scores cover
     final_eval: bool  # an exact val eval at the end
     timing: Timing | None
     why_not: str | None  # why there is no timing
@@ -82,12 +81,15 @@ def estimate(request: Request) -> Estimate:
     """Plan the run on paper, count its parameters and memory, and time a few real steps where it can."""
     plan = paper_plan(request)
     cfg, device, precision = plan.cfg, plan.device.type, plan.precision
+    t, meta = cfg.train, plan.dataset.meta if plan.dataset is not None else None
     params = count_params(cfg.model, cfg.optim.name, cfg.lora)
     mem = memory(cfg, precision, device, params)
     other = "fp32" if precision in ("bf16", "fp16") else "bf16"
+    other_mem = memory(cfg, other, device, params) if device in ("cpu", "cuda") else None
+    final_eval = meta is not None and final_eval_wanted(t.final_eval, meta.val_tokens)
     free = _available_bytes(device) if plan.present else None
-    t, meta = cfg.train, plan.dataset.meta if plan.dataset is not None else None
     out_dir = Path(t.out_dir)
+    disk_free = shutil.disk_usage(out_dir).free if out_dir.exists() else None
     timing, why_not = None, None
     if not plan.present:
         why_not = f"train.device={t.device} but no CUDA GPU is visible here"
@@ -98,22 +100,9 @@ def estimate(request: Request) -> Estimate:
     else:
         timing = _time(plan)
     return Estimate(
-        request.name,
-        cfg,
-        meta,
-        device,
-        precision,
-        params,
-        mem,
-        memory(cfg, other, device, params) if device in ("cpu", "cuda") else None,
-        compile_enabled(t.compile, plan.device),
-        free,
-        shutil.disk_usage(out_dir).free if out_dir.exists() else None,
-        attention_span(cfg.model.block_size, cfg.model.window),
-        meta is not None and final_eval_wanted(t.final_eval, meta.val_tokens),
-        timing,
-        why_not,
-    )
+        request.name, cfg, meta, device, precision, params, mem, other_mem, plan.compiled, free, disk_free,
+        final_eval, timing, why_not,
+    )  # fmt: skip
 
 
 def _time(plan: PaperPlan) -> Timing:
@@ -160,7 +149,7 @@ def _report(e: Estimate) -> list[str]:
 def _model_lines(e: Estimate) -> list[str]:
     m, params = e.cfg.model, e.params
     tied = ", the LM head tied to the token embedding" if m.tie_embeddings else ""
-    attention = 12 * m.n_layer * m.n_embd * e.span  # GPT.flops_per_token's
+    attention = 12 * m.n_layer * m.n_embd * params.span  # GPT.flops_per_token's
     per_weight = "6 x" if e.cfg.lora is None else "6 per trained, 4 per frozen one of"
     block, reach = block_layout(m.block_size, m.window)
     local = [f"a window of {m.window} tokens, in blocks of {block}"] if reach else []
@@ -174,7 +163,9 @@ def _model_lines(e: Estimate) -> list[str]:
         f"{params.matmul / 1e6:,.2f}M weights in matrix products + {attention / 1e6:,.1f}M in attention",
     ]
     if local:
-        lines.append(f"            {' and '.join(local)}: attention scores for {e.span:,.0f} keys per query")
+        lines.append(
+            f"            {' and '.join(local)}: attention scores for {params.span:,.0f} keys per query"
+        )
     if e.cfg.lora is not None:
         lc = e.cfg.lora
         lines.append(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from model import GPT, GPTConfig
-from model.attention import block_layout
+from model.attention import attention_span, block_layout
 from model.lora import LoRAConfig, add_lora
 from runs.config import Config
 
@@ -37,6 +37,7 @@ class Params:
     trained: int  # what has gradients and optimizer state: all of them, or with LoRA the adapters
     flops_per_token: float  # training FLOPs per token at the full context (GPT.flops_per_token)
     matmul: int  # weights in matrix products, the 6N of those FLOPs (GPT.num_params())
+    span: float  # keys each query's attention scores cover (a window or documents shorten it)
 
     @property
     def non_embedding(self) -> int:
@@ -57,7 +58,8 @@ def count_params(m: GPTConfig, optimizer: str = "adamw", lora: LoRAConfig | None
     embedding = sum(e.weight.numel() for e in (model.token_emb, model.pos_emb) if e is not None)
     flops = model.flops_per_token(m.block_size)
     total, n_trained = model.num_params(non_embedding=False), sum(p.numel() for p in trained.values())
-    return Params(total, embedding, linear, muon, n_trained, flops, model.num_params())
+    span = attention_span(m.block_size, m.window)
+    return Params(total, embedding, linear, muon, n_trained, flops, model.num_params(), span)
 
 
 @dataclass

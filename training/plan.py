@@ -17,15 +17,15 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import ConfigError, UserError
-from data.dataset import Dataset, dataset_folder
-from data.recipes import local_dataset, prepared_dataset
-from hf import tokenizer_files
+from data.dataset import META_FILE, Dataset, dataset_folder
+from data.recipes import local_dataset, prepare_known
+from data.tokenizers import describe, same
 from model import GPTConfig
 from model.lora import model_problem
 from runs.checkpoint import Checkpoint, find_last
 from runs.config import Config, Request
 from runs.pretrained import Pretrained, base_of, load_pretrained
-from runs.runtime import Runtime, planned, setup
+from runs.runtime import Runtime, compile_enabled, planned, setup
 from training import distributed
 
 
@@ -49,6 +49,7 @@ class PaperPlan:
     device: torch.device
     precision: str
     present: bool  # the device is here (a CUDA config on a machine without a GPU: False)
+    compiled: bool  # torch.compile on (train.compile on this device)
 
 
 def plan_run(request: Request) -> Plan:
@@ -78,7 +79,8 @@ def paper_plan(request: Request) -> PaperPlan:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=0))
     t = cfg.train
     device, precision, present = planned(t.device, t.precision, cfg.model.n_embd)
-    return PaperPlan(cfg, dataset, pretrained, device, precision, present)
+    compiled = compile_enabled(t.compile, device)
+    return PaperPlan(cfg, dataset, pretrained, device, precision, present, compiled)
 
 
 def starting_point(request: Request) -> tuple[Config, Checkpoint | None, Pretrained | None]:
@@ -109,15 +111,14 @@ def fit_to_data(
 ) -> Config:
     """cfg with the dataset's vocabulary (and document token), once the model it starts from is checked to
     fit the data: the same tokenizer, and for a resumed run the same shape."""
-    if pretrained is not None and resume is None:
-        _check_tokenizer(pretrained, dataset)
+    _check_tokenizer(dataset, resume, pretrained)
     cfg = with_vocabulary(cfg, dataset.meta.vocab_size)
     if cfg.model.doc_mask and cfg.model.doc_token is None:
         cfg = dataclasses.replace(
             cfg, model=dataclasses.replace(cfg.model, doc_token=document_token(dataset))
         )
     if resume is not None:
-        _check_resumable(resume, cfg, dataset.meta.tokenizer)
+        _check_resumable(resume, cfg)
     return cfg
 
 
@@ -169,18 +170,18 @@ def open_dataset(cfg: Config, rt: Runtime) -> Dataset:
                 "starting torchrun, on each machine (or once on a shared filesystem): python prepare.py "
                 f"{name}"
             )
-        prepared_dataset(name, data_dir)
+        prepare_known(folder)
 
     beat = folder.parent / f".{name}.preparing"  # local rank 0 touches it while it prepares
-    distributed.once_per_machine(rt, folder / "meta.json", prepare, f"dataset {name}", beat)
-    return Dataset.open(name, data_dir)
+    distributed.once_per_machine(rt, folder / META_FILE, prepare, f"dataset {name}", beat)
+    return Dataset.at(folder)
 
 
 def document_token(dataset: Dataset) -> int:
     """The token the dataset puts between documents (<|endoftext|>), for model.doc_mask."""
     eot = dataset.tokenizer().eot_token
     if eot is None:
-        kind = dataset.meta.tokenizer["kind"]
+        kind = dataset.meta.tokenizer_meta["kind"]
         raise UserError(
             "model.doc_mask=true needs documents separated by <|endoftext|>, but dataset "
             f"{dataset.name} has a {kind} tokenizer without one; use a BPE dataset or model.doc_mask=false"
@@ -188,15 +189,26 @@ def document_token(dataset: Dataset) -> int:
     return eot
 
 
-def _check_tokenizer(source: Pretrained, dataset: Dataset) -> None:
-    """Refuse to train a model on data with another tokenizer than its own, naming both."""
-    theirs = dataset.meta.tokenizer
-    if source.tokenizer is None or not tokenizer_files.same(source.tokenizer, theirs):
+def _check_tokenizer(dataset: Dataset, resume: Checkpoint | None, pretrained: Pretrained | None) -> None:
+    """Refuse to train a model on data with another tokenizer than its own: the checkpoint it resumes, else
+    train.init_from's model (a LoRA run resumed: its checkpoint's, which is its base's)."""
+    theirs = dataset.meta.tokenizer_meta
+    if resume is not None:
+        ours = resume.tokenizer_meta()
+        if not same(ours, theirs):
+            keys = sorted(set(ours) | set(theirs))
+            diff = next(k for k in keys if ours.get(k) != theirs.get(k))
+            raise UserError(
+                f"checkpoint {resume} was trained with another tokenizer (its {diff} differs from the "
+                "dataset's); resume on the dataset it was trained on"
+            )
+    elif pretrained is not None and (
+        pretrained.tokenizer_meta is None or not same(pretrained.tokenizer_meta, theirs)
+    ):
         raise UserError(
-            f"train.init_from {source.where} uses tokenizer {source.tokenizer_about}, but data.dataset "
-            f"{dataset.name} has {tokenizer_files.describe(theirs)}; train on data prepared with the "
-            "model's tokenizer (for GPT-2: data.dataset=shakespeare, or python prepare.py NAME --tokenizer "
-            "gpt2)"
+            f"train.init_from {pretrained.where} uses tokenizer {pretrained.tokenizer_about}, but "
+            f"data.dataset {dataset.name} has {describe(theirs)}; train on data prepared with the model's "
+            "tokenizer (for GPT-2: data.dataset=shakespeare, or python prepare.py NAME --tokenizer gpt2)"
         )
 
 
@@ -219,8 +231,8 @@ def _check_same_lora(ckpt: Checkpoint, cfg: Config) -> None:
             )
 
 
-def _check_resumable(ckpt: Checkpoint, cfg: Config, tokenizer_meta: dict) -> None:
-    """Refuse to resume from a checkpoint of another shape or tokenizer, naming the field that differs."""
+def _check_resumable(ckpt: Checkpoint, cfg: Config) -> None:
+    """Refuse to resume from a checkpoint of another shape, naming the field that differs."""
     for field, theirs in dataclasses.asdict(ckpt.config().model).items():
         ours = getattr(cfg.model, field)
         if theirs != ours and field != "dropout":
@@ -228,11 +240,3 @@ def _check_resumable(ckpt: Checkpoint, cfg: Config, tokenizer_meta: dict) -> Non
                 f"checkpoint {ckpt} has model.{field}={theirs} but the config says {ours}; resume "
                 "with the config it was trained with, or start a new run in another train.out_dir"
             )
-    theirs = ckpt.tokenizer()
-    if theirs != tokenizer_meta:
-        keys = sorted(set(theirs) | set(tokenizer_meta))
-        diff = next(k for k in keys if theirs.get(k) != tokenizer_meta.get(k))
-        raise UserError(
-            f"checkpoint {ckpt} was trained with another tokenizer (its {diff} differs from the "
-            "dataset's); resume on the dataset it was trained on"
-        )

@@ -25,7 +25,7 @@ from model.lora import add_lora
 from runs import checkpoint
 from runs.checkpoint import Checkpoint
 from runs.config import Config
-from runs.pretrained import lora_base
+from runs.pretrained import load_into, lora_base
 from runs.runtime import Runtime, compile_enabled
 from runs.train_state import STATE, Progress, TrainState
 from training import distributed
@@ -66,17 +66,16 @@ def start_run(plan: Plan) -> Run:
     cfg, rt, t = plan.cfg, plan.rt, plan.cfg.train
     torch.manual_seed(t.seed)
     model = build_model(plan)
+    base = lora_base(plan.pretrained) if cfg.lora is not None else None  # what its checkpoints record
     forward = distributed.wrap(model, cfg, rt)
     optimizers = make_optimizers(model, cfg.optim, rt.device)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.precision == "fp16")
     if compile_enabled(t.compile, rt.device):
         forward = torch.compile(forward, mode=t.compile_mode)
     splits = {s: plan.dataset.windows(s, cfg.model.block_size, rt.device, t.seed) for s in SPLITS}
-    lengths = byte_lengths_of(plan.dataset.meta.tokenizer)
+    lengths = byte_lengths_of(plan.dataset.meta.tokenizer_meta)
     lengths = torch.from_numpy(lengths).to(rt.device) if lengths is not None else None
-    run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), lengths)
-    if cfg.lora is not None:
-        run.lora_base = lora_base(plan.pretrained)
+    run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), lengths, base)
     if plan.resume is not None:
         _restore(run, plan.resume)
     return run
@@ -94,11 +93,11 @@ def build_model(plan: Plan) -> GPT:
         weights, where = pretrained.weights_for(cfg.model), pretrained.where
     model = GPT(cfg.model).to(plan.rt.device)
     if weights is not None:
-        checkpoint.load_into(model, weights, where)
+        load_into(model, weights, where)
     if cfg.lora is not None:
         add_lora(model, cfg.lora)
         if resume is not None:
-            checkpoint.load_into(model, resume.adapters()[0], resume.folder, adapters=True)
+            load_into(model, resume.adapters()[0], resume.folder, adapters=True)
     return model
 
 
@@ -115,7 +114,7 @@ def save_checkpoint(run: Run, improved: bool) -> Path:
     weights = checkpoint.model_weights(run.model)
     state = TrainState.capture(run.progress, run.cfg.tokens_per_iter, run.model, run.optimizers, run.scaler)
     if run.rt.is_main:
-        tokenizer_meta, base = run.dataset.meta.tokenizer, run.lora_base
+        tokenizer_meta, base = run.dataset.meta.tokenizer_meta, run.lora_base
         checkpoint.write_checkpoint(run.out_dir, "last", weights, run.cfg, tokenizer_meta, state, base)
         if improved:
             checkpoint.copy_checkpoint(run.out_dir, "last", "best")
