@@ -86,9 +86,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
         except FileNotFoundError:
             raise UserError(f"{path} is missing; the model folder is incomplete") from None
         except (SafetensorError, OSError, ValueError) as e:
-            raise UserError(
-                f"{path} is damaged or not a safetensors file ({str(e).splitlines()[0]})"
-            ) from None
+            raise UserError(f"{path} is damaged or not a safetensors file ({first_line(e)})") from None
     return weights
 
 

@@ -155,11 +155,11 @@ def load_model(path: Path | str, device: torch.device | str = "cpu", merge: bool
     if cfg is None:
         dataset = "shakespeare_char" if tokenizer_meta["kind"] == "char" else "shakespeare"
         cfg = Config(model=source.model, data=DataConfig(dataset=dataset))
-    model = GPT(source.model)
-    load_into(model, source.weights, source.where)
-    if source.adapters is not None:
+    model, weights = GPT(source.model), source.weights
+    if source.adapters is not None:  # kept apart (merge False): adapters beside the base's weights
         lora.add_lora(model, cfg.lora)
-        load_into(model, source.adapters, source.where, adapters=True)
+        weights = {**weights, **source.adapters}
+    load_into(model, weights, source.where)
     return Loaded(model.to(device).eval(), cfg, tokenizer, tokenizer_meta, source.where)
 
 

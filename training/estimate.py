@@ -5,7 +5,7 @@ per token, tokens per iteration and in all, epochs, tokens per parameter against
 peak training memory (training/memory.py), checkpoint size, and the time of a few real steps on this machine
 (training/measure.py) projected over the run (or, for a CUDA config on a machine without one, the time on
 common GPUs from FLOPs at a stated MFU). The run is planned as training does it, on the device and in the
-precision runs/runtime.py chooses (training/plan.py's `paper_plan`); `estimate` works the figures out,
+precision runs/runtime.py chooses (training/plan.py's `paper_plan`); `_estimate` works the figures out,
 `_report` writes them.
 """
 
@@ -74,10 +74,10 @@ class Estimate:
 
 def dry_run(request: Request) -> str:
     """The dry run's report (nothing is trained or written, except preparing a local dataset once)."""
-    return "\n".join(_report(estimate(request)))
+    return "\n".join(_report(_estimate(request)))
 
 
-def estimate(request: Request) -> Estimate:
+def _estimate(request: Request) -> Estimate:
     """Plan the run on paper, count its parameters and memory, and time a few real steps where it can."""
     plan = paper_plan(request)
     cfg, device, precision = plan.cfg, plan.device.type, plan.precision

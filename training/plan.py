@@ -57,8 +57,7 @@ def plan_run(request: Request) -> Plan:
     t = request.cfg.train
     cfg, resume, pretrained = starting_point(request)
     rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
-    dataset = open_dataset(cfg, rt)
-    distributed.join(rt, t.dist_timeout)
+    dataset = open_dataset(cfg, rt)  # and the process group joined, once the dataset is there
     return Plan(fit_to_data(cfg, dataset, resume, pretrained), rt, dataset, resume, pretrained)
 
 
@@ -110,13 +109,17 @@ def fit_to_data(
     cfg: Config, dataset: Dataset, resume: Checkpoint | None, pretrained: Pretrained | None
 ) -> Config:
     """cfg with the dataset's vocabulary (and document token), once the model it starts from is checked to
-    fit the data: the same tokenizer, and for a resumed run the same shape."""
-    _check_tokenizer(dataset, resume, pretrained)
+    fit the data: the same tokenizer (the checkpoint it resumes, else train.init_from's model; a LoRA run
+    resumed: its checkpoint's, which is its base's), and for a resumed run the same shape."""
+    wanted = cfg.model.doc_mask and cfg.model.doc_token is None
+    doc_token = document_token(dataset) if wanted else None
+    theirs = dataset.meta.tokenizer_meta
+    ours = resume.tokenizer_meta() if resume is not None else pretrained and pretrained.tokenizer_meta
+    if (resume is not None or pretrained is not None) and (ours is None or not same(ours, theirs)):
+        raise _another_tokenizer(dataset, resume, pretrained, ours)
     cfg = with_vocabulary(cfg, dataset.meta.vocab_size)
-    if cfg.model.doc_mask and cfg.model.doc_token is None:
-        cfg = dataclasses.replace(
-            cfg, model=dataclasses.replace(cfg.model, doc_token=document_token(dataset))
-        )
+    if doc_token is not None:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=doc_token))
     if resume is not None:
         _check_resumable(resume, cfg)
     return cfg
@@ -156,10 +159,11 @@ def with_vocabulary(cfg: Config, vocab_size: int) -> Config:
 
 
 def open_dataset(cfg: Config, rt: Runtime) -> Dataset:
-    """The run's dataset. A known dataset is prepared on first use: under torchrun by local rank 0 of the
-    machine while its other ranks wait for the files (preparing FineWeb-Edu takes hours, longer than any
-    collective should wait). With several machines it must be prepared beforehand: two machines sharing a
-    filesystem would write the same files at once."""
+    """The run's dataset, opened once. A known dataset is prepared on first use: under torchrun by local
+    rank 0 of the machine while its other ranks wait for the files, and only then does this process join the
+    process group (preparing FineWeb-Edu takes hours, longer than any collective should wait). With several
+    machines it must be prepared beforehand: two machines sharing a filesystem would write the same files
+    at once."""
     name, data_dir = cfg.data.dataset, cfg.data.dir
     folder = dataset_folder(name, data_dir)
 
@@ -174,6 +178,7 @@ def open_dataset(cfg: Config, rt: Runtime) -> Dataset:
 
     beat = folder.parent / f".{name}.preparing"  # local rank 0 touches it while it prepares
     distributed.once_per_machine(rt, folder / META_FILE, prepare, f"dataset {name}", beat)
+    distributed.join(rt, cfg.train.dist_timeout)
     return Dataset.at(folder)
 
 
@@ -189,27 +194,22 @@ def document_token(dataset: Dataset) -> int:
     return eot
 
 
-def _check_tokenizer(dataset: Dataset, resume: Checkpoint | None, pretrained: Pretrained | None) -> None:
-    """Refuse to train a model on data with another tokenizer than its own: the checkpoint it resumes, else
-    train.init_from's model (a LoRA run resumed: its checkpoint's, which is its base's)."""
+def _another_tokenizer(
+    dataset: Dataset, resume: Checkpoint | None, pretrained: Pretrained | None, ours: dict | None
+) -> UserError:
+    """The line for a model that starts from another tokenizer than the dataset's, naming both."""
     theirs = dataset.meta.tokenizer_meta
     if resume is not None:
-        ours = resume.tokenizer_meta()
-        if not same(ours, theirs):
-            keys = sorted(set(ours) | set(theirs))
-            diff = next(k for k in keys if ours.get(k) != theirs.get(k))
-            raise UserError(
-                f"checkpoint {resume} was trained with another tokenizer (its {diff} differs from the "
-                "dataset's); resume on the dataset it was trained on"
-            )
-    elif pretrained is not None and (
-        pretrained.tokenizer_meta is None or not same(pretrained.tokenizer_meta, theirs)
-    ):
-        raise UserError(
-            f"train.init_from {pretrained.where} uses tokenizer {pretrained.tokenizer_about}, but "
-            f"data.dataset {dataset.name} has {describe(theirs)}; train on data prepared with the model's "
-            "tokenizer (for GPT-2: data.dataset=shakespeare, or python prepare.py NAME --tokenizer gpt2)"
+        diff = next(k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k))
+        return UserError(
+            f"checkpoint {resume} was trained with another tokenizer (its {diff} differs from the "
+            "dataset's); resume on the dataset it was trained on"
         )
+    return UserError(
+        f"train.init_from {pretrained.where} uses tokenizer {pretrained.tokenizer_about}, but data.dataset "
+        f"{dataset.name} has {describe(theirs)}; train on data prepared with the model's tokenizer (for "
+        "GPT-2: data.dataset=shakespeare, or python prepare.py NAME --tokenizer gpt2)"
+    )
 
 
 def _check_same_lora(ckpt: Checkpoint, cfg: Config) -> None:
