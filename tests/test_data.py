@@ -39,7 +39,9 @@ def test_text_file_round_trip(tmp_path: Path, tokenizer: str):
     meta = prepare_dataset("mine", Recipe(TextFile(str(src), 0.1), tokenizer), tmp_path, workers=2)
     out = tmp_path / "mine"
     assert decode_split(out, "train") + decode_split(out, "val") == TEXT
-    assert meta.dtype == "uint16" and meta.tokenizer["kind"] == ("char" if tokenizer == "char" else "bpe")
+    assert meta.dtype == "uint16" and meta.tokenizer_meta["kind"] == (
+        "char" if tokenizer == "char" else "bpe"
+    )
     assert os.path.getsize(out / "train.bin") == 2 * meta.train_tokens
     if tokenizer == "char":
         assert meta.vocab_size == len(set(TEXT))
