@@ -25,10 +25,9 @@ import time
 import torch
 
 from data.prompts import encode_prompt, read_prompt
-from data.tokenizers import from_meta
 from model import generate, quantize_int8
-from runs import checkpoint
 from runs.config import seed_problem
+from runs.pretrained import load_model
 from runs.runtime import pick_device
 
 SEPARATOR = "\n---------------\n"
@@ -92,8 +91,8 @@ def check_args(args: argparse.Namespace, vocab_size: int) -> None:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
-    model, _, tok_meta, ckpt = checkpoint.load_model(args.out_dir, device)
-    tokenizer = from_meta(tok_meta)
+    loaded = load_model(args.out_dir, device)
+    model, tokenizer, ckpt = loaded.model, loaded.tokenizer, loaded.where
     check_args(args, model.config.vocab_size)
     ids = encode_prompt(
         read_prompt(args.prompt, args.prompt_file, tokenizer), tokenizer, model.config.block_size

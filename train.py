@@ -33,6 +33,7 @@ from interp.scores import flat_scores, score_heads, strongest_heads
 from model import generate
 from runs import checkpoint
 from runs.config import CONFIG_DIR, Request, from_arguments, shipped_configs, to_yaml
+from runs.out_dir import check_out_dir
 from training import distributed, estimate
 from training.control import Agreement, Clock, StopRequest
 from training.evaluation import default_batch_size, evaluate_tokens, final_eval_wanted
@@ -161,7 +162,7 @@ def check_and_describe(run: Run) -> None:
     cfg, rt, model = run.cfg, run.rt, run.model
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if rt.is_main:
-        checkpoint.check_out_dir(run.out_dir, cfg, trained)
+        check_out_dir(run.out_dir, cfg, trained)
     distributed.barrier(rt)
     if cfg.log.sample_every:  # a prompt the vocabulary cannot encode stops here, not at the first sample
         sample_prompt(run)

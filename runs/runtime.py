@@ -3,7 +3,8 @@
 `auto` picks CUDA (each torchrun rank takes cuda:LOCAL_RANK), else Apple MPS, else the CPU; bf16 autocast on
 GPUs with bf16 tensor cores, fp16 with a GradScaler on older ones (T4, V100), fp32 on MPS, and on a CPU bf16
 only where bf16 matrix units pay for the casts (`cpu_auto_precision`); torch.compile on CUDA where Triton
-works. The rank is read from torchrun's environment; training/distributed.py joins the process group.
+works. These choices are made here alone: training takes them through `setup`, the dry run through
+`planned`. The rank is read from torchrun's environment; training/distributed.py joins the process group.
 """
 
 from __future__ import annotations
@@ -115,6 +116,18 @@ def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:
     if device.type == "cpu":
         return cpu_auto_precision(n_embd)
     return "fp32"
+
+
+def planned(device_setting: str, precision_setting: str, n_embd: int) -> tuple[torch.device, str, bool]:
+    """(device, precision, present): what `setup` would choose here, without taking the device (the dry
+    run). A CUDA or MPS setting on a machine without one is absent (present False), with the precision such
+    a device would get: auto on CUDA is bf16, as on every GPU the dry run projects to."""
+    there = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if not there.get(device_setting, True):
+        auto = "bf16" if device_setting == "cuda" else "fp32"
+        return torch.device(device_setting), auto if precision_setting == "auto" else precision_setting, False
+    device = pick_device(device_setting)
+    return device, pick_precision(precision_setting, device, n_embd), True
 
 
 def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int = 0) -> Runtime:

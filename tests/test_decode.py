@@ -14,7 +14,7 @@ from test_model import reference_generate, tiny
 from model import generate, quantize_int8, sample_next
 from model.kv_cache import KVCache
 from model.quantize import Int8Linear
-from runs import checkpoint
+from runs import pretrained
 
 
 def test_sampling_draws_what_multinomial_draws():
@@ -107,7 +107,7 @@ def test_int8_linear_rounds_each_output_channel_and_computes_with_the_rounded_we
 
 
 def test_int8_model_tracks_the_fp32_model(run: Path):
-    model = checkpoint.load_model(run)[0]
+    model = pretrained.load_model(run).model
     prompt = torch.tensor([[0]])
     text = torch.stack(list(generate(model, prompt, 200, temperature=0)), 1)  # the fp32 model's own text
     idx = torch.cat([prompt, text[:, :-1]], dim=1)[:, : model.config.block_size]

@@ -57,8 +57,8 @@ from model.attention import LocalSpan
 from model.gpt import attend, causal_mask
 from runs.config import Config, from_arguments
 from runs.runtime import Runtime, setup
-from training.estimate import measure_training_memory
 from training.hardware import peak_flops
+from training.measure import measure_training_memory
 from training.plan import plan_run
 from training.trainer import Run, start_run, train_step
 

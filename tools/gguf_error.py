@@ -23,9 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.tokenizers import from_meta
 from model import generate
-from runs import checkpoint
+from runs.pretrained import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,7 +68,7 @@ def file_errors(run: str, dtype: str, windows: list[list[int]], ours: torch.Tens
 
 def speed(run: str, path: Path, prompt: list[int], n: int = 50, rounds: int = 5) -> tuple[float, float]:
     """Tokens/s of greedy decoding: (llama.cpp, our loop), medians of alternating rounds."""
-    model = checkpoint.load_model(run)[0]
+    model = load_model(run).model
     llm, times = llama(path, model.config.block_size), ([], [])
     for _ in range(rounds):
         start = time.perf_counter()
@@ -85,9 +84,9 @@ def speed(run: str, path: Path, prompt: list[int], n: int = 50, rounds: int = 5)
 
 
 def gguf_errors(run: str, dtypes: list[str], n_windows: int, folder: Path) -> list[dict]:
-    model, _, meta, _ = checkpoint.load_model(run)
-    size = model.config.block_size
-    ids = from_meta(meta).encode((ROOT / "data" / "tinyshakespeare.txt").read_text()[-100_000:]).tolist()
+    loaded = load_model(run)
+    model, size = loaded.model, loaded.model.config.block_size
+    ids = loaded.tokenizer.encode((ROOT / "data" / "tinyshakespeare.txt").read_text()[-100_000:]).tolist()
     windows = [ids[i : i + size] for i in range(0, n_windows * size, size)]
     with torch.no_grad():
         ours = model(torch.tensor(windows))[0].double()
@@ -115,7 +114,7 @@ def main(argv: list[str]) -> None:
                 + (f", p(<|endoftext|>) {r['p_endoftext']:.2e}" if "p_endoftext" in r else "")
             )
             if args.speed:
-                prompt = from_meta(checkpoint.load_model(args.run)[2]).encode("ROMEO:").tolist()
+                prompt = load_model(args.run).tokenizer.encode("ROMEO:").tolist()
                 theirs, ours = speed(args.run, Path(tmp) / f"{r['dtype']}.gguf", prompt)
                 print(f"  greedy decoding: llama.cpp {theirs:,.0f} tokens/s, ours {ours:,.0f} tokens/s")
 
