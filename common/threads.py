@@ -14,7 +14,8 @@ Notable:
   makes the same choices in every run and a resumed run the same as one never stopped: training stays
   reproducible bit for bit. A forward pass gives the same bits at any thread count here; a training step
   does not (its gradients sum in another order), so under load the rounding follows the load.
-- A count the user chose is never changed: `OMP_NUM_THREADS` in the environment, or `pin` (train.threads).
+- A count the user chose is never changed: `OMP_NUM_THREADS` in the environment, or train.threads (whose
+  runtime makes its tuners no-ops, runs/runtime.py).
 - The tuner only ever calls `torch.set_num_threads` from the loop's own thread, which is what OpenMP needs.
 """
 
@@ -29,7 +30,7 @@ from collections.abc import Callable
 import torch
 
 DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice at start-up: one per physical core
-_pinned = any(os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
+PINNED = any(os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))  # the user's count
 
 FIRST_TRY = 16  # the first scheduled try, at this iteration; then 32, 64, ... up to every SPACING
 SPACING = 512
@@ -37,17 +38,6 @@ MARGIN = 0.1  # another count is kept only if its iterations were this much fast
 SLOWDOWN = 1.3  # iterations this much slower than when the count was settled call a try at once
 ABORT = 2.0  # a try whose first iteration took this many times the current ones is ended there
 WINDOW = 8  # the latest iterations at the current count: their median is what a try is held against
-
-
-def pin(threads: int) -> None:
-    """Use `threads` threads from now on, whatever any tuner measures (train.threads)."""
-    global _pinned
-    torch.set_num_threads(threads)
-    _pinned = True
-
-
-def pinned() -> bool:
-    return _pinned
 
 
 def ladder(top: int) -> list[int]:
@@ -66,6 +56,7 @@ def scheduled(step: int) -> bool:
 class ThreadTuner:
     """Times one loop's iterations (`with tuner.timed(step): ...`) and picks its thread count.
 
+    `start` is the count to begin with (a resumed run's, from its checkpoint), else the one set now.
     `tries` is how many iterations a try runs at the other count: the first one absorbs the switch and only
     decides whether to end the try at once; the median of the rest is held against the median of the last
     WINDOW iterations at the current count (a slowdown must last half a window to call a try, so a pause of
@@ -73,12 +64,18 @@ class ThreadTuner:
     with a single core.
     """
 
-    def __init__(self, enabled: bool = True, tries: int = 4, clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        enabled: bool = True,
+        tries: int = 4,
+        start: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.counts = ladder(DEFAULT_THREADS)
-        self.enabled = enabled and not _pinned and len(self.counts) > 1
+        self.enabled = enabled and not PINNED and len(self.counts) > 1
         self.tries, self.clock = max(2, tries), clock
-        current = torch.get_num_threads()  # where the last tuner left it: a busy machine stays busy
-        self.count = min(self.counts, key=lambda c: abs(c - current))
+        start = start or torch.get_num_threads()  # or where the last tuner left it: a busy machine stays busy
+        self.count = min(self.counts, key=lambda c: abs(c - start))
         self.recent: deque[float] = deque(maxlen=WINDOW)  # iterations at `count`
         self.settled: float | None = None  # their median when `count` was chosen or last confirmed
         self.trial: list[float] | None = None  # iterations of the try under way, at `trying`
