@@ -21,11 +21,14 @@ Notable:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -141,3 +144,19 @@ class ThreadTuner:
             self.recent.clear()
         self.settled, self.trial, self.trying = median, None, self.count
         torch.set_num_threads(self.count)
+
+
+@contextlib.contextmanager
+def busy_neighbour(on: bool = True) -> Iterator[None]:
+    """The standard busy process the measurements of a busy machine use (tools/bench.py --busy, the tests):
+    a pure-Python loop in a process of its own, as a second run or a browser's tab keeps one core busy."""
+    if not on:
+        yield
+        return
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    time.sleep(0.2)  # running before the first step is timed
+    try:
+        yield
+    finally:
+        neighbour.kill()
+        neighbour.wait()

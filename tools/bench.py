@@ -35,23 +35,21 @@ rounds: flat for a windowed model with rotary positions (a rolling cache of `win
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import itertools
 import json
 import math
 import statistics
-import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from common.errors import UserError, run_cli
+from common.threads import busy_neighbour
 from model import generate, quantize_int8, sample_next
 from model.attention import LocalSpan
 from model.gpt import attend, causal_mask
@@ -214,21 +212,6 @@ def busy_result(quiet: list[float], busy: list[float]) -> dict:
         return {}
     slower = statistics.median(busy) / statistics.median(quiet)
     return {"ms_busy": round(statistics.median(busy) * 1e3, 2), "busy_over_quiet": round(slower, 2)}
-
-
-@contextlib.contextmanager
-def busy_process(on: bool = True) -> Iterator[None]:
-    """The standard busy neighbour: a pure-Python loop in another process (a second run, a browser's tab)."""
-    if not on:
-        yield
-        return
-    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    time.sleep(0.2)  # running before the first step is timed
-    try:
-        yield
-    finally:
-        neighbour.kill()
-        neighbour.wait()
 
 
 def memory_scaling(s: Setup) -> list[dict]:
@@ -486,7 +469,7 @@ def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[
         for name, p in paths.items():
             times[name].append(seconds(decode(*p)))
             if busy:
-                with busy_process():
+                with busy_neighbour():
                     busy_times[name].append(seconds(decode(*p)))
     times["full recompute"] = [seconds(decode(model, 1, False, use_cache=False))]
     times["nanoGPT generator"] = [
@@ -580,7 +563,7 @@ def main(argv: list[str]) -> int:
         for _ in range(args.rounds):  # alternate, so slow spells of a shared machine hit every setup
             for s in setups:
                 timed_steps(s, args.steps, record=True)
-        with busy_process(args.busy):  # the same again beside a busy process, once the tuners settled
+        with busy_neighbour(args.busy):  # the same again beside a busy process, once the tuners settled
             for s in setups if args.busy else []:
                 timed_steps(s, 4 * args.warmup, record=False)
             for _ in range(args.rounds if args.busy else 0):
