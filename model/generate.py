@@ -13,16 +13,14 @@ costing the same (a rolling cache of `window` slots, model/kv_cache.py); without
 is a full forward over everything so far.
 
 Decoding at batch size B reads every weight once per step for all B samples, so a step costs little more
-than at B = 1 (the weights' bytes, not the arithmetic, bound it). The step (`decode_step`) has the same
-shapes every time: one token per sample at a position given as a tensor, attending over all the cache's
-slots (block_size, or `window` for a windowed model; model/kv_cache.py) under a mask. So `compile=True`
-can hand it to torch.compile once: on CUDA with CUDA graphs (mode reduce-overhead: the whole step is one
-replay instead of hundreds of kernel launches), on a CPU with inductor's decomposition of matrix-vector
-products into its own vectorised loops. On a CPU a batch of several samples is decoded eagerly even with
-`compile`: compiled, its step was slower than eager's, with the matrix products decomposed or not
-(BENCHMARKS.md, "Sampling: decoding against the bandwidth floor").
+than at B = 1 (the weights' bytes, not the arithmetic, bound it). The step has the same shapes every time:
+one token per sample at a position given as a tensor, attending over all the cache's slots under a mask
+(model/kv_cache.py). So `compile=True` compiles it once (model/decoding.py: ahead of time on a CPU, with
+CUDA graphs on CUDA); a compiled step and its cache are kept with the model for its next generation.
 The prompt and each slide are encoded eagerly. Sampling never waits for the device: it draws with the
 exponential race below, and reading the token (to print it) is the one host sync per step, the caller's.
+On a CPU the steps are timed to pick the thread count (common/threads.py); a forward pass gives the same
+bits at one thread as at two (tests/test_threads.py), so the text does not depend on it.
 """
 
 from __future__ import annotations

@@ -114,3 +114,20 @@ def test_a_failing_iteration_is_not_timed(cores):
     with pytest.raises(ValueError), tuner.timed(0):
         raise ValueError
     assert len(tuner.recent) == 0
+
+
+def test_a_forward_pass_gives_the_same_bits_at_any_thread_count(cores):
+    """Why decoding and evaluation may change their thread count freely: the matrix products split their
+    outputs over the threads, not their sums (what model/generate.py's docstring relies on)."""
+    from model import GPT, GPTConfig
+
+    cores(2)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=128)).eval()
+    idx = torch.randint(0, 65, (4, 64))
+    with torch.no_grad():
+        torch.set_num_threads(1)
+        one = model(idx)[0]
+        torch.set_num_threads(2)
+        two = model(idx)[0]
+    assert torch.equal(one, two)
