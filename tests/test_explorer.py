@@ -24,10 +24,10 @@ from conftest import run_script
 import interp.explorer
 from data.tokenizers import CharTokenizer, from_meta
 from interp.ablation import METRICS
-from interp.explorer import LENS_TOP, MAX_WEIGHTS, head_roles, page_data, render, tokens_that_fit, write_page
+from interp.explorer import LENS_TOP, MAX_WEIGHTS, page_data, render, tokens_that_fit, write_page
 from interp.lens import direct_attribution, head_attributions, logit_lens
 from interp.plots import token_labels
-from interp.scores import ROLES, repeated_tokens
+from interp.scores import ROLES, head_roles, repeated_tokens
 from model import GPT, GPTConfig
 from runs import checkpoint
 
