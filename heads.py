@@ -408,12 +408,9 @@ def composition(model, out: Path, ckpt: Path) -> tuple[dict, list[Path]]:
     return table, [*written, out / "positional_qk.png"]
 
 
-def circuit(model, tokenizer, args: argparse.Namespace, scores, out: Path, ckpt: Path):
+def circuit(model, prompts, args: argparse.Namespace, scores, out: Path, ckpt: Path):
     """--circuit [CLEAN CORRUPTED]: the task's circuit, printed, written as JSON and a diagram."""
-    if args.circuit:
-        task = prompt_pair(model, *patch_prompts(model, tokenizer, args.circuit, "--circuit"))
-    else:
-        task = repeat_task(model, args.sequences or 16, args.seed)
+    task = prompt_pair(model, *prompts) if prompts else repeat_task(model, args.sequences or 16, args.seed)
     found = find_circuit(model, task, scores)
     print(format_circuit(found))
     plot_circuit(found, model.config.n_layer, model.config.n_head, out / "circuit.png")
@@ -446,7 +443,11 @@ def main(argv: list[str]) -> int:
         ids = encode_prompt(read_prompt(args.prompt, args.prompt_file, tokenizer), tokenizer, mc.block_size)
     if args.lens and len(ids) < 2:
         raise UserError("--lens needs a prompt of at least 2 tokens (each position is scored on the next)")
-    prompts = patch_prompts(model, tokenizer, args.patch) if args.patch else None
+    pairs = {  # the prompt pairs, checked before any work
+        name: patch_prompts(model, tokenizer, getattr(args, name), f"--{name}")
+        for name in ("patch", "attribute", "circuit")
+        if getattr(args, name)
+    }
     out = output_folder(args, ckpt)
     print(
         f"heads of {ckpt}: {mc.n_layer} layers x {mc.n_head} heads; prompt of {len(ids)} tokens",
@@ -460,12 +461,11 @@ def main(argv: list[str]) -> int:
         found["ablation"], files = ablation(model, val, args, out, ckpt)
         written += files
     if args.patch:
-        written += patching(model, tokenizer, prompts, out, ckpt)
+        written += patching(model, tokenizer, pairs["patch"], out, ckpt)
     if args.lens:
         written += lens(model, ids, tokenizer, out, ckpt)
     if args.attribute:
-        pair = patch_prompts(model, tokenizer, args.attribute, "--attribute")
-        written += attribution(model, tokenizer, pair, args.compare, out, ckpt)
+        written += attribution(model, tokenizer, pairs["attribute"], args.compare, out, ckpt)
     if args.composition:
         written += composition(model, out, ckpt)[1]
     scores = None
@@ -476,7 +476,7 @@ def main(argv: list[str]) -> int:
         scores = scores or score_heads(
             model, val, args.seed, sequences=args.sequences or 16, windows=args.windows
         )
-        found["circuit"], files = circuit(model, tokenizer, args, scores, out, ckpt)
+        found["circuit"], files = circuit(model, pairs.get("circuit"), args, scores, out, ckpt)
         written += files
     if args.html:
         more = {"seed": args.seed, "ablation": found.get("ablation"), "circuit": found.get("circuit")}
