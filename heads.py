@@ -67,7 +67,7 @@ from data.recipes import prepared_dataset
 from data.tokenizers import from_meta
 from interp.ablation import KINDS, ablate_heads, format_ablation
 from interp.attribution import attribute, compare, format_attribution
-from interp.circuit import find_circuit, format_circuit
+from interp.circuit import check_task, find_circuit, format_circuit
 from interp.circuits import composition_table, format_composition, positional_patterns
 from interp.diagram import plot_circuit
 from interp.explorer import write_page
@@ -408,9 +408,18 @@ def composition(model, out: Path, ckpt: Path) -> tuple[dict, list[Path]]:
     return table, [*written, out / "positional_qk.png"]
 
 
-def circuit(model, prompts, args: argparse.Namespace, scores, out: Path, ckpt: Path):
-    """--circuit [CLEAN CORRUPTED]: the task's circuit, printed, written as JSON and a diagram."""
+def circuit_task(model, args: argparse.Namespace, prompts):
+    """--circuit's task, refused (before any work) when the model does it no better clean than corrupted."""
     task = prompt_pair(model, *prompts) if prompts else repeat_task(model, args.sequences or 16, args.seed)
+    try:
+        return check_task(model, task)
+    except ValueError as e:
+        fix = "give another prompt pair" if prompts else "give --circuit CLEAN CORRUPTED for a task it does"
+        raise UserError(f"--circuit: {e}; {fix}") from None
+
+
+def circuit(model, task, scores, out: Path, ckpt: Path):
+    """--circuit [CLEAN CORRUPTED]: the task's circuit, printed, written as JSON and a diagram."""
     found = find_circuit(model, task, scores)
     print(format_circuit(found))
     plot_circuit(found, model.config.n_layer, model.config.n_head, out / "circuit.png")
@@ -448,6 +457,7 @@ def main(argv: list[str]) -> int:
         for name in ("patch", "attribute", "circuit")
         if getattr(args, name)
     }
+    task = circuit_task(model, args, pairs.get("circuit")) if args.circuit is not None else None
     out = output_folder(args, ckpt)
     print(
         f"heads of {ckpt}: {mc.n_layer} layers x {mc.n_head} heads; prompt of {len(ids)} tokens",
@@ -476,7 +486,7 @@ def main(argv: list[str]) -> int:
         scores = scores or score_heads(
             model, val, args.seed, sequences=args.sequences or 16, windows=args.windows
         )
-        found["circuit"], files = circuit(model, pairs.get("circuit"), args, scores, out, ckpt)
+        found["circuit"], files = circuit(model, task, scores, out, ckpt)
         written += files
     if args.html:
         more = {"seed": args.seed, "ablation": found.get("ablation"), "circuit": found.get("circuit")}

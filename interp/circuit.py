@@ -26,7 +26,7 @@ import numpy as np
 from interp.ablation import head_name
 from interp.circuits import KINDS, all_composition_scores, composition_baseline, copying_scores
 from interp.lens import direct_attribution, head_attributions
-from interp.patching import patch_task
+from interp.patching import metric_ends, patch_task
 from interp.paths import EMBEDDINGS, Receiver, path_effects
 from interp.scores import THRESHOLD, head_roles
 from interp.tasks import Task
@@ -36,6 +36,7 @@ from model import GPT
 NODE_THRESHOLD = 0.05  # a head is a node when patching it alone goes this fraction of the way
 EDGE_THRESHOLD = 0.05  # an edge is in the circuit when its path alone goes this fraction of the way
 MAX_NODES = 12  # the strongest nodes kept (edges cost three path patches per pair)
+MIN_CHANGE = 0.1  # the clean run's metric must beat the corrupted run's by this much (nats or logits)
 
 
 def answer_attribution(model: GPT, task: Task) -> np.ndarray:
@@ -76,11 +77,23 @@ def _role(roles: Optional[list[list[dict]]], layer: int, head: int) -> tuple[Opt
     return roles[layer][head]["role"], roles[layer][head]["score"]
 
 
+def check_task(model: GPT, task: Task) -> Task:
+    """The task, or ValueError when the model does it no better on the clean input than on the corrupted
+    one (by MIN_CHANGE): then there is no circuit to find."""
+    clean, corrupted = metric_ends(model, task.noised())
+    if clean - corrupted < MIN_CHANGE:
+        raise ValueError(
+            f"the model does the task no better on the clean input than on the corrupted one (metric "
+            f"{clean:+.3f} against {corrupted:+.3f}): there is no circuit to find"
+        )
+    return task
+
+
 def find_circuit(model: GPT, task: Task, scores: Optional[dict] = None) -> dict:
     """The circuit of `task` (see the module's doc) as JSON-ready data: "nodes", "edges" (in the circuit)
     and "weaker_edges" (measured, below EDGE_THRESHOLD), with the task and the composition baseline.
-    `scores`: interp.scores.score_heads' result, to name each node's role."""
-    noised = task.noised()
+    `scores`: interp.scores.score_heads' result, to name each node's role. ValueError from `check_task`."""
+    noised = check_task(model, task).noised()
     weights = head_weights(model)
     composition = all_composition_scores(weights)
     baseline = composition_baseline(weights)

@@ -41,7 +41,7 @@ from interp.weights import HeadWeights, head_weights
 from model import GPT
 
 KINDS = ("q", "k", "v")  # composition through the reader's queries, keys or values
-BASELINE_DRAWS = 64  # random heads on each side: BASELINE_DRAWS^2 random pairs
+BASELINE_DRAWS = 32  # random heads on each side: BASELINE_DRAWS^2 random pairs
 
 
 def ov_circuits(w: HeadWeights) -> Factored:
@@ -113,11 +113,16 @@ def later_layers(n_layer: int, n_head: int) -> torch.Tensor:
 def all_composition_scores(w: HeadWeights) -> dict[str, torch.Tensor]:
     """Q-, K- and V-composition of every pair of heads: {"q", "k", "v"}: (L H, L H) indexed [writer,
     reader] in the order L0H0, L0H1, ..., 0 where the reader is not in a later layer."""
-    left = Factored(w.W_V.reshape(-1, *w.W_V.shape[2:]), w.W_O.reshape(-1, *w.W_O.shape[2:]))
-    mask = later_layers(w.n_layer, w.n_head)
+    H, n = w.n_head, w.n_layer * w.n_head
+    left = Factored(w.W_V.reshape(n, *w.W_V.shape[2:]), w.W_O.reshape(n, *w.W_O.shape[2:]))
     scores = {}
     for kind in KINDS:
-        scores[kind] = torch.where(mask, composition_scores(left, _readers(w, kind)), 0.0)
+        right, table = _readers(w, kind), torch.zeros(n, n, dtype=w.W_Q.dtype)
+        for layer in range(w.n_layer - 1):  # each layer's heads against the heads of every later layer
+            writers, readers = slice(layer * H, (layer + 1) * H), slice((layer + 1) * H, n)
+            pick = lambda f, rows: Factored(f.A[rows], f.B[rows])  # noqa: E731
+            table[writers, readers] = composition_scores(pick(left, writers), pick(right, readers))
+        scores[kind] = table
     return scores
 
 

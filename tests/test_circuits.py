@@ -40,11 +40,11 @@ from runs.config import load_config
 V = 40  # model_with's vocabulary
 
 
-def pair(model: GPT, T: int = 12) -> tuple[list[int], list[int]]:
+def pair(model: GPT, T: int = 12, vocab: int = V) -> tuple[list[int], list[int]]:
     """Two random prompts after which the model predicts different tokens."""
     for seed in range(50):
         g = torch.Generator().manual_seed(seed)
-        clean, corrupted = (torch.randint(0, V, (T,), generator=g).tolist() for _ in range(2))
+        clean, corrupted = (torch.randint(0, vocab, (T,), generator=g).tolist() for _ in range(2))
         try:
             prompt_pair(model, clean, corrupted)
             return clean, corrupted
@@ -411,13 +411,15 @@ def test_heads_command_writes_the_composition_the_attribution_and_the_circuit(
 
 
 def test_heads_command_on_hugging_face_folders(data_dir: Path, tmp_path: Path, capsys):
-    """--composition and --circuit on exported GPT-2 (learned positions: the position pattern too) and Llama
-    folders (rotary, grouped-query attention)."""
+    """--composition and --circuit on a prompt pair on exported GPT-2 (learned positions: the position
+    pattern too) and Llama folders (rotary, grouped-query attention); --circuit alone on a model that copies
+    nothing says so."""
     from conftest import script
 
     import heads as command
 
     chars = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"]
+    tokenizer = from_meta(chars)
     for family, extra in (("gpt2", ["model.activation=gelu_tanh"]), ("llama", [*LLAMA, "model.n_kv_head=1"])):
         shape = [
             "model.vocab_size=65",
@@ -427,13 +429,27 @@ def test_heads_command_on_hugging_face_folders(data_dir: Path, tmp_path: Path, c
             "model.n_embd=16",
         ]
         cfg = load_config(None, [*shape, *extra]).cfg
-        folder = tmp_path / family
+        torch.manual_seed(0)
+        model = model_with_noise(GPT(cfg.model))
+        folder, heads = tmp_path / family, tmp_path / f"{family}-heads"
         folder.mkdir()
-        folders.write_model(folder, cfg.model, checkpoint.model_weights(GPT(cfg.model)), chars)
-        sizes = ["--sequences", "2", "--windows", "2", "--data-dir", str(data_dir)]
-        heads = tmp_path / f"{family}-heads"
+        folders.write_model(folder, cfg.model, checkpoint.model_weights(model), chars)
+        clean, corrupted = (tokenizer.decode(ids) for ids in pair(model, T=10, vocab=65))
+        sizes = ["--sequences", "2", "--windows", "2", "--data-dir", str(data_dir), "--out", str(heads)]
         out = script(
-            capsys, command.main, str(folder), "--composition", "--circuit", *sizes, "--out", str(heads)
+            capsys, command.main, str(folder), "--composition", "--circuit", clean, corrupted, *sizes
         )
-        assert "K-composition" in out and "circuit of the task" in out
+        assert "K-composition" in out and "circuit of the task: logit difference" in out
         assert (heads / "positional_qk.png").exists() == (family == "gpt2")
+        assert json.loads((heads / "circuit.json").read_text())["nodes"]
+    fresh = tmp_path / "fresh"  # weights as initialised: nothing is copied, and --circuit says so
+    fresh.mkdir()
+    folders.write_model(fresh, cfg.model, checkpoint.model_weights(GPT(cfg.model)), chars)
+    script_error(capsys, command.main, [str(fresh), "--circuit", *sizes], "no better on the clean input")
+
+
+def model_with_noise(model: GPT) -> GPT:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model.eval()
