@@ -17,10 +17,11 @@ from conftest import LLAMA, OPTIONS, model_with, run_script, script_error
 from data.tokenizers import CharTokenizer, from_meta
 from hf import folders
 from interp.attribution import attribute, compare
-from interp.circuit import EDGE_THRESHOLD, find_circuit
+from interp.circuit import EDGE_THRESHOLD, check_task, find_circuit
 from interp.circuits import (
     all_composition_scores,
     composition_baseline,
+    composition_table,
     copying_scores,
     later_layers,
     positional_qk_pattern,
@@ -323,6 +324,22 @@ def test_a_path_through_the_keys_alone_is_the_hand_computed_one():
         expected = run_with_hooks(model, task.clean, {"blocks.1.attn.k": put})[0]
     [edits] = receiver_edits(model, task, [([(0, 1)], [Receiver("k", 1, 2)])])
     torch.testing.assert_close(intervene(model, task.clean, [edits])[1], expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_the_circuit_and_the_composition_table_on_every_option(name):
+    model = model_with(OPTIONS[name])
+    table = composition_table(model)
+    assert table["heads"] == [f"L{layer}H{head}" for layer in range(2) for head in range(4)]
+    assert all(
+        np.array(table[kind]).shape == (8, 8) and np.array(table[kind])[4:].max() == 0 for kind in "qkv"
+    )
+    circuit = find_circuit(model, prompt_pair(model, *pair(model)))
+    assert circuit["nodes"] and {e["kind"] for e in circuit["edges"]} <= {"q", "k", "v"}
+    json.dumps(circuit)  # plain data
+    fresh = GPT(model.config).eval()  # as initialised: it copies nothing
+    with pytest.raises(ValueError, match="no better on the clean input"):
+        check_task(fresh, repeat_task(fresh, 2))
 
 
 # --- the circuit of the induction model ---
