@@ -125,7 +125,7 @@ def make_tokenizer(recipe: Recipe, name: str) -> Tokenizer:
     kind, size = parse_spec(recipe.tokenizer)
     if kind == "char":  # the vocabulary is every character of the corpus: one pass to find them
         return CharTokenizer.from_texts(doc for split in SPLITS for doc in recipe.source.documents(split))
-    if kind == "bpe":
+    if kind == "trained_bpe":
         return train_bpe(recipe.source, size, recipe.bpe_train_chars, f"{name} training bpe:{size}")
     return BPETokenizer(kind)
 
@@ -283,7 +283,7 @@ def _prepare(
         atomic_write(out / TOKENIZER_JSON, tokenizer.to_json(pretty=True))
     meta = Meta(
         name=name,
-        tokenizer=tokenizer.to_meta(),
+        tokenizer_meta=tokenizer.to_meta(),
         vocab_size=tokenizer.vocab_size,
         dtype=token_dtype(tokenizer.vocab_size).name,
         train_tokens=counts["train_tokens"],

@@ -23,12 +23,11 @@ from typing import Optional
 
 import numpy as np
 
-from interp.ablation import head_name
 from interp.circuits import KINDS, all_composition_scores, composition_baseline, copying_scores
 from interp.lens import direct_attribution, head_attributions
 from interp.patching import metric_ends, patch_task
 from interp.paths import EMBEDDINGS, Receiver, path_effects
-from interp.scores import THRESHOLD, head_roles
+from interp.scores import THRESHOLD, head_name, head_roles
 from interp.tasks import Task
 from interp.weights import head_weights
 from model import GPT

@@ -35,8 +35,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from interp.ablation import head_name
 from interp.factored import Factored, composition_scores
+from interp.scores import head_name
 from interp.weights import HeadWeights, head_weights
 from model import GPT
 

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch
 
 from common.files import save_figure
+from interp.scores import head_name
 
 KIND_COLOURS = {"q": "#1f77b4", "k": "#ff7f0e", "v": "#2ca02c", "direct": "#b2182b"}
 KIND_NAMES = {"q": "through its queries (Q)", "k": "through its keys (K)", "v": "through its values (V)",
@@ -29,7 +30,7 @@ ROW = 1.6  # the distance between layers, in the units of the distance between h
 def _positions(n_layer: int, n_head: int, spread: float) -> dict[str, tuple[float, float]]:
     """Where each head, the embeddings and the answer sit: x across a layer's heads, y the layer."""
     where = {
-        f"L{layer}H{head}": (head * spread, ROW * (layer + 1))
+        head_name(layer, head): (head * spread, ROW * (layer + 1))
         for layer in range(n_layer)
         for head in range(n_head)
     }
@@ -60,7 +61,7 @@ def _heads(ax, circuit: dict, where: dict, n_layer: int, n_head: int) -> None:
     """Every head a small grey dot; the circuit's nodes large, coloured by role and labelled."""
     for layer in range(n_layer):
         for head in range(n_head):
-            ax.plot(*where[f"L{layer}H{head}"], "o", color="#d0d0d0", markersize=6, zorder=1)
+            ax.plot(*where[head_name(layer, head)], "o", color="#d0d0d0", markersize=6, zorder=1)
     for node in circuit["nodes"]:
         x, y = where[node["name"]]
         ax.plot(x, y, "o", color=ROLE_COLOURS.get(node["role"], "#7f7f7f"), markersize=22, zorder=3)

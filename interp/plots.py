@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from common.files import save_figure
 from interp.ablation import METRICS
-from interp.scores import ROLES, role_name, strongest
+from interp.scores import HEAD_NAME, ROLES, head_name, role_name, strongest
 
 MAX_LABELS = 48  # token labels on the axes of prompts up to this many tokens
 CMAP = matplotlib.colormaps["viridis"].with_extremes(bad="white")
@@ -64,7 +64,7 @@ def plot_layer(
     fig = Figure(figsize=(4.2 * cols, 4.2 * rows + 0.6), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for h in range(n_head):
-        image = _draw_map(axes[h], weights[h], labels, f"L{layer}H{h}", fontsize=5)
+        image = _draw_map(axes[h], weights[h], labels, head_name(layer, h), fontsize=5)
     for ax in axes[n_head:]:
         ax.axis("off")
     fig.colorbar(image, ax=axes.tolist(), shrink=0.6, label="attention weight")
@@ -232,7 +232,7 @@ def plot_composition(table: dict, path: Path) -> None:
     starts at the random baseline, so a coloured cell is composition above chance."""
     names, base, std = table["heads"], table["baseline"], table["baseline_std"]
     n = len(names)
-    layer = np.array([int(name[1:].split("H")[0]) for name in names])
+    layer = np.array([int(HEAD_NAME.fullmatch(name).group(1)) for name in names])
     later = layer[:, None] < layer[None, :]
     top = max(float(np.max([table[k] for k in ("q", "k", "v")])), base + 1e-6)
     size = max(3.2, 0.3 * n)

@@ -37,6 +37,7 @@ from model import GPT
 from model.hooks import run_with_cache, run_with_hooks
 from runs import checkpoint
 from runs.config import load_config
+from runs.pretrained import load_model
 
 V = 40  # model_with's vocabulary
 
@@ -354,7 +355,8 @@ def test_the_circuit_of_the_induction_model(induction_run):
     a K edge (0.05-0.34) into each of the 19 induction heads that carried 0.1 of the copying alone; the
     induction heads' direct effects summing to 0.59-0.95, layer 0's direct logit attributions 0.05 at most."""
     out, scores = induction_run
-    model = checkpoint.load_model(out)[0]
+    loaded = load_model(out)
+    model = loaded.model
     circuit = find_circuit(model, repeat_task(model, 16), scores)
     H = model.config.n_head
     induction = [f"L1H{h}" for h in range(H) if scores["induction"][1][h] >= THRESHOLD]
@@ -375,7 +377,7 @@ def test_the_circuit_of_the_induction_model(induction_run):
             assert abs(node["direct_effect"]) < EDGE_THRESHOLD and abs(node["direct_logit_attribution"]) < 0.1
 
     # the attribution patching of the induction experiment's prompt pair agrees with activation patching
-    tokenizer = from_meta(checkpoint.load_model(out)[2])
+    tokenizer = loaded.tokenizer
     clean, corrupted = "KLxiQEFBWOmACVzYafwcKLxiQEFBWOmACVzYafw", "KLxiQEFBWOmACVzYafwqKLxiQEFBWOmACVzYafw"
     task = prompt_pair(model, tokenizer.encode(clean).tolist(), tokenizer.encode(corrupted).tolist())
     agreement = compare(model, task, TABLES)["correlation"]
@@ -397,7 +399,7 @@ def test_heads_command_writes_the_composition_the_attribution_and_the_circuit(
         assert str(tmp_path / f"{name}.json") in result.stdout
     composition = json.loads((tmp_path / "composition.json").read_text())
     assert composition["heads"] == [f"L{layer}H{head}" for layer in range(2) for head in range(4)]
-    model = checkpoint.load_model(out)[0]
+    model = load_model(out).model
     expected = all_composition_scores(head_weights(model))
     for kind in "qkv":
         assert np.array(composition[kind]).shape == (8, 8) and np.array(composition[kind])[4:].max() == 0

@@ -134,7 +134,7 @@ function circuitLayout() {
   const row = 110;
   const where = new Map();
   for (let l = 0; l < N_LAYER; l++) {
-    for (let h = 0; h < N_HEAD; h++) where.set(`L${l}H${h}`, [30 + h * dx, (N_LAYER - l) * row + 30]);
+    for (let h = 0; h < N_HEAD; h++) where.set(headName(l, h), [30 + h * dx, (N_LAYER - l) * row + 30]);
   }
   where.set("embeddings", [width / 2, (N_LAYER + 1) * row + 30]);
   where.set("answer", [width / 2, 30]);
