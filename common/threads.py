@@ -42,6 +42,7 @@ SLOWDOWN = 1.3  # iterations this much slower than when the count was settled ca
 ABORT = 1.25  # a try whose first iteration took this many times the current ones is ended there: on a quiet
 # machine a try of fewer threads then costs a fraction of one iteration (4 x 128: 0.35 of one; 6 x 384: 0.76)
 WINDOW = 8  # the latest iterations at the current count: their median is what a try is held against
+PATIENCE = 100  # after a lost try of more threads, wait this many times what it cost before the next one
 
 
 def ladder(top: int) -> list[int]:
@@ -86,6 +87,7 @@ class ThreadTuner:
         self.trying = self.count
         self.upward = False  # the direction of the next scheduled try, alternating
         self.step, self.started = 0, 0.0
+        self.next_upward = 0.0  # the clock's time before which no try of more threads starts
 
     @classmethod
     def for_device(cls, device: torch.device | str, **kwargs) -> ThreadTuner:
@@ -118,16 +120,27 @@ class ThreadTuner:
         if self.settled is None:
             self.settled = now
         if scheduled(self.step):
-            self._start(upward=self.upward)
-            self.upward = not self.upward
+            upward, self.upward = self.upward, not self.upward
+            upward = upward and not self._waiting(upward=True)  # too soon for more threads: fewer instead
+            if not self._waiting(upward):
+                self._start(upward)
         elif now > SLOWDOWN * self.settled:  # the machine got busier: fewer threads first
             self._start(upward=False)
 
-    def _start(self, upward: bool) -> None:
+    def _other(self, upward: bool) -> int:
         i = self.counts.index(self.count)
         options = [i - 1, i + 1] if upward else [i + 1, i - 1]  # the ladder runs from many to one
-        options = [j for j in options if 0 <= j < len(self.counts)]
-        self.trying, self.trial = self.counts[options[0]], []
+        return self.counts[next(j for j in options if 0 <= j < len(self.counts))]
+
+    def _waiting(self, upward: bool) -> bool:
+        """Whether this try would add threads too soon after one that lost: under load, the first iteration
+        of more threads can stall for a time slice, many times a small iteration (a decoded token), so the
+        tries of more threads are spaced by what the last one cost. Only ever below the top count, which
+        only load brings, so a quiet run's choices stay the same every run."""
+        return self._other(upward) > self.count and self.clock() < self.next_upward
+
+    def _start(self, upward: bool) -> None:
+        self.trying, self.trial = self._other(upward), []
         torch.set_num_threads(self.trying)
 
     def _try(self, seconds: float) -> None:
@@ -140,6 +153,8 @@ class ThreadTuner:
             self._end(won=tried < (1 - MARGIN) * current, median=tried if tried < current else current)
 
     def _end(self, won: bool, median: float) -> None:
+        if self.trying > self.count and not won:
+            self.next_upward = self.clock() + PATIENCE * max(0.0, self.trial[0] - median)
         if won:
             self.count = self.trying
             self.recent.clear()

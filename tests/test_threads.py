@@ -70,7 +70,9 @@ def test_a_busy_machine_moves_to_one_thread_at_the_first_try(cores):
     machine = Machine({2: 1.0, 1: 1.4}, busy={2: 3.0, 1: 1.4}, load=lambda step: True)
     used = machine.run(threads.ThreadTuner(clock=machine.clock), range(600))
     assert used[:17] == [2] * 17 and set(used[20:]) == {1} | ({2} & set(used[20:]))
-    assert used.count(2) == 17 + 5  # each later try of two threads (32, ..., 512) ends after one iteration
+    # each later try of two threads ends after its one stalled iteration, and the next waits 100 times what
+    # it cost (1.6 here: 114 iterations), so 64 and 128 are left out
+    assert [s for s, n in enumerate(used) if n == 2 and s > 16] == [33, 257, 513]
     assert machine.now < 1.15 * 600 * 1.4
 
 
