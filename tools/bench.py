@@ -15,9 +15,9 @@ not measured); MPS, the Metal driver's allocation a fresh process adds. --compar
 process, alternating rounds, so their ratio holds on a noisy machine; B defaults to A's config plus B's
 overrides.
 Sampling: tokens/s generating --sample-tokens tokens against the floor that memory bandwidth sets (the bytes
-of weights a step reads, over the bandwidth of GEMVs over the model's own matrices), in fp32 as sample.py
-generates, compiled,
-int8, 8 samples at once, with a full forward per token over the same windows, and with nanoGPT's generator
+of weights a step reads, over the fastest read of the model's own matrices; and over the memory's own
+bandwidth), in fp32 as sample.py generates, compiled, int8, 8 samples at once, with a full forward per
+token over the same windows, and with nanoGPT's generator
 (a full forward over the last block_size tokens per token).
 Memory: peak training memory at batch size 1 as the context grows (T = 512 ... 4096).
 Attention (`--only attention`, no config needed): forward + backward of attention alone (model/gpt.py's
@@ -207,7 +207,7 @@ def train_result(s: Setup) -> dict:
 
 
 def busy_result(quiet: list[float], busy: list[float]) -> dict:
-    """--busy: the median step beside the busy process, and its time over the quiet one's."""
+    """--busy: the median step (seconds each) beside the busy process, and its time over the quiet one's."""
     if not busy:
         return {}
     slower = statistics.median(busy) / statistics.median(quiet)
@@ -406,21 +406,32 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
     return total
 
 
-def gemv_bandwidth(model: torch.nn.Module, rt: Runtime) -> float:
-    """Bytes/s through fp32 matrix-vector products over the model's own weight matrices, one after the other
-    as a step reads them (median of 20 passes): how fast torch streams these weights on this device, with
-    whatever stays in the CPU's caches between steps staying there too. A step at batch 1 cannot be faster
-    than reading them once."""
+def read_bandwidth(model: torch.nn.Module, rt: Runtime) -> float:
+    """Bytes/s of the fastest read torch makes of the model's own weight matrices, one after the other as a
+    step reads them (a sum over each, which streams its bytes at the width of the vector units; median of 20
+    passes), with whatever the CPU's caches keep between passes kept too: a step at batch 1 cannot read them
+    faster. (A matrix-vector product over them is slower: that is what the compiled step improves on.)"""
     tables = {id(model.token_emb.weight)} - {id(model.lm_head.weight)}  # looked up a row at a time
     matrices = [w.detach().float() for w in model.parameters() if w.dim() == 2 and id(w) not in tables]
-    vectors = [torch.randn(w.size(1), device=rt.device) for w in matrices]
     n_bytes, times = sum(w.numel() * 4 for w in matrices), []
     for i in range(23):
         start = time.perf_counter()
-        for w, v in zip(matrices, vectors):
-            torch.mv(w, v)
+        for w in matrices:
+            w.sum()
         rt.synchronize()
         if i >= 3:  # warm-up
+            times.append(time.perf_counter() - start)
+    return n_bytes / statistics.median(times)
+
+
+def memory_bandwidth(rt: Runtime, n_bytes: int = 256 * 2**20) -> float:
+    """Bytes/s of the same read over a buffer far larger than any cache: the memory's own bandwidth."""
+    buffer, times = torch.ones(n_bytes // 4, device=rt.device), []
+    for i in range(8):
+        start = time.perf_counter()
+        buffer.sum()
+        rt.synchronize()
+        if i >= 2:
             times.append(time.perf_counter() - start)
     return n_bytes / statistics.median(times)
 
@@ -443,7 +454,7 @@ def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[
     """Decoding speed against the memory-bandwidth floor, generating n_tokens at temperature 1 from a
     one-token prompt, in fp32 as sample.py generates, in int8, 8 samples at once, and compiled when the setup
     compiles: the paths alternate over `rounds`, each timed on the whole n_tokens (medians), between
-    measurements of the GEMV bandwidth. Then, once each, full recompute over the same windows and nanoGPT's
+    measurements of the read bandwidth. Then, once each, full recompute over the same windows and nanoGPT's
     generator. Returns (the floor, one row per path)."""
     model = s.run.model.eval()
     torch.set_num_threads(s.threads)
@@ -465,7 +476,7 @@ def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[
     weights, bandwidth, times = weight_bytes_per_token(model), [], {name: [] for name in paths}
     busy_times = {name: [] for name in paths}
     for _ in range(rounds):  # alternate, so slow spells of a shared machine hit every path
-        bandwidth.append(gemv_bandwidth(model, s.rt))
+        bandwidth.append(read_bandwidth(model, s.rt))
         for name, p in paths.items():
             times[name].append(seconds(decode(*p)))
             if busy:
@@ -475,14 +486,16 @@ def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[
     times["nanoGPT generator"] = [
         seconds(lambda: nanogpt_generate(model, decode_prompt(s.rt), n_tokens, gen))
     ]
-    floor_s = weights / statistics.median(bandwidth)  # per step
+    floor_s, memory = weights / statistics.median(bandwidth), memory_bandwidth(s.rt)  # per step; bytes/s
     floor = {
         "setup": s.label,
         "weights_MB_per_token": round(weights / 1e6, 2),
         "int8_weights_MB_per_token": round(weight_bytes_per_token(paths["int8"][0]) / 1e6, 2),
-        "gemv_GB_s": round(statistics.median(bandwidth) / 1e9, 1),
+        "read_GB_s": round(statistics.median(bandwidth) / 1e9, 1),
         "floor_ms_per_token": round(floor_s * 1e3, 2),
         "floor_tok_s": round(1 / floor_s, 1),
+        "memory_GB_s": round(memory / 1e9, 1),  # the floor if nothing stayed in the caches
+        "memory_floor_tok_s": round(memory / weights, 1),
         "threads": s.threads,
     }
     nanogpt_step = statistics.median(times["nanoGPT generator"]) / n_tokens
@@ -500,7 +513,9 @@ def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[
                 "vs_nanogpt": round(batch * nanogpt_step / step, 1),
                 "compile_s": round(compile_s[name], 1) if name in paths and paths[name][2] else "",
             }
-            | busy_result(t, busy_times.get(name, []))
+            | busy_result(
+                [x / n_tokens for x in t], [x / n_tokens for x in busy_times.get(name, [])]
+            )  # per step
         )
     model.train()
     return floor, rows

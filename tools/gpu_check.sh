@@ -158,7 +158,7 @@ for name, label in (("gpt2_train.json", "gpt2 compiled"), ("gpt2_train_eager.jso
               f"peak memory {r['peak_mem_MB']} MB, {r['precision']} on {r['device']}")
 for r in rows("sample.json", "sample_floor"):
     print(f"sampling: the floor {r['floor_tok_s']:,} tokens/s ({r['weights_MB_per_token']} MB a token at "
-          f"{r['gemv_GB_s']} GB/s)")
+          f"{r['read_GB_s']} GB/s read)")
 compiled = [r for r in rows("sample_compiled.json", "sample") if r["compile_s"]]
 for r in rows("sample.json", "sample") + compiled:
     print(f"  {r['path']}: {r['tok_s']:,} tokens/s, {r['of_floor']} of the floor")
