@@ -476,6 +476,7 @@ def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[
     weights, bandwidth, times = weight_bytes_per_token(model), [], {name: [] for name in paths}
     busy_times = {name: [] for name in paths}
     for _ in range(rounds):  # alternate, so slow spells of a shared machine hit every path
+        torch.set_num_threads(s.threads)  # every core reads, whatever count the last decoding settled on
         bandwidth.append(read_bandwidth(model, s.rt))
         for name, p in paths.items():
             times[name].append(seconds(decode(*p)))
@@ -486,6 +487,7 @@ def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[
     times["nanoGPT generator"] = [
         seconds(lambda: nanogpt_generate(model, decode_prompt(s.rt), n_tokens, gen))
     ]
+    torch.set_num_threads(s.threads)
     floor_s, memory = weights / statistics.median(bandwidth), memory_bandwidth(s.rt)  # per step; bytes/s
     floor = {
         "setup": s.label,
