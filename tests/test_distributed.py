@@ -67,6 +67,15 @@ def single(data_dir: Path, tmp_path_factory) -> Path:
     return out
 
 
+def same_with_activation_checkpointing(data_dir: Path, out: Path, reference: Path, *extra: str) -> None:
+    """The run of `reference` again with train.activation_checkpointing: recomputed activations are the
+    same numbers, so every gradient, loss and weight is the same, bit for bit."""
+    torchrun(data_dir, out, "train.max_iters=30", "train.activation_checkpointing=true", *extra)
+    assert losses(out) == losses(reference)
+    a, b = checkpoint.Checkpoint(out / "last").weights(), checkpoint.Checkpoint(reference / "last").weights()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_ddp_two_ranks_match_one_process_accumulating(data_dir: Path, tmp_path: Path, single: Path):
     out = tmp_path / "ddp"
     torchrun(data_dir, out, "train.max_iters=30")
@@ -74,6 +83,7 @@ def test_ddp_two_ranks_match_one_process_accumulating(data_dir: Path, tmp_path: 
     a = checkpoint.Checkpoint(out / "last").weights()
     b = checkpoint.Checkpoint(single / "last").weights()
     assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)  # Adam amplifies float-order differences
+    same_with_activation_checkpointing(data_dir, tmp_path / "ddp_ac", out)
     # resume under torchrun continues exactly where an uninterrupted run would be
     torchrun(data_dir, out, "train.max_iters=40", "train.resume=true")
     straight = tmp_path / "straight"
@@ -87,6 +97,7 @@ def test_fsdp_checkpoints_are_whole_and_resume_on_another_number_of_ranks(
     out = tmp_path / "fsdp"
     torchrun(data_dir, out, "train.max_iters=30", "train.parallel=fsdp")
     assert close(losses(out), losses(single))
+    same_with_activation_checkpointing(data_dir, tmp_path / "fsdp_ac", out, "train.parallel=fsdp")
     files = sorted(p.name for p in (out / "last").iterdir())
     assert files == [
         "config.yaml",

@@ -250,15 +250,39 @@ def memory(cfg: Config, precision: str, device: str, params: Params | None = Non
     head += mask_bytes_per_token(m, precision, device, cfg.train.batch_size) * tokens
     casts = 2 * params.linear if a == 2 else 0
     logits_grad = m.vocab_size * (4 + a) * tokens  # the gradient of the log-softmax, then of the logits
+    kept, backward = m.n_layer * block, max(block, logits_grad)
+    if cfg.train.activation_checkpointing:
+        kept, backward = checkpointed(m, tokens, block, logits_grad, device)
     return Memory(
         weights=4 * params.total,
         gradients=4 * params.trained,
         optimizer=8 * (params.trained - params.muon) + 4 * params.muon,
-        activations=m.n_layer * block + head + casts,
-        backward=max(block, logits_grad),
+        activations=kept + head + casts,
+        backward=backward,
         device=device,
         precision=precision,
     )
+
+
+# --- activation checkpointing (train.activation_checkpointing) ---
+
+
+def checkpointed(
+    m: GPTConfig, tokens: int, block: float, logits_grad: float, device: str
+) -> tuple[float, float]:
+    """(what the blocks keep, the backward working set) when each block keeps its input alone: the fp32
+    residual stream (and its positions). Backward computes one block's activations again, then works through
+    them; on a CPU about one block more stays resident (glibc's malloc keeps the freed memory of the blocks
+    computed before: measured, BENCHMARKS.md "Activation checkpointing")."""
+    kept = m.n_layer * (tokens * m.n_embd * 4 + m.block_size * 8)
+    return kept, block * (2 if device == "cpu" else 1) + max(block, logits_grad)
+
+
+def recompute_share(m: GPTConfig, params: Params) -> float:
+    """The FLOPs activation checkpointing adds, over a step's: the blocks' forward (a third of their training
+    FLOPs: all but the LM head's) computed again."""
+    head = 6 * m.vocab_size * m.n_embd
+    return (params.flops_per_token - head) / 3 / params.flops_per_token
 
 
 def checkpoint_bytes(cfg: Config, params: Params) -> float:
@@ -542,9 +566,12 @@ def _memory_lines(cfg: Config, mem: Memory, params: Params, present: bool) -> li
             "            torch.compile on: counted as eager (compiled peaks measured within a few percent of "
             "eager on a CPU, plus the compiler's own memory)"
         )
+    lines += _checkpointing_lines(cfg, mem, params)
     free = _available_bytes(mem.device) if present else None
     if free is not None:
         fits = "fits" if mem.peak < free else "DOES NOT FIT: lower train.batch_size (raise train.grad_accum)"
+        if mem.peak >= free and not cfg.train.activation_checkpointing:
+            fits += " or set train.activation_checkpointing=true"
         lines.append(f"            {_mb(free)} free here: {fits}")
     size = checkpoint_bytes(cfg, params)
     lines.append(
@@ -554,6 +581,19 @@ def _memory_lines(cfg: Config, mem: Memory, params: Params, present: bool) -> li
     if Path(cfg.train.out_dir).exists():
         lines[-1] += f"; {_mb(shutil.disk_usage(cfg.train.out_dir).free)} free in {cfg.train.out_dir}"
     return lines
+
+
+def _checkpointing_lines(cfg: Config, mem: Memory, params: Params) -> list[str]:
+    """With train.activation_checkpointing: what it saves (against the same run without it) and costs."""
+    if not cfg.train.activation_checkpointing:
+        return []
+    train = dataclasses.replace(cfg.train, activation_checkpointing=False)
+    plain = memory(dataclasses.replace(cfg, train=train), mem.precision, mem.device, params)
+    return [
+        f"            activation checkpointing: {_mb(plain.peak - mem.peak)} less than without it "
+        f"({_mb(plain.peak)}); backward computes the blocks' forward again: "
+        f"+{recompute_share(cfg.model, params):.0%} FLOPs, counted in the time below"
+    ]
 
 
 def _time_lines(
@@ -590,6 +630,8 @@ def _time_lines(
         lines.append(f"time        not measured: {why_not}")
     if timing is None or (device != "cuda" and iters * timing.step_s * t.grad_accum > 3600):
         flops = tokens * params.flops_per_token
+        if t.activation_checkpointing:  # the blocks' forward again: time the MFU does not count
+            flops *= 1 + recompute_share(m, params)
         projected = []
         for gpu, product in PROJECTED_GPUS.items():
             peaks = GPU_PEAKS[product]
