@@ -27,8 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 
-import numpy as np
-
 import data.prepare as prep
 from data.recipes import SHAKESPEARE
 from data.sources import TextFile
@@ -85,8 +83,8 @@ def _init_worker(meta: dict) -> None:
     _worker_tok = from_meta(meta)
 
 
-def _encode_in_worker(args) -> np.ndarray:
-    return prep.encode_task(_worker_tok, *args)
+def _encode_in_worker(args) -> prep.Encoded:
+    return prep._encode(_worker_tok, *args)
 
 
 def process_stream(docs, tokenizer, eot, dtype, workers):
@@ -96,8 +94,7 @@ def process_stream(docs, tokenizer, eot, dtype, workers):
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_meta(),)) as pool:
         while window := list(islice(tasks, workers * 4)):
-            for task, ids in zip(window, pool.imap(_encode_in_worker, [(t, eot, dtype) for t in window])):
-                yield sum(map(len, task)), ids
+            yield from pool.imap(_encode_in_worker, [(t, eot, dtype, end) for t, end in window])
 
 
 def prepare_once(pool: str, text: str, meta_file: str, workers: int) -> dict:
