@@ -115,8 +115,9 @@ class TextFile:
                 f.seek(pos)
                 raw = f.read(min(BLOCK, end - pos))
                 last = pos + len(raw) >= end
+                decoder = codecs.getincrementaldecoder("utf-8")()
                 try:  # the bytes of a character cut at the block's end wait for the next piece
-                    text = codecs.getincrementaldecoder("utf-8")().decode(raw, final=last)
+                    text = decoder.decode(raw, final=last)
                 except UnicodeDecodeError as e:
                     raise UserError(
                         f"{self.path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset "
@@ -124,8 +125,9 @@ class TextFile:
                         f"{self.path} > fixed.txt"
                     ) from None
                 cut = 0 if last else last_lossless_cut(text) or text.rfind("\n") + 1
-                piece = text[:cut] if cut > 0 else text
-                state["at"] = end if last else pos + len(piece.encode("utf-8"))
+                piece, rest = (text[:cut], text[cut:]) if cut > 0 else (text, "")
+                held = len(decoder.getstate()[0])  # bytes of a character the block cut
+                state["at"] = end if last else pos + len(raw) - held - len(rest.encode("utf-8"))
                 if piece:
                     yield piece
 
