@@ -31,8 +31,7 @@ from tqdm import tqdm
 
 from data.evalsets import encode_text_file, read_choices
 from data.recipes import prepared_dataset
-from data.tokenizers import from_meta
-from runs import checkpoint
+from runs.pretrained import load_model
 from runs.runtime import Runtime, pick_device, pick_precision
 from training.evaluation import TokenLoss, evaluate_tokens, score_choices
 
@@ -84,9 +83,9 @@ def main(argv: list[str]) -> int:
 
 def evaluate_checkpoint(path: str, args: argparse.Namespace, device: torch.device) -> dict:
     """One checkpoint's result, as eval.py prints it."""
-    model, cfg, tok_meta, ckpt = checkpoint.load_model(path, device)
+    loaded = load_model(path, device)
+    model, cfg, tokenizer, ckpt = loaded.model, loaded.config, loaded.tokenizer, loaded.where
     check_args(args, model.config.block_size)
-    tokenizer = from_meta(tok_meta)
     rt = Runtime(device, pick_precision(args.precision, device, model.config.n_embd))
     result = {"checkpoint": str(ckpt), "tokenizer": tokenizer.name, "device": str(device)}
     result["precision"] = rt.precision
@@ -98,7 +97,9 @@ def evaluate_checkpoint(path: str, args: argparse.Namespace, device: torch.devic
     if args.text_file:
         tokens, what = encode_text_file(args.text_file, tokenizer), args.text_file
     else:
-        dataset = prepared_dataset(cfg.data.dataset, args.data_dir or cfg.data.dir, tokenizer=tok_meta)
+        dataset = prepared_dataset(
+            cfg.data.dataset, args.data_dir or cfg.data.dir, tokenizer_meta=loaded.tokenizer_meta
+        )
         tokens, what = dataset.split(args.split), f"{cfg.data.dataset} {args.split} split"
     batch = args.batch_size or cfg.train.batch_size
     with tqdm(unit="tok", unit_scale=True, disable=None, dynamic_ncols=True) as bar:

@@ -39,9 +39,10 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from common.files import atomic_folder
 from gguf_export.writer import DTYPES, write_gguf
 from hf import folders
-from runs import checkpoint
+from runs.pretrained import Pretrained, load_pretrained
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -90,10 +91,10 @@ def main(argv: list[str]) -> int:
     if args.dtype and not is_gguf(dest):
         raise UserError(f"--dtype is for GGUF files (DEST ending in .gguf); {dest} is written in float32")
     check_dest(dest, args.overwrite)
-    source = checkpoint.load_pretrained(args.checkpoint, merge=not args.adapter)
+    source = load_pretrained(args.checkpoint, merge=not args.adapter)
     if args.adapter:
         return export_adapter(source, dest)
-    if source.tokenizer is None:
+    if source.tokenizer_meta is None:
         raise UserError(f"{source.where} has a tokenizer tinygpt cannot export: {source.tokenizer_about}")
     what, how = (
         export_gguf(source, dest, args.dtype or "f32") if is_gguf(dest) else export_folder(source, dest)
@@ -111,27 +112,27 @@ def main(argv: list[str]) -> int:
 def new_folder(dest: Path) -> Iterator[Path]:
     """An empty folder to write the export into; it becomes DEST in one swap when the block ends."""
     advice = "choose another DEST"
-    with checkpoint.atomic_folder(dest.resolve().parent, dest.name, what="the export", advice=advice) as tmp:
+    with atomic_folder(dest.resolve().parent, dest.name, what="the export", advice=advice) as tmp:
         tmp.mkdir()
         yield tmp
 
 
-def export_folder(source: checkpoint.Pretrained, dest: Path) -> tuple[str, str]:
+def export_folder(source: Pretrained, dest: Path) -> tuple[str, str]:
     """Write the Hugging Face folder; (what was written, how to load it)."""
     with new_folder(dest) as tmp:
-        architecture = folders.write_model(tmp, source.model, source.weights, source.tokenizer)
+        architecture = folders.write_model(tmp, source.model, source.weights, source.tokenizer_meta)
     return architecture, f'load it with transformers.AutoModelForCausalLM.from_pretrained("{dest}")'
 
 
-def export_gguf(source: checkpoint.Pretrained, dest: Path, dtype: str) -> tuple[str, str]:
+def export_gguf(source: Pretrained, dest: Path, dtype: str) -> tuple[str, str]:
     """Write the GGUF file; (what was written, how to run it)."""
     where = source.where
     name = where.parent.name if where.name in ("best", "last") else where.name
-    architecture = write_gguf(dest, source.model, source.weights, source.tokenizer, dtype, name)
+    architecture = write_gguf(dest, source.model, source.weights, source.tokenizer_meta, dtype, name)
     return f"GGUF {architecture} {dtype}", f"run it with llama.cpp: llama-cli -m {dest} -p PROMPT"
 
 
-def export_adapter(source: checkpoint.Pretrained, dest: Path) -> int:
+def export_adapter(source: Pretrained, dest: Path) -> int:
     """--adapter: the LoRA adapters of `source` (read with merge=False) as a PEFT adapter folder."""
     if source.adapters is None:
         raise UserError(

@@ -25,8 +25,8 @@ is written too, with the role scores and what the analyses found):
                                mean on reference windows), the change of val loss, of the [R, R] losses and
                                of the ICL score (interp/ablation.py); --windows/--sequences set its inputs;
                                --group L1H0,L1H2 removes those heads together as well; it runs in
-                               --precision (auto: as training would, bf16 where it pays; on a 6 x 384
-                               model 1.6x faster, the changes moved by 0.006 at most), the other analyses
+                               --precision (auto: as training would, bf16 where it pays: BENCHMARKS.md,
+                               "Interventions: ablation's time and the hooks' cost"), the other analyses
                                in float32 (their sums are exact)
     patching.json, .png        --patch CLEAN CORRUPTED: two prompts of the same length; how much of the
                                clean prediction each head's and each layer's output restores, patched into
@@ -42,7 +42,6 @@ from common.errors import UserError, run_cli  # first: a Ctrl-C while torch load
 # isort: split
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -53,7 +52,6 @@ from common.files import atomic_write
 from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
 from data.recipes import prepared_dataset
-from data.tokenizers import from_meta
 from interp.ablation import KINDS, ablate_heads, format_ablation
 from interp.explorer import write_page
 from interp.lens import direct_attribution, format_lens, head_attributions, logit_lens
@@ -68,9 +66,9 @@ from interp.plots import (
     plot_scores,
     token_labels,
 )
-from interp.scores import ROLES, THRESHOLD, role_name, score_heads
-from runs import checkpoint
+from interp.scores import HEAD_NAME, ROLES, THRESHOLD, head_name, role_name, score_heads
 from runs.config import seed_problem
+from runs.pretrained import load_model
 from runs.runtime import Runtime, pick_device, pick_precision
 
 DEFAULT_PROMPT_TOKENS = 40  # without --prompt: this many tokens from the start of the validation split
@@ -188,7 +186,7 @@ def head_groups(args: argparse.Namespace, n_layer: int, n_head: int) -> list[lis
         raise UserError("--group removes heads together in an ablation; give --ablate as well")
     groups = []
     for text in args.group:
-        found = [re.fullmatch(r"L(\d+)H(\d+)", part.strip()) for part in text.split(",")]
+        found = [HEAD_NAME.fullmatch(part.strip()) for part in text.split(",")]
         if not all(found):
             raise UserError(
                 f"--group takes heads as L<layer>H<head> separated by commas (L1H0,L1H2), got {text!r}"
@@ -197,14 +195,14 @@ def head_groups(args: argparse.Namespace, n_layer: int, n_head: int) -> list[lis
         for layer, head in heads:
             if not (0 <= layer < n_layer and 0 <= head < n_head):
                 shape = f"{n_layer} layers x {n_head} heads"
-                raise UserError(f"--group: L{layer}H{head} is not a head of this model ({shape})")
+                raise UserError(f"--group: {head_name(layer, head)} is not a head of this model ({shape})")
         groups.append(heads)
     return groups
 
 
-def validation_split(cfg, tok_meta: dict, data_dir: str | None, device: torch.device) -> TokenWindows:
+def validation_split(cfg, tokenizer_meta: dict, data_dir: str | None, device: torch.device) -> TokenWindows:
     """The validation windows of the dataset the model was trained on."""
-    dataset = prepared_dataset(cfg.data.dataset, data_dir or cfg.data.dir, tokenizer=tok_meta)
+    dataset = prepared_dataset(cfg.data.dataset, data_dir or cfg.data.dir, tokenizer_meta=tokenizer_meta)
     return dataset.windows("val", cfg.model.block_size, device, cfg.train.seed)
 
 
@@ -222,7 +220,7 @@ def format_tables(scores: dict) -> str:
         for layer, row in enumerate(scores[role]):
             lines.append(f"  L{layer:<14}" + "".join(f"{v:6.2f}" for v in row))
     roles = [
-        f"L{layer}H{head} {role_name(role)} {v:.2f}"
+        f"{head_name(layer, head)} {role_name(role)} {v:.2f}"
         for role in ROLES
         for layer, row in enumerate(scores[role])
         for head, v in enumerate(row)
@@ -249,7 +247,7 @@ def draw_maps(model, ids: list[int], tokenizer, args: argparse.Namespace, out: P
         written.append(out / f"attention_layer{layer}.png")
         plot_layer(w[0].float().cpu().numpy(), labels, layer, written[-1])
     if args.layer is not None:
-        written.append(out / f"attention_L{args.layer}H{args.head}.png")
+        written.append(out / f"attention_{head_name(args.layer, args.head)}.png")
         head = weights[args.layer][0, args.head].float().cpu().numpy()
         plot_head(head, labels, args.layer, args.head, written[-1])
     return written
@@ -275,7 +273,7 @@ def ablation(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt
     sizes = {"windows": args.windows, "sequences": args.sequences}
     device = next(model.parameters()).device
     rt = Runtime(device, pick_precision(args.precision, device, model.config.n_embd))
-    with rt.autocast():  # the costly analysis: bf16 where it pays (1.6x on a 6 x 384 model)
+    with rt.autocast():  # the costly analysis: bf16 where it pays (BENCHMARKS.md, "Interventions: ...")
         result = ablate_heads(model, val, args.ablate, args.seed, groups, **sizes)
     result["precision"] = rt.precision
     print(format_ablation(result))
@@ -340,12 +338,12 @@ def output_folder(args: argparse.Namespace, ckpt: Path) -> Path:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
-    model, cfg, tok_meta, ckpt = checkpoint.load_model(args.out_dir, device)
-    tokenizer = from_meta(tok_meta)
+    loaded = load_model(args.out_dir, device)
+    model, cfg, tokenizer, ckpt = loaded.model, loaded.config, loaded.tokenizer, loaded.where
     mc = model.config
     check_args(args, mc.n_layer, mc.n_head)
     head_groups(args, mc.n_layer, mc.n_head)
-    val = validation_split(cfg, tok_meta, args.data_dir, device)
+    val = validation_split(cfg, loaded.tokenizer_meta, args.data_dir, device)
     if args.prompt is None and args.prompt_file is None:
         ids = val_prompt(val, mc.block_size)
     else:

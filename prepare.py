@@ -134,7 +134,7 @@ def main(argv: list[str]) -> int:
         tokenizer = tokenizer_from(args.tokenizer_from, args.drop_unknown)
     else:  # fail on a bad name or size before reading any text
         kind, _ = parse_spec(recipe.tokenizer)
-        if kind not in ("char", "bpe"):
+        if kind not in ("char", "trained_bpe"):
             BPETokenizer(kind)
     meta = prepare_dataset(args.name, recipe, args.data_dir, args.workers, tokenizer, args.shard_tokens)
     print(

@@ -1,1 +1,1 @@
-"""What every layer shares: the error type meant for people (common/errors.py)."""
+"""What every layer shares: errors meant for people, files written whole, locks, output that may close."""

@@ -28,6 +28,12 @@ class ConfigError(UserError):
     """A mistake in the config or the command line: the same on every rank of a torchrun job."""
 
 
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """An exception's message cut to one line for a message of ours (its type's name when it has none)."""
+    text = str(e).strip()
+    return text.splitlines()[0][:limit] if text else type(e).__name__
+
+
 def debug_enabled(argv: list[str] | None = None) -> bool:
     argv = sys.argv[1:] if argv is None else argv
     return "--debug" in argv or os.environ.get("TINYGPT_DEBUG", "") not in ("", "0")

@@ -5,9 +5,11 @@ writers never share one) for any writer to fill (savefig, numpy's tofile, safete
 `path` when the block ends; `atomic_write` does that for text or bytes. A write that fails (a full disk,
 a read-only folder, a file-size limit) deletes the temporary file, leaves `path` as it was, and raises
 `write_failed`'s UserError: the path, the reason, and the space it needs against the space free there.
-`append_line` appends a line whole or cuts the file back. `save_tensors` writes a safetensors file whose
-failures are OSErrors like any other write's (safetensors raises its own error type, with the errno only in
-its text).
+`atomic_folder(parent, name)` does it for a folder (a checkpoint, an export): filled under a temporary
+name, flushed, swapped in by renames (the old one moves to .NAME.old first), so a crash at any moment leaves
+NAME or .NAME.old complete. `append_line` appends a line whole or cuts the file back. `save_tensors` writes
+a safetensors file whose failures are OSErrors like any other write's (safetensors raises its own error
+type, with the errno only in its text).
 """
 
 from __future__ import annotations
@@ -23,13 +25,20 @@ from pathlib import Path
 from common.errors import UserError
 
 
+def cache_folder() -> Path:
+    """Where tinygpt keeps what it can rebuild (a CPU's measured peak, compiled decoding steps):
+    $TINYGPT_CACHE_DIR, else ~/.cache/tinygpt."""
+    return Path(os.environ.get("TINYGPT_CACHE_DIR") or Path.home() / ".cache" / "tinygpt")
+
+
 def size_text(n: float) -> str:
-    """A byte count for people: 512 B, 3.1 MB, 1.2 GB."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+    """A byte count for people, the one way tinygpt prints sizes (memory and disk alike): 512 B, 3.1 MiB,
+    1.2 GiB, in powers of 1024 (as nvidia-smi and PyTorch's memory summaries count)."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    power = 0
+    while n >= 1024 and power < len(units) - 1:
+        n, power = n / 1024, power + 1
+    return f"{n:.0f} B" if power == 0 else f"{n:,.1f} {units[power]}"
 
 
 def free_space(path: Path | str) -> int | None:
@@ -89,6 +98,82 @@ def atomic_write(path: Path | str, data: str | bytes, advice: str = "") -> None:
     raw = data.encode("utf-8") if isinstance(data, str) else data
     with atomic_file(path, len(raw), advice) as tmp:
         tmp.write_bytes(raw)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file or a folder's entries to disk (best effort: some systems refuse it for folders)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _recover(out_dir: Path, name: str) -> None:
+    """Finish a swap that a crash interrupted, and drop leftovers of unfinished writes."""
+    final, old = out_dir / name, out_dir / f".{name}.old"
+    if old.exists():
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(old, final)
+    for tmp in out_dir.glob(f".{name}.tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_not_links(out_dir: Path, names: tuple[str, ...], advice: str) -> None:
+    """Refuse folders swapped in by `atomic_folder` that are symbolic links: a swap renames the link, not
+    what it points to."""
+    for name in names:
+        for path in (out_dir / name, out_dir / f".{name}.old"):
+            if path.is_symlink():
+                raise UserError(
+                    f"{path} is a symbolic link (to {os.readlink(path)}); checkpoints are replaced by "
+                    "renaming folders, which would move the link, not its target: put the folder itself "
+                    f"there, or {advice}"
+                )
+
+
+@contextlib.contextmanager
+def atomic_folder(
+    out_dir: Path,
+    name: str,
+    what: str,
+    advice: str,
+    need: int | None = None,
+) -> Iterator[Path]:
+    """Yield an empty temporary folder's path; when the block ends, it becomes out_dir/name in one swap.
+    If the block fails, the temporary folder is deleted and out_dir/name is untouched; a write that fails
+    is one line with the space `need`ed (bytes, when known)."""
+    check_not_links(out_dir, (name,), advice)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_failed(out_dir, e, need, advice) from None
+    _recover(out_dir, name)
+    tmp = out_dir / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+    final, old = out_dir / name, out_dir / f".{name}.old"
+    try:
+        yield tmp
+        for f in tmp.iterdir():
+            _fsync(f)
+        _fsync(tmp)
+        if final.exists():
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync(out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(
+            f"could not write {what} {final} ({e.strerror or e}){space_note(out_dir, need)}; the previous "
+            "one is untouched. "
+            f"Free disk space or {advice}"
+        ) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def save_figure(fig, path: Path | str, **savefig) -> None:

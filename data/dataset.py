@@ -25,7 +25,7 @@ from common.errors import UserError
 from data import shards
 from data.loader import TokenWindows
 from data.shards import CHECKED_TOKENS, TokenFiles
-from data.tokenizers import Tokenizer, check_meta, from_meta
+from data.tokenizers import Tokenizer, check_meta, from_meta, same
 
 DATA_DIR = Path(__file__).resolve().parent  # the project's data/ folder: the default data.dir
 META_FILE = "meta.json"
@@ -54,7 +54,7 @@ class Meta:
     """A dataset's meta.json."""
 
     name: str
-    tokenizer: dict  # the tokenizer's metadata (data.tokenizers: to_meta / from_meta)
+    tokenizer_meta: dict  # the tokenizer's metadata (data/tokenizers.py), meta.json's "tokenizer"
     vocab_size: int
     dtype: str  # of the ids in the bins: uint16 or uint32
     train_tokens: int
@@ -74,7 +74,7 @@ class Meta:
         return [(name, count) for name, count in self.shards[split]]
 
     def to_json(self) -> str:
-        data = asdict(self)
+        data = {_JSON_KEYS.get(k, k): v for k, v in asdict(self).items()}
         for key in ("dropped_characters", "shards"):
             if not data[key]:
                 del data[key]
@@ -96,8 +96,11 @@ class Meta:
         problem = _meta_problem(data)
         if problem:
             raise UserError(f"{path} is damaged: {problem}; prepare the dataset again")
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        fields = {_JSON_KEYS.get(k, k): k for k in cls.__dataclass_fields__}  # meta.json's key -> the field
+        return cls(**{fields[k]: v for k, v in data.items() if k in fields})
+
+
+_JSON_KEYS = {"tokenizer_meta": "tokenizer"}  # a Meta field -> its key in meta.json, where they differ
 
 
 def _meta_problem(data) -> str | None:
@@ -175,18 +178,18 @@ class Dataset:
     @classmethod
     def open(cls, name: str, data_dir: str | Path | None = None) -> Dataset:
         """The prepared dataset `name` in data_dir (None: data/); not prepared is one line saying how."""
-        folder = dataset_folder(name, data_dir)
+        return cls.at(dataset_folder(name, data_dir))
+
+    @classmethod
+    def at(cls, folder: Path) -> Dataset:
+        """The prepared dataset in `folder` (`dataset_folder`'s); not prepared is one line saying how."""
         if not (folder / META_FILE).is_file():
             raise UserError(
-                f"dataset {name!r} is not prepared in {folder}; prepare it with: python prepare.py {name} "
-                "--text-file FILE (or --hf-dataset NAME)"
+                f"dataset {folder.name!r} is not prepared in {folder}; prepare it with: python prepare.py "
+                f"{folder.name} --text-file FILE (or --hf-dataset NAME)"
             )
         lock_reading(folder)
         return cls(folder, Meta.read(folder))
-
-    @staticmethod
-    def is_prepared(name: str, data_dir: str | Path | None = None) -> bool:
-        return (dataset_folder(name, data_dir) / META_FILE).is_file()
 
     @property
     def name(self) -> str:
@@ -201,7 +204,7 @@ class Dataset:
         return files
 
     def tokenizer(self) -> Tokenizer:
-        return from_meta(self.meta.tokenizer)
+        return from_meta(self.meta.tokenizer_meta)
 
     def windows(self, split: str, block_size: int, device: torch.device, seed: int) -> TokenWindows:
         """Random windows of block_size + 1 tokens from a split (data/loader.py)."""
@@ -211,7 +214,7 @@ class Dataset:
 
     def check_tokenizer(self, tokenizer_meta: dict, what: str) -> None:
         """Refuse a dataset tokenised otherwise than `tokenizer_meta` (a checkpoint's) says."""
-        if self.meta.tokenizer != tokenizer_meta:
+        if not same(self.meta.tokenizer_meta, tokenizer_meta):
             raise UserError(
                 f"the dataset in {self.folder} has another tokenizer than {what}; point --data-dir at the "
                 "data the model was trained on"

@@ -131,7 +131,7 @@ def make_tokenizer(recipe: Recipe, name: str) -> Tokenizer:
     kind, size = parse_spec(recipe.tokenizer)
     if kind == "char":  # the vocabulary is every character of the corpus: one pass to find them
         return CharTokenizer.from_texts(doc for split in SPLITS for doc in recipe.source.documents(split))
-    if kind == "bpe":
+    if kind == "trained_bpe":
         return train_bpe(recipe.source, size, recipe.bpe_train_chars, f"{name} training bpe:{size}")
     return BPETokenizer(kind)
 
@@ -333,7 +333,7 @@ def _prepare(
     recipe.source.check()
     command = {"source": recipe.source.describe(), "shard_tokens": shard_tokens}
     command["tokenizer"] = tokenizer.to_meta() if tokenizer is not None else recipe.tokenizer
-    if tokenizer is None and parse_spec(recipe.tokenizer)[0] == "bpe":
+    if tokenizer is None and parse_spec(recipe.tokenizer)[0] == "trained_bpe":
         command["bpe_train_chars"] = recipe.bpe_train_chars
     progress = resume(out, command)
     if progress.tokenizer is None:  # made once, kept in progress.json for a rerun
@@ -374,7 +374,7 @@ def _finish(name: str, recipe: Recipe, out: Path, tokenizer: Tokenizer, progress
         dropped = sum(s.chars - s.tokens for split in SPLITS for s in progress.shards(split))
     meta = Meta(
         name=name,
-        tokenizer=tokenizer.to_meta(),
+        tokenizer_meta=tokenizer.to_meta(),
         vocab_size=tokenizer.vocab_size,
         dtype=progress.dtype,
         train_tokens=counts["train"],

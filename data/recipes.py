@@ -3,7 +3,7 @@
 `RECIPES` names each dataset train.py and prepare.py know: where its text comes from and which tokenizer
 makes its ids. `prepared_dataset(name)` is how training and the scripts open a dataset: a known one not
 prepared yet is prepared first (seconds for Shakespeare; TinyStories and FineWeb-Edu stream from the hub,
-minutes to hours).
+minutes to hours); `local_dataset` is the dry run's, which prepares only what takes seconds.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from common.errors import UserError
-from data.dataset import DATA_DIR, Dataset, dataset_folder
+from data.dataset import DATA_DIR, META_FILE, Dataset, dataset_folder
 from data.prepare import Recipe, prepare_dataset
 from data.repeats import Repeats
 from data.sources import HFText, TextFile
@@ -41,19 +41,41 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
-def prepared_dataset(name: str, data_dir: str | Path | None = None, tokenizer: dict | None = None) -> Dataset:
+def prepared_dataset(
+    name: str, data_dir: str | Path | None = None, tokenizer_meta: dict | None = None
+) -> Dataset:
     """Dataset `name` in data_dir (None: data/), prepared first when it is a known dataset not prepared yet;
-    with `tokenizer` (a checkpoint's metadata), refused when it was tokenised otherwise."""
-    if not Dataset.is_prepared(name, data_dir):
-        if name not in RECIPES:
-            raise UserError(
-                f"dataset {name!r} is not prepared in {dataset_folder(name, data_dir)} and is not a known "
-                f"dataset ({', '.join(sorted(RECIPES))}); prepare it with: python prepare.py {name} "
-                "--text-file FILE (or --hf-dataset NAME)"
-            )
-        print(f"preparing dataset {name} in {dataset_folder(name, data_dir)} (first use)", file=sys.stderr)
-        prepare_dataset(name, RECIPES[name], data_dir)
-    dataset = Dataset.open(name, data_dir)
-    if tokenizer is not None:
-        dataset.check_tokenizer(tokenizer, "the checkpoint")
+    with `tokenizer_meta` (a checkpoint's), refused when it was tokenised otherwise."""
+    folder = dataset_folder(name, data_dir)
+    if not (folder / META_FILE).is_file():
+        prepare_known(folder)
+    dataset = Dataset.at(folder)
+    if tokenizer_meta is not None:
+        dataset.check_tokenizer(tokenizer_meta, "the checkpoint")
     return dataset
+
+
+def local_dataset(name: str, data_dir: str | Path | None = None) -> Dataset | None:
+    """Dataset `name` prepared, or prepared now when its text is here (seconds); None when it is not
+    prepared and would stream from the hub (hours: train.py prepares it on first use) or is not known."""
+    folder = dataset_folder(name, data_dir)
+    if not (folder / META_FILE).is_file():
+        recipe = RECIPES.get(name)
+        if recipe is None or isinstance(recipe.source, HFText):
+            return None
+        prepare_known(folder)
+    return Dataset.at(folder)
+
+
+def prepare_known(folder: Path) -> None:
+    """Prepare the known dataset whose folder (`dataset_folder`'s) is not prepared yet; one line for a name
+    that is not known."""
+    name = folder.name
+    if name not in RECIPES:
+        raise UserError(
+            f"dataset {name!r} is not prepared in {folder} and is not a known dataset "
+            f"({', '.join(sorted(RECIPES))}); prepare it with: python prepare.py {name} --text-file FILE (or "
+            "--hf-dataset NAME)"
+        )
+    print(f"preparing dataset {name} in {folder} (first use)", file=sys.stderr)
+    prepare_dataset(name, RECIPES[name], folder.parent)

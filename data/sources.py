@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Optional
 
-from common.errors import UserError
+from common.errors import UserError, first_line
 from data.tokenizers import last_lossless_cut
 
 BLOCK = 1 << 18  # bytes read at a time: one encoding task each (see data/prepare.py: TASK_CHARS)
@@ -152,7 +152,12 @@ class HFText:
         return {"type": "huggingface", **d}
 
     def _load(self, split: str):
-        import datasets
+        try:
+            import datasets
+        except ImportError:
+            raise UserError(
+                "reading a Hugging Face dataset needs the datasets package: pip install datasets"
+            ) from None
 
         files = list(self.data_files) if self.data_files else None
         try:
@@ -161,9 +166,8 @@ class HFText:
             )
         except (FileNotFoundError, ConnectionError, ValueError, OSError) as e:
             what = f"{self.path}" + (f" ({self.name})" if self.name else "")
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(
-                f"could not load Hugging Face dataset {what}, split {split!r}: {reason}. "
+                f"could not load Hugging Face dataset {what}, split {split!r}: {first_line(e)}. "
                 "Check the name, config and split on huggingface.co/datasets, "
                 "and your network (or HF_HUB_OFFLINE with a local copy)"
             ) from None

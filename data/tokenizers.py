@@ -1,8 +1,10 @@
 """Tokenisers: characters (vocabulary built from the corpus), GPT-2 BPE through tiktoken, and a byte-level
 BPE of your own size trained with Hugging Face `tokenizers`.
 
-A tokenizer is described by a JSON-able dict (`to_meta()`), stored in a dataset's meta.json and beside every
-checkpoint, and rebuilt with `from_meta()`; `parse_spec()` turns a `--tokenizer` argument into a kind.
+A tokenizer is described by a JSON-able dict, its metadata (`to_meta()`; called `tokenizer_meta` wherever it
+is passed), stored in a dataset's meta.json and beside every checkpoint, rebuilt with `from_meta()`, named
+for messages by `describe()` and compared by `same()`; `parse_spec()` turns a `--tokenizer` argument into a
+kind. The kinds: "char", "bpe" (a tiktoken encoding: GPT-2's) and "trained_bpe" (bpe:N).
 `byte_lengths()` gives the UTF-8 bytes of each id (0 for <|endoftext|>), so the bytes behind any run of ids
 are one vectorised sum: the denominator of bits per byte, which compares models whatever their tokenizer.
 - `gpt2` resolves to tiktoken's `r50k_base`: the same 50,257 tokens, split pattern and <|endoftext|> (50256),
@@ -34,7 +36,7 @@ import numpy as np
 from common.errors import UserError
 
 BPE_ALIASES = {"gpt2": "r50k_base"}
-BPE_ENCODINGS = ("gpt2", "r50k_base")  # the tiktoken encodings tinygpt prepares data with
+BPE_ENCODINGS = ("gpt2", "r50k_base")  # the tiktoken encodings tinygpt prepares data with: GPT-2's BPE
 EOT = "<|endoftext|>"
 PIECE_CHARS = 1 << 16  # tokenizers needs ~150 bytes per byte of a text it encodes: long texts go in pieces
 
@@ -325,7 +327,8 @@ class TrainedBPE:
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
-    """A --tokenizer argument as (kind, size): ("char", None), ("bpe", N) for bpe:N, (tiktoken name, None)."""
+    """A --tokenizer argument as (kind, size): ("char", None), ("trained_bpe", N) for bpe:N (the kinds of
+    `to_meta`), (tiktoken encoding, None) for gpt2 (kind "bpe" in metadata)."""
     if not spec.startswith("bpe:"):
         return spec, None
     size = spec[len("bpe:") :]
@@ -339,51 +342,79 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
             f"tokenizer {spec}: a byte-level BPE needs at least {least} tokens (the 256 bytes and {EOT}) "
             f"before its first merge; use bpe:N with N >= {least} (small models use 512-8192)"
         )
-    return "bpe", n
+    return "trained_bpe", n
 
 
-def check_meta(meta) -> None:
+def check_meta(tokenizer_meta) -> None:
     """A ValueError saying what is wrong with tokenizer metadata read from a file, unless it is what
     `to_meta` writes: char (distinct characters in order), GPT-2's BPE, or bpe:N (its tokenizers JSON)."""
-    if not isinstance(meta, dict):
-        raise ValueError(f"the tokenizer is a {type(meta).__name__}, not an object")
-    kind, size = meta.get("kind"), meta.get("vocab_size")
+    if not isinstance(tokenizer_meta, dict):
+        raise ValueError(f"the tokenizer is a {type(tokenizer_meta).__name__}, not an object")
+    kind, size = tokenizer_meta.get("kind"), tokenizer_meta.get("vocab_size")
     if kind not in ("char", "bpe", "trained_bpe"):
         raise ValueError(f"unknown tokenizer kind {kind!r} (expected char, bpe or trained_bpe)")
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise ValueError(f"the tokenizer's vocab_size is {size!r}, not a positive whole number")
     if kind == "char":
-        chars = meta.get("chars")
+        chars = tokenizer_meta.get("chars")
         if not isinstance(chars, list) or not all(isinstance(c, str) and len(c) == 1 for c in chars):
             raise ValueError("the char tokenizer's chars are not a list of single characters")
         if len(chars) != size:
             raise ValueError(f"the char tokenizer has {len(chars)} characters, not vocab_size {size}")
         if chars != sorted(set(chars)):
             raise ValueError("the char tokenizer's characters are not each once, in order")
-    elif kind == "bpe" and meta.get("encoding") not in BPE_ENCODINGS:
-        raise ValueError(f"the BPE encoding {meta.get('encoding')!r} is not one tinygpt writes (gpt2)")
-    elif kind == "trained_bpe" and not isinstance(meta.get("tokenizer_json"), dict):
+    elif kind == "bpe" and tokenizer_meta.get("encoding") not in BPE_ENCODINGS:
+        encoding = tokenizer_meta.get("encoding")
+        raise ValueError(f"the BPE encoding {encoding!r} is not one tinygpt writes (gpt2)")
+    elif kind == "trained_bpe" and not isinstance(tokenizer_meta.get("tokenizer_json"), dict):
         raise ValueError("the trained tokenizer has no tokenizer_json object")
 
 
-def from_meta(meta: dict) -> Tokenizer:
+def from_meta(tokenizer_meta: dict) -> Tokenizer:
     """The tokenizer that metadata describes (`check_meta` first: damage is one line)."""
     try:
-        check_meta(meta)
+        check_meta(tokenizer_meta)
     except ValueError as e:
         raise UserError(f"the tokenizer metadata is damaged: {e}") from None
-    kind = meta["kind"]
+    kind, size = tokenizer_meta["kind"], tokenizer_meta["vocab_size"]
     if kind == "char":
-        return CharTokenizer(meta["chars"])
-    tokenizer = (
-        BPETokenizer(meta["encoding"]) if kind == "bpe" else TrainedBPE(json.dumps(meta["tokenizer_json"]))
-    )
-    if tokenizer.vocab_size != meta["vocab_size"]:
+        return CharTokenizer(tokenizer_meta["chars"])
+    if kind == "bpe":
+        tokenizer = BPETokenizer(tokenizer_meta["encoding"])
+    else:
+        tokenizer = TrainedBPE(json.dumps(tokenizer_meta["tokenizer_json"]))
+    if tokenizer.vocab_size != size:
         raise UserError(
-            f"the tokenizer metadata is damaged: it says {meta['vocab_size']} tokens, the {tokenizer.name} "
-            f"tokenizer has {tokenizer.vocab_size}"
+            f"the tokenizer metadata is damaged: it says {size} tokens, the {tokenizer.name} tokenizer has "
+            f"{tokenizer.vocab_size}"
         )
     return tokenizer
+
+
+def describe(tokenizer_meta: dict) -> str:
+    """A tokenizer's metadata in a few words, for messages."""
+    kind = tokenizer_meta.get("kind")
+    size = tokenizer_meta.get("vocab_size", len(tokenizer_meta.get("chars", ())))
+    if kind == "char":
+        return f"char ({size} characters)"
+    if kind == "bpe":
+        return f"{tokenizer_meta.get('encoding')} BPE ({size} tokens)"
+    if kind == "trained_bpe":
+        return f"bpe:{size} (a BPE trained on its dataset)"
+    return f"{kind} ({size} tokens)"
+
+
+def same(a: dict, b: dict) -> bool:
+    """Whether two tokenizer metadata describe the same tokenizer (gpt2 is r50k_base): the one comparison of
+    a checkpoint's, a dataset's and a model folder's tokenizers."""
+
+    def canonical(tokenizer_meta: dict) -> dict:
+        if tokenizer_meta.get("kind") == "bpe":
+            encoding = tokenizer_meta["encoding"]
+            return {**tokenizer_meta, "encoding": BPE_ALIASES.get(encoding, encoding)}
+        return tokenizer_meta
+
+    return canonical(a) == canonical(b)
 
 
 def byte_lengths(token_bytes: list[bytes], eot_token: int) -> np.ndarray:
@@ -448,9 +479,9 @@ def _tokenizer_meta_at(path: Path | str) -> dict:
 
 def tokenizer_from(path: Path | str, drop_unknown: bool = False) -> Tokenizer:
     """The tokenizer of --tokenizer-from PATH; a char tokenizer drops unknown characters when asked."""
-    meta = _tokenizer_meta_at(path)
+    tokenizer_meta = _tokenizer_meta_at(path)
     try:
-        tokenizer = from_meta(meta)
+        tokenizer = from_meta(tokenizer_meta)
     except UserError as e:
         raise UserError(f"--tokenizer-from {path}: {e}") from None
     if isinstance(tokenizer, CharTokenizer) and drop_unknown:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from common.errors import UserError
-from data.tokenizers import EOT, byte_alphabet
+from data.tokenizers import BPE_ENCODINGS, EOT, byte_alphabet, describe
 from hf import tokenizer_files
 
 NORMAL, CONTROL, UNUSED = 1, 3, 5  # llama.cpp's token types (gguf.TokenType)
@@ -76,21 +76,21 @@ def _bpe_vocabulary(vocab: dict[str, int], merges: list, eot: int) -> Vocabulary
     return Vocabulary(tokens, types, lines, eot, False)
 
 
-def vocabulary(meta: dict, n_rows: int) -> Vocabulary:
+def vocabulary(tokenizer_meta: dict, n_rows: int) -> Vocabulary:
     """The GGUF vocabulary for our tokenizer metadata and a model with `n_rows` embedding rows."""
-    kind = meta.get("kind")
+    kind = tokenizer_meta.get("kind")
     if kind == "char":
-        vocab = _char_vocabulary(meta["chars"])
+        vocab = _char_vocabulary(tokenizer_meta["chars"])
     elif kind == "trained_bpe":
-        model = meta["tokenizer_json"]["model"]
+        model = tokenizer_meta["tokenizer_json"]["model"]
         vocab = _bpe_vocabulary(model["vocab"], model["merges"], 0)
-    elif kind == "bpe" and meta.get("encoding") in tokenizer_files.GPT2_ENCODINGS:
+    elif kind == "bpe" and tokenizer_meta.get("encoding") in BPE_ENCODINGS:
         gpt2 = tokenizer_files.gpt2_vocab()
         merges = [f"{a} {b}" for a, b in tokenizer_files.gpt2_merges()]
         vocab = _bpe_vocabulary(gpt2, merges, gpt2[EOT])
     else:
         raise UserError(
-            f"cannot export the {tokenizer_files.describe(meta)} tokenizer to GGUF; export supports char, "
+            f"cannot export the {describe(tokenizer_meta)} tokenizer to GGUF; export supports char, "
             "gpt2 and bpe:N"
         )
     ours = len(vocab.tokens) - vocab.added_eot

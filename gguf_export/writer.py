@@ -147,14 +147,14 @@ def _metadata(writer, gguf, cfg: GPTConfig, vocab: Vocabulary, dtype: str, name:
 
 
 def write_gguf(
-    path: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer: dict, dtype: str, name: str
+    path: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer_meta: dict, dtype: str, name: str
 ) -> str:
     """Write our model as the GGUF file `path` (replacing it); returns llama.cpp's architecture name."""
     problem = convert.export_problem(cfg)
     if problem:
         raise UserError(f"cannot export: {problem} has no exact equivalent in llama.cpp's GPT-2 or Llama")
     gguf = _gguf()
-    vocab = vocabulary(tokenizer, cfg.vocab_size)
+    vocab = vocabulary(tokenizer_meta, cfg.vocab_size)
     architecture = convert.family(cfg)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:

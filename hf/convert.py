@@ -130,25 +130,33 @@ def from_hf_config(c: dict, where: str) -> GPTConfig:
     def refuse(key: str, why: str) -> UserError:
         return UserError(f"{where}: {key}={c.get(key)} in config.json is not supported ({why})")
 
-    if kind == "gpt2":
-        if c.get("activation_function", "gelu_new") not in GPT2_ACTIVATIONS:
-            raise refuse("activation_function", f"tinygpt has {', '.join(GPT2_ACTIVATIONS)}")
-        for key, wanted in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False)):
-            if c.get(key, wanted) != wanted:
-                raise refuse(key, "attention scaled otherwise than by 1/sqrt(head size)")
-        n_embd = c["n_embd"]
-        return GPTConfig(
-            vocab_size=c["vocab_size"],
-            block_size=c["n_positions"],
-            n_layer=c["n_layer"],
-            n_head=c["n_head"],
-            n_embd=n_embd,
-            dropout=c.get("resid_pdrop", 0.1),
-            activation=GPT2_ACTIVATIONS[c.get("activation_function", "gelu_new")],
-            mlp_hidden=c.get("n_inner") or 4 * n_embd,
-            norm_eps=c.get("layer_norm_epsilon", 1e-5),
-            tie_embeddings=c.get("tie_word_embeddings", True),
-        )
+    return _from_gpt2_config(c, refuse) if kind == "gpt2" else _from_llama_config(c, refuse)
+
+
+def _from_gpt2_config(c: dict, refuse) -> GPTConfig:
+    """GPT2LMHeadModel's config: learned positions, LayerNorm, GELU."""
+    if c.get("activation_function", "gelu_new") not in GPT2_ACTIVATIONS:
+        raise refuse("activation_function", f"tinygpt has {', '.join(GPT2_ACTIVATIONS)}")
+    for key, wanted in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False)):
+        if c.get(key, wanted) != wanted:
+            raise refuse(key, "attention scaled otherwise than by 1/sqrt(head size)")
+    n_embd = c["n_embd"]
+    return GPTConfig(
+        vocab_size=c["vocab_size"],
+        block_size=c["n_positions"],
+        n_layer=c["n_layer"],
+        n_head=c["n_head"],
+        n_embd=n_embd,
+        dropout=c.get("resid_pdrop", 0.1),
+        activation=GPT2_ACTIVATIONS[c.get("activation_function", "gelu_new")],
+        mlp_hidden=c.get("n_inner") or 4 * n_embd,
+        norm_eps=c.get("layer_norm_epsilon", 1e-5),
+        tie_embeddings=c.get("tie_word_embeddings", True),
+    )
+
+
+def _from_llama_config(c: dict, refuse) -> GPTConfig:
+    """LlamaForCausalLM's config: rotary positions, RMSNorm, SwiGLU, grouped-query attention."""
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
     if rope.get("rope_type", rope.get("type", "default")) != "default":
         raise refuse(

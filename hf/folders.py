@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from common.errors import UserError
+from common.errors import UserError, first_line
 from common.files import save_tensors
 from data.tokenizers import METADATA_FILE
 from hf import convert, tokenizer_files
@@ -86,9 +86,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
         except FileNotFoundError:
             raise UserError(f"{path} is missing; the model folder is incomplete") from None
         except (SafetensorError, OSError, ValueError) as e:
-            raise UserError(
-                f"{path} is damaged or not a safetensors file ({str(e).splitlines()[0]})"
-            ) from None
+            raise UserError(f"{path} is damaged or not a safetensors file ({first_line(e)})") from None
     return weights
 
 
@@ -97,8 +95,8 @@ def read_model(folder: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], dict |
     config = read_config(folder)
     cfg = convert.from_hf_config(config, str(folder))
     weights = convert.from_hf_weights(read_weights(folder), cfg, str(folder))
-    tokenizer, about = tokenizer_files.tokenizer_of(folder, config.get("model_type"), cfg.vocab_size)
-    return cfg, weights, tokenizer, about
+    tokenizer_meta, about = tokenizer_files.tokenizer_of(folder, config.get("model_type"), cfg.vocab_size)
+    return cfg, weights, tokenizer_meta, about
 
 
 def download(name: str) -> Path:
@@ -123,8 +121,7 @@ def download(name: str) -> Path:
             "cached for it; connect to the internet once, or give a local model folder"
         ) from None
     except (HfHubHTTPError, OSError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"could not get {name} from the Hugging Face hub ({first})") from None
+        raise UserError(f"could not get {name} from the Hugging Face hub ({first_line(e)})") from None
 
 
 def _check_exportable(cfg: GPTConfig) -> None:
@@ -135,11 +132,11 @@ def _check_exportable(cfg: GPTConfig) -> None:
         )
 
 
-def write_model(folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer: dict) -> str:
+def write_model(folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer_meta: dict) -> str:
     """Write a transformers model folder for our model into the empty `folder`; returns its architecture.
     `weights` are ours by name (a tied LM head may be absent)."""
     _check_exportable(cfg)
-    eot = tokenizer_files.write_tokenizer(folder, tokenizer, cfg.block_size)
+    eot = tokenizer_files.write_tokenizer(folder, tokenizer_meta, cfg.block_size)
     config = convert.to_hf_config(cfg, eot)
     save_tensors(convert.to_hf_weights(weights, cfg), folder / WEIGHTS, metadata={"format": "pt"})
     (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")

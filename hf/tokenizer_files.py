@@ -31,33 +31,16 @@ from itertools import pairwise
 from pathlib import Path
 
 from common.errors import UserError
-from data.tokenizers import BPE_ALIASES, EOT, METADATA_FILE, BPETokenizer, byte_alphabet, from_meta
-
-GPT2_ENCODINGS = ("gpt2", "r50k_base")
-
-
-def describe(meta: dict) -> str:
-    """A tokenizer's metadata in a few words, for messages."""
-    kind, size = meta.get("kind"), meta.get("vocab_size", len(meta.get("chars", ())))
-    if kind == "char":
-        return f"char ({size} characters)"
-    if kind == "bpe":
-        return f"{meta.get('encoding')} BPE ({size} tokens)"
-    if kind == "trained_bpe":
-        return f"bpe:{size} (a BPE trained on its dataset)"
-    return f"{kind} ({size} tokens)"
-
-
-def same(a: dict, b: dict) -> bool:
-    """Whether two tokenizer metadata describe the same tokenizer (gpt2 is r50k_base)."""
-
-    def canonical(meta: dict) -> dict:
-        if meta.get("kind") == "bpe":
-            return {**meta, "encoding": BPE_ALIASES.get(meta["encoding"], meta["encoding"])}
-        return meta
-
-    return canonical(a) == canonical(b)
-
+from data.tokenizers import (
+    BPE_ENCODINGS,
+    EOT,
+    METADATA_FILE,
+    BPETokenizer,
+    byte_alphabet,
+    check_meta,
+    describe,
+    from_meta,
+)
 
 # --- GPT-2 BPE from tiktoken's ranks ---
 
@@ -145,20 +128,22 @@ def _token_text(tokenizer_json: str, token: int) -> str | None:
     return added.get(token, vocab.get(token))
 
 
-def write_tokenizer(folder: Path, meta: dict, block_size: int) -> int | None:
-    """Write the tokenizer files for `meta` into folder; return its end-of-text token (None: it has none)."""
-    if "tokenizer_json" in meta:  # a trained BPE carries its tokenizers JSON: written as it is
-        tokenizer_json = json.dumps(meta["tokenizer_json"], ensure_ascii=False)
-    elif meta.get("kind") == "char":
-        tokenizer_json = _char_json(meta["chars"])
-    elif meta.get("kind") == "bpe" and meta.get("encoding") in GPT2_ENCODINGS:
+def write_tokenizer(folder: Path, tokenizer_meta: dict, block_size: int) -> int | None:
+    """Write the tokenizer files of `tokenizer_meta` into folder; its end-of-text token (None: none)."""
+    if "tokenizer_json" in tokenizer_meta:  # a trained BPE carries its tokenizers JSON: written as it is
+        tokenizer_json = json.dumps(tokenizer_meta["tokenizer_json"], ensure_ascii=False)
+    elif tokenizer_meta.get("kind") == "char":
+        tokenizer_json = _char_json(tokenizer_meta["chars"])
+    elif tokenizer_meta.get("kind") == "bpe" and tokenizer_meta.get("encoding") in BPE_ENCODINGS:
         tokenizer_json = _gpt2_json()
         (folder / "vocab.json").write_text(json.dumps(gpt2_vocab(), ensure_ascii=False))
         merges = "".join(f"{a} {b}\n" for a, b in gpt2_merges())
         (folder / "merges.txt").write_text("#version: 0.2\n" + merges, encoding="utf-8")
     else:
-        raise UserError(f"cannot export the {describe(meta)} tokenizer; export supports char, gpt2 and bpe:N")
-    eot = from_meta(meta).eot_token
+        raise UserError(
+            f"cannot export the {describe(tokenizer_meta)} tokenizer; export supports char, gpt2 and bpe:N"
+        )
+    eot = from_meta(tokenizer_meta).eot_token
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": block_size,
@@ -167,11 +152,13 @@ def write_tokenizer(folder: Path, meta: dict, block_size: int) -> int | None:
     if eot is not None:
         text = _token_text(tokenizer_json, eot)
         config |= {"bos_token": text, "eos_token": text}
-    elif meta.get("kind") == "char":  # the tokenizer's own <|endoftext|>, past the model's ids (see above)
+    elif (
+        tokenizer_meta.get("kind") == "char"
+    ):  # the tokenizer's own <|endoftext|>, past the model's ids (see above)
         config |= {"eos_token": EOT, "split_special_tokens": True}
     (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
-    (folder / METADATA_FILE).write_text(json.dumps(meta, indent=1))
+    (folder / METADATA_FILE).write_text(json.dumps(tokenizer_meta, indent=1))
     return eot
 
 
@@ -182,9 +169,13 @@ def tokenizer_of(folder: Path, model_type: str, vocab_size: int) -> tuple[dict |
     """(our tokenizer metadata for the tokenizer of a Hugging Face folder, or None when it is none of ours;
     a few words on what it is). A GPT-2 model without tokenizer files, with room for GPT-2's vocabulary,
     is taken to use GPT-2's BPE."""
-    if (folder / METADATA_FILE).is_file():
-        meta = _read_json(folder / METADATA_FILE)
-        return meta, describe(meta)
+    if (folder / METADATA_FILE).is_file():  # ours, written by export.py: checked as a checkpoint's is
+        tokenizer_meta = _read_json(folder / METADATA_FILE)
+        try:
+            check_meta(tokenizer_meta)
+        except ValueError as e:
+            raise UserError(f"{folder / METADATA_FILE} is damaged ({e})") from None
+        return tokenizer_meta, describe(tokenizer_meta)
     vocab = None
     if (folder / "tokenizer.json").is_file():
         vocab = _read_json(folder / "tokenizer.json").get("model", {}).get("vocab")

@@ -27,7 +27,14 @@ import torch
 
 from data.loader import TokenWindows
 from interp.interventions import Edit, passes
-from interp.scores import evaluating, icl_differences, repeat_losses, repeated_tokens, token_losses
+from interp.scores import (
+    evaluating,
+    head_name,
+    icl_differences,
+    repeat_losses,
+    repeated_tokens,
+    token_losses,
+)
 from model import GPT
 from model.hooks import run_with_cache
 
@@ -115,10 +122,6 @@ def ablate(
         "clean": {m: round(float(v), 4) for m, v in zip(METRICS, clean)},
         "effects": [{m: round(float(v), 4) for m, v in zip(METRICS, row)} for row in changes],
     }
-
-
-def head_name(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
 
 
 def ablate_heads(

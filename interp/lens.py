@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from interp.scores import evaluating
+from interp.scores import evaluating, head_name
 from model import GPT
 from model.hooks import run_with_cache, unembed
 
@@ -59,7 +59,7 @@ def term_names(model: GPT) -> list[str]:
     cfg, blocks = model.config, model.blocks
     names = ["embeddings"]
     for layer in range(cfg.n_layer):
-        names += [f"L{layer}H{head}" for head in range(cfg.n_head)]
+        names += [head_name(layer, head) for head in range(cfg.n_head)]
         if blocks[layer].attn.W_O.bias is not None:
             names.append(f"L{layer} attention bias")
         if blocks[layer].mlp is not None:
@@ -135,7 +135,9 @@ def direct_attribution(model: GPT, ids: list[int], targets: Optional[list[int]] 
 def head_attributions(attribution: dict, n_layer: int, n_head: int) -> np.ndarray:
     """The heads' terms of `direct_attribution`'s values as (T - 1, n_layer, n_head)."""
     columns = [
-        attribution["terms"].index(f"L{layer}H{head}") for layer in range(n_layer) for head in range(n_head)
+        attribution["terms"].index(head_name(layer, head))
+        for layer in range(n_layer)
+        for head in range(n_head)
     ]
     return np.array(attribution["values"])[:, columns].reshape(-1, n_layer, n_head)
 
@@ -153,7 +155,7 @@ def format_lens(lens: dict, heads: np.ndarray, labels: list[str], label) -> str:
         lines.append(f"  {stage:<12}{np.mean(loss) if loss else float('nan'):7.3f}   {shown}")
     mean = heads
     order = np.argsort(mean, axis=None)
-    named = [(f"L{i // mean.shape[1]}H{i % mean.shape[1]}", mean.flat[i]) for i in order]
+    named = [(head_name(*divmod(int(i), mean.shape[1])), mean.flat[i]) for i in order]
     lines.append("direct logit attribution to the true next token, mean over positions:")
     lines.append("  most up:   " + ", ".join(f"{n} {v:+.2f}" for n, v in reversed(named[-3:])))
     lines.append("  most down: " + ", ".join(f"{n} {v:+.2f}" for n, v in named[:3]))

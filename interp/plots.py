@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from common.files import save_figure
 from interp.ablation import METRICS
-from interp.scores import ROLES, role_name, strongest
+from interp.scores import ROLES, head_name, role_name, strongest
 
 MAX_LABELS = 48  # token labels on the axes of prompts up to this many tokens
 CMAP = matplotlib.colormaps["viridis"].with_extremes(bad="white")
@@ -62,7 +62,7 @@ def plot_layer(weights: np.ndarray, labels: Optional[list[str]], layer: int, pat
     fig = Figure(figsize=(4.2 * cols, 4.2 * rows + 0.6), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for h in range(n_head):
-        image = _draw_map(axes[h], weights[h], labels, f"L{layer}H{h}", fontsize=5)
+        image = _draw_map(axes[h], weights[h], labels, head_name(layer, h), fontsize=5)
     for ax in axes[n_head:]:
         ax.axis("off")
     fig.colorbar(image, ax=axes.tolist(), shrink=0.6, label="attention weight")

@@ -1,42 +1,19 @@
 """Attention-head roles: scores that say what each head attends to, and the hooks train.py calls at each eval.
 
-Every role score of a head is a mean of its attention weights over chosen (query, key) pairs, so it lies in
-[0, 1]; 1 means the head puts all of its attention on the role's key for every query scored.
-
-Real text (validation windows of block_size tokens, queries q = 1 .. T-1; query 0 sees only itself):
-- previous-token  mean attention on key q-1
-- first-token     mean attention on key 0 (the "resting" position many heads park attention on)
-- current-token   mean attention on key q
-
-Repeated random tokens [R, R]: R is n = min(block_size // 2, vocab_size) token ids drawn uniformly *without
-repeats* from the model's vocabulary, so every token of the second half has exactly one earlier occurrence
-(query q, n <= q < 2n, holds the token of position q - n). Scores average over the second-half queries and
-over several such sequences:
-- duplicate-token  mean attention on key q - n, the earlier occurrence of the current token
-- induction        mean attention on key q - n + 1, the token that followed the earlier occurrence: the head
-                   that, with a previous-token head in an earlier layer, copies what came next last time
-                   (Olsson et al. 2022, "In-context Learning and Induction Heads")
-A head attending uniformly to the q + 1 keys it can see scores mean(1 / (q + 1)) over the queries scored.
-
-Model-level numbers:
-- repeated-sequence loss  mean cross-entropy on [R, R] of the predictions of tokens 1 .. n-1 (first half:
-  nothing to copy, about ln(vocab_size) at best) and of tokens n+1 .. 2n-1 (second half: the copy); a model
-  with induction heads predicts the second half far better. The prediction of token n (R's first token
-  again) is left out: nothing before it says the copy starts.
-- in-context learning score  (Olsson et al.) the loss of the prediction made at context position
-  late = block_size - 1 (the full context) minus that at early = block_size // 10 - 1 (a tenth of it, the
-  paper's 500th vs 50th token), averaged over validation windows; negative when later tokens, which see
-  more context, are predicted better.
-
-heads.py calls `score_heads`; train.py, with log.head_scores: true, calls it at its defaults at each eval
-(about 0.1 s for the 2-layer induction model, 2-3 s for 6 x 384 with a 256 context on a CPU),
-prints `strongest_heads`, logs `flat_scores` and draws `interp.plots.plot_training_curves` at the end.
-Attention weights are
-materialised a chunk of windows at a time (ATTENTION_BYTES), so a GPT-2-sized model can be scored too.
+A role score is a head's mean attention weight on the role's key over chosen queries, so it lies in [0, 1]:
+previous-, first- and current-token on real text (validation windows), duplicate-token and induction
+(Olsson et al. 2022) on repeated random tokens [R, R] (`repeated_tokens`); beside them, per model, the
+repeated-sequence loss of each half and the in-context learning score. docs/heads.md ("The scores") defines
+each one and how to read it; the functions below say which queries and keys they take.
+heads.py calls `score_heads`; train.py, with log.head_scores: true, calls it at each eval, prints
+`strongest_heads`, logs `flat_scores` and draws `interp.plots.plot_training_curves` at the end. Attention
+weights are materialised a chunk of windows at a time (ATTENTION_BYTES), so a GPT-2-sized model can be
+scored too. `head_name` is every head's label (L1H0).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Optional
@@ -70,7 +47,10 @@ def text_scores(weights: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def repeat_scores(weights: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
     """Duplicate-token and induction scores, each (B, n_head), from one layer's (B, n_head, 2n, 2n) attention
-    weights on [R, R] sequences with len(R) = n: per sequence, the mean over queries n .. 2n-1."""
+    weights on [R, R] sequences with len(R) = n: per sequence, the mean over queries n .. 2n-1 (query q holds
+    the token of position q - n) of the attention on key q - n (its earlier occurrence) and on key q - n + 1
+    (the token that followed it: an induction head, with a previous-token head in an earlier layer, copies
+    what came next last time)."""
     return {
         "duplicate_token": weights.diagonal(offset=-n, dim1=-2, dim2=-1).mean(dim=-1),
         "induction": weights.diagonal(offset=1 - n, dim1=-2, dim2=-1)[..., 1:].mean(dim=-1),
@@ -78,7 +58,8 @@ def repeat_scores(weights: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
 
 
 def repeated_tokens(vocab_size: int, n: int, count: int, seed: int) -> torch.Tensor:
-    """(count, 2n) sequences [R, R], each R n distinct ids drawn uniformly from the vocabulary."""
+    """(count, 2n) sequences [R, R], each R n distinct ids drawn uniformly from the vocabulary: without
+    repeats, every token of the second half has exactly one earlier occurrence."""
     rng = np.random.default_rng(seed)
     halves = np.stack([rng.choice(vocab_size, n, replace=False) for _ in range(count)])
     return torch.from_numpy(np.concatenate([halves, halves], axis=1))
@@ -90,13 +71,16 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def repeat_losses(logits: torch.Tensor, tokens: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sequence (B,), the mean loss on the first and on the second half of [R, R] (see the docstring)."""
+    """Per sequence (B,), the mean loss of the predictions of tokens 1 .. n-1 (the first half: nothing to
+    copy) and of n+1 .. 2n-1 (the second: the copy). Token n, R's first token again, is left out: nothing
+    before it says the copy starts."""
     losses = token_losses(logits[:, :-1], tokens[:, 1:])  # column p: the prediction of token p + 1
     return losses[:, : n - 1].mean(dim=1), losses[:, n:].mean(dim=1)
 
 
 def icl_positions(block_size: int) -> tuple[int, int]:
-    """(early, late) context positions of the in-context learning score."""
+    """(early, late) context positions of the in-context learning score: a tenth of the context and all of
+    it (Olsson et al. compare the 50th and 500th tokens)."""
     return max(block_size // 10 - 1, 0), block_size - 1
 
 
@@ -186,12 +170,20 @@ def strongest(table: list[list[float]]) -> tuple[int, int, float]:
     return layer, head, table[layer][head]
 
 
+HEAD_NAME = re.compile(r"L(\d+)H(\d+)")  # a head's label, as `head_name` writes it
+
+
+def head_name(layer: int, head: int) -> str:
+    """A head's label in every table, picture and command line: L1H0 is layer 1's head 0."""
+    return f"L{layer}H{head}"
+
+
 def strongest_heads(scores: dict) -> str:
     """One line: the strongest head of each role, then the ICL score and the repeated-sequence losses."""
     parts = []
     for role in ROLES:
         layer, head, value = strongest(scores[role])
-        parts.append(f"{role_name(role)} L{layer}H{head} {value:.2f}")
+        parts.append(f"{role_name(role)} {head_name(layer, head)} {value:.2f}")
     parts.append(f"ICL {scores['icl_score']:+.2f}")
     parts.append(
         f"repeat loss {scores['repeat_loss_first_half']:.2f} -> {scores['repeat_loss_second_half']:.2f}"

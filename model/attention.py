@@ -1,33 +1,11 @@
 """Attention that sees only part of the sequence (a sliding window, the token's own document) at a cost that
 grows linearly with the sequence length.
 
-Handing `F.scaled_dot_product_attention` a dense T x T mask computes every score and then hides most of
-them: a window of w keys costs what full attention costs, and more (a masked call cannot skip the blocks
-above the diagonal, and the mask is read too). `attend_locally` cuts the queries into blocks of `block`
-tokens instead; each block attends to its own keys and those of the `reach` blocks before it
-(reach * block >= window - 1), under one fixed band mask of block x (reach + 1) * block, in one batched SDPA
-call. It computes T * (reach + 1) * block scores rather than T^2, and holds no T x T tensor.
-
-Notable:
-- The batch is laid out as one long sequence of blocks (the rows back to back, each padded to a whole number
-  of blocks): query block m attends to the keys of blocks m - reach .. m, an `unfold` view of the keys (the
-  windows overlap, nothing is copied; unfold's backward adds their gradients up). The first `reach` blocks of
-  each row would reach before the row's start (into the previous row): their queries are answered by a
-  second, small call (the first reach * block tokens of each row, causal) and written over.
-- Block size (`block_layout`), measured on 2 cores (B=1, H=4, d=32, fp32, forward + backward, T=8,192, w=256,
-  full causal 527 ms): blocks of w/2 (reach 2) 67 ms, of w 79 ms, of w/4 94 ms, of 2w 144 ms; w/2 won at
-  w = 64 ... 512 too, w at w <= 32. Half-window blocks compute scores for 1.5 w keys per query, not 2 w.
-  An `as_strided` view of the windows instead of unfold's cost the same time and twice the memory (its
-  backward scatters into the overlaps).
-- Documents: with `starts` (the position where each token's document begins, `document_starts`) the mask
-  also requires equal starts: one block x (reach + 1) * block mask per block (still linear in T), without a
-  window a dense T x T mask per row. Built once per forward as a float mask that all layers share.
-- Padding queries (past T) see at least themselves, and so does every query of a block whose output is
-  written over: no row of scores is all masked, which would put NaN into the gradients of the keys.
-- Dropout goes through SDPA's math path (the CPU flash kernel has none): the same blocks, slower, and the
-  block-sized score tensors are kept for backward. On CUDA the same calls run SDPA's memory-efficient
-  kernel (flash takes no mask); FlexAttention would skip the masked tiles, but its backward does not run on
-  a CPU in torch 2.13, so it could not be tested here.
+`attend_locally` cuts the queries into blocks of `block` tokens; each block attends to its own keys and those
+of the `reach` blocks before it under one fixed band mask, all blocks in one batched SDPA call: T * (reach +
+1) * block scores rather than T^2, and no T x T tensor. A dense T x T mask would compute every score and hide
+most of them. docs/heads.md ("What the causal mask and a window cost") explains it; BENCHMARKS.md
+("Attention's cost against the sequence length") measures it and the block sizes `block_layout` chose.
 """
 
 from __future__ import annotations
@@ -86,10 +64,10 @@ def block_layout(T: int, window: Optional[int]) -> tuple[int, int]:
 
     No window, or one that covers T: a single block (reach 0). The same, under a dense T x T mask, for T
     below BLOCKS_FROM or a window over T / 4: there the blocks' two calls cost more than the scores they
-    save (measured forward + backward, B=12, H=4, d=32: blocks/dense 2.2x at T=64, w=16; 1.6x at T=256,
-    w=128; 0.61x at T=384, w=64; 0.67x at T=1,024, w=256). Windows of HALF_BLOCKS_FROM or more: blocks of
-    half the window, reach 2 (fastest at w = 256, see the module docstring); smaller ones: blocks of the
-    window, reach 1 (small blocks leave SDPA's kernels too little work per call)."""
+    save. Windows of HALF_BLOCKS_FROM or more: blocks of half the window, reach 2 (they compute 1.5 w scores
+    per query, not 2 w); smaller ones: blocks of the window, reach 1 (small blocks leave SDPA's kernels too
+    little work per call). The measurements behind each choice: BENCHMARKS.md, "Attention's cost against
+    the sequence length"."""
     if window is None or T < BLOCKS_FROM or window > T // 4:
         return T, 0
     block = -(-window // 2) if window >= HALF_BLOCKS_FROM else window
@@ -139,7 +117,8 @@ def _token_major(x: torch.Tensor, length: int) -> torch.Tensor:
 def _windows(x: torch.Tensor, block: int, width: int) -> torch.Tensor:
     """x (B, length, H, d) -> (B * length / block - reach, H, width, d): for each block of the flattened
     batch from the reach-th on, the `width` tokens that end with it. A view of x's rows back to back (the
-    windows overlap; unfold's backward adds their gradients up), so no key is copied."""
+    windows overlap; unfold's backward adds their gradients up), so no key is copied (an `as_strided` view
+    took the same time and twice the memory: its backward scatters into the overlaps)."""
     flat = x.reshape(-1, x.size(2), x.size(3))
     return flat.unfold(0, width, block).permute(0, 1, 3, 2)
 
@@ -153,6 +132,10 @@ def _block_documents(band: torch.Tensor, starts: torch.Tensor, block: int, reach
 
 
 def _sdpa(q, k, v, mask, dropout: float, causal: bool = False) -> torch.Tensor:
+    """SDPA with grouped-query heads. With dropout it takes the math path (the CPU flash kernel has none):
+    slower, and the block-sized scores are kept for backward. On CUDA these masked calls run the
+    memory-efficient kernel (flash takes no mask); FlexAttention would skip the masked tiles, but its
+    backward does not run on a CPU in torch 2.13, so it could not be tested here."""
     gqa = k.size(1) != q.size(1)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal and mask is None, enable_gqa=gqa
@@ -169,7 +152,9 @@ def attend_locally(
     block, reach = block_layout(T, window)
     n = -(-T // block)
     length, width = n * block, (reach + 1) * block
-    head = min(T, reach * block) if reach else T  # each row's first tokens, answered by a call of their own
+    # the first `reach` blocks of each row would reach before its start, into the previous row (the batch is
+    # one long sequence of blocks): those `head` tokens are answered by a call of their own, written over
+    head = min(T, reach * block) if reach else T
     q, k, v = (_token_major(x, length) for x in (queries, keys, values))
     mask = None  # causal alone, where the window does not bind on the first `head` tokens
     if starts is not None or (window is not None and head > window):
@@ -181,6 +166,8 @@ def attend_locally(
     if head == T:
         return first
     q_blocks = q.reshape(B * n, block, H, d)[reach:].transpose(1, 2)
+    # padding queries (past T), and the queries of blocks written over, see at least themselves: a row of
+    # scores all masked would put NaN into the keys' gradients
     mask = band_mask(block, width, reach * block, window, queries.device)
     if starts is not None:
         mask = span.additive("blocks", q.dtype, lambda: _block_documents(mask, starts, block, reach, length))

@@ -15,17 +15,9 @@ The points (l is a layer, B batch, T positions, C = n_embd, H = n_head, d = head
     blocks.{l}.resid_post    (B, T, C)     the residual leaving block l; the last layer's is the final
                                            residual, which the final norm and the LM head read
 With grouped-query attention the pattern and z are per query head (keys and values shared in a group).
-
-How it works, and why it costs nothing when unused: CausalSelfAttention and Block carry a `hook` that is
-None (a class attribute); their forward checks it at each point and calls it only when set. `hooked` sets
-it on the modules named for the length of a `with` block and removes it after, so no extra tensor is made
-and no Python runs beyond those checks otherwise (the training step, measured: BENCHMARKS.md). A hook
-function gets the tensor and the point's full name; it returns None to leave the tensor as it is (reading:
-a cache), or a tensor of the same shape (or, at a block's resid_pre, any batch size: the block and those
-after it then run on that batch) to carry on with instead. Reading-only hooks leave every output bit as
-it is, except on a pattern point, which switches that layer to the explicit attention path (equal to the
-fast one within float rounding). The names follow TransformerLens's hook points (hook_resid_pre, hook_z,
-hook_pattern, ...), without its "hook_" prefixes; ours exist for every model option tinygpt trains.
+The names follow TransformerLens's hook points (hook_resid_pre, hook_z, hook_pattern, ...), without its
+"hook_" prefixes; ours exist for every model option tinygpt trains. Unused, they cost one `is None` check
+each (`hooked` says how; BENCHMARKS.md, "Interventions: ablation's time and the hooks' cost").
 """
 
 from __future__ import annotations
@@ -99,7 +91,16 @@ def hooked(model, hooks: Mapping[str, Union[HookFn, Sequence[HookFn]]]):
     """Call hooks[name] at each named point of `model`'s forward passes inside the `with` block.
 
     A value may be one function or a list of them (called in order, each seeing the last one's output).
-    Hooks set by an enclosing `hooked` keep running, before these. Pass the unwrapped GPT."""
+    Hooks set by an enclosing `hooked` keep running, before these. Pass the unwrapped GPT.
+    A hook gets the tensor and the point's full name; it returns None to leave the tensor as it is (reading:
+    a cache), or a tensor of the same shape (or, at a block's resid_pre, any batch size: the block and those
+    after it then run on that batch) to carry on with instead. Reading leaves every output bit as it is,
+    except on a pattern point, which switches that layer to the explicit attention path (equal to the fast
+    one within float rounding).
+    Why unused points cost nothing: CausalSelfAttention and Block carry a `hook` that is None (a class
+    attribute); their forward checks it at each point and calls it only when set. This sets it on the
+    modules named for the length of the block and removes it after: no extra tensor, no Python beyond the
+    checks."""
     sites: dict[torch.nn.Module, HookSite] = {}
     for name, fns in hooks.items():
         module, prefix, point = locate(model, name)

@@ -1,3 +1,3 @@
-"""What describes a run and what it leaves: its typed config (config.py), where it runs (runtime.py: device,
-precision, torchrun ranks) and its checkpoints (checkpoint.py). Everything that reads a model (sample.py,
-eval.py, heads.py, export.py, plot.py) needs these and nothing of training/."""
+"""What describes a run and what it leaves: its typed config, where it runs (device, precision, torchrun
+ranks), its checkpoints and the state it resumes from, and the model it starts from or runs. Everything that
+reads a model (sample.py, eval.py, heads.py, export.py, plot.py) needs these and nothing of training/."""

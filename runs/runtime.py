@@ -3,7 +3,8 @@
 `auto` picks CUDA (each torchrun rank takes cuda:LOCAL_RANK), else Apple MPS, else the CPU; bf16 autocast on
 GPUs with bf16 tensor cores, fp16 with a GradScaler on older ones (T4, V100), fp32 on MPS, and on a CPU bf16
 only where bf16 matrix units pay for the casts (`cpu_auto_precision`); torch.compile on CUDA where Triton
-works. The rank is read from torchrun's environment; training/distributed.py joins the process group.
+works. These choices are made here alone: training takes them through `setup`, the dry run through
+`planned`. The rank is read from torchrun's environment; training/distributed.py joins the process group.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Optional
 import torch
 
 from common.errors import UserError
+from common.threads import ThreadTuner
 
 
 @dataclass
@@ -27,6 +29,7 @@ class Runtime:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1  # processes on this machine
+    threads: int = 0  # train.threads: the CPU threads the user chose (0: chosen by timing the work)
 
     @property
     def is_main(self) -> bool:
@@ -45,6 +48,13 @@ class Runtime:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def thread_tuner(self, **kwargs) -> ThreadTuner:
+        """A tuner of the CPU thread count for one loop (common/threads.py): off the CPU, under torchrun (the
+        ranks wait for each other, so one rank's steps do not time its threads) and with train.threads set,
+        a no-op."""
+        tuned = self.device.type == "cpu" and not self.distributed and not self.threads
+        return ThreadTuner(enabled=tuned, **kwargs)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -108,6 +118,18 @@ def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:
     return "fp32"
 
 
+def planned(device_setting: str, precision_setting: str, n_embd: int) -> tuple[torch.device, str, bool]:
+    """(device, precision, present): what `setup` would choose here, without taking the device (the dry
+    run). A CUDA or MPS setting on a machine without one is absent (present False), with the precision such
+    a device would get: auto on CUDA is bf16, as on every GPU the dry run projects to."""
+    there = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if not there.get(device_setting, True):
+        auto = "bf16" if device_setting == "cuda" else "fp32"
+        return torch.device(device_setting), auto if precision_setting == "auto" else precision_setting, False
+    device = pick_device(device_setting)
+    return device, pick_precision(precision_setting, device, n_embd), True
+
+
 def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int = 0) -> Runtime:
     """This process's rank under torchrun (rank 0 of 1 without it), its device and precision."""
     env = os.environ
@@ -118,10 +140,10 @@ def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    if threads:
+    if threads:  # the user's count: this runtime's tuners leave it
         torch.set_num_threads(threads)
     precision = pick_precision(precision_setting, device, n_embd)
-    return Runtime(device, precision, rank, local_rank, world, local_world)
+    return Runtime(device, precision, rank, local_rank, world, local_world, threads)
 
 
 def compile_enabled(setting: str, device: torch.device) -> bool:

@@ -1,32 +1,22 @@
-"""What a checkpoint's tensors and numbers must be before anything is built from them or any kernel runs.
+"""Weights checked against the config before any model is built from them.
 
-A checkpoint comes from disk: it may be damaged, or made by someone else. torch.load(weights_only=True) and
-safetensors refuse code, but not tensors of the wrong shape, and those do worse than fail: an AdamW moment
-shorter than its parameter makes the fused (or for-loop) kernel write past its end, a segfault, and the
-foreach one corrupts the heap. So every tensor is checked against what it will be used for:
-- `check_weights_file`: a safetensors header (names, shapes, dtypes, read without the data) against the
-  shapes the checkpoint's config implies, before any model is built (a config.yaml that claims n_embd 65536
-  would otherwise ask for 51 GB); `check_weight_shapes` does it for weights already in memory (a Hugging
-  Face folder's, converted).
-- `safe_optimizer_state`: state.pt's optimizer state, entry by entry: the keys each optimizer keeps per
-  parameter, each tensor of that parameter's shape and dtype, dense and contiguous; of param_groups only
-  the finite numbers (learning rate, betas, eps, weight decay, momentum) are taken, every flag and count
-  (fused, foreach, ns_steps, the parameters' names) is the live optimizer's own.
-- `check_rng_state` and `check_scaler_state`: the random generators' and GradScaler's state.
-A failure is one UserError naming the file and the entry.
+Weights come from disk: damaged, or made by someone else. safetensors refuses code, but not tensors of
+another shape, nor a config.yaml that claims n_embd 65536 (51 GB for GPT-2's vocabulary).
+`check_weights_file` reads a safetensors header (names, shapes, dtypes, without the data) and holds it
+against the shapes the checkpoint's config implies; `check_weight_shapes` does it for weights already in
+memory (a Hugging Face folder's, converted); `check_adapter_shapes` does it for a LoRA checkpoint's
+adapters. A failure is one UserError naming the file and the first difference. state.pt's tensors are
+checked by runs/train_state.py.
 """
 
 from __future__ import annotations
 
-import math
-import random
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from common.errors import UserError
-from model import GPT, GPTConfig
+from common.errors import UserError, first_line
+from model import GPT, GPTConfig, lora
 
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}  # safetensors' names
 
@@ -77,10 +67,9 @@ def check_weights_file(path: Path, cfg: GPTConfig) -> None:
         with safe_open(str(path), "pt") as f:
             header = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise UserError(
-            f"{path} is damaged or not a safetensors file ({first}); use another checkpoint (e.g. last/ "
-            "instead of best/) or train again"
+            f"{path} is damaged or not a safetensors file ({first_line(e)}); use another checkpoint (e.g. "
+            "last/ instead of best/) or train again"
         ) from None
     for name, (_, dtype) in header.items():
         if dtype not in FLOAT_DTYPES:
@@ -88,129 +77,16 @@ def check_weights_file(path: Path, cfg: GPTConfig) -> None:
     check_weight_shapes({k: shape for k, (shape, _) in header.items()}, cfg, path.parent)
 
 
-# --- state.pt ---
-
-
-def _tensor_problem(value: Any, shape: tuple[int, ...], dtype: torch.dtype) -> str | None:
-    if not isinstance(value, torch.Tensor):
-        return f"is a {type(value).__name__}, not a tensor"
-    if value.layout != torch.strided or value.is_quantized or value.device.type != "cpu":
-        return "is not a plain tensor"
-    if tuple(value.shape) != shape or value.dtype != dtype:
-        return f"is {list(value.shape)} {value.dtype}, not {list(shape)} {dtype}"
-    if not value.is_contiguous():
-        return "is not contiguous"
-    return None
-
-
-def _per_parameter(opt: torch.optim.Optimizer, group: dict, p: torch.Tensor) -> dict:
-    """What `opt` keeps for parameter p: key -> (shape, dtype)."""
-    like = (tuple(p.shape), p.dtype)
-    if isinstance(opt, torch.optim.AdamW):
-        keys = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group.get("amsgrad") else [])
-        return {"step": ((), torch.float32), **dict.fromkeys(keys, like)}
-    return {"momentum_buffer": like}  # training/muon.py's Muon
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _group(saved: Any, live: dict, names: list[str], bad) -> dict:
-    """A param group to load: the live group, with the finite numbers (and tuples of them) of the saved."""
-    if not isinstance(saved, dict) or saved.get("params") != names:
-        raise bad("its param_groups do not list this model's parameters")
-    out = {**{k: v for k, v in live.items() if k != "params"}, "params": names}
-    for key, value in live.items():
-        if key not in saved or key == "params" or not isinstance(value, (float, tuple)):
-            continue
-        theirs = saved[key]
-        fits = isinstance(value, float) and _is_number(theirs)
-        fits |= isinstance(value, tuple) and isinstance(theirs, (tuple, list)) and len(theirs) == len(value)
-        if not fits or (isinstance(value, tuple) and not all(map(_is_number, theirs))):
-            raise bad(f"param_groups' {key} is {theirs!r}")
-        out[key] = tuple(theirs) if isinstance(value, tuple) else float(theirs)
-    return out
-
-
-def safe_optimizer_state(
-    saved: Any, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer], where: Path | str
-) -> dict:
-    """state.pt's optimizer state, checked entry by entry against the live optimizers (module docstring),
-    as torch.distributed.checkpoint's set_optimizer_state_dict takes it (parameter names as keys)."""
-
-    def bad(what: str) -> UserError:
-        return UserError(
-            f"{where} holds optimizer state that does not fit this model ({what}); resume with the config "
-            "it was trained with, or use another checkpoint"
+def check_adapter_shapes(
+    adapters: dict[str, torch.Tensor], cfg: GPTConfig, lora_cfg: lora.LoRAConfig, where: Path
+) -> None:
+    """Refuse LoRA adapters that are not those its config implies (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+        lora.add_lora(model, lora_cfg)
+    expected = {k: tuple(v.shape) for k, v in lora.adapter_weights(model.state_dict()).items()}
+    if {k: tuple(v.shape) for k, v in adapters.items()} != expected:
+        raise UserError(
+            f"the adapters in {where} do not match its config ({len(adapters)} tensors; its lora section "
+            f"implies {len(expected)}, of other names or shapes); the checkpoint is inconsistent"
         )
-
-    if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict):
-        raise bad("it is not a mapping with a state")
-    name_of = {id(p): n for n, p in model.named_parameters()}
-    expected, groups = {}, []
-    for opt in optimizers:
-        for live in opt.param_groups:
-            names = [name_of[id(p)] for p in live["params"]]
-            expected.update({name_of[id(p)]: _per_parameter(opt, live, p) for p in live["params"]})
-            groups.append((live, names))
-    param_groups = saved.get("param_groups")
-    if not isinstance(param_groups, list) or len(param_groups) != len(groups):
-        raise bad(f"{len(groups)} param_groups expected")
-    out = {"state": {}, "param_groups": [_group(s, g, n, bad) for s, (g, n) in zip(param_groups, groups)]}
-    for name, entry in saved["state"].items():
-        if name not in expected:
-            raise bad(f"state for {name!r}, which the model does not have")
-        if not isinstance(entry, dict) or set(entry) != set(expected[name]):
-            raise bad(f"the state of {name} holds {sorted(entry) if isinstance(entry, dict) else entry!r}")
-        for key, (shape, dtype) in expected[name].items():
-            problem = _tensor_problem(entry[key], shape, dtype)
-            if problem:
-                raise bad(f"the {key} of {name} {problem}")
-        out["state"][name] = entry
-    return out
-
-
-def check_rng_state(state: Any, where: Path | str) -> None:
-    """The random generators' state as checkpoint.rng_state writes it."""
-
-    def bad(what: str) -> UserError:
-        return UserError(f"{where} is damaged: its random generator state {what}; use another checkpoint")
-
-    if not isinstance(state, dict) or not {"torch", "numpy", "python"} <= set(state):
-        raise bad("is not a mapping of torch, numpy and python")
-    byte_state = (tuple(torch.get_rng_state().shape), torch.uint8)
-    problem = _tensor_problem(state["torch"], *byte_state)
-    if problem:
-        raise bad(f"for torch {problem}")
-    if "cuda" in state and torch.cuda.is_available():
-        problem = _tensor_problem(state["cuda"], tuple(torch.cuda.get_rng_state().shape), torch.uint8)
-        if problem:
-            raise bad(f"for CUDA {problem}")
-    numpy_state = state["numpy"]
-    if not (isinstance(numpy_state, (tuple, list)) and len(numpy_state) == 5):
-        raise bad("for numpy is not the 5 values of numpy.random.get_state")
-    kind, keys, pos, has_gauss, gauss = numpy_state
-    problem = _tensor_problem(keys, (624,), torch.int64)
-    if kind != "MT19937" or problem or not (keys.min() >= 0 and keys.max() < 2**32):
-        raise bad(f"for numpy {problem or 'is not MT19937 state'}")
-    if not (isinstance(pos, int) and 0 <= pos <= 624 and has_gauss in (0, 1) and _is_number(gauss)):
-        raise bad("for numpy has a position or gauss out of range")
-    try:
-        random.Random().setstate(_python_state(state["python"]))
-    except (TypeError, ValueError, OverflowError) as e:
-        raise bad(f"for python is refused ({e})") from None
-
-
-def _python_state(state: Any) -> tuple:
-    version, internal, gauss_next = state  # a TypeError or ValueError when it is not three values
-    return (version, tuple(internal), gauss_next)
-
-
-def check_scaler_state(state: Any, where: Path | str) -> None:
-    """A GradScaler's state (fp16 runs): its five numbers, finite, the scale positive."""
-    keys = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
-    if not isinstance(state, dict) or set(state) != set(keys) or not all(_is_number(state[k]) for k in keys):
-        raise UserError(f"{where} is damaged: its GradScaler state is not {', '.join(keys)}")
-    if state["scale"] <= 0 or not isinstance(state["growth_interval"], int):
-        raise UserError(f"{where} is damaged: its GradScaler state has scale {state['scale']}")

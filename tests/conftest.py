@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ SHARED_CACHE = ROOT.parent / "shared" / "tiktoken-cache"
 if "TIKTOKEN_CACHE_DIR" not in os.environ and SHARED_CACHE.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED_CACHE)
 os.environ.setdefault("WANDB_MODE", "offline")
+# compiled decoding steps and the CPU's measured peak: one folder per test session, never the user's
+os.environ["TINYGPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="tinygpt-cache-")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
@@ -173,7 +176,7 @@ def train_induction(config: str, data_dir: Path, out: Path) -> dict:
 
     from data.dataset import Dataset
     from interp.scores import score_heads
-    from runs import checkpoint
+    from runs import pretrained
 
     run_script(
         "train.py",
@@ -186,7 +189,8 @@ def train_induction(config: str, data_dir: Path, out: Path) -> dict:
     )
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["elapsed_s"] < 60  # the budget: under a minute of CPU training
-    model, cfg, _, _ = checkpoint.load_model(out)
+    loaded = pretrained.load_model(out)
+    model, cfg = loaded.model, loaded.config
     val = Dataset.open("repeats", data_dir).windows(
         "val", cfg.model.block_size, torch.device("cpu"), cfg.train.seed
     )
@@ -248,7 +252,9 @@ def exportable(tmp_path_factory) -> dict[tuple[str, str], Path]:
                 for p in model.parameters():
                     p.add_(0.3 * torch.randn_like(p))
             runs[kind, family] = out / f"{kind.replace(':', '')}-{family}"
-            checkpoint.write_checkpoint(runs[kind, family], "last", model, cfg, meta)
+            checkpoint.write_checkpoint(
+                runs[kind, family], "last", checkpoint.model_weights(model), cfg, meta
+            )
     return runs
 
 
@@ -267,4 +273,5 @@ def tiny_checkpoint(folder: Path, data_dir: Path, *overrides: str) -> Path:
     ]
     cfg = load_config(None, [*shape, *overrides]).cfg
     chars = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"]
-    return checkpoint.write_checkpoint(folder, "last", GPT(cfg.model), cfg, chars)
+    weights = checkpoint.model_weights(GPT(cfg.model))
+    return checkpoint.write_checkpoint(folder, "last", weights, cfg, chars)

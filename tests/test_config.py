@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -190,6 +191,16 @@ def test_wandb_without_a_login_is_one_line_before_training(tmp_path: Path):
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "no wandb login" in result.stderr and "wandb login" in result.stderr
     assert "WANDB_MODE=offline" in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_wandb_not_installed_is_one_line_before_training(monkeypatch):
+    """log.wandb=true where wandb is not installed (a bare GPU image): what to install, before training."""
+    from training.tracking import check_wandb_login
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now fails, as where it is missing
+    monkeypatch.setenv("WANDB_MODE", "offline")  # a login would not be needed
+    with pytest.raises(UserError, match=r"^log\.wandb=true needs the wandb package: pip install wandb "):
+        check_wandb_login()
 
 
 def test_samples_are_drawn_at_evals():

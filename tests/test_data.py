@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,9 @@ def test_text_file_round_trip(tmp_path: Path, tokenizer: str):
     meta = prepare_dataset("mine", Recipe(TextFile(str(src), 0.1), tokenizer), tmp_path, workers=2)
     out = tmp_path / "mine"
     assert decode_split(out, "train") + decode_split(out, "val") == TEXT
-    assert meta.dtype == "uint16" and meta.tokenizer["kind"] == ("char" if tokenizer == "char" else "bpe")
+    assert meta.dtype == "uint16" and meta.tokenizer_meta["kind"] == (
+        "char" if tokenizer == "char" else "bpe"
+    )
     assert os.path.getsize(out / "train.bin") == 2 * meta.train_tokens
     if tokenizer == "char":
         assert meta.vocab_size == len(set(TEXT))
@@ -76,6 +79,16 @@ def test_local_hf_dataset_round_trip(tmp_path: Path):
     assert decode_split(tmp_path / "local", "train") == "".join(d + eot for d in train)
     assert decode_split(tmp_path / "local", "val") == "".join(d + eot for d in val)
     assert meta.source["type"] == "huggingface"
+
+
+def test_a_hf_dataset_without_the_datasets_package_is_one_line(tmp_path: Path, monkeypatch):
+    """datasets is imported only to read a hub or local HF dataset: a machine without it (a bare GPU image)
+    gets a line that says what to install, not a traceback."""
+    write_jsonl(tmp_path / "a.jsonl", ["a", "b", "c"])
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets now fails, as where it is missing
+    recipe = Recipe(HFText("json", data_files=(str(tmp_path / "a.jsonl"),)), "gpt2")
+    with pytest.raises(UserError, match=r"needs the datasets package: pip install datasets$"):
+        prepare_dataset("local", recipe, tmp_path, workers=1)
 
 
 @pytest.mark.slow

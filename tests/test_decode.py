@@ -14,7 +14,7 @@ from test_model import reference_generate, tiny
 from model import generate, quantize_int8, sample_next
 from model.kv_cache import KVCache
 from model.quantize import Int8Linear
-from runs import checkpoint
+from runs import pretrained
 
 
 def test_sampling_draws_what_multinomial_draws():
@@ -49,7 +49,8 @@ WINDOWED = {  # rolling caches of `window` slots
 @pytest.mark.parametrize("name", WINDOWED)
 def test_rolling_cache_decoding_equals_full_recompute_past_block_size(name):
     m = tiny(**WINDOWED[name])
-    assert KVCache.for_model(m, 1).keys.size(3) == m.config.window
+    cache = KVCache.for_model(m, 1)
+    assert cache.slots == cache.layer(0)[0].size(2) == m.config.window
     prompt = torch.randint(1, m.config.vocab_size, (1, 5))
     prompt[0, 2] = 0  # with doc_mask: a document starts in the prompt
     n = 3 * m.config.block_size
@@ -106,7 +107,7 @@ def test_int8_linear_rounds_each_output_channel_and_computes_with_the_rounded_we
 
 
 def test_int8_model_tracks_the_fp32_model(run: Path):
-    model = checkpoint.load_model(run)[0]
+    model = pretrained.load_model(run).model
     prompt = torch.tensor([[0]])
     text = torch.stack(list(generate(model, prompt, 200, temperature=0)), 1)  # the fp32 model's own text
     idx = torch.cat([prompt, text[:, :-1]], dim=1)[:, : model.config.block_size]

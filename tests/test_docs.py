@@ -8,7 +8,7 @@ override without training; the other scripts' commands go through the script's o
 `bash tools/X.sh` names a file that exists. Commands of other programs (pip, git, python -c, python -m
 pytest) are not checked. Placeholders (OUT_DIR, FILE, ...) are fine where a script takes any path; train.py
 commands need real values. The README stays a front page: under 300 lines, linking every guide, its table
-of configs naming exactly the shipped ones.
+of configs naming exactly the shipped ones, its file structure naming every module.
 """
 
 from __future__ import annotations
@@ -315,3 +315,16 @@ def test_readme_config_table_names_the_shipped_configs():
     rows = re.findall(r"^\|\s*`([\w-]+)`\s*\|", README.read_text(encoding="utf-8"), re.M)
     shipped = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
     assert sorted(set(rows)) == shipped
+
+
+def test_the_readme_file_structure_names_every_module():
+    """The README's tree is the one map of the code: every package module is named there by its path."""
+    text = README.read_text(encoding="utf-8")
+    tree = text[text.index("## File structure") :].split("```")[1]
+    named = {word for line in tree.splitlines() for word in line.split()}
+    packages = ("common", "model", "data", "interp", "hf", "gguf_export", "runs", "training")
+    modules = [p for pkg in packages for p in sorted((ROOT / pkg).rglob("*.py")) if p.name != "__init__.py"]
+    missing = [name(p) for p in modules if name(p) not in named]
+    assert not missing, f"modules the README's file structure does not name: {missing}"
+    scripts = [p.name for p in ROOT.glob("*.py")]
+    assert [s for s in scripts if s not in named] == []

@@ -14,7 +14,8 @@ from conftest import TINY, run_script, train
 from common.errors import UserError
 from model import GPT, GPTConfig
 from runs.config import load_config
-from training import estimate
+from runs.runtime import planned
+from training import estimate, measure, memory
 from training.plan import with_vocabulary
 
 OPTIONS = [
@@ -66,13 +67,13 @@ def test_activation_model_counts_what_autograd_keeps(options: dict, precision: s
     torch.manual_seed(0)
     model = GPT(m)
     got = saved_bytes(model, torch.randint(0, 65, (3, m.block_size)), precision)
-    per_token = m.n_layer * estimate.block_bytes_per_token(m, precision, "cpu", batch_size=3)
-    per_token += estimate.head_bytes_per_token(m, precision) + estimate.mask_bytes_per_token(
+    per_token = m.n_layer * memory.block_bytes_per_token(m, precision, "cpu", batch_size=3)
+    per_token += memory.head_bytes_per_token(m, precision) + memory.mask_bytes_per_token(
         m, precision, "cpu", 3
     )
     predicted = per_token * 3 * m.block_size
     if precision == "bf16":  # the weights cast for matrix products are kept too
-        predicted += 2 * estimate.count_params(m).linear
+        predicted += 2 * memory.count_params(m).linear
     assert abs(predicted / got - 1) < 0.03, (predicted, got)
 
 
@@ -109,12 +110,12 @@ def test_predicted_peak_memory_is_within_30_percent_of_the_measured_one(data_dir
     add), less the file-backed pages of PyTorch's code they page in, against the prediction less weights."""
     runs = [["shakespeare_char", f"data.dir={data_dir}", *o] for o in MEMORY_CONFIGS.values()]
     with mp.get_context("spawn").Pool(len(runs)) as pool:  # a fresh process each, side by side
-        measured = pool.map(estimate._memory_probe, runs)
+        measured = pool.map(measure._memory_probe, runs)
     rows = []
     for name, args, (added, code) in zip(MEMORY_CONFIGS, runs, measured):
         cfg = with_vocabulary(load_config(args[0], args[1:]).cfg, 65)
-        precision = estimate.target_device(cfg)[1]
-        predicted = estimate.memory(cfg, precision, "cpu").training / 2**20
+        precision = planned(cfg.train.device, cfg.train.precision, cfg.model.n_embd)[1]
+        predicted = memory.memory(cfg, precision, "cpu").training / 2**20
         rows.append((name, precision, round(predicted, 1), round(added - code, 1)))
     print("memory (config, precision, predicted MB, measured MB):", rows)
     for _, _, predicted, measured in rows:
@@ -162,10 +163,10 @@ def test_dry_run_of_a_gpu_config_without_a_gpu_projects_from_flops():
         load_config("gpt2", ["train.device=cuda", "train.activation_checkpointing=true"])
     )
     saving = re.search(
-        r"activation checkpointing: ([\d.]+) GB less than without it \(([\d.]+) GB\)", recomputed
+        r"activation checkpointing: ([\d.]+) GiB less than without it \(([\d.]+) GiB\)", recomputed
     )
-    peak = float(re.search(r"peak ([\d.]+) GB training", recomputed).group(1))
-    assert saving and float(saving.group(2)) == float(re.search(r"peak ([\d.]+) GB", report).group(1))
+    peak = float(re.search(r"peak ([\d.]+) GiB training", recomputed).group(1))
+    assert saving and float(saving.group(2)) == float(re.search(r"peak ([\d.]+) GiB", report).group(1))
     assert abs(float(saving.group(2)) - float(saving.group(1)) - peak) < 0.15, recomputed
     assert "+24% FLOPs" in recomputed  # the blocks' forward again: (855 - 6 x 38.6) / 3 of 855 MFLOP
     hours = [float(re.search(r"H100 ([\d.]+) h", r).group(1)) for r in (report, recomputed)]

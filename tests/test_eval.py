@@ -24,7 +24,7 @@ from data.evalsets import read_choices
 from data.recipes import SHAKESPEARE
 from data.tokenizers import BPETokenizer, CharTokenizer, from_meta
 from model import GPT, GPTConfig
-from runs import checkpoint
+from runs import pretrained
 from runs.config import load_config
 from training.evaluation import evaluate_tokens, score_choices, window_batch, windows
 
@@ -71,7 +71,7 @@ def test_exact_val_loss_matches_a_plain_computation(trained: Path, data_dir: Pat
 
     command.main([str(trained / "last"), "--json"])
     r = json.loads(capsys.readouterr().out)
-    model, *_ = checkpoint.load_model(trained / "last")
+    model = pretrained.load_model(trained / "last").model
     val = torch.from_numpy(
         np.fromfile(data_dir / "shakespeare_char" / "val.bin", dtype=np.uint16).astype(np.int64)
     )
@@ -153,7 +153,8 @@ def test_multiple_choice_far_above_chance_trained_and_at_chance_untrained(
     r = json.loads(capsys.readouterr().out)
     assert r["items"] == 80 and r["chance"] == 0.25
     assert min(r[k] for k in ("acc", "acc_per_token", "acc_per_char", "acc_per_byte")) >= 0.6  # vs shuffled
-    model, _, tokenizer_meta, _ = checkpoint.load_model(trained)
+    loaded = pretrained.load_model(trained)
+    model, tokenizer_meta = loaded.model, loaded.tokenizer_meta
     tokenizer = from_meta(tokenizer_meta)
     torch.manual_seed(0)
     untrained = GPT(model.config).eval()

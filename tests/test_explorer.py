@@ -29,7 +29,7 @@ from interp.lens import direct_attribution, head_attributions, logit_lens
 from interp.plots import token_labels
 from interp.scores import ROLES, repeated_tokens
 from model import GPT, GPTConfig
-from runs import checkpoint
+from runs import pretrained
 
 STEP = 1 / 255  # the quantisation step; a stored weight is within half a step of the model's
 SHOWN = 0.5 * STEP + 0.0005 + 1e-6  # ... and the page shows it to 3 decimals
@@ -264,8 +264,9 @@ def test_the_page_in_a_browser_shows_the_models_weights(browser, induction_run, 
     )
     path = tmp_path / "attention.html"
     assert str(path) in result.stdout
-    model, _, tok_meta, _ = checkpoint.load_model(out)
-    tokenizer = from_meta(tok_meta)
+    loaded = pretrained.load_model(out)
+    model, tokenizer_meta = loaded.model, loaded.tokenizer_meta
+    tokenizer = from_meta(tokenizer_meta)
     ids = tokenizer.encode(PROMPT).tolist()
     weights = attention(model, ids)
     induction = int(np.argmax(scores["induction"][1]))

@@ -27,8 +27,9 @@ import torch
 from conftest import ROOT, TINY, one_line_error, run_script, train
 
 from common.errors import UserError
-from runs import checkpoint
+from runs import checkpoint, out_dir, pretrained
 from runs.config import load_config
+from runs.train_state import Progress, TrainState, rng_state
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
@@ -163,8 +164,9 @@ def test_a_checkpoint_config_is_data_never_interpolated(copy: Path):
     cfg = checkpoint.Checkpoint(copy / "last").config()
     assert cfg.log.sample_prompt == "${oc.env:HOME}" and cfg.log.wandb_run_name == "${"
     # and what is written is read back as written
-    model, _, tokenizer, _ = checkpoint.load_model(copy / "last")
-    checkpoint.write_checkpoint(copy, "again", model, cfg, tokenizer)
+    loaded = pretrained.load_model(copy / "last")
+    model, tokenizer = loaded.model, loaded.tokenizer_meta
+    checkpoint.write_checkpoint(copy, "again", checkpoint.model_weights(model), cfg, tokenizer)
     assert checkpoint.Checkpoint(copy / "again").config() == cfg
 
 
@@ -179,7 +181,7 @@ def test_the_weights_are_checked_against_the_config_before_any_model_is_built(co
     with pytest.raises(
         UserError, match=r"token_emb\.weight is \[65, 32\] in the file, \[65, 65536\] by the config"
     ):
-        checkpoint.load_model(copy / "last")
+        pretrained.load_model(copy / "last")
     assert built == []
 
 
@@ -205,7 +207,7 @@ def test_a_checkpoint_tokenizer_is_only_what_tinygpt_writes(copy: Path, monkeypa
         content = {**meta, "chars": meta["chars"][::-1]}
     path.write_text(json.dumps(content))
     with pytest.raises(UserError, match=r"tinygpt_tokenizer\.json is damaged") as e:
-        checkpoint.load_model(copy / "last")
+        pretrained.load_model(copy / "last")
     assert message in str(e.value)
 
 
@@ -271,7 +273,7 @@ def test_a_closed_terminal_ends_training_with_a_checkpoint(data_dir: Path, tmp_p
     proc.stderr.close()
     proc.send_signal(signal.SIGHUP)
     assert proc.wait(timeout=120) == 128 + signal.SIGHUP
-    assert checkpoint.Checkpoint(tmp_path / "out" / "last").train_state()["iter"] > 0
+    assert checkpoint.Checkpoint(tmp_path / "out" / "last").train_state().progress.iter > 0
 
 
 def test_train_piped_into_head_keeps_training(data_dir: Path, tmp_path: Path):
@@ -283,7 +285,7 @@ def test_train_piped_into_head_keeps_training(data_dir: Path, tmp_path: Path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err
-    assert checkpoint.Checkpoint(tmp_path / "out" / "last").train_state()["iter"] == 60
+    assert checkpoint.Checkpoint(tmp_path / "out" / "last").train_state().progress.iter == 60
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iter"] for r in rows] == [0, 30, 60]
 
@@ -315,7 +317,7 @@ def test_a_diverged_eval_never_replaces_the_last_good_checkpoint(data_dir: Path,
     result = train(data_dir, tmp_path / "a", *EXPLODE, "train.max_iters=5", check=False)
     one_line_error(result, "the eval at iteration 1 is not finite")
     assert f"Last good checkpoint: {tmp_path / 'a' / 'last'}." in result.stderr
-    assert checkpoint.Checkpoint(tmp_path / "a" / "last").train_state()["iter"] == 0
+    assert checkpoint.Checkpoint(tmp_path / "a" / "last").train_state().progress.iter == 0
     rows = strict_rows(tmp_path / "a" / "metrics.jsonl")
     assert [r["iter"] for r in rows] == [0, 1] and rows[1]["val_loss"] is None
 
@@ -325,7 +327,7 @@ def test_a_diverged_eval_never_replaces_the_last_good_checkpoint(data_dir: Path,
     )
     one_line_error(result, "the eval at iteration 5 is not finite")
     assert "the run ended on it" in result.stderr and "done:" not in result.stdout
-    assert checkpoint.Checkpoint(tmp_path / "b" / "last").train_state()["iter"] == 0
+    assert checkpoint.Checkpoint(tmp_path / "b" / "last").train_state().progress.iter == 0
     assert [r["iter"] for r in strict_rows(tmp_path / "b" / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]
 
 
@@ -375,7 +377,7 @@ def test_a_picture_that_cannot_be_written_costs_no_checkpoint(data_dir: Path, tm
     result = train(data_dir, out, "train.max_iters=4", "train.eval_interval=2", "log.plot=true", check=False)
     assert result.returncode == 0, result.stderr
     assert result.stderr.count(f"warning: could not write {out / 'loss.png'}") == 1
-    assert checkpoint.Checkpoint(out / "last").train_state()["iter"] == 4 and leftovers(out) == []
+    assert checkpoint.Checkpoint(out / "last").train_state().progress.iter == 4 and leftovers(out) == []
 
 
 def test_pictures_and_appended_lines_on_a_full_disk(tmp_path: Path):
@@ -411,7 +413,7 @@ def test_prepare_on_a_full_disk(tmp_path: Path):
     result = full_disk(200_000, "prepare.py", "x", "--text-file", text, "--data-dir", str(tmp_path))
     one_line_error(
         result,
-        f"could not write {tmp_path / 'x' / 'train-00000.bin'} (File too large); it needs about 2.0 MB",
+        f"could not write {tmp_path / 'x' / 'train-00000.bin'} (File too large); it needs about 1.9 MiB",
     )
     assert "then run the same command again: it continues from the last complete shard" in result.stderr
     assert sorted(p.name for p in (tmp_path / "x").iterdir()) == [".lock", "progress.json"]
@@ -486,13 +488,17 @@ def test_a_symlinked_checkpoint_folder_is_one_line(run: Path, tmp_path: Path):
     shutil.copytree(run / "last", tmp_path / "elsewhere")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "last").symlink_to(tmp_path / "elsewhere")
-    model, cfg, tok, _ = checkpoint.load_model(run / "last")
+    loaded = pretrained.load_model(run / "last")
+    model, cfg, tok = loaded.model, loaded.config, loaded.tokenizer_meta
     with pytest.raises(
         UserError, match=r"out/last is a symbolic link .*checkpoints are replaced by renaming"
     ):
-        checkpoint.write_checkpoint(tmp_path / "out", "last", model, cfg, tok, {"iter": 1})
+        state = TrainState(Progress(iter=1), rng_state(), {})
+        checkpoint.write_checkpoint(
+            tmp_path / "out", "last", checkpoint.model_weights(model), cfg, tok, state
+        )
     with pytest.raises(UserError, match="is a symbolic link"):
-        checkpoint.check_out_dir(tmp_path / "out", cfg, model.num_params())
+        out_dir.check_out_dir(tmp_path / "out", cfg, model.num_params())
     assert (tmp_path / "out" / "last").is_symlink() and leftovers(tmp_path) == []
 
 

@@ -23,7 +23,7 @@ from conftest import MIXED, run_script, script
 import sample as sample_script
 from data.tokenizers import from_meta
 from model import generate
-from runs import checkpoint
+from runs import pretrained
 
 llama_cpp = pytest.importorskip(
     "llama_cpp", reason="llama-cpp-python is not installed (pip install -e '.[gguf]' builds llama.cpp)"
@@ -64,7 +64,8 @@ def ggufs(exportable, tmp_path_factory) -> dict[tuple[str, str], Path]:
 @pytest.mark.parametrize("kind", ["char", "bpe:512", "gpt2"])
 def test_gguf_runs_in_llama_cpp_as_ours(kind, family, exportable, ggufs, capsys):
     run = exportable[kind, family]
-    model, _, meta, _ = checkpoint.load_model(run)
+    loaded = pretrained.load_model(run)
+    model, meta = loaded.model, loaded.tokenizer_meta
     tokenizer, cfg = from_meta(meta), model.config
     llm = llama(ggufs[kind, family])
     try:
@@ -139,7 +140,7 @@ def test_llama_cpps_converter_runs_on_our_hf_export(exportable, ggufs, tmp_path:
     command = [sys.executable, CONVERTER, str(folder), "--outfile", str(converted), "--outtype", "f32"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    ids = from_meta(checkpoint.load_model(run)[2]).encode(MIXED).tolist()
+    ids = from_meta(pretrained.load_model(run).tokenizer_meta).encode(MIXED).tolist()
     ours, theirs = llama(ggufs["gpt2", "gpt2"]), llama(converted)
     try:
         assert theirs.tokenize(MIXED.encode(), add_bos=False, special=False) == ids

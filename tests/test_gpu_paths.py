@@ -14,7 +14,7 @@ import torch.utils._triton
 from conftest import TINY
 
 from common.errors import ConfigError, UserError
-from runs import checkpoint, runtime
+from runs import runtime, train_state
 from runs.config import load_config
 from runs.runtime import Runtime
 from training import distributed
@@ -168,10 +168,10 @@ def fake_gpus(monkeypatch, count: int) -> tuple[torch.Generator, ...]:
 
 def test_resume_with_fewer_visible_gpus_restores_this_devices_generator(monkeypatch, tmp_path: Path):
     gpus = fake_gpus(monkeypatch, 2)  # saved by a process that saw 2 GPUs
-    torch.save(checkpoint.rng_state(), tmp_path / "state.pt")
+    torch.save(train_state.rng_state(), tmp_path / "state.pt")
     saved = gpus[0].get_state()
     gpus = fake_gpus(monkeypatch, 1)  # resumed where 1 is visible: used to raise (an index past the devices)
-    checkpoint.set_rng_state(torch.load(tmp_path / "state.pt", weights_only=True))
+    train_state.set_rng_state(torch.load(tmp_path / "state.pt", weights_only=True))
     assert torch.equal(gpus[0].get_state(), saved)
 
 
@@ -193,6 +193,23 @@ def test_auto_precision_on_a_t4_or_v100_is_fp16_with_loss_scaling(monkeypatch, c
     cuda = fake_gpu(monkeypatch, capability)  # T4 7.5, V100 7.0 (free notebooks), A100 8.0
     assert runtime.pick_precision("auto", cuda, 768) == precision
     assert runtime.pick_precision("bf16", cuda, 768) == "bf16"  # asked for: emulated where not native
+
+
+def test_the_dry_run_predicts_the_precision_training_chooses_on_a_gpu_without_native_bf16(monkeypatch):
+    """The dry run used to choose the precision itself, counting emulated bf16 as supported: on a T4 or a
+    V100 it predicted a bf16 run where training runs in fp16. Both ask runs/runtime.py now."""
+    from training import estimate
+
+    cuda = fake_gpu(monkeypatch, (7, 5))  # a T4
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (15 * 2**30, 16 * 2**30))
+    monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: False)
+    trained = runtime.pick_precision("auto", cuda, 768)  # what training's runtime.setup chooses
+    report = estimate.dry_run(
+        load_config("gpt2", ["train.device=cuda"])
+    )  # its dataset is not prepared: no timing
+    assert trained == "fp16" and "training on cuda in fp16" in report and "in fp32 instead" in report, report
+    fake_gpu(monkeypatch, (8, 0))  # an A100: native bf16
+    assert "training on cuda in bf16" in estimate.dry_run(load_config("gpt2", ["train.device=cuda"]))
 
 
 def test_compile_needs_a_working_triton_on_cuda(monkeypatch):
@@ -223,7 +240,7 @@ def test_bench_memory_where_there_is_no_proc_is_not_measured(data_dir: Path, mon
     all its timing rounds. Now the CPU memory is 'not measured' and everything else is reported."""
     import builtins
 
-    from training import estimate
+    from training import measure
 
     real_open = builtins.open
 
@@ -234,7 +251,7 @@ def test_bench_memory_where_there_is_no_proc_is_not_measured(data_dir: Path, mon
 
     monkeypatch.setattr(builtins, "open", without_proc)
     overrides = [f"data.dir={data_dir}", *TINY, "train.device=cpu"]
-    assert estimate._memory_probe(["shakespeare_char", *overrides]) is None
+    assert measure._memory_probe(["shakespeare_char", *overrides]) is None
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ from data.prepare import prepare_dataset
 from data.recipes import RECIPES, SHAKESPEARE
 from data.tokenizers import from_meta
 from model import GPT, generate
-from runs import checkpoint
+from runs import checkpoint, pretrained
 from runs.config import load_config
 
 transformers.logging.set_verbosity_error()
@@ -106,9 +106,9 @@ def bpe_data(data_dir: Path) -> Path:
 
 
 def ours(folder: Path) -> GPT:
-    source = checkpoint.load_pretrained(folder)
+    source = pretrained.load_pretrained(folder)
     model = GPT(source.model)
-    checkpoint.load_into(model, source.weights, folder)
+    pretrained.load_into(model, source.weights, folder)
     return model.eval()
 
 
@@ -193,12 +193,13 @@ def test_exported_char_models_load_in_transformers(name, char_models, tmp_path: 
     script(capsys, export_script.main, str(run), str(dest))
     assert json.loads((dest / "config.json").read_text())["model_type"] == name
     theirs = AutoModelForCausalLM.from_pretrained(dest).eval()
-    model, _, tok_meta, _ = checkpoint.load_model(run)
+    loaded = pretrained.load_model(run)
+    model, tokenizer_meta = loaded.model, loaded.tokenizer_meta
     idx = torch.randint(0, model.config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(theirs(idx).logits, model(idx)[0], rtol=0, atol=1e-5)
 
-    tokenizer, ours_tok = AutoTokenizer.from_pretrained(dest), from_meta(tok_meta)
+    tokenizer, ours_tok = AutoTokenizer.from_pretrained(dest), from_meta(tokenizer_meta)
     corpus = (
         Path(SHAKESPEARE).read_text()[-3000:] + "  All:   Speak,  speak!\n\n\n  " + "".join(ours_tok.chars)
     )

@@ -26,7 +26,7 @@ from interp.patching import patch
 from interp.scores import THRESHOLD, icl_differences, repeat_losses, repeated_tokens, token_losses
 from model import GPT
 from model.hooks import hooked, point_names, run_with_cache, run_with_hooks
-from runs import checkpoint
+from runs import checkpoint, pretrained
 
 V = 40  # model_with's vocabulary
 
@@ -261,15 +261,15 @@ def test_direct_attributions_sum_to_the_logit(name):
 def exported_gpt2(run: Path, dest: Path) -> GPT:
     """The run's model with noise on every weight (so that each norm's weights matter), written as a
     Hugging Face GPT-2 folder the way export.py writes one; the noisy model is returned."""
-    source = checkpoint.load_pretrained(run)
+    source = pretrained.load_pretrained(run)
     model = GPT(source.model)
-    checkpoint.load_into(model, source.weights, run)
+    pretrained.load_into(model, source.weights, run)
     torch.manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     dest.mkdir()
-    folders.write_model(dest, source.model, checkpoint.model_weights(model), source.tokenizer)
+    folders.write_model(dest, source.model, checkpoint.model_weights(model), source.tokenizer_meta)
     return model.eval()
 
 
@@ -369,7 +369,8 @@ PREVIOUS_TOKEN = 0.3  # a layer-0 head with at least this previous-token score c
 
 
 def induction_val(out: Path, repeats_dir: Path) -> tuple[GPT, TokenWindows]:
-    model, cfg, _, _ = checkpoint.load_model(out)
+    loaded = pretrained.load_model(out)
+    model, cfg = loaded.model, loaded.config
     val = Dataset.open("repeats", repeats_dir).windows(
         "val", cfg.model.block_size, torch.device("cpu"), cfg.train.seed
     )

@@ -1,5 +1,5 @@
 """The code's layers go one way: common <- model <- data <- interp <- hf <- gguf_export <- runs <- training
-<- scripts, and one name means one thing.
+<- scripts, one name means one thing, and no module or function grows past what a reader takes in at once.
 
 Every import of every module (lazy ones inside functions included) is read from the source with `ast`:
 a package may import only from itself and the packages below it, scripts (the top-level .py files) import
@@ -92,7 +92,7 @@ def test_the_check_sees_real_imports():
     assert "model" in edges["training.trainer"] or "model.gpt" in edges["training.trainer"]
     assert "common.errors" in edges["data.prepare"]
     assert layer("sample") == len(LAYERS) and layer("data.loader") == 2
-    assert "hf.folders" in edges["runs.checkpoint"] and "model" in edges["hf.convert"]
+    assert "hf.folders" in edges["runs.pretrained"] and "model" in edges["hf.convert"]
 
 
 SCRIPT_NAMES = {"main", "parse_args", "check_args"}  # every script has its own
@@ -109,3 +109,40 @@ def test_no_public_name_is_defined_in_two_modules():
                 where.setdefault(node.name, []).append(name)
     twice = {n: ms for n, ms in where.items() if len(ms) > 1}
     assert not twice, f"defined in more than one module: {twice}"
+
+
+MAX_MODULE_LINES = 500  # a module past it does more than one job: split it by job
+MAX_FUNCTION_LINES = 60  # a function past it: split it, or give a long loop headed phases
+
+
+def package_modules_and_scripts() -> dict[str, Path]:
+    """The modules the size rules hold for: every package's and the top-level scripts (not tools/)."""
+    return {name: path for name, path in modules().items() if not name.startswith("tools.")}
+
+
+def too_long(name: str, path: Path) -> list[str]:
+    """The module itself, if over MAX_MODULE_LINES, and each of its functions over MAX_FUNCTION_LINES
+    (decorators and docstrings counted, as a reader reads them)."""
+    text = path.read_text(encoding="utf-8")
+    found = [f"{name} ({len(text.splitlines())} lines)"] if len(text.splitlines()) > MAX_MODULE_LINES else []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - min([d.lineno for d in node.decorator_list] + [node.lineno]) + 1
+            if lines > MAX_FUNCTION_LINES:
+                found.append(f"{name}.{node.name} ({lines} lines)")
+    return found
+
+
+def test_no_module_over_500_lines_and_no_function_over_60():
+    found = [f for name, path in package_modules_and_scripts().items() for f in too_long(name, path)]
+    assert not found, f"over {MAX_MODULE_LINES} lines a module, {MAX_FUNCTION_LINES} a function: {found}"
+
+
+def test_the_length_check_sees_real_lengths(tmp_path: Path):
+    """A 61-line function (its decorator counted) and a module of 501 lines are caught; 60 and 500 pass."""
+    body = "\n".join(f"    x{i} = {i}" for i in range(59))
+    (tmp_path / "m.py").write_text(f"@decorated\ndef f():\n{body}\n" + "\n" * (MAX_MODULE_LINES - 61))
+    assert too_long("m", tmp_path / "m.py") == ["m.f (61 lines)"]
+    (tmp_path / "m.py").write_text(f"def f():\n{body}\n" + "\n" * (MAX_MODULE_LINES - 59))
+    assert too_long("m", tmp_path / "m.py") == [f"m ({MAX_MODULE_LINES + 1} lines)"]
+    assert "runs.checkpoint" in package_modules_and_scripts() and "train" in package_modules_and_scripts()

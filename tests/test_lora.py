@@ -33,11 +33,12 @@ import heads as heads_script
 import prepare as prepare_script
 import sample as sample_script
 import train as train_script
+from common.files import size_text
 from data.dataset import Dataset
 from data.tokenizers import from_meta
 from model import GPT, GPTConfig, generate
 from model.lora import TARGETS, LoRAConfig, LoRALinear, adapter_weights, add_lora, merge, parts
-from runs import checkpoint
+from runs import pretrained
 from runs.config import from_arguments, load_config
 from training.evaluation import evaluate_tokens
 from training.plan import plan_run
@@ -109,6 +110,7 @@ def lora_args(config: Path, base: Path, data: Path, out: Path, *more: str) -> li
         "train.eval_interval=20",
         "log.plot=false",
         "train.final_eval=false",
+        "train.threads=1",  # bit for bit across runs: a count the tuner may not change (common/threads.py)
         *more,
     ]
 
@@ -178,7 +180,7 @@ def test_only_the_adapters_train(bases, hamlet: Path, config: Path, tmp_path: Pa
     now = dict(run.model.named_parameters())
     assert all(torch.equal(now[n], t) for n, t in frozen.items())  # bit for bit
     assert all(not torch.equal(now[n], t) for n, t in adapters.items() if n.endswith("lora_B"))
-    base = checkpoint.load_pretrained(bases["gpt2"]).weights
+    base = pretrained.load_pretrained(bases["gpt2"]).weights
     assert all(torch.equal(frozen[n], base[n]) for n in base)
 
 
@@ -194,7 +196,7 @@ def test_a_lora_finetune_trains_and_its_checkpoint_holds_the_adapters(tuned, bas
         with safe_open(str(run / "last" / "adapters.safetensors"), "pt") as f:
             names, recorded = set(f.keys()), f.metadata()
         assert names == set(adapter_weights(dict.fromkeys(names))) and len(names) == 2 * 4 * 2
-        base = checkpoint.load_pretrained(bases[name])
+        base = pretrained.load_pretrained(bases[name])
         assert (
             recorded["base"] == str(Path(base.where).resolve())
             and recorded["base_sha256"] == base.fingerprint
@@ -217,9 +219,10 @@ def test_resuming_a_lora_run_is_exact(tuned, bases, hamlet: Path, config: Path, 
 
 def test_sample_eval_and_heads_read_a_lora_checkpoint(tuned, hamlet: Path, tmp_path: Path, capsys):
     run = tuned["llama"]
-    model, _, tok_meta, _ = checkpoint.load_model(run, merge=False)  # the adapter model, unmerged
+    loaded = pretrained.load_model(run, merge=False)  # the adapter model, unmerged
+    model, tokenizer_meta = loaded.model, loaded.tokenizer_meta
     assert isinstance(model.blocks[1].mlp.W_out, LoRALinear)
-    tokenizer = from_meta(tok_meta)
+    tokenizer = from_meta(tokenizer_meta)
     args = ["--prompt", "To be", "--temperature", "0", "--max-new-tokens", "40"]
     out = script(capsys, sample_script.main, str(run), *args)
     ids = tokenizer.encode("To be").tolist()
@@ -243,8 +246,8 @@ def test_sample_eval_and_heads_read_a_lora_checkpoint(tuned, hamlet: Path, tmp_p
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_merged_export_and_peft_adapter_give_the_adapter_models_logits(name, tuned, bases, tmp_path, capsys):
     run = tuned[name]
-    model, *_ = checkpoint.load_model(run, merge=False)
-    base_model, *_ = checkpoint.load_model(bases[name])
+    model = pretrained.load_model(run, merge=False).model
+    base_model = pretrained.load_model(bases[name]).model
     idx = torch.randint(0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ours = model(idx)[0]
@@ -279,7 +282,7 @@ def test_a_lora_run_exports_to_gguf_with_its_adapters_merged(name, tuned, tmp_pa
     """The GGUF path reads the same merged weights: llama.cpp gives the adapter model's logits."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     run = tuned[name]
-    model, *_ = checkpoint.load_model(run, merge=False)
+    model = pretrained.load_model(run, merge=False).model
     out = script(capsys, export_script.main, str(run), str(tmp_path / "merged.gguf"))
     assert "LoRA adapters merged into the weights of" in out
     f32 = llama_cpp.GGML_TYPE_F32
@@ -358,4 +361,4 @@ def test_the_dry_run_of_a_lora_finetune_counts_the_base_and_the_adapters(bases, 
     assert "2 layers x 32, 2 heads, context 16, vocabulary 65" in out  # the base's shape, block_size lowered
     n = 2 * (8 * (32 + 96) + 8 * (32 + 32))  # A and B of rank 8 on W_QKV (32 -> 96) and W_O, in 2 layers
     assert f"lora        rank 8 on W_QKV, W_O: {n / 1e6:,.3f}M parameters train" in out
-    assert f"checkpoint  {n * 12 / 2**20:,.1f} MB on disk" in out and "speed" in out
+    assert f"checkpoint  {size_text(n * 12)} on disk" in out and "speed" in out

@@ -138,7 +138,7 @@ def test_prepare_round_trips_and_tokenizer_from_reproduces_the_ids(tmp_path: Pat
     )  # fmt: skip
     assert "prepared copy" in again.stdout
     copy_meta = json.loads((tmp_path / "copy" / "meta.json").read_text())
-    assert copy_meta["tokenizer"] == meta.tokenizer
+    assert copy_meta["tokenizer"] == meta.tokenizer_meta
     for name in ("train.bin", "val.bin") + (("tokenizer.json",) if kind.startswith("bpe") else ()):
         assert (tmp_path / "copy" / name).read_bytes() == (src / name).read_bytes()
 
@@ -153,12 +153,12 @@ def test_dataset_tokenizer_json_is_what_hugging_face_loads(tmp_path: Path):
     prepare_dataset("b", Recipe(TextFile(str(text), 0.2), "bpe:400"), tmp_path, workers=2)
     saved = (tmp_path / "a" / "tokenizer.json").read_bytes()
     assert saved == (tmp_path / "b" / "tokenizer.json").read_bytes()
-    assert json.loads(saved) == first.tokenizer["tokenizer_json"]
+    assert json.loads(saved) == first.tokenizer_meta["tokenizer_json"]
     hf = Tokenizer.from_file(str(tmp_path / "a" / "tokenizer.json"))
     val = TextFile(str(text), 0.2)
     ids = [i for piece in val.documents("val") for i in hf.encode(piece, add_special_tokens=False).ids]
     assert ids == np.fromfile(tmp_path / "a" / "val.bin", dtype=np.uint16).tolist()
-    assert tokenizer_from(tmp_path / "a" / "tokenizer.json").to_meta() == first.tokenizer
+    assert tokenizer_from(tmp_path / "a" / "tokenizer.json").to_meta() == first.tokenizer_meta
 
 
 def test_old_metadata_still_loads():
@@ -192,7 +192,7 @@ def test_a_model_on_a_trained_bpe_dataset_trains_samples_and_resumes(tmp_path: P
     decodes to the text of the generated ids), take the run's tokenizer for new text, export it."""
     from data.prompts import encode_prompt
     from model import generate
-    from runs import checkpoint
+    from runs import pretrained
 
     text = write(tmp_path / "text.txt", SHAKESPEARE_TEXT[:300_000])
     prepare_dataset("sh_bpe", Recipe(TextFile(str(text)), "bpe:300"), tmp_path, workers=2)
@@ -210,8 +210,9 @@ def test_a_model_on_a_trained_bpe_dataset_trains_samples_and_resumes(tmp_path: P
     prompt = "ROMEO: ☃é"  # unseen characters are bytes for a byte-level BPE
     args = ["sample.py", str(out), "--prompt", prompt, "--max-new-tokens", "60", "--temperature", "0"]
     sampled = run_script(*args, check=True).stdout
-    model, _, tok_meta, _ = checkpoint.load_model(out, "cpu")
-    tok = from_meta(tok_meta)
+    loaded = pretrained.load_model(out, "cpu")
+    model, tokenizer_meta = loaded.model, loaded.tokenizer_meta
+    tok = from_meta(tokenizer_meta)
     ids = encode_prompt(prompt, tok, model.config.block_size)
     with torch.no_grad():
         new = [int(t) for t in generate(model, torch.tensor([ids]), 60, temperature=0)]
@@ -224,7 +225,7 @@ def test_a_model_on_a_trained_bpe_dataset_trains_samples_and_resumes(tmp_path: P
         tokenizer_from(out).encode(SHAKESPEARE_TEXT[-3000:]).tolist()
         == tok.encode(SHAKESPEARE_TEXT[-3000:]).tolist()
     )
-    assert tokenizer_from(out).to_meta() == tok_meta
+    assert tokenizer_from(out).to_meta() == tokenizer_meta
 
     # exported, transformers' AutoTokenizer encodes and decodes as we do
     from transformers import AutoTokenizer
@@ -278,13 +279,13 @@ def test_tinystories_recipe_on_local_stand_in_files(tmp_path: Path):
     folder = tmp_path / "data" / "tinystories"
     # the stand-in's few words run out of pairs to merge long before 4,096 tokens
     assert 257 < meta.vocab_size < 4096 and meta.dtype == "uint16"
-    tok = from_meta(meta.tokenizer)
+    tok = from_meta(meta.tokenizer_meta)
     for split, stories in (("train", train), ("val", val)):
         ids = np.fromfile(folder / f"{split}.bin", dtype=np.uint16)
         assert tok.decode(ids.tolist()) == "".join(s + EOT for s in stories)
         assert (ids == tok.eot_token).sum() == len(stories)
     assert meta.source["val_split"] == "validation" and meta.source["streaming"] is True
-    assert json.loads((folder / "tokenizer.json").read_text()) == meta.tokenizer["tokenizer_json"]
+    assert json.loads((folder / "tokenizer.json").read_text()) == meta.tokenizer_meta["tokenizer_json"]
 
 
 def test_bits_per_byte():

@@ -25,7 +25,7 @@ import export as export_script
 import sample as sample_script
 from data.evalsets import read_choices
 from data.tokenizers import from_meta
-from runs import checkpoint
+from runs import pretrained
 from training.evaluation import choice_losses
 
 KINDS = [(kind, family) for kind in ("char", "bpe:512", "gpt2") for family in ("gpt2", "llama")]
@@ -96,7 +96,8 @@ def test_lm_eval_agrees_with_eval_choices(
         device="cpu",  # its default is CUDA
     )
     run = exportable[kind, family]
-    model, _, meta, _ = checkpoint.load_model(run)
+    loaded = pretrained.load_model(run)
+    model, meta = loaded.model, loaded.tokenizer_meta
     tokenizer, items = from_meta(meta), read_choices(task / "choices.jsonl")
     for sample in result["samples"]["tinygpt_choices"]:
         theirs = torch.tensor([r[0][0] for r in sample["resps"]], dtype=torch.float64)
@@ -124,7 +125,8 @@ def test_transformer_lens_boots_the_exports_as_ours(kind, family, exportable, fo
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     bridge = TransformerBridge.boot_transformers(str(folders[kind, family]), device="cpu")
-    model, _, meta, _ = checkpoint.load_model(exportable[kind, family])
+    loaded = pretrained.load_model(exportable[kind, family])
+    model, meta = loaded.model, loaded.tokenizer_meta
     tokenizer = from_meta(meta)
     text = MIXED[:60]
     bos = [] if kind == "char" else [tokenizer.eot_token]  # TransformerLens's default BOS, if any

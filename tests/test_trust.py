@@ -19,7 +19,8 @@ import torch
 from conftest import ROOT, TINY, one_line_error, run_script, train
 
 from common.errors import UserError
-from runs import checkpoint
+from runs import checkpoint, out_dir, pretrained
+from runs.train_state import Progress, TrainState, rng_state
 
 
 def start(data_dir: Path, out: Path, *args: str) -> subprocess.Popen:
@@ -53,8 +54,8 @@ def test_a_signal_writes_a_checkpoint_and_says_how_to_resume(data_dir: Path, tmp
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
     assert f"{sig.name}: finishing this step" in err and "resume with: python train.py" in err
-    state = checkpoint.Checkpoint(tmp_path / "out" / "last").train_state()
-    assert state["iter"] > 0
+    state = checkpoint.Checkpoint(tmp_path / "out" / "last").train_state().progress
+    assert state.iter > 0
 
 
 def test_a_second_interrupt_exits_at_once(monkeypatch, capsys):
@@ -99,10 +100,10 @@ def test_kill_9_at_random_moments_leaves_a_loadable_checkpoint(data_dir: Path, t
         proc.kill()
         proc.wait(timeout=60)
         ckpt = checkpoint.find(out, prefer=("last",))
-        model, _, _, _ = checkpoint.load_model(ckpt)
-        state = ckpt.train_state()
-        assert state["iter"] >= last_iter, "a checkpoint went backwards"
-        last_iter = state["iter"]
+        model = pretrained.load_model(ckpt).model
+        state = ckpt.train_state().progress
+        assert state.iter >= last_iter, "a checkpoint went backwards"
+        last_iter = state.iter
         assert torch.isfinite(model(torch.zeros(1, 4, dtype=torch.long))[0]).all()
     assert last_iter > 0
 
@@ -113,7 +114,7 @@ def test_non_finite_loss_stops_with_the_last_good_checkpoint(data_dir: Path, tmp
     one_line_error(result, "non-finite loss or gradient at iteration 1")
     assert f"Last good checkpoint: {tmp_path / 'a' / 'last'}" in result.stderr
     assert (
-        checkpoint.Checkpoint(tmp_path / "a" / "last").train_state()["iter"] == 0
+        checkpoint.Checkpoint(tmp_path / "a" / "last").train_state().progress.iter == 0
     )  # written before the explosion
     skipping = train(data_dir, tmp_path / "b", *explode, "train.skip_nonfinite=2", check=False)
     assert skipping.stdout.count("step skipped") == 2
@@ -135,13 +136,17 @@ def test_too_little_disk_is_reported_before_training(monkeypatch, tmp_path: Path
 
     cfg = load_config(None).cfg
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
-    with pytest.raises(UserError, match="has 0 MiB free; checkpoints need about"):
-        checkpoint.check_out_dir(tmp_path / "out", cfg, n_params=10**6)
+    with pytest.raises(UserError, match="has 1000 B free; checkpoints need about"):
+        out_dir.check_out_dir(tmp_path / "out", cfg, n_params=10**6)
 
 
 def test_disk_full_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_path: Path, run: Path):
-    model, cfg, tok, _ = checkpoint.load_model(run / "last")
-    checkpoint.write_checkpoint(tmp_path, "last", model, cfg, tok, {"iter": 1})
+    loaded = pretrained.load_model(run / "last")
+    model, cfg, tok = loaded.model, loaded.config, loaded.tokenizer_meta
+    weights = checkpoint.model_weights(model)
+    checkpoint.write_checkpoint(
+        tmp_path, "last", weights, cfg, tok, TrainState(Progress(iter=1), rng_state(), {})
+    )
     before = (tmp_path / "last" / "model.safetensors").read_bytes()
 
     def full_disk(tensors, path, metadata=None):
@@ -152,7 +157,8 @@ def test_disk_full_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_
     with pytest.raises(
         UserError, match=r"No space left on device.*it needs about .*the previous one is untouched"
     ):
-        checkpoint.write_checkpoint(tmp_path, "last", model, cfg, tok, {"iter": 2})
+        state = TrainState(Progress(iter=2), rng_state(), {})
+        checkpoint.write_checkpoint(tmp_path, "last", weights, cfg, tok, state)
     assert (tmp_path / "last" / "model.safetensors").read_bytes() == before
     assert torch.load(tmp_path / "last" / "state.pt", weights_only=True)["iter"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]  # no temporary folder left behind

@@ -1,59 +1,264 @@
 #!/bin/bash
-# The GPU check, as two short runs for a GPU machine lent by the minute (each under 10 minutes, both together
-# about 12 on one H200 including its start; at most 4 small files each in $OUT, every figure also on stdout):
+# The GPU check: one run of at most 5 minutes on one GPU (an H200 lent by the minute, compilation included),
+# prepared on a machine with pip's registries and rehearsed on the CPU.
 #
-#   bash tools/gpu_check.sh 1   # the CUDA code paths: tests/test_cuda.py (bf16, fp16 + GradScaler, compile,
-#                               # CUDA graphs, pinned batches, steps that never wait for the host, attention
-#                               # windowed and by documents, KV caches static and rolling) and train.py end
-#                               # to end; then attention's cost against T (bench.py --only attention) (~5 min)
-#   bash tools/gpu_check.sh 2   # GPT-2 small (124M) as configs/gpt2.yaml trains it: batch 32 x 1024 tokens,
-#                               # 16 micro-steps, 524,288 tokens per step; eager vs compiled in one tools/bench.py
-#                               # process, then train.py's own loop; sampling; memory      (~6-7 min)
+#   bash tools/gpu_check.sh prepare                 # here, with pip's registries: what the GPU machine lacks
+#   bash tools/gpu_check.sh                         # there: the check; figures in $OUT (bench/gpu_check)
+#   GPU_CHECK_DEVICE=cpu bash tools/gpu_check.sh    # the rehearsal: the same steps on the CPU, small sizes
+#   bash tools/gpu_check.sh --dry-run               # each step's command and time budget, nothing run
+#   bash tools/gpu_check.sh --help                  # this text
 #
-# Prepare on a machine with internet (the GPU machine may have none), and copy these git-ignored folders along:
-#   python prepare.py shakespeare          # data/shakespeare: GPT-2 BPE tokens standing in for FineWeb-Edu
-#                                          # (throughput does not depend on the text)
-#   pip wheel --no-deps -w wheels omegaconf antlr4-python3-runtime==4.9.3   # if the GPU machine lacks them
-# No checkpoint is written (train.save=false); compiles are two (bench's compiled setup, then train.py, which
-# finds inductor's cache warm), and CUDA graphs run only inside the tests (gpt2.yaml accumulates gradients,
-# which CUDA graphs cannot).
+# prepare writes three git-ignored folders (about 2 MB), then prints what would travel with them and the list
+# to take along (a `carry` list):
+#   data/shakespeare/  tiny Shakespeare as GPT-2 BPE tokens, standing in for FineWeb-Edu (speed does not
+#                      depend on the text): gpt2.yaml trains on it with data.dataset=shakespeare
+#   wheels/            what a bare image lacks: omegaconf 2.4 (it carries its own antlr4 runtime; its one
+#                      requirement, PyYAML, is there); datasets and wandb are imported only where used
+#   tiktoken-cache/    GPT-2's BPE ranks (tiktoken's r50k_base), for a machine that cannot download them
+#
+# The check's steps, the most valuable first. Each prints its command (copy it to run the step alone) and
+# its figures as soon as they exist; $OUT/log.txt keeps everything, so a run cut at its limit still reports
+# what it measured. Each step has a time budget and the run a deadline (GPU_CHECK_SECONDS): a slow step is
+# stopped, and the steps after it still run. $OUT gets at most 8 files, none in a folder.
+#   gpu, versions  nvidia-smi (is anything else on the GPU?); the GPU, driver, Python, torch, packages
+#   tests       tests/test_cuda.py: bf16, fp16 + GradScaler, torch.compile, CUDA graphs, pinned batches, steps
+#               that never wait for the host, windowed and document attention, KV caches, train.py
+#   gpt2        GPT-2 124M as configs/gpt2.yaml trains it (32 x 1024 tokens, 16 micro-steps: 524,288 tokens
+#               an iteration), compiled: ms/iteration, tokens/s, MFU (of the data sheet's bf16 peak), memory
+#   train.py    train.py's own loop on the same config, 24 iterations: tokens/s every 4, evals at 0 and 24
+#   sample      decoding against the memory-bandwidth floor: fp32, int8, 8 samples, nanoGPT's generator
+#   attention   a window of 256 (in blocks) against full causal attention, forward + backward, T to 16,384
+#   and if time is left: eager (gpt2 without compiling: what the compile buys), compiled (sampling compiled)
+#
+# Environment: GPU_CHECK_DEVICE (cuda, or cpu for the rehearsal), GPU_CHECK_SECONDS (the deadline: 285 on a
+# GPU, 840 on the CPU), OUT (default bench/gpu_check), PYTHON (default python3). The rehearsal passes under a
+# Python that has only what the GPU image has (torch, numpy, tiktoken, tokenizers, safetensors, pyyaml,
+# matplotlib, tqdm, pytest; no omegaconf, datasets or wandb): docs/gpu.md says how to run it.
 set -uo pipefail
-PART=${1:?usage: bash tools/gpu_check.sh 1|2}
-OUT=${OUT:-bench/gpu}
-mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 WANDB_MODE=offline
-if ! $PY -c "import omegaconf" 2>/dev/null; then
-    $PY -m pip install -q --no-index --no-deps --find-links "${WHEELS:-wheels}" omegaconf antlr4-python3-runtime
-fi
-G=(gpt2 data.dataset=shakespeare)  # gpt2.yaml as it is, on the stand-in data
-quiet() { grep -v -E "resource_tracker|warnings.warn"; }  # multiprocessing's notes about the memory probe
+DATA=data/shakespeare
+WHEELS=wheels
+VOCAB=tiktoken-cache
+CARRY=("$DATA" "$WHEELS" "$VOCAB")
+OMEGACONF=omegaconf==2.4.0  # pyproject.toml asks for >= 2.4
+GPU_PYTHON=3.12             # the GPU image's Python, which the wheels are for
 
-if [ "$PART" = 1 ]; then
-    echo "== machine"
-    { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-      $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(),
-'capability', torch.cuda.get_device_capability(), 'bf16', torch.cuda.is_bf16_supported(including_emulation=False))"
-    } 2>&1 | tee "$OUT/machine.txt"
-    echo "== CUDA code paths (tests/test_cuda.py)"
-    $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py --durations=5 2>&1 | tail -25 | tee "$OUT/cuda_tests.txt"
-    echo "== attention forward + backward against T: full causal, a window in blocks, the window as a dense mask"
-    $PY bench.py --only attention --rounds 5 --json "$OUT/attention.json" --plot "$OUT/attention_cost.png" 2>&1 \
-        | quiet
-elif [ "$PART" = 2 ]; then
-    echo "== 124M as gpt2.yaml trains it: eager (A) vs compiled (B), alternating rounds"
-    $PY -m tools.bench "${G[@]}" train.compile=false --compare train.compile=true --only train --warmup 3 --steps 2 \
-        --rounds 3 --json "$OUT/gpt2_train.json" 2>&1 | quiet
-    echo "== train.py's own loop: 40 iterations of gpt2.yaml, tokens/s every 10 (evals at 0 and 40, no checkpoint)"
-    $PY train.py "${G[@]}" train.max_iters=40 train.eval_interval=40 train.save=false log.interval=10 \
-        train.out_dir=/tmp/tinygpt_gpu_check 2>&1 | grep -E "^(model|device|iter|done|error)" \
-        | tee "$OUT/gpt2_train_py.txt"
-    echo "== sampling against the memory-bandwidth floor: eager, compiled (CUDA graphs), int8, 8 samples"
-    $PY -m tools.bench "${G[@]}" train.compile=true --only sample --sample-tokens 500 --json "$OUT/gpt2_sample.json" \
-        2>&1 | quiet
-    echo "== training memory at batch 1 as the context grows (eager)"
-    $PY -m tools.bench "${G[@]}" train.compile=false --only memory --json "$OUT/gpt2_memory.json" 2>&1 | quiet
-else
-    echo "usage: bash tools/gpu_check.sh 1|2" >&2
-    exit 2
-fi
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
+show() {  # a command as one line to copy: arguments quoted only where the shell needs it
+    local a out=()
+    for a in "$@"; do
+        if [[ $a =~ ^[][A-Za-z0-9_./=:,@%+-]+$ ]]; then out+=("$a"); else out+=("'${a//\'/\'\\\'\'}'"); fi
+    done
+    echo "\$ ${out[*]}"
+}
+
+# --- prepare: on a machine with pip's registries ---
+
+prepare() {
+    set -e
+    echo "== wheels for Python $GPU_PYTHON into $WHEELS/"
+    rm -rf "$WHEELS" && mkdir -p "$WHEELS"
+    $PY -m pip download --quiet --no-deps --only-binary=:all: --python-version "$GPU_PYTHON" -d "$WHEELS" \
+        "$OMEGACONF"
+    ls "$WHEELS"
+    echo "== GPT-2's BPE ranks into $VOCAB/"
+    mkdir -p "$VOCAB"
+    local have=${TIKTOKEN_CACHE_DIR:-../shared/tiktoken-cache}  # a cache at hand (the project's shared one)
+    if [ -d "$have" ] && [ "$(cd "$have" && pwd)" != "$(cd "$VOCAB" && pwd)" ]; then
+        cp -pR "$have"/. "$VOCAB"/
+    fi  # else tiktoken downloads the ranks here
+    TIKTOKEN_CACHE_DIR=$PWD/$VOCAB $PY -c \
+        "import tiktoken; print('r50k_base:', tiktoken.get_encoding('r50k_base').n_vocab, 'tokens')"
+    echo "== the stand-in data into $DATA/"
+    TIKTOKEN_CACHE_DIR=$PWD/$VOCAB $PY prepare.py shakespeare
+    local files carried total  # bytes: the checkout's files (tracked, or untracked but not ignored); ours
+    files=$({ git ls-files -z --cached --others --exclude-standard || true; } | xargs -0 -r du -cb -- |
+        tail -1 | cut -f1)
+    carried=$(du -scb "${CARRY[@]}" | tail -1 | cut -f1)
+    total=$((${files:-0} + carried))
+    echo "== ready"
+    echo "what travels: the checkout's files $((${files:-0} / 1024)) KiB + these folders" \
+        "$((carried / 1024)) KiB = $((total / 1024)) KiB"
+    ((total > 64 * 1048576)) && echo "warning: over the 64 MiB a lent GPU machine takes along"
+    local list
+    list=$(printf '"%s", ' "${CARRY[@]}")
+    echo "take along (carry): [${list%, }]"
+    echo "then, on the GPU machine: bash tools/gpu_check.sh   (5 minutes; figures in \$OUT)"
+}
+
+# --- the check ---
+
+use_wheels() {  # omegaconf from wheels/ where the Python lacks it, installed beside it (not into it)
+    $PY -c "import omegaconf" 2>/dev/null && return 0
+    local site=${TMPDIR:-/tmp}/tinygpt_gpu_check_site
+    if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+        echo "error: $PY has no omegaconf and $WHEELS/ holds no wheels: run" \
+            "'bash tools/gpu_check.sh prepare' on a machine with pip's registries and take $WHEELS/ along" >&2
+        exit 2
+    fi
+    rm -rf "$site"
+    $PY -m pip install --quiet --no-index --no-deps --no-compile --target "$site" "$WHEELS"/*.whl || exit 2
+    export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+    echo "omegaconf from $WHEELS/, installed in $site (PYTHONPATH)"
+}
+
+SUMMARY=()
+FAILED=0
+step() {  # step NAME BUDGET core|extra COMMAND...: run it within its budget and what is left of the deadline
+    local name=$1 budget=$2 kind=$3 left rc start
+    shift 3
+    left=$((DEADLINE - SECONDS))
+    if [ -n "$DRY" ]; then
+        echo "== $name (at most $budget s$([ "$kind" = extra ] && echo ", if time is left"))"
+        show "$@"
+        return
+    fi
+    if ((left < MIN_STEP)); then
+        echo "== $name: skipped, $left s left of $DEADLINE"
+        SUMMARY+=("$(printf '%-10s skipped: %s s left' "$name" "$left")")
+        [ "$kind" = core ] && FAILED=1
+        return
+    fi
+    ((budget > left)) && budget=$left
+    echo
+    echo "== $name (at most $budget s; $SECONDS s so far)"
+    show "$@"
+    start=$SECONDS
+    timeout --kill-after=10 "$budget" "$@"
+    rc=$?
+    if ((rc == 0)); then
+        SUMMARY+=("$(printf '%-10s ok, %s s' "$name" $((SECONDS - start)))")
+        return
+    fi
+    if ((rc == 124 || rc == 137)); then
+        rc="stopped at its budget, $budget s"
+        [ "$kind" = core ] && FAILED=1  # an extra step cut short is only a figure missing
+    else
+        rc="failed (exit $rc)"
+        FAILED=1
+    fi
+    echo "== $name: $rc"
+    SUMMARY+=("$(printf '%-10s %s' "$name" "$rc")")
+}
+
+headline() {  # the main figures again, from the JSON files: the end of a long log is what a reader sees first
+    $PY - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+def rows(name, key):
+    f = out / name
+    return json.loads(f.read_text()).get(key, []) if f.is_file() else []
+for name, label in (("gpt2_train.json", "gpt2 compiled"), ("gpt2_train_eager.json", "gpt2 eager")):
+    for r in rows(name, "train"):
+        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
+        print(f"{label}: {r['ms_per_iter']:,} ms/iteration, {r['tokens_per_s']:,} tokens/s, MFU {mfu}, "
+              f"peak memory {r['peak_mem_MB']} MB, {r['precision']} on {r['device']}")
+for r in rows("sample.json", "sample_floor"):
+    print(f"sampling: the floor {r['floor_tok_s']:,} tokens/s ({r['weights_MB_per_token']} MB a token at "
+          f"{r['gemv_GB_s']} GB/s)")
+compiled = [r for r in rows("sample_compiled.json", "sample") if r["compile_s"]]
+for r in rows("sample.json", "sample") + compiled:
+    print(f"  {r['path']}: {r['tok_s']:,} tokens/s, {r['of_floor']} of the floor")
+attention = rows("attention.json", "attention")
+for path in dict.fromkeys(r["path"] for r in attention if r["path"] != "full causal"):
+    r = [r for r in attention if r["path"] == path][-1]
+    print(f"attention at T={r['context']:,}, {path}: {r['time_vs_full']} x the time of full causal, "
+          f"{r['memory_vs_full']} x its memory")
+EOF
+}
+
+sizes() {  # the steps' arguments on this device: gpt2.yaml as it is on a GPU; on the CPU, a size two cores
+    # run in seconds, on the same data and vocabulary
+    RUN_DIR=${TMPDIR:-/tmp}/tinygpt_gpu_check_run
+    G=(gpt2 "data.dataset=shakespeare" "train.device=$DEVICE") X=()
+    if [ "$DEVICE" = cuda ]; then
+        DEADLINE=${GPU_CHECK_SECONDS:-285} MIN_STEP=20
+        T=(--warmup 3 --steps 2 --rounds 3)  # 6 timed iterations; the compile happens in the first
+        I=(train.max_iters=24 train.eval_interval=24 log.interval=4)
+        S=(--sample-tokens 200 --rounds 3)
+        A=(--rounds 3)
+        BUDGET=(20 20 120 120 100 45 40 45 60)  # seconds per step, in the order of steps()
+    elif [ "$DEVICE" = cpu ]; then
+        DEADLINE=${GPU_CHECK_SECONDS:-840} MIN_STEP=30
+        G+=(model.n_layer=2 model.n_head=2 model.n_embd=64 model.block_size=128 train.batch_size=4
+            train.grad_accum=2 train.eval_iters=2)
+        T=(--warmup 2 --steps 2 --rounds 2)
+        I=(train.max_iters=24 train.eval_interval=24 log.interval=4)
+        S=(--sample-tokens 32 --rounds 2)
+        A=(--rounds 2 --contexts 256,512,1024)
+        BUDGET=(0 30 90 240 180 90 60 60 240)
+    else
+        echo "error: GPU_CHECK_DEVICE is cuda or cpu, got $DEVICE" >&2
+        exit 2
+    fi
+    # pytest-xdist where it is installed (the GPU image has it): the tests' compiles side by side
+    $PY -c "import xdist" 2>/dev/null && X=(-n "$([ "$DEVICE" = cuda ] && echo 4 || echo 2)")
+}
+
+steps() {
+    local bench=("$PY" -m tools.bench "${G[@]}")
+    [ "$DEVICE" = cuda ] && step gpu "${BUDGET[0]}" core nvidia-smi
+    step versions "${BUDGET[1]}" core "$PY" -m tools.versions
+    step tests "${BUDGET[2]}" core "$PY" -m pytest -v -p no:cacheprovider "${X[@]}" --durations=10 \
+        tests/test_cuda.py
+    step gpt2 "${BUDGET[3]}" core "${bench[@]}" train.compile=true --only train "${T[@]}" \
+        --json "$OUT/gpt2_train.json"
+    [ -z "$DRY" ] && rm -rf "$RUN_DIR"  # no metrics of an earlier run
+    step train.py "${BUDGET[4]}" core "$PY" train.py "${G[@]}" train.compile=true "${I[@]}" train.save=false \
+        log.plot=false "train.out_dir=$RUN_DIR"
+    [ -z "$DRY" ] && [ -f "$RUN_DIR/metrics.jsonl" ] && cp "$RUN_DIR/metrics.jsonl" "$OUT/train_py.jsonl"
+    step sample "${BUDGET[5]}" core "${bench[@]}" train.compile=false --only sample "${S[@]}" \
+        --json "$OUT/sample.json"
+    step attention "${BUDGET[6]}" core "$PY" -m tools.bench "train.device=$DEVICE" --only attention \
+        "${A[@]}" --json "$OUT/attention.json" --plot "$OUT/attention_cost.png"
+    step eager "${BUDGET[7]}" extra "${bench[@]}" train.compile=false --only train "${T[@]}" \
+        --json "$OUT/gpt2_train_eager.json"
+    step compiled "${BUDGET[8]}" extra "${bench[@]}" train.compile=true --only sample "${S[@]}" \
+        --json "$OUT/sample_compiled.json"
+    [ -n "$DRY" ] && return 0
+    echo
+    echo "== headline figures"
+    headline
+    echo
+    echo "== summary: $SECONDS s of $DEADLINE; in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+    printf '%s\n' "${SUMMARY[@]}"
+    return $FAILED
+}
+
+check() {
+    DEVICE=${GPU_CHECK_DEVICE:-cuda}
+    OUT=${OUT:-bench/gpu_check}
+    sizes
+    [ -n "$DRY" ] && { steps; return; }
+    if [ ! -f "$DATA/train.bin" ]; then
+        echo "error: $DATA is not prepared: run 'bash tools/gpu_check.sh prepare' first and take it along" >&2
+        exit 2
+    fi
+    mkdir -p "$OUT"
+    export PYTHONUNBUFFERED=1 WANDB_MODE=offline
+    [ -d "$VOCAB" ] && export TIKTOKEN_CACHE_DIR=$PWD/$VOCAB  # the machine may not reach tiktoken's server
+    {
+        echo "tinygpt GPU check on $DEVICE, $(date -u '+%Y-%m-%d %H:%M UTC'), commit" \
+            "$(git rev-parse --short HEAD 2>/dev/null || echo unknown); deadline $DEADLINE s"
+        use_wheels && steps
+    } 2>&1 | tee "$OUT/log.txt"  # every line also in $OUT/log.txt as it comes
+    return "${PIPESTATUS[0]}"
+}
+
+DRY=""
+case "${1:-}" in
+    prepare) prepare ;;
+    "") check ;;
+    --dry-run)
+        DRY=1
+        check
+        ;;
+    -h | --help | help) usage ;;
+    *)
+        usage >&2
+        exit 2
+        ;;
+esac

@@ -68,7 +68,7 @@ def build_vocabulary(spec: str, text: str, meta_out: str) -> dict:
     start = time.perf_counter()
     if kind == "char":
         tok = CharTokenizer.from_texts(d for split in ("train", "val") for d in source.documents(split))
-    elif kind == "bpe":
+    elif kind == "trained_bpe":
         tok = TrainedBPE.train(prep._first_chars(source.documents("train"), prep.BPE_TRAIN_CHARS), size)
     else:
         tok = BPETokenizer(kind)

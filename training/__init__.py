@@ -1,2 +1,3 @@
 """Training: the plan of a run (its final config), the trainer, the loop's controls, optimisers,
-data-parallel wrappers, run records, exact evaluation, the dry run and hardware peaks."""
+data-parallel wrappers, run records, exact evaluation, the dry run (with its memory model and
+measurements) and hardware peaks."""

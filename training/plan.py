@@ -14,16 +14,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import torch
+
 from common.errors import ConfigError, UserError
-from data.dataset import Dataset, dataset_folder
-from data.recipes import prepared_dataset
-from hf import tokenizer_files
+from data.dataset import META_FILE, Dataset, dataset_folder
+from data.recipes import local_dataset, prepare_known
+from data.tokenizers import describe, same
 from model import GPTConfig
 from model.lora import model_problem
-from runs import checkpoint
-from runs.checkpoint import Checkpoint, Pretrained
+from runs.checkpoint import Checkpoint, find_last
 from runs.config import Config, Request
-from runs.runtime import Runtime, setup
+from runs.pretrained import Pretrained, base_of, load_pretrained
+from runs.runtime import Runtime, compile_enabled, planned, setup
 from training import distributed
 
 
@@ -36,13 +38,59 @@ class Plan:
     pretrained: Pretrained | None = None  # train.init_from's model for a fresh run; a LoRA run's base
 
 
+@dataclass
+class PaperPlan:
+    """A run planned as `plan_run` plans it, without taking a device, joining a process group or resuming
+    (the dry run's): what it would train, on what, and where."""
+
+    cfg: Config  # final where the dataset is prepared (else model.vocab_size must be set)
+    dataset: Dataset | None  # None: not prepared, and from the hub (data/recipes.py's `local_dataset`)
+    pretrained: Pretrained | None  # train.init_from's model, read
+    device: torch.device
+    precision: str
+    present: bool  # the device is here (a CUDA config on a machine without a GPU: False)
+    compiled: bool  # torch.compile on (train.compile on this device)
+
+
 def plan_run(request: Request) -> Plan:
     """The final config of a run and what it needs before anything is built (see the module docstring)."""
+    t = request.cfg.train
+    cfg, resume, pretrained = starting_point(request)
+    rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
+    dataset = open_dataset(cfg, rt)  # and the process group joined, once the dataset is there
+    return Plan(fit_to_data(cfg, dataset, resume, pretrained), rt, dataset, resume, pretrained)
+
+
+def paper_plan(request: Request) -> PaperPlan:
+    """The run `request` asks for, planned from its start (train.resume aside) without taking the device
+    runs/runtime.py chooses for it; a dataset from the hub is not prepared for it (see `PaperPlan`)."""
+    fresh = dataclasses.replace(request.cfg, train=dataclasses.replace(request.cfg.train, resume=False))
+    cfg, _, pretrained = starting_point(dataclasses.replace(request, cfg=fresh))
+    dataset = local_dataset(cfg.data.dataset, cfg.data.dir)
+    if dataset is not None:
+        cfg = fit_to_data(cfg, dataset, None, pretrained)
+    elif cfg.model.vocab_size is None:
+        raise UserError(
+            f"dataset {cfg.data.dataset} is not prepared, so its vocabulary is unknown; set model.vocab_size "
+            "for the dry run, or prepare the dataset first"
+        )
+    elif cfg.model.doc_mask and cfg.model.doc_token is None:  # its id changes no cost: any will do
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=0))
+    t = cfg.train
+    device, precision, present = planned(t.device, t.precision, cfg.model.n_embd)
+    compiled = compile_enabled(t.compile, device)
+    return PaperPlan(cfg, dataset, pretrained, device, precision, present, compiled)
+
+
+def starting_point(request: Request) -> tuple[Config, Checkpoint | None, Pretrained | None]:
+    """(config, the checkpoint it resumes, the pretrained model it starts from): train.resume's OUT_DIR/last,
+    else train.init_from's model (whose shape the model section follows), read; a LoRA run's base, read again
+    from where its checkpoint says it was trained (checked against the fingerprint it recorded)."""
     cfg, t = request.cfg, request.cfg.train
-    resume = checkpoint.find_last(t.out_dir) if t.resume else None
+    resume = find_last(t.out_dir) if t.resume else None
     pretrained = None
     if t.init_from and resume is None:  # a fresh run: shape and weights of a pretrained model
-        pretrained = checkpoint.load_pretrained(t.init_from, hub=True)
+        pretrained = load_pretrained(t.init_from, hub=True)
         cfg = follow_model(cfg, pretrained.model, request.origins, f"train.init_from {pretrained.where}")
     elif t.init_from:  # resuming one: the shape it was given, without reading the source again
         cfg = follow_model(cfg, resume.config().model, request.origins, f"checkpoint {resume}")
@@ -53,22 +101,28 @@ def plan_run(request: Request) -> Plan:
         if problem:
             raise UserError(f"{problem}; remove them from lora.targets")
         if resume is not None:  # the base of the adapters: from where they were trained, checked
-            pretrained = checkpoint.base_of(resume)
+            pretrained = base_of(resume)
+    return cfg, resume, pretrained
 
-    rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
-    dataset = open_dataset(cfg, rt)
-    distributed.join(rt, t.dist_timeout)
 
-    if pretrained is not None and resume is None:
-        _check_tokenizer(pretrained, dataset)
+def fit_to_data(
+    cfg: Config, dataset: Dataset, resume: Checkpoint | None, pretrained: Pretrained | None
+) -> Config:
+    """cfg with the dataset's vocabulary (and document token), once the model it starts from is checked to
+    fit the data: the same tokenizer (the checkpoint it resumes, else train.init_from's model; a LoRA run
+    resumed: its checkpoint's, which is its base's), and for a resumed run the same shape."""
+    wanted = cfg.model.doc_mask and cfg.model.doc_token is None
+    doc_token = document_token(dataset) if wanted else None
+    theirs = dataset.meta.tokenizer_meta
+    ours = resume.tokenizer_meta() if resume is not None else pretrained and pretrained.tokenizer_meta
+    if (resume is not None or pretrained is not None) and (ours is None or not same(ours, theirs)):
+        raise _another_tokenizer(dataset, resume, pretrained, ours)
     cfg = with_vocabulary(cfg, dataset.meta.vocab_size)
-    if cfg.model.doc_mask and cfg.model.doc_token is None:
-        cfg = dataclasses.replace(
-            cfg, model=dataclasses.replace(cfg.model, doc_token=document_token(dataset))
-        )
+    if doc_token is not None:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=doc_token))
     if resume is not None:
-        _check_resumable(resume, cfg, dataset.meta.tokenizer)
-    return Plan(cfg, rt, dataset, resume, pretrained)
+        _check_resumable(resume, cfg)
+    return cfg
 
 
 def follow_model(cfg: Config, source: GPTConfig, origins: dict[str, str], where: str) -> Config:
@@ -105,10 +159,11 @@ def with_vocabulary(cfg: Config, vocab_size: int) -> Config:
 
 
 def open_dataset(cfg: Config, rt: Runtime) -> Dataset:
-    """The run's dataset. A known dataset is prepared on first use: under torchrun by local rank 0 of the
-    machine while its other ranks wait for the files (preparing FineWeb-Edu takes hours, longer than any
-    collective should wait). With several machines it must be prepared beforehand: two machines sharing a
-    filesystem would write the same files at once."""
+    """The run's dataset, opened once. A known dataset is prepared on first use: under torchrun by local
+    rank 0 of the machine while its other ranks wait for the files, and only then does this process join the
+    process group (preparing FineWeb-Edu takes hours, longer than any collective should wait). With several
+    machines it must be prepared beforehand: two machines sharing a filesystem would write the same files
+    at once."""
     name, data_dir = cfg.data.dataset, cfg.data.dir
     folder = dataset_folder(name, data_dir)
 
@@ -119,18 +174,19 @@ def open_dataset(cfg: Config, rt: Runtime) -> Dataset:
                 "starting torchrun, on each machine (or once on a shared filesystem): python prepare.py "
                 f"{name}"
             )
-        prepared_dataset(name, data_dir)
+        prepare_known(folder)
 
     beat = folder.parent / f".{name}.preparing"  # local rank 0 touches it while it prepares
-    distributed.once_per_machine(rt, folder / "meta.json", prepare, f"dataset {name}", beat)
-    return Dataset.open(name, data_dir)
+    distributed.once_per_machine(rt, folder / META_FILE, prepare, f"dataset {name}", beat)
+    distributed.join(rt, cfg.train.dist_timeout)
+    return Dataset.at(folder)
 
 
 def document_token(dataset: Dataset) -> int:
     """The token the dataset puts between documents (<|endoftext|>), for model.doc_mask."""
     eot = dataset.tokenizer().eot_token
     if eot is None:
-        kind = dataset.meta.tokenizer["kind"]
+        kind = dataset.meta.tokenizer_meta["kind"]
         raise UserError(
             "model.doc_mask=true needs documents separated by <|endoftext|>, but dataset "
             f"{dataset.name} has a {kind} tokenizer without one; use a BPE dataset or model.doc_mask=false"
@@ -138,16 +194,22 @@ def document_token(dataset: Dataset) -> int:
     return eot
 
 
-def _check_tokenizer(source: Pretrained, dataset: Dataset) -> None:
-    """Refuse to train a model on data with another tokenizer than its own, naming both."""
-    theirs = dataset.meta.tokenizer
-    if source.tokenizer is None or not tokenizer_files.same(source.tokenizer, theirs):
-        raise UserError(
-            f"train.init_from {source.where} uses tokenizer {source.tokenizer_about}, but data.dataset "
-            f"{dataset.name} has {tokenizer_files.describe(theirs)}; train on data prepared with the "
-            "model's tokenizer (for GPT-2: data.dataset=shakespeare, or python prepare.py NAME --tokenizer "
-            "gpt2)"
+def _another_tokenizer(
+    dataset: Dataset, resume: Checkpoint | None, pretrained: Pretrained | None, ours: dict | None
+) -> UserError:
+    """The line for a model that starts from another tokenizer than the dataset's, naming both."""
+    theirs = dataset.meta.tokenizer_meta
+    if resume is not None:
+        diff = next(k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k))
+        return UserError(
+            f"checkpoint {resume} was trained with another tokenizer (its {diff} differs from the "
+            "dataset's); resume on the dataset it was trained on"
         )
+    return UserError(
+        f"train.init_from {pretrained.where} uses tokenizer {pretrained.tokenizer_about}, but data.dataset "
+        f"{dataset.name} has {describe(theirs)}; train on data prepared with the model's tokenizer (for "
+        "GPT-2: data.dataset=shakespeare, or python prepare.py NAME --tokenizer gpt2)"
+    )
 
 
 def _check_same_lora(ckpt: Checkpoint, cfg: Config) -> None:
@@ -169,8 +231,8 @@ def _check_same_lora(ckpt: Checkpoint, cfg: Config) -> None:
             )
 
 
-def _check_resumable(ckpt: Checkpoint, cfg: Config, tokenizer_meta: dict) -> None:
-    """Refuse to resume from a checkpoint of another shape or tokenizer, naming the field that differs."""
+def _check_resumable(ckpt: Checkpoint, cfg: Config) -> None:
+    """Refuse to resume from a checkpoint of another shape, naming the field that differs."""
     for field, theirs in dataclasses.asdict(ckpt.config().model).items():
         ours = getattr(cfg.model, field)
         if theirs != ours and field != "dropout":
@@ -178,11 +240,3 @@ def _check_resumable(ckpt: Checkpoint, cfg: Config, tokenizer_meta: dict) -> Non
                 f"checkpoint {ckpt} has model.{field}={theirs} but the config says {ours}; resume "
                 "with the config it was trained with, or start a new run in another train.out_dir"
             )
-    theirs = ckpt.tokenizer()
-    if theirs != tokenizer_meta:
-        keys = sorted(set(theirs) | set(tokenizer_meta))
-        diff = next(k for k in keys if theirs.get(k) != tokenizer_meta.get(k))
-        raise UserError(
-            f"checkpoint {ckpt} was trained with another tokenizer (its {diff} differs from the "
-            "dataset's); resume on the dataset it was trained on"
-        )

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import configparser
+import importlib.util
 import json
 import math
 import netrc
@@ -174,7 +175,10 @@ class Tracker:
 
 
 def check_wandb_login() -> None:
-    """Refuse log.wandb=true before training where wandb would stop for a missing login (or prompt)."""
+    """Refuse log.wandb=true before training where wandb is not installed, or would stop for a missing
+    login (or prompt)."""
+    if importlib.util.find_spec("wandb") is None:
+        raise UserError("log.wandb=true needs the wandb package: pip install wandb (or leave log.wandb off)")
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return
     modes = [os.environ.get("WANDB_MODE", "")]

@@ -11,60 +11,28 @@ never waits for the host.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from common.errors import UserError
+from common.threads import ThreadTuner
 from data.dataset import SPLITS, Dataset
 from data.loader import TokenWindows
 from data.tokenizers import bits_per_byte
 from model import GPT
 from model.lora import add_lora
-from runs import checkpoint, verify
+from runs import checkpoint
 from runs.checkpoint import Checkpoint
 from runs.config import Config
+from runs.pretrained import load_into, lora_base
 from runs.runtime import Runtime, compile_enabled
+from runs.train_state import STATE, Progress, TrainState
 from training import distributed
 from training.evaluation import byte_lengths_of
 from training.optim import make_optimizers, step_unless
 from training.plan import Plan
-
-
-@dataclass
-class Progress:
-    """How far a run has come: what a checkpoint's state.pt records besides optimizer and RNG state."""
-
-    iter: int = 0
-    best_val_loss: float = math.inf
-    elapsed_s: float = 0.0  # training seconds (evals and checkpoints excluded)
-    skipped_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
-    evaluated_at: int = -1  # the iteration of the last eval, so a resumed run does not repeat it
-    wandb_id: str | None = None
-
-    @classmethod
-    def from_state(cls, state: dict, where: Path | str = "state.pt") -> Progress:
-        """The progress a checkpoint's state.pt records, each number of its field's type (not nan)."""
-        out = {}
-        for name, kind in typing.get_type_hints(cls).items():
-            if name not in state:
-                continue
-            value = state[name]
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if kind is int:
-                fits = number and isinstance(value, int) and value >= -1
-            elif kind is float:
-                fits = number and not math.isnan(value)
-            else:  # wandb_id
-                fits = value is None or isinstance(value, str)
-            if not fits:
-                raise UserError(f"{where} is damaged: its {name} is {value!r}; use another checkpoint")
-            out[name] = float(value) if kind is float else value
-        return cls(**out)
 
 
 @dataclass
@@ -80,6 +48,7 @@ class Run:
     progress: Progress
     byte_lengths: torch.Tensor | None = None  # UTF-8 bytes of each token id, for bits per byte
     lora_base: dict[str, str] | None = None  # a LoRA run: its base, as checkpoints record it
+    tuner: ThreadTuner | None = None  # the CPU thread count of the training steps, timed as they run
 
     @property
     def out_dir(self) -> Path:
@@ -99,19 +68,19 @@ def start_run(plan: Plan) -> Run:
     cfg, rt, t = plan.cfg, plan.rt, plan.cfg.train
     torch.manual_seed(t.seed)
     model = build_model(plan)
+    base = lora_base(plan.pretrained) if cfg.lora is not None else None  # what its checkpoints record
     forward = distributed.wrap(model, cfg, rt)
     optimizers = make_optimizers(model, cfg.optim, rt.device)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.precision == "fp16")
     if compile_enabled(t.compile, rt.device):
         forward = torch.compile(forward, mode=t.compile_mode)
     splits = {s: plan.dataset.windows(s, cfg.model.block_size, rt.device, t.seed) for s in SPLITS}
-    lengths = byte_lengths_of(plan.dataset.meta.tokenizer)
+    lengths = byte_lengths_of(plan.dataset.meta.tokenizer_meta)
     lengths = torch.from_numpy(lengths).to(rt.device) if lengths is not None else None
-    run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), lengths)
-    if cfg.lora is not None:
-        run.lora_base = checkpoint.lora_base(plan.pretrained)
+    run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), lengths, base)
     if plan.resume is not None:
         _restore(run, plan.resume)
+    run.tuner = rt.thread_tuner(start=run.progress.threads)
     return run
 
 
@@ -128,42 +97,34 @@ def build_model(plan: Plan) -> GPT:
     model = GPT(cfg.model).to(plan.rt.device)
     model.activation_checkpointing = cfg.train.activation_checkpointing
     if weights is not None:
-        checkpoint.load_into(model, weights, where)
+        load_into(model, weights, where)
     if cfg.lora is not None:
         add_lora(model, cfg.lora)
         if resume is not None:
-            checkpoint.load_into(model, resume.adapters()[0], resume.folder, adapters=True)
+            load_into(model, resume.adapters()[0], resume.folder, adapters=True)
     return model
 
 
 def _restore(run: Run, ckpt: Checkpoint) -> None:
-    """Optimizer and scaler state, progress and random generators of checkpoint `ckpt`."""
-    state, where = ckpt.train_state(), ckpt.folder / checkpoint.STATE
-    checkpoint.load_optimizers(run.model, run.optimizers, state, ckpt)
-    if state.get("scaler") and run.scaler.is_enabled():
-        verify.check_scaler_state(state["scaler"], where)
-        run.scaler.load_state_dict(state["scaler"])
-    run.progress = Progress.from_state(state, where)
-    checkpoint.set_rng_state(state["rng"], where)
+    """Optimizer and scaler state, progress and random generators of checkpoint `ckpt` (its state.pt)."""
+    where = ckpt.folder / STATE
+    run.progress = ckpt.train_state().restore(run.model, run.optimizers, run.scaler, where)
 
 
 def save_checkpoint(run: Run, improved: bool) -> Path:
     """Write OUT_DIR/last with everything needed to resume, and copy it to OUT_DIR/best when `improved`."""
-    p = run.progress
-    state = {
-        **dataclasses.asdict(p),
-        "tokens": p.iter * run.cfg.tokens_per_iter,
-        "rng": checkpoint.rng_state(),
-        "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
-    }
-    tokenizer, main = run.dataset.meta.tokenizer, run.rt.is_main
-    path = checkpoint.write_checkpoint(
-        run.out_dir, "last", run.model, run.cfg, tokenizer, state, run.optimizers, main, run.lora_base
-    )
-    if improved and main:
-        checkpoint.copy_checkpoint(run.out_dir, "last", "best")
+    # every rank helps gather (FSDP), the weights first: it leaves the parameters resharded, which gathering
+    # the optimizer state needs (torch's get_state_dict orders them so too); rank 0 writes
+    weights = checkpoint.model_weights(run.model)
+    run.progress.threads = run.tuner.count if run.tuner.enabled else 0
+    state = TrainState.capture(run.progress, run.cfg.tokens_per_iter, run.model, run.optimizers, run.scaler)
+    if run.rt.is_main:
+        tokenizer_meta, base = run.dataset.meta.tokenizer_meta, run.lora_base
+        checkpoint.write_checkpoint(run.out_dir, "last", weights, run.cfg, tokenizer_meta, state, base)
+        if improved:
+            checkpoint.copy_checkpoint(run.out_dir, "last", "best")
     distributed.barrier(run.rt)
-    return path
+    return run.out_dir / "last"
 
 
 def train_step(run: Run, it: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -204,13 +165,13 @@ def estimate_loss(run: Run) -> dict[str, float]:
     for nothing."""
     cfg, rt = run.cfg, run.rt
     run.forward.eval()
-    out = {}
+    out, tuner = {}, rt.thread_tuner()
     per_rank = -(-cfg.train.eval_iters // rt.world_size)
     for name, data in run.splits.items():
         total = torch.zeros(3, device=rt.device)  # sum of batch losses, batches, sum of bytes per token
         for key in range(rt.rank, per_rank * rt.world_size, rt.world_size):
             x, y = data.batch(key, cfg.train.batch_size, stream=1)
-            with rt.autocast():
+            with tuner.timed(), rt.autocast():
                 _, loss = run.forward(x, y)
             if key < cfg.train.eval_iters:  # past it, a forward only keeps FSDP's collectives in step
                 one = torch.ones((), device=rt.device)

@@ -455,7 +455,7 @@ function headTable(caption, rows, show) {
       td.style.color = show.ink(value);
       td.dataset.layer = layer;
       td.dataset.head = head;
-      td.title = `L${layer}H${head} ${caption}: ${value}`;
+      td.title = `${headName(layer, head)} ${caption}: ${value}`;
       td.addEventListener("click", () => selectHead(layer, head));
       tr.append(td);
     });
@@ -484,7 +484,7 @@ function drawAttribution() {
     `Which parts pushed “${v.tokens[f]}” (token ${f}) up or down, predicted after “${v.tokens[f - 1]}”: ` +
     `logit ${logit[f - 1].toFixed(3)}`;
   const byName = new Map(terms.map((t, i) => [t, row[i]]));
-  const heads = [...Array(N_LAYER)].map((_, l) => [...Array(N_HEAD)].map((_, h) => byName.get(`L${l}H${h}`)));
+  const heads = [...Array(N_LAYER)].map((_, l) => [...Array(N_HEAD)].map((_, h) => byName.get(headName(l, h))));
   const max = Math.max(...heads.flat().map(Math.abs));
   const table = headTable("heads", heads, effects(max));
   table.id = "attribution-heads";

@@ -1,0 +1,57 @@
+"""An out_dir guarded before training: writable, written by one train.py at a time, with room for the
+checkpoints, and a run it holds never overwritten by accident (train.resume continues it, train.overwrite
+deletes it). train.py holds OUT_DIR/.lock for its whole run (common/locks.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from common import locks
+from common.errors import UserError
+from common.files import check_not_links, size_text
+from runs.checkpoint import OUT_DIR_ADVICE, is_checkpoint
+from runs.config import Config
+
+LOCK = ".lock"  # in an out_dir: held by the train.py that writes into it
+
+
+def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
+    """Fail before training on an out_dir that cannot hold the checkpoints, whose run would be lost, or that
+    another run writes into; with train.overwrite, delete the run it holds. Holds OUT_DIR/.lock from here to
+    the end of the process (the caller's run)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write-test"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(
+            f"train.out_dir {out_dir} is not writable ({e.strerror or e}); choose another "
+            "train.out_dir or fix its permissions"
+        ) from None
+    locks.hold(
+        out_dir / LOCK,
+        f"train.out_dir {out_dir}",
+        exclusive=True,
+        advice="another train.py writes into it: wait for it to end (or stop it), or choose another "
+        "train.out_dir",
+    )
+    check_not_links(out_dir, ("last", "best"), OUT_DIR_ADVICE)
+    has_run = any(is_checkpoint(out_dir / n) for n in ("last", "best", ".last.old"))
+    if has_run and not cfg.train.resume:
+        if not cfg.train.overwrite:
+            raise UserError(
+                f"{out_dir} already holds a checkpoint; continue it with train.resume=true, start "
+                "over with train.overwrite=true (deletes it), or pick another train.out_dir"
+            )
+        for name in ("last", "best", ".last.old", ".best.old"):
+            shutil.rmtree(out_dir / name, ignore_errors=True)
+    need = n_params * 4 * 4 * 2  # weights + AdamW moments, fp32, in last/ and best/ while swapping
+    free = shutil.disk_usage(out_dir).free
+    if cfg.train.save and free < need:
+        raise UserError(
+            f"{out_dir} has {size_text(free)} free; checkpoints need about {size_text(need)}. "
+            "Free some space or choose another train.out_dir"
+        )

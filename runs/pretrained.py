@@ -1,0 +1,182 @@
+"""Where a model comes from: a checkpoint of ours, or a Hugging Face model folder or hub name (via hf/).
+
+`load_pretrained` reads the weights a run starts from (train.init_from) or a script runs, as a `Pretrained`;
+`load_model` builds the model for sampling, evaluation and the heads tool, and gives it with its tokenizer
+and the tokenizer's metadata (`Loaded`), so a script builds neither again; `load_into` puts weights into a
+model. A LoRA checkpoint holds the
+adapters alone and records its base (the folder its weights were read from, absolute) and the sha256 of
+those weights (`fingerprint`: names, shapes and bytes, the same however the base is stored). Reading one
+loads the base again (`base_of`) and refuses it, in one line, if it moved or changed; `load_pretrained`
+gives the adapters merged into the base's weights (sampling, evaluation, export: one function for every
+format), or apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import torch
+
+from common.errors import UserError
+from data.tokenizers import Tokenizer, describe, from_meta
+from hf import folders
+from model import GPT, GPTConfig, lora
+from runs import verify
+from runs.checkpoint import CONFIG, WEIGHTS, Checkpoint, find
+from runs.config import Config, DataConfig
+
+
+@dataclass
+class Pretrained:
+    """Weights to start from or to run: a checkpoint of ours, or a Hugging Face model converted by hf/."""
+
+    where: Path  # the checkpoint or model folder
+    model: GPTConfig
+    weights: dict[str, torch.Tensor]  # ours, by name (a LoRA checkpoint's: merged, or its base's)
+    tokenizer_meta: dict | None  # our tokenizer's metadata; None: a tokenizer tinygpt cannot run
+    tokenizer_about: str  # what the tokenizer is, in a few words
+    config: Config | None = None  # the training config of a checkpoint of ours
+    adapters: dict[str, torch.Tensor] | None = None  # a LoRA checkpoint read with merge=False: its adapters
+
+    def weights_for(self, model: GPTConfig) -> dict[str, torch.Tensor]:
+        """The weights for `model`, which may have a shorter context: learned positions are cropped."""
+        if "pos_emb.weight" not in self.weights:
+            return self.weights
+        return {**self.weights, "pos_emb.weight": self.weights["pos_emb.weight"][: model.block_size]}
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """sha256 of the weights as read (names, dtypes, shapes and bytes, in name order): the same however
+        they are stored (a checkpoint of ours, its Hugging Face export), another if one value changed."""
+        h = hashlib.sha256()
+        for name in sorted(self.weights):
+            t = self.weights[name].detach().cpu().contiguous()
+            h.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+        return h.hexdigest()
+
+
+@dataclass
+class Loaded:
+    """A model ready to run (`load_model`) and what a script needs beside it."""
+
+    model: GPT  # in eval mode, on the device asked for
+    config: Config  # its training config (made up for a Hugging Face folder: its model, a shipped dataset)
+    tokenizer: Tokenizer
+    tokenizer_meta: dict  # the tokenizer's metadata, to check a dataset against
+    where: Path  # the checkpoint or model folder it was read from
+
+
+def load_pretrained(name: Path | str, hub: bool = False, merge: bool = True) -> Pretrained:
+    """The model at `name`: a training run's folder (its best checkpoint, else its last), a checkpoint
+    folder, a Hugging Face model folder (config.json), or with `hub` a Hugging Face hub name (gpt2). A LoRA
+    checkpoint gives its base's weights with the adapters merged in, or with `merge` False, apart."""
+    path = Path(name)
+    if hub and not path.exists() and folders.is_hub_name(str(name)):
+        path = folders.download(str(name))
+    if folders.is_model_folder(path):  # converted by hf/, its tokenizer metadata checked there
+        model, weights, tokenizer_meta, about = folders.read_model(path)
+        verify.check_weight_shapes({k: tuple(v.shape) for k, v in weights.items()}, model, path)
+        return Pretrained(path, model, weights, tokenizer_meta, about)
+    try:
+        ckpt = find(path)
+    except UserError:
+        if not path.is_dir():  # missing, or a file: find says which
+            raise
+        raise UserError(
+            f"{path} holds no checkpoint ({WEIGHTS} with {CONFIG}, or a run's best/ or last/) and no Hugging "
+            f"Face model (it has no {folders.CONFIG}); give a run's folder, a checkpoint or a model folder"
+        ) from None
+    cfg, tokenizer_meta = ckpt.config(), ckpt.tokenizer_meta()
+    about = describe(tokenizer_meta)
+    if not ckpt.is_lora:
+        return Pretrained(ckpt.folder, cfg.model, ckpt.weights(), tokenizer_meta, about, cfg)
+    adapters, recorded = ckpt.adapters()
+    weights = _base(recorded, ckpt).weights_for(cfg.model)
+    if merge:
+        weights, adapters = lora.merge(weights, adapters, cfg.model, cfg.lora), None
+    return Pretrained(ckpt.folder, cfg.model, weights, tokenizer_meta, about, cfg, adapters)
+
+
+def lora_base(base: Pretrained) -> dict[str, str]:
+    """What a LoRA checkpoint records of its base: the folder its weights come from, and their fingerprint."""
+    return {"base": str(Path(base.where).resolve()), "base_sha256": base.fingerprint}
+
+
+def base_of(ckpt: Checkpoint) -> Pretrained:
+    """The base model of LoRA checkpoint `ckpt`, read where it was trained from (`_base`)."""
+    return _base(ckpt.adapters()[1], ckpt)
+
+
+def _base(recorded: dict[str, str], ckpt: Checkpoint) -> Pretrained:
+    """The base a LoRA checkpoint recorded (`lora_base`); one line if it has moved or its weights have
+    changed since (the adapters would then apply to other weights)."""
+    folder, what = Path(recorded["base"]), f"the base model of LoRA checkpoint {ckpt}"
+    if not folder.exists():
+        raise UserError(
+            f"{what}, {folder}, is missing (moved or deleted?); the checkpoint holds only the adapters: put "
+            "the base back there (a symbolic link will do)"
+        )
+    try:
+        base = load_pretrained(folder)
+    except UserError as e:
+        raise UserError(f"{what}, {folder}, cannot be read: {e}") from None
+    if base.fingerprint != recorded["base_sha256"]:
+        raise UserError(
+            f"{what}, {folder}, has changed since the adapters were trained (its weights' sha256 is "
+            f"{base.fingerprint[:12]}..., the checkpoint's {recorded['base_sha256'][:12]}...): put the "
+            "original weights back there, or train the adapters again on the new ones"
+        )
+    return base
+
+
+def load_model(path: Path | str, device: torch.device | str = "cpu", merge: bool = True) -> Loaded:
+    """The model at `path` (`load_pretrained`) built for sampling, evaluation and the heads tool, with its
+    tokenizer. For a Hugging Face model folder the config is made up: its model, and a shipped dataset with
+    its tokenizer. A LoRA checkpoint's model has the adapters merged into its weights, or with `merge` False,
+    beside them."""
+    source = load_pretrained(path, merge=merge)
+    tokenizer_meta = source.tokenizer_meta
+    if tokenizer_meta is None:
+        raise UserError(
+            f"{source.where} uses a tokenizer tinygpt cannot run: {source.tokenizer_about}; tinygpt runs "
+            "char, GPT-2 BPE and its own bpe:N models"
+        )
+    if tokenizer_meta["vocab_size"] > source.model.vocab_size:
+        raise UserError(
+            f"{source.where}: its tokenizer has {tokenizer_meta['vocab_size']} tokens, more than the "
+            f"model's vocabulary of {source.model.vocab_size}; the checkpoint is inconsistent"
+        )
+    tokenizer = from_meta(tokenizer_meta)
+    cfg = source.config
+    if cfg is None:
+        dataset = "shakespeare_char" if tokenizer_meta["kind"] == "char" else "shakespeare"
+        cfg = Config(model=source.model, data=DataConfig(dataset=dataset))
+    model, weights = GPT(source.model), source.weights
+    if source.adapters is not None:  # kept apart (merge False): adapters beside the base's weights
+        lora.add_lora(model, cfg.lora)
+        weights = {**weights, **source.adapters}
+    load_into(model, weights, source.where)
+    return Loaded(model.to(device).eval(), cfg, tokenizer, tokenizer_meta, source.where)
+
+
+def load_into(model: GPT, weights: dict[str, torch.Tensor], where: Path, adapters: bool = False) -> None:
+    """Load whole weights into a model that is not sharded yet (FSDP shards it afterwards); with `adapters`,
+    a LoRA model's adapters alone (its base already loaded)."""
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # shape mismatch
+        last = str(e).splitlines()[-1].strip()
+        raise UserError(f"the weights in {where} do not fit its config: {last}") from None
+    if adapters:
+        missing = [k for k in missing if lora.is_adapter(k)]
+    elif model.config.tie_embeddings:
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise UserError(
+            f"the weights in {where} do not match its config (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}); the checkpoint is inconsistent"
+        )

@@ -1,0 +1,103 @@
+"""Measured, not predicted: the memory the first training steps add, and the time of real steps.
+
+`measure_training_memory` runs in a fresh process (so nothing the caller allocated counts) and reports the
+resident memory the first training steps add (Linux VmHWM after clear_refs), and how much of it is
+PyTorch's own code paged in on first use (file-backed; not training memory). tools/bench.py reports the
+first number; the tests compare the second against training/memory.py's prediction. `time_steps` times
+real steps and eval forwards of a run on this device, for the dry run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from common.errors import UserError
+from runs.config import from_arguments
+from training.plan import plan_run
+from training.trainer import Run, start_run, train_step
+
+
+def _status_mb(fields: tuple[str, ...]) -> list[float]:
+    found = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name = line.split(":", 1)[0]
+            if name in fields:
+                found[name] = int(line.split()[1]) / 1024
+    if len(found) < len(fields):
+        raise UserError("/proc/self/status lacks memory fields: CPU memory measurement needs Linux")
+    return [found[name] for name in fields]
+
+
+CLEAR_REFS = "/proc/self/clear_refs"  # Linux: writing 5 resets the peak resident size (VmHWM) to the current
+
+
+def _memory_probe(args: list[str]) -> tuple[float, float] | None:
+    """In a fresh process: (memory added by the first training steps, in MB; the part of it that is PyTorch's
+    code paged in on first use). CPU: resident memory, where Linux's /proc lets it be measured (else None:
+    macOS, Windows, some sandboxes); MPS: what the Metal driver allocated."""
+    run = start_run(plan_run(from_arguments(args)))
+    if run.rt.device.type == "mps":
+        before = torch.mps.driver_allocated_memory()
+        for it in range(2):
+            train_step(run, it)
+        torch.mps.synchronize()
+        return (torch.mps.driver_allocated_memory() - before) / 2**20, 0.0
+    try:
+        with open(CLEAR_REFS, "w") as f:
+            f.write("5")
+        rss, files = _status_mb(("VmRSS", "RssFile"))
+    except OSError:
+        return None
+    for it in range(2):
+        train_step(run, it)
+    peak, files_after = _status_mb(("VmHWM", "RssFile"))
+    return peak - rss, files_after - files
+
+
+def measure_training_memory(args: list[str]) -> tuple[float, float] | None:
+    """`_memory_probe` of the run `CONFIG [section.key=value ...]` asks for, in a fresh process (so nothing
+    this one allocated counts); None where it cannot."""
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_memory_probe, (args,))
+
+
+@dataclass
+class Timing:
+    step_s: float  # one micro-batch forward + backward and one optimizer step, median
+    forward_s: float  # one eval batch forward, median
+    first_s: float  # the first step (optimizer state allocated; compiling, when on)
+    steps: int  # timed
+
+
+def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
+    """Time real training steps of `run` (built with grad_accum 1) and eval forwards on this device."""
+    rt = run.rt
+
+    def timed(fn) -> float:
+        start = time.perf_counter()
+        fn()
+        rt.synchronize()
+        return time.perf_counter() - start
+
+    first = timed(lambda: train_step(run, 0))
+    timed(lambda: train_step(run, 1))
+    times: list[float] = []
+    while len(times) < 3 or (sum(times) < budget_s and len(times) < max_steps):
+        it = len(times) + 2
+        times.append(timed(lambda: train_step(run, it)))  # noqa: B023 (called at once)
+    x, y = run.splits["val"].batch(0, run.cfg.train.batch_size, stream=1)
+
+    def forward():
+        with torch.no_grad(), rt.autocast():
+            run.forward(x, y)
+
+    run.forward.eval()
+    forwards = [timed(forward) for _ in range(4)][1:]
+    run.forward.train()
+    return Timing(statistics.median(times), statistics.median(forwards), first, len(times))
