@@ -3,6 +3,7 @@ interventions that test what a head does: ablation, activation patching, the log
 
     python heads.py OUT_DIR [--prompt TEXT | --prompt-file PATH] [--layer L --head H] [--html] [--out DIR]
                     [--ablate [zero|mean] [--group HEADS ...]] [--patch CLEAN CORRUPTED] [--lens]
+                    [--attribute CLEAN CORRUPTED [--compare]] [--composition] [--circuit [CLEAN CORRUPTED]]
                     [--sequences N] [--windows N] [--seed S] [--data-dir DIR] [--device D]
                     [--precision auto|fp32|bf16|fp16]
 
@@ -19,8 +20,8 @@ pictures and scores go to the run's heads/ folder (or --out):
 and the role tables are printed. The scores are defined in interp/scores.py; the real-text ones use the
 validation split of the dataset the model was trained on. Without a prompt, the start of that split is used.
 
---ablate, --patch and --lens run their analysis instead of the maps and role scores (with --html, the page
-is written too, with the role scores and what the analyses found):
+--ablate, --patch, --lens, --attribute, --composition and --circuit run their analysis instead of the maps
+and role scores (with --html, the page is written too, with the role scores and what the analyses found):
     head_ablation.json, .png   --ablate: every head removed alone (zero: its output set to 0; mean: to its
                                mean on reference windows), the change of val loss, of the [R, R] losses and
                                of the ICL score (interp/ablation.py); --windows/--sequences set its inputs;
@@ -33,6 +34,16 @@ is written too, with the role scores and what the analyses found):
                                the corrupted run, per head and per layer and position (interp/patching.py)
     lens.json, .png            --lens: the prompt's logit lens (each layer's prediction) and each head's
                                direct attribution to the true next token (interp/lens.py)
+    attribution.json, .png     --attribute CLEAN CORRUPTED: attribution patching, every head at every
+                               position and the residual stream at each layer and position estimated from
+                               one backward pass; --compare: the real patches beside it, and their
+                               correlation (interp/attribution.py)
+    composition.json, .png     --composition: the Q-, K- and V-composition of every pair of heads from the
+                               weights, against random heads, and each head's copying score
+                               (interp/circuits.py); positional_qk.png for learned positions
+    circuit.json, .png         --circuit: the heads that matter for repeated random sequences (or the
+                               CLEAN CORRUPTED pair), the paths between them (path patching, composition
+                               scores) and the heads that write the answer (interp/circuit.py)
 """
 
 from __future__ import annotations
@@ -53,12 +64,18 @@ from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
 from data.recipes import prepared_dataset
 from interp.ablation import KINDS, ablate_heads, format_ablation
+from interp.attribution import attribute, compare, format_attribution
+from interp.circuit import check_task, find_circuit, format_circuit
+from interp.circuits import composition_table, format_composition, positional_patterns
+from interp.diagram import plot_circuit
 from interp.explorer import write_page
 from interp.lens import direct_attribution, format_lens, head_attributions, logit_lens
-from interp.patching import format_patching, patch, predictions
+from interp.patching import TABLES, format_patching, patch, predictions
 from interp.plots import (
     MAX_LABELS,
     plot_ablation,
+    plot_attribution,
+    plot_composition,
     plot_head,
     plot_layer,
     plot_lens,
@@ -67,6 +84,8 @@ from interp.plots import (
     token_labels,
 )
 from interp.scores import HEAD_NAME, ROLES, THRESHOLD, head_name, role_name, score_heads
+from interp.tasks import prompt_pair, repeat_task
+from interp.weights import head_weights
 from runs.config import seed_problem
 from runs.pretrained import load_model
 from runs.runtime import Runtime, pick_device, pick_precision
@@ -147,17 +166,53 @@ def add_analysis_args(p: argparse.ArgumentParser) -> None:
         choices=["auto", "fp32", "bf16", "fp16"],
         help="--ablate's, as train.precision",
     )
+    add_circuit_args(p)
+
+
+def add_circuit_args(p: argparse.ArgumentParser) -> None:
+    """--attribute (with --compare), --composition and --circuit: how heads work together."""
+    p.add_argument(
+        "--attribute",
+        nargs=2,
+        metavar=("CLEAN", "CORRUPTED"),
+        help="attribution patching: every head at every position and every layer's residual stream, "
+        "estimated from one backward pass",
+    )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="with --attribute: also run the real activation patches, and give their correlation",
+    )
+    p.add_argument(
+        "--composition",
+        action="store_true",
+        help="Q-, K- and V-composition of every pair of heads, from the weights, against random heads",
+    )
+    p.add_argument(
+        "--circuit",
+        nargs="*",
+        metavar="PROMPT",
+        help="the circuit: heads that matter, the paths between them, the answer's writers, on repeated "
+        "random sequences (default) or on a CLEAN CORRUPTED prompt pair",
+    )
 
 
 def analyses(args: argparse.Namespace) -> bool:
-    """Whether an analysis (--ablate, --patch, --lens) runs instead of the maps and role scores."""
-    return bool(args.ablate or args.patch or args.lens)
+    """Whether an analysis runs instead of the maps and role scores."""
+    return bool(args.ablate or args.patch or args.lens or args.attribute or args.composition) or (
+        args.circuit is not None
+    )
 
 
 def check_args(args: argparse.Namespace, n_layer: int, n_head: int) -> None:
     if (args.layer is not None or args.head is not None) and analyses(args):
+        raise UserError("--layer/--head draw a head's map, which the analyses skip; run them separately")
+    if args.compare and not args.attribute:
+        raise UserError("--compare puts activation patching beside --attribute's estimates; give --attribute")
+    if args.circuit is not None and len(args.circuit) not in (0, 2):
         raise UserError(
-            "--layer/--head draw a head's map, which --ablate, --patch and --lens skip; run them separately"
+            "--circuit takes no prompt (repeated random sequences) or two (CLEAN CORRUPTED), got "
+            f"{len(args.circuit)}"
         )
     if args.ablate is not None and args.ablate not in KINDS:
         raise UserError(f"--ablate takes {' or '.join(KINDS)} (default zero), got {args.ablate!r}")
@@ -281,20 +336,20 @@ def ablation(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt
     return result, [write_json(out / "head_ablation.json", ckpt, result), out / "head_ablation.png"]
 
 
-def patch_prompts(model, tokenizer, texts: list[str]) -> tuple[list[int], list[int]]:
-    """--patch's two prompts as token ids, refused unless they have the same length and the model predicts
-    different next tokens after them."""
+def patch_prompts(model, tokenizer, texts: list[str], option: str = "--patch") -> tuple[list[int], list[int]]:
+    """A prompt pair's token ids (--patch, --attribute, --circuit), refused unless they have the same length
+    and the model predicts different next tokens after them."""
     clean, corrupted = (encode_prompt(text, tokenizer, model.config.block_size) for text in texts)
     if len(clean) != len(corrupted):
         raise UserError(
-            f"--patch needs two prompts of the same length: the clean one has {len(clean)} tokens, the "
+            f"{option} needs two prompts of the same length: the clean one has {len(clean)} tokens, the "
             f"corrupted one {len(corrupted)}; swap a word for one of the same length"
         )
     a, b = predictions(model, clean, corrupted)
     if a == b:
         token = token_labels([a], tokenizer)[0]
         raise UserError(
-            f"--patch: both prompts make the same token the most likely next (“{token}”); give a corrupted "
+            f"{option}: both prompts make the same token the most likely next (“{token}”); give a corrupted "
             "prompt that changes the prediction"
         )
     return clean, corrupted
@@ -324,6 +379,50 @@ def lens(model, ids: list[int], tokenizer, out: Path, ckpt: Path) -> list[Path]:
     return [write_json(out / "lens.json", ckpt, data), out / "lens.png"]
 
 
+def attribution(model, tokenizer, prompts, with_patching: bool, out: Path, ckpt: Path) -> list[Path]:
+    """--attribute CLEAN CORRUPTED (--compare): attribution patching, printed, written as JSON and drawn."""
+    task = prompt_pair(model, *prompts)
+    result = compare(model, task, TABLES) if with_patching else attribute(model, task)
+    print(format_attribution(result, token_labels(prompts[1], tokenizer)))
+    plot_attribution(result, out / "attribution.png")
+    data = {"clean": prompts[0], "corrupted": prompts[1], "task": task.description, **result}
+    return [write_json(out / "attribution.json", ckpt, data), out / "attribution.png"]
+
+
+def composition(model, out: Path, ckpt: Path) -> tuple[dict, list[Path]]:
+    """--composition: every pair of heads' composition scores, printed, written as JSON and a heatmap; for
+    learned positions, layer 0's attention from the position embeddings alone."""
+    table = composition_table(model)
+    print(format_composition(table))
+    plot_composition(table, out / "composition.png")
+    written = [write_json(out / "composition.json", ckpt, table), out / "composition.png"]
+    if model.pos_emb is None:
+        print("positions: rotary, so no position-only pattern exists in the weights (docs/heads.md)")
+        return table, written
+    T = min(model.config.block_size, 64)
+    title = f"layer 0: attention from the position embeddings alone (W_pos W_Q W_K^T W_pos^T), {T} positions"
+    plot_layer(positional_patterns(head_weights(model), 0, T), None, 0, out / "positional_qk.png", title)
+    return table, [*written, out / "positional_qk.png"]
+
+
+def circuit_task(model, args: argparse.Namespace, prompts):
+    """--circuit's task, refused (before any work) when the model does it no better clean than corrupted."""
+    task = prompt_pair(model, *prompts) if prompts else repeat_task(model, args.sequences or 16, args.seed)
+    try:
+        return check_task(model, task)
+    except ValueError as e:
+        fix = "give another prompt pair" if prompts else "give --circuit CLEAN CORRUPTED for a task it does"
+        raise UserError(f"--circuit: {e}; {fix}") from None
+
+
+def circuit(model, task, scores, out: Path, ckpt: Path):
+    """--circuit [CLEAN CORRUPTED]: the task's circuit, printed, written as JSON and a diagram."""
+    found = find_circuit(model, task, scores)
+    print(format_circuit(found))
+    plot_circuit(found, model.config.n_layer, model.config.n_head, out / "circuit.png")
+    return found, [write_json(out / "circuit.json", ckpt, found), out / "circuit.png"]
+
+
 def output_folder(args: argparse.Namespace, ckpt: Path) -> Path:
     out = Path(args.out) if args.out else ckpt.parent / "heads"
     try:
@@ -350,31 +449,45 @@ def main(argv: list[str]) -> int:
         ids = encode_prompt(read_prompt(args.prompt, args.prompt_file, tokenizer), tokenizer, mc.block_size)
     if args.lens and len(ids) < 2:
         raise UserError("--lens needs a prompt of at least 2 tokens (each position is scored on the next)")
-    prompts = patch_prompts(model, tokenizer, args.patch) if args.patch else None
+    pairs = {  # the prompt pairs, checked before any work
+        name: patch_prompts(model, tokenizer, getattr(args, name), f"--{name}")
+        for name in ("patch", "attribute", "circuit")
+        if getattr(args, name)
+    }
+    task = circuit_task(model, args, pairs.get("circuit")) if args.circuit is not None else None
     out = output_folder(args, ckpt)
     print(
         f"heads of {ckpt}: {mc.n_layer} layers x {mc.n_head} heads; prompt of {len(ids)} tokens",
         file=sys.stderr,
     )
 
-    written, ablated = [], None
+    written, found = [], {}
     if not analyses(args):
         written += draw_maps(model, ids, tokenizer, args, out)
     if args.ablate:
-        ablated, files = ablation(model, val, args, out, ckpt)
+        found["ablation"], files = ablation(model, val, args, out, ckpt)
         written += files
     if args.patch:
-        written += patching(model, tokenizer, prompts, out, ckpt)
+        written += patching(model, tokenizer, pairs["patch"], out, ckpt)
     if args.lens:
         written += lens(model, ids, tokenizer, out, ckpt)
+    if args.attribute:
+        written += attribution(model, tokenizer, pairs["attribute"], args.compare, out, ckpt)
+    if args.composition:
+        written += composition(model, out, ckpt)[1]
+    scores = None
     if not analyses(args) or args.html:
         scores, files = role_scores(model, val, args, out, ckpt)
         written += files
-    if args.html:
-        page = write_page(
-            out / "attention.html", model, ids, tokenizer, scores, str(ckpt), args.seed, ablated
+    if args.circuit is not None:
+        scores = scores or score_heads(
+            model, val, args.seed, sequences=args.sequences or 16, windows=args.windows
         )
-        written.append(page)
+        found["circuit"], files = circuit(model, task, scores, out, ckpt)
+        written += files
+    if args.html:
+        more = {"seed": args.seed, "ablation": found.get("ablation"), "circuit": found.get("circuit")}
+        written.append(write_page(out / "attention.html", model, ids, tokenizer, scores, str(ckpt), **more))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -16,6 +16,8 @@ What is notable:
   next token) and the direct attribution of every head to each true next token (interp/lens.py), rounded to
   3 decimals: the page shows a layer x position lens and, for the token in focus, which heads pushed its
   prediction up or down.
+- It also shows how every pair of heads composes (interp/circuits.py, from the weights: hover a cell) and,
+  after heads.py --circuit, the circuit (interp/circuit.py) as a diagram; their script is page/circuits.js.
 - Prompt text reaches the page only as JSON data and is set as text by the script, never parsed as HTML.
 """
 
@@ -34,12 +36,13 @@ from matplotlib.colors import to_hex
 
 from common.files import atomic_write
 from interp.ablation import METRICS
+from interp.circuits import composition_table
 from interp.lens import direct_attribution, logit_lens
 from interp.plots import token_labels
-from interp.scores import ROLES, THRESHOLD, repeated_tokens, role_name
+from interp.scores import ROLES, THRESHOLD, head_roles, repeated_tokens, role_name
 from model import GPT
 
-PAGE = Path(__file__).with_name("page")  # page.html, explorer.css, explorer.js
+PAGE = Path(__file__).with_name("page")  # page.html, explorer.css, explorer.js, circuits.js
 MAX_WEIGHTS = 2_000_000  # prompt weights on one page (bytes before base64): 6 x 6 heads x 256 tokens fit
 DEMO_LENGTH = 32  # tokens in R of the page's [R, R] demo, at most
 LENS_TOP = 3  # the logit lens's top tokens per layer and position on the page
@@ -122,24 +125,19 @@ def repeated_view(model: GPT, tokenizer, seed: int, budget: int) -> dict:
     return attention_view(model, ids, tokenizer, budget, name="repeated", repeat_length=n, seed=seed)
 
 
-def head_roles(scores: dict) -> list[list[dict]]:
-    """Per layer, per head: its strongest role and score."""
-    n_layer, n_head = len(scores[ROLES[0]]), len(scores[ROLES[0]][0])
-    roles = [
-        [max(ROLES, key=lambda r: scores[r][layer][head]) for head in range(n_head)]
-        for layer in range(n_layer)
-    ]
-    return [
-        [{"role": role_name(role), "score": scores[role][layer][head]} for head, role in enumerate(row)]
-        for layer, row in enumerate(roles)
-    ]
-
-
 def page_data(
-    model: GPT, ids: list[int], tokenizer, scores: dict, title: str, seed: int = 0, ablation=None
+    model: GPT,
+    ids: list[int],
+    tokenizer,
+    scores: dict,
+    title: str,
+    seed: int = 0,
+    ablation=None,
+    circuit=None,
 ) -> dict:
     """Everything the page shows, as JSON-ready data (`ablation`: `interp.ablation.ablate_heads`'s result,
-    shown beside the role scores, or None)."""
+    shown beside the role scores, or None; `circuit`: `interp.circuit.find_circuit`'s, or None). The
+    composition scores of every pair of heads are always there: they come from the weights alone."""
     cfg = model.config
     viridis = matplotlib.colormaps["viridis"].resampled(256)
     return {
@@ -157,6 +155,8 @@ def page_data(
         "colormap": [to_hex(viridis(i)) for i in range(256)],  # as heads.py's pictures
         "ablation": None if ablation is None else {k: ablation[k] for k in ("kind", "clean", *METRICS)},
         "metrics": list(METRICS),
+        "composition": composition_table(model),
+        "circuit": circuit,
     }
 
 
@@ -168,7 +168,9 @@ def render(data: dict) -> str:
     as_json = as_json.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     parts = {
         "styles": (PAGE / "explorer.css").read_text(encoding="utf-8"),
-        "script": (PAGE / "explorer.js").read_text(encoding="utf-8"),
+        "script": "\n".join(
+            (PAGE / name).read_text(encoding="utf-8") for name in ("explorer.js", "circuits.js")
+        ),
         "title": html.escape(data["title"]),
         "data": as_json,
     }
@@ -176,10 +178,9 @@ def render(data: dict) -> str:
     return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], template)
 
 
-def write_page(
-    path: Path, model: GPT, ids: list[int], tokenizer, scores: dict, title: str, seed: int = 0, ablation=None
-) -> Path:
-    """Write the explorer page for `ids` (the prompt) to `path`."""
-    data = page_data(model, ids, tokenizer, scores, title, seed, ablation)
+def write_page(path: Path, model: GPT, ids: list[int], tokenizer, scores: dict, title: str, **more) -> Path:
+    """Write the explorer page for `ids` (the prompt) to `path` (`more`: page_data's seed, ablation,
+    circuit)."""
+    data = page_data(model, ids, tokenizer, scores, title, **more)
     atomic_write(path, render(data))
     return path

@@ -1,7 +1,8 @@
 """Batched interventions: many edited forward passes of one input, run as one pass over a bigger batch.
 
-An `Edit` sets one slice of one hook point (model/hooks.py) to a value: a head's output z, the residual
-stream entering a layer, the attention's or the MLP's output, at every position or at one. An intervention
+An `Edit` sets one slice of one hook point (model/hooks.py) to a value: a head's query, key, value or
+output z, the residual stream entering a layer, the attention's or the MLP's output, at every position or
+at one, the same value for every row of the input or one per row. An intervention
 is a list of edits applied together (ablating a head is one edit; ablating three heads, three). `intervene`
 runs B rows unedited and under G interventions in one forward pass whose batch grows layer by layer: the
 unedited rows go first, and at each layer's resid_pre a copy of them joins for every intervention that
@@ -15,7 +16,7 @@ unedited rows, so removing each of a 6 x 6 model's 36 heads costs about 21 forwa
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Optional, Union
 
@@ -27,25 +28,34 @@ from model.hooks import hooked
 ACTIVATION_BYTES = 1 << 30  # logits and activations of one pass, float32, roughly
 
 
+HEAD_POINTS = ("q", "k", "v", "z")  # attention points with a head index (k, v: a key/value head's)
+
+
 @dataclass(eq=False)
 class Edit:
-    """Set `point` of block `layer` (at one `position`, or all; of one `head`, for z) to `value`, the same
-    for every row: a number, or a tensor that broadcasts to one row's slice: (T, d) or (d,) for z, (T, C) or
-    (C,) for the others (T: the input's length; with a position, the shapes without T)."""
+    """Set `point` of block `layer` (at one `position`, or all; of one `head`, for a head's point) to
+    `value`, the same for every row: a number, or a tensor that broadcasts to one row's slice: (T, d) or (d,)
+    for a head's point, (T, C) or (C,) for the others (T: the input's length; with a position, the shapes
+    without T). With `per_row`, `value` has one such slice per row of the input, stacked: (B, ...)."""
 
-    point: str  # "z" or a block point: "resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"
+    point: str  # a head's "q", "k", "v", "z", or a block point: "resid_pre", "attn_out", "mlp_out", ...
     layer: int
     value: Union[torch.Tensor, float]
-    head: Optional[int] = None  # z only
+    head: Optional[int] = None  # a head's points only
     position: Optional[int] = None  # None: every position
+    per_row: bool = False
 
     @property
     def name(self) -> str:
-        return f"blocks.{self.layer}.{'attn.z' if self.point == 'z' else self.point}"
+        return f"blocks.{self.layer}.{'attn.' if self.point in HEAD_POINTS else ''}{self.point}"
 
     def index(self, rows: slice) -> tuple:
         position = slice(None) if self.position is None else self.position
-        return (rows, position, self.head) if self.point == "z" else (rows, position)
+        return (rows, position, self.head) if self.point in HEAD_POINTS else (rows, position)
+
+    def for_rows(self, rows: slice) -> Edit:
+        """The edit for a slice of the input's rows (its values' rows, when it has one per row)."""
+        return replace(self, value=self.value[rows]) if self.per_row else self
 
 
 def first_layer(intervention: Sequence[Edit]) -> int:
@@ -112,7 +122,8 @@ def passes(
         part = slice(r, r + window)
         for at in range(0, len(order), per_pass):
             which = order[at : at + per_pass]
-            logits = intervene(model, idx[part], [interventions[i] for i in which])
+            edits = [[edit.for_rows(part) for edit in interventions[i]] for i in which]
+            logits = intervene(model, idx[part], edits)
             if at == 0:
                 yield [0, *(1 + i for i in which)], part, logits
             else:

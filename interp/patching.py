@@ -19,57 +19,102 @@ the fraction of the clean logit difference it brings back: 1 = all of it, 0 = no
 A patched activation is the clean run's whole tensor there (all positions, or one position's vector), so a
 head's patch restores what it wrote and the layers after it see the difference that makes. Every patch of
 one prompt pair runs in batched passes (interp/interventions.py).
+
+`patch_task` does the same for any task of interp/tasks.py (the prompt pair above is one; repeated random
+sequences another; several rows; either direction), with one more table, each head at each position
+(head_positions, n_layer x n_head x T), which interp/attribution.py estimates from one backward pass.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
 from interp.interventions import Edit, passes
 from interp.scores import evaluating
+from interp.tasks import Task, prompt_pair
 from model import GPT
 from model.hooks import run_with_cache
 
 POSITION_POINTS = ("resid_pre", "attn_out", "mlp_out")
+TABLES = ("heads", "head_positions", *POSITION_POINTS)  # what a patch may patch, and its table's name
 
 
-def patch_edits(model: GPT, cache: dict[str, torch.Tensor], T: int) -> dict[str, list[list[Edit]]]:
-    """Per table ("heads" and POSITION_POINTS that the model has), its patches from the clean cache, in the
-    table's row-major order."""
+def tables_of(model: GPT, tables: Sequence[str]) -> list[str]:
+    """The tables this model has among `tables` (mlp_out needs an MLP)."""
+    return [t for t in tables if t != "mlp_out" or model.config.mlp]
+
+
+def cached_points(model: GPT, tables: Sequence[str]) -> list[str]:
+    """The hook points the tables read."""
+    points = {"heads": "attn.z", "head_positions": "attn.z", **{p: p for p in POSITION_POINTS}}
+    wanted = dict.fromkeys(points[t] for t in tables_of(model, tables))
+    return [f"blocks.{layer}.{p}" for layer in range(model.config.n_layer) for p in wanted]
+
+
+def patch_edits(
+    model: GPT, cache: dict[str, torch.Tensor], tables: Sequence[str]
+) -> dict[str, list[list[Edit]]]:
+    """Per table, its patches from the source run's cache (B rows: each row's own values), in the table's
+    row-major order."""
     cfg = model.config
-    edits = {
-        "heads": [
-            [Edit("z", layer, cache[f"blocks.{layer}.attn.z"][0, :, head], head=head)]
-            for layer in range(cfg.n_layer)
-            for head in range(cfg.n_head)
-        ]
-    }
-    for point in POSITION_POINTS:
-        if point == "mlp_out" and not cfg.mlp:
-            continue
-        edits[point] = [
-            [Edit(point, layer, cache[f"blocks.{layer}.{point}"][0, p], position=p)]
-            for layer in range(cfg.n_layer)
-            for p in range(T)
-        ]
+    T = cache[cached_points(model, tables)[0]].size(1)
+    heads = [(layer, head) for layer in range(cfg.n_layer) for head in range(cfg.n_head)]
+    z = [cache[f"blocks.{layer}.attn.z"] for layer in range(cfg.n_layer)]  # (B, T, H, d) each
+    edits: dict[str, list[list[Edit]]] = {}
+    for table in tables_of(model, tables):
+        if table == "heads":
+            edits[table] = [[Edit("z", i, z[i][:, :, h], head=h, per_row=True)] for i, h in heads]
+        elif table == "head_positions":
+            edits[table] = [
+                [Edit("z", i, z[i][:, p, h], head=h, position=p, per_row=True)]
+                for i, h in heads
+                for p in range(T)
+            ]
+        else:
+            edits[table] = [
+                [Edit(table, layer, cache[f"blocks.{layer}.{table}"][:, p], position=p, per_row=True)]
+                for layer in range(cfg.n_layer)
+                for p in range(T)
+            ]
     return edits
 
 
-def logit_difference(logits: torch.Tensor, a: int, b: int) -> torch.Tensor:
-    """logit(a) - logit(b) at the last position, from logits (..., T, vocab)."""
-    last = logits[..., -1, :].float()
-    return last[..., a] - last[..., b]
+def effects(model: GPT, task: Task, interventions: Sequence[Sequence[Edit]], ends: tuple[float, float]):
+    """Each intervention's effect on the task's base run, (len(interventions),): (metric - base) / (source -
+    base), `ends` the (base, source) metrics."""
+    base, source = ends
+    B = task.base.size(0)
+    sums = torch.zeros(1 + len(interventions), dtype=torch.float64)
+    for which, rows, logits in passes(model, task.base, interventions):
+        sums[which] += task.metric(logits, rows).double().sum(dim=-1).cpu()
+    return (sums[1:] / B - base) / (source - base)
 
 
-def _restored(model: GPT, idx: torch.Tensor, interventions, a: int, b: int, lds: tuple[float, float]):
-    """The restored fraction under each intervention on the corrupted prompt idx (1, T)."""
-    ld_clean, ld_corrupt = lds
-    restored = torch.empty(len(interventions))
-    for which, _, logits in passes(model, idx, interventions):
-        for i, ld in zip(which, logit_difference(logits[:, 0], a, b).cpu()):
-            if i > 0:
-                restored[i - 1] = (ld - ld_corrupt) / (ld_clean - ld_corrupt)
-    return restored
+def metric_ends(model: GPT, task: Task) -> tuple[float, float]:
+    """The task's metric on its base run and on its source run."""
+    with torch.no_grad():
+        return tuple(float(task.value(model(idx)[0])) for idx in (task.base, task.source))
+
+
+@torch.no_grad()
+def patch_task(model: GPT, task: Task, tables: Sequence[str] = ("heads", *POSITION_POINTS)) -> dict:
+    """The effect of every patch of `tables` (TABLES: "heads" n_layer x n_head, "head_positions" n_layer x
+    n_head x T, the POSITION_POINTS n_layer x T), source activations into the base run, with the metric on
+    both runs ("metric_base", "metric_source")."""
+    cfg = model.config
+    with evaluating(model):
+        _, cache = run_with_cache(model, task.source, cached_points(model, tables))
+        ends = metric_ends(model, task)
+        out = {"metric_base": ends[0], "metric_source": ends[1]}
+        for table, interventions in patch_edits(model, cache, tables).items():
+            values = effects(model, task, interventions, ends)
+            shape = (cfg.n_layer, cfg.n_head) if table == "heads" else (cfg.n_layer, -1)
+            if table == "head_positions":
+                shape = (cfg.n_layer, cfg.n_head, -1)
+            out[table] = values.view(shape).round(decimals=4).tolist()
+    return out
 
 
 @torch.no_grad()
@@ -87,26 +132,17 @@ def patch(model: GPT, clean: list[int], corrupted: list[int]) -> dict:
     """The restored fraction of every patch (see the module's doc), as tables ("heads": n_layer x n_head;
     "resid_pre", "attn_out", "mlp_out": n_layer x T), with the answer tokens and the logit differences.
     ValueError when the prompts' lengths differ or both runs predict the same token."""
-    if len(clean) != len(corrupted):
-        raise ValueError(f"the prompts have {len(clean)} and {len(corrupted)} tokens; patching needs equal")
-    device = next(model.parameters()).device
-    clean_idx, corrupt_idx = (torch.tensor([i], dtype=torch.long, device=device) for i in (clean, corrupted))
-    cfg, T = model.config, len(clean)
-    points = ["attn.z", *(p for p in POSITION_POINTS if cfg.mlp or p != "mlp_out")]
-    with evaluating(model):
-        names = [f"blocks.{layer}.{p}" for layer in range(cfg.n_layer) for p in points]
-        clean_logits, cache = run_with_cache(model, clean_idx, names)
-        corrupt_logits, _ = model(corrupt_idx)
-        a, b = int(clean_logits[0, -1].argmax()), int(corrupt_logits[0, -1].argmax())  # as `predictions`
-        if a == b:
-            raise ValueError(f"both prompts make token {a} the most likely next; patching needs two")
-        lds = tuple(float(logit_difference(x[0], a, b)) for x in (clean_logits, corrupt_logits))
-        out = {"answer": a, "alternative": b, "logit_diff_clean": lds[0], "logit_diff_corrupted": lds[1]}
-        for table, interventions in patch_edits(model, cache, T).items():
-            restored = _restored(model, corrupt_idx, interventions, a, b, lds)
-            columns = cfg.n_head if table == "heads" else T
-            out[table] = [[round(float(v), 4) for v in row] for row in restored.view(cfg.n_layer, columns)]
-    return out
+    task = prompt_pair(model, clean, corrupted)
+    (_, _, a, _), (_, _, b, _) = task.answers
+    result = patch_task(model, task)
+    lds = result.pop("metric_source"), result.pop("metric_base")
+    return {
+        "answer": a,
+        "alternative": b,
+        "logit_diff_clean": lds[0],
+        "logit_diff_corrupted": lds[1],
+        **result,
+    }
 
 
 def format_patching(result: dict, labels: list[str], answers: tuple[str, str]) -> str:

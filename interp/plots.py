@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from common.files import save_figure
 from interp.ablation import METRICS
-from interp.scores import ROLES, head_name, role_name, strongest
+from interp.scores import HEAD_NAME, ROLES, head_name, role_name, strongest
 
 MAX_LABELS = 48  # token labels on the axes of prompts up to this many tokens
 CMAP = matplotlib.colormaps["viridis"].with_extremes(bad="white")
@@ -54,7 +54,9 @@ def _draw_map(ax, weights: np.ndarray, labels: Optional[list[str]], title: str, 
     return image
 
 
-def plot_layer(weights: np.ndarray, labels: Optional[list[str]], layer: int, path: Path) -> None:
+def plot_layer(
+    weights: np.ndarray, labels: Optional[list[str]], layer: int, path: Path, title: Optional[str] = None
+) -> None:
     """Every head of one layer: weights (n_head, T, T), one panel per head."""
     n_head = weights.shape[0]
     cols = math.ceil(math.sqrt(n_head))
@@ -66,7 +68,7 @@ def plot_layer(weights: np.ndarray, labels: Optional[list[str]], layer: int, pat
     for ax in axes[n_head:]:
         ax.axis("off")
     fig.colorbar(image, ax=axes.tolist(), shrink=0.6, label="attention weight")
-    fig.suptitle(f"layer {layer}: attention weights of each head (rows: queries, columns: keys)")
+    fig.suptitle(title or f"layer {layer}: attention weights of each head (rows: queries, columns: keys)")
     save_figure(fig, path, dpi=110)
 
 
@@ -221,4 +223,76 @@ def plot_lens(lens: dict, heads: np.ndarray, labels: list[str], path: Path) -> N
     layers = [f"L{layer}" for layer in range(heads.shape[0])]
     title = "direct logit attribution\n(mean over positions)"
     fig.colorbar(_heatmap(axes[1], heads, title, "RdBu_r", -v, v, head_labels, layers), ax=axes[1])
+    save_figure(fig, path, dpi=110)
+
+
+def plot_composition(table: dict, path: Path) -> None:
+    """Q-, K- and V-composition of every pair of heads (interp/circuits.py's composition_table): writers on
+    the rows, readers on the columns, blank where the reader is not in a later layer; the colour scale
+    starts at the random baseline, so a coloured cell is composition above chance."""
+    names, base, std = table["heads"], table["baseline"], table["baseline_std"]
+    n = len(names)
+    layer = np.array([int(HEAD_NAME.fullmatch(name).group(1)) for name in names])
+    later = layer[:, None] < layer[None, :]
+    top = max(float(np.max([table[k] for k in ("q", "k", "v")])), base + 1e-6)
+    size = max(3.2, 0.3 * n)
+    fig = Figure(figsize=(1.2 + 3 * size, 1.6 + size), layout="constrained")
+    axes = fig.subplots(1, 3, squeeze=False).ravel()
+    for ax, kind in zip(axes, ("q", "k", "v")):
+        values = np.ma.masked_where(~later, np.array(table[kind]))
+        image = ax.imshow(values, cmap=CMAP, vmin=base, vmax=top, interpolation="nearest")
+        ax.set_title(f"{kind.upper()}-composition", fontsize=10)
+        step = max(1, n // 24)
+        ax.set_xticks(range(0, n, step), names[::step], rotation=90, fontsize=7)
+        ax.set_yticks(range(0, n, step), names[::step], fontsize=7)
+        ax.set_xlabel("reader (later layer)", fontsize=8)
+        ax.set_ylabel("writer", fontsize=8)
+        if n <= 12:
+            for (row, col), value in np.ndenumerate(np.array(table[kind])):
+                if later[row, col]:
+                    dark = value < base + 0.5 * (top - base)
+                    ax.text(col, row, f"{value:.2f}", ha="center", va="center", fontsize=6.5,
+                            color="white" if dark else "black")  # fmt: skip
+    fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label=f"score (from the random baseline {base:.2f})")
+    fig.suptitle(
+        f"composition of every pair of heads: how much of what the writer's OV circuit writes the reader's "
+        f"queries, keys or values read (random heads {base:.3f} ± {std:.3f})",
+        fontsize=10,
+    )
+    save_figure(fig, path, dpi=110)
+
+
+def plot_attribution(result: dict, path: Path) -> None:
+    """Attribution patching (interp/attribution.py): each head at each position, and the residual stream
+    entering each layer at each position; with `compare`'s result, each table's estimates against the real
+    patches too."""
+    estimated = result.get("attribution", result)
+    real = result.get("patching")
+    tables = [t for t in ("head_positions", "resid_pre") if t in estimated]
+    fig = Figure(figsize=(6.5 * len(tables) + (4 if real else 0), 5), layout="constrained")
+    axes = fig.subplots(1, len(tables) + (1 if real else 0), squeeze=False).ravel()
+    for ax, table in zip(axes, tables):
+        values = np.array(estimated[table]).reshape(-1, np.array(estimated[table]).shape[-1])
+        v = _symmetric(values)
+        image = ax.imshow(values, cmap="RdBu_r", vmin=-v, vmax=v, aspect="auto", interpolation="nearest")
+        rows = len(values)
+        n_head = rows // len(estimated["resid_pre"]) if table == "head_positions" else 1
+        labels = [f"L{r // n_head}H{r % n_head}" if n_head > 1 else f"L{r}" for r in range(rows)]
+        step = max(1, rows // 32)
+        ax.set_yticks(range(0, rows, step), labels[::step], fontsize=6)
+        ax.set(title=f"{table}: estimated effect", xlabel="position")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    if real:
+        ax = axes[-1]
+        for table, r in result["correlation"].items():
+            ax.scatter(
+                np.ravel(real[table]), np.ravel(estimated[table]), s=6, alpha=0.6, label=f"{table} r={r:.3f}"
+            )
+        lo, hi = ax.get_xlim()
+        ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
+        ax.set(title="attribution against activation patching", xlabel="activation patching",
+               ylabel="attribution patching")  # fmt: skip
+        ax.legend(fontsize=7)
+    metric = f"metric {estimated['metric_base']:+.2f} (base) -> {estimated['metric_source']:+.2f} (source)"
+    fig.suptitle(f"attribution patching, one backward pass: the linear estimate of each patch; {metric}")
     save_figure(fig, path, dpi=110)

@@ -178,6 +178,19 @@ def head_name(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
+def head_roles(scores: dict) -> list[list[dict]]:
+    """Per layer, per head: its strongest role and score."""
+    n_layer, n_head = len(scores[ROLES[0]]), len(scores[ROLES[0]][0])
+    roles = [
+        [max(ROLES, key=lambda r: scores[r][layer][head]) for head in range(n_head)]
+        for layer in range(n_layer)
+    ]
+    return [
+        [{"role": role_name(role), "score": scores[role][layer][head]} for head, role in enumerate(row)]
+        for layer, row in enumerate(roles)
+    ]
+
+
 def strongest_heads(scores: dict) -> str:
     """One line: the strongest head of each role, then the ICL score and the repeated-sequence losses."""
     parts = []

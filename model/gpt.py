@@ -17,8 +17,8 @@ Notable:
   it is Llama (hf/ converts the weights both ways).
 - GPT-2 initialisation: N(0, 0.02), the residual projections (W_O, MLP output) scaled by 1/sqrt(2 n_layer).
 - Hook points (model/hooks.py): Block and CausalSelfAttention check a `hook` that is None unless
-  `model.hooks.hooked` sets it, and then let it read or replace the residual stream, each head's output and
-  pattern, and the attention's and the MLP's outputs.
+  `model.hooks.hooked` sets it, and then let it read or replace the residual stream, each head's query, key,
+  value, pattern and output, and the attention's and the MLP's outputs.
 - `kv_cache` (model/kv_cache.py: one slot per position, or `window` slots used in turn for a windowed model)
   lets generation encode a prompt once, then run one token per step at a position given as a tensor
   (`input_pos`), so the step's shapes never change. A model with a window and rotary positions depends only
@@ -149,7 +149,7 @@ def attend_explicitly(
 
 
 class CausalSelfAttention(nn.Module):
-    hook = None  # a model.hooks.HookSite while hooks are set (attn.pattern, attn.z); checked, else unused
+    hook = None  # a model.hooks.HookSite while hooks are set (attn.q/k/v, pattern, z); checked, else unused
 
     def __init__(self, cfg: GPTConfig, layer_idx: int):
         super().__init__()
@@ -173,9 +173,13 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         H, H_kv, d = self.n_head, self.n_kv_head, self.head_dim
         queries, keys, values = self.W_QKV(x).split([H * d, H_kv * d, H_kv * d], dim=-1)
-        queries = queries.view(B, T, H, d).transpose(1, 2)  # (B, H, T, d)
-        keys = keys.view(B, T, H_kv, d).transpose(1, 2)  # (B, H_kv, T, d)
-        values = values.view(B, T, H_kv, d).transpose(1, 2)
+        queries, keys, values = queries.view(B, T, H, d), keys.view(B, T, H_kv, d), values.view(B, T, H_kv, d)
+        hook = self.hook
+        if hook is not None:  # each head's query, key and value, before QK-norm and rotary
+            queries, keys, values = hook("q", queries), hook("k", keys), hook("v", values)
+        queries = queries.transpose(1, 2)  # (B, H, T, d)
+        keys = keys.transpose(1, 2)  # (B, H_kv, T, d)
+        values = values.transpose(1, 2)
         if self.qk_norm:
             queries, keys = F.rms_norm(queries, (d,)), F.rms_norm(keys, (d,))
         if rotary is not None:
@@ -183,7 +187,6 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None:  # write this step's keys and values; attend over every slot of the cache
             keys, values = kv_cache.update(self.layer_idx, positions, keys, values)
         dropout = self.attn_dropout if self.training else 0.0
-        hook = self.hook
         if return_weights or (hook is not None and hook.wants("pattern")):
             edit = None if hook is None else partial(hook, "pattern")
             y, weights = attend_explicitly(queries, keys, values, mask, dropout, edit)

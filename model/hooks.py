@@ -6,6 +6,10 @@
 
 The points (l is a layer, B batch, T positions, C = n_embd, H = n_head, d = head_dim):
     blocks.{l}.resid_pre     (B, T, C)     the residual stream entering block l (l = 0: the embeddings)
+    blocks.{l}.attn.q        (B, T, H, d)  each head's query, before QK-norm and rotary positions
+    blocks.{l}.attn.k        (B, T, Hk, d) each key/value head's key (Hk = n_kv_head: n_head, or fewer with
+                                           grouped-query attention), before QK-norm and rotary positions
+    blocks.{l}.attn.v        (B, T, Hk, d) each key/value head's value
     blocks.{l}.attn.pattern  (B, H, T, K)  each head's attention weights after the softmax, K keys (T, or
                                            the cache's slots); hooking it runs the explicit attention path
     blocks.{l}.attn.z        (B, T, H, d)  each head's output (weights @ values) before W_O mixes the heads
@@ -14,10 +18,10 @@ The points (l is a layer, B batch, T positions, C = n_embd, H = n_head, d = head
     blocks.{l}.mlp_out       (B, T, C)     the MLP's contribution to the residual (models with an MLP)
     blocks.{l}.resid_post    (B, T, C)     the residual leaving block l; the last layer's is the final
                                            residual, which the final norm and the LM head read
-With grouped-query attention the pattern and z are per query head (keys and values shared in a group).
-The names follow TransformerLens's hook points (hook_resid_pre, hook_z, hook_pattern, ...), without its
-"hook_" prefixes; ours exist for every model option tinygpt trains. Unused, they cost one `is None` check
-each (`hooked` says how; BENCHMARKS.md, "Interventions: ablation's time and the hooks' cost").
+With grouped-query attention q, the pattern and z are per query head; k and v are shared by a group.
+The names follow TransformerLens's hook points (hook_resid_pre, hook_z, hook_pattern, hook_q, ...), without
+its "hook_" prefixes; ours exist for every model option tinygpt trains. Unused, they cost one `is None`
+check each (`hooked` says how; BENCHMARKS.md, "Interventions: ablation's time and the hooks' cost").
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import torch
 
 HookFn = Callable[[torch.Tensor, str], Optional[torch.Tensor]]
 BLOCK_POINTS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")
-ATTENTION_POINTS = ("pattern", "z")
+ATTENTION_POINTS = ("q", "k", "v", "pattern", "z")  # in the order a forward reaches them
 NAME = re.compile(r"blocks\.(\d+)\.(?:attn\.(\w+)|(\w+))")
 
 
@@ -78,7 +82,8 @@ def locate(model, name: str) -> tuple[torch.nn.Module, str, str]:
         elif match is not None and match.group(3) in ("resid_mid", "mlp_out"):
             why = "this model has no MLP (attention only)"
         else:
-            why = f"points are blocks.L.{{{','.join(BLOCK_POINTS)}}} and blocks.L.attn.{{pattern,z}}"
+            block, attention = ",".join(BLOCK_POINTS), ",".join(ATTENTION_POINTS)
+            why = f"points are blocks.L.{{{block}}} and blocks.L.attn.{{{attention}}}"
         raise ValueError(f"no hook point {name!r}: {why}")
     block = model.blocks[layer]
     if match.group(2) is not None:

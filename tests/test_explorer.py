@@ -24,10 +24,11 @@ from conftest import run_script
 import interp.explorer
 from data.tokenizers import CharTokenizer, from_meta
 from interp.ablation import METRICS
-from interp.explorer import LENS_TOP, MAX_WEIGHTS, head_roles, page_data, render, tokens_that_fit, write_page
+from interp.circuits import composition_table
+from interp.explorer import LENS_TOP, MAX_WEIGHTS, page_data, render, tokens_that_fit, write_page
 from interp.lens import direct_attribution, head_attributions, logit_lens
 from interp.plots import token_labels
-from interp.scores import ROLES, repeated_tokens
+from interp.scores import ROLES, head_roles, repeated_tokens
 from model import GPT, GPTConfig
 from runs import pretrained
 
@@ -122,6 +123,11 @@ def test_the_page_holds_the_lens_the_attributions_and_the_ablation():
         stored = np.array(view["attribution"]["values"])
         assert np.abs(stored - np.array(attribution["values"])).max() <= 5e-4 + 1e-7
     assert page_data(model, ids, tokenizer, fake_scores(2, 3), "a model")["ablation"] is None
+    assert data["composition"] == composition_table(model) and data["circuit"] is None  # the weights alone
+    circuit = {"nodes": [], "edges": []}
+    assert (
+        page_data(model, ids, tokenizer, fake_scores(2, 3), "a model", circuit=circuit)["circuit"] == circuit
+    )
 
 
 def test_each_head_is_labelled_with_its_strongest_role():
@@ -260,7 +266,16 @@ def hover_cell(page, query: int, key: int) -> float:
 def test_the_page_in_a_browser_shows_the_models_weights(browser, induction_run, tmp_path: Path):
     out, scores = induction_run
     result = run_script(
-        "heads.py", str(out), "--prompt", PROMPT, "--html", "--ablate", "--out", str(tmp_path), check=True
+        "heads.py",
+        str(out),
+        "--prompt",
+        PROMPT,
+        "--html",
+        "--ablate",
+        "--circuit",
+        "--out",
+        str(tmp_path),
+        check=True,
     )
     path = tmp_path / "attention.html"
     assert str(path) in result.stdout
@@ -356,8 +371,51 @@ def test_the_page_in_a_browser_shows_the_models_weights(browser, induction_run, 
             "#view-note"
         )
         assert abs(hover_cell(page, n + 5, 6) - attention(model, demo)[1, induction, n + 5, 6]) <= SHOWN
+        check_composition_and_circuit(page, model, scores, tmp_path, previous, induction)
         page.screenshot(path=tmp_path / "explorer.png", full_page=True)
     assert (tmp_path / "explorer.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def check_composition_and_circuit(page, model, scores, folder: Path, previous: int, induction: int) -> None:
+    """The composition matrix's readout for (previous-token head, induction head), and the circuit's K edge
+    between them and its numbers, as circuit.json has them; a click on a node opens its head."""
+    page.click('#composition-kinds button[data-kind="k"]')
+    layout = page.evaluate("compositionLayout()")
+    box = page.locator("#composition").bounding_box()
+    writer, reader, margin, cell = previous, 4 + induction, layout["margin"], layout["cell"]
+    page.mouse.move(box["x"] + margin + (reader + 0.5) * cell, box["y"] + margin + (writer + 0.5) * cell)
+    table, roles = composition_table(model), head_roles(scores)
+    role = lambda layer, head: f"{roles[layer][head]['role']} {roles[layer][head]['score']:.2f}"  # noqa: E731
+    score = table["k"][writer][reader]
+    assert page.inner_text("#composition-readout") == (
+        f"L0H{previous} ({role(0, previous)}) → L1H{induction} ({role(1, induction)}): K-composition "
+        f"{score:.3f}, {score / table['baseline']:.1f}× the random baseline {table['baseline']:.3f} ± "
+        f"{table['baseline_std']:.3f}"
+    )
+    circuit = json.loads((folder / "circuit.json").read_text())
+    [edge] = [
+        e
+        for e in circuit["edges"]
+        if e["from"] == f"L0H{previous}" and e["to"] == f"L1H{induction}" and e["kind"] == "k"
+    ]
+    drawn = page.locator(
+        f'#circuit-svg .edge[data-from="L0H{previous}"][data-to="L1H{induction}"][data-kind="k"]'
+    )
+    drawn.dispatch_event("mouseenter")
+    assert page.inner_text("#circuit-readout") == (
+        f"L0H{previous} → L1H{induction} through its K: effect {signed(edge['effect'])}, K-composition "
+        f"{edge['composition']:.3f}"
+    )
+    assert page.locator("#circuit-svg .edge").count() == len(circuit["edges"]) + sum(
+        abs(n["direct_effect"]) >= circuit["thresholds"]["edge"] for n in circuit["nodes"]
+    )
+    page.click(f'#circuit-svg .node[data-name="L1H{induction}"] circle')
+    assert page.inner_text("#detail-title").startswith(f"L1H{induction} · induction")
+
+
+def signed(x: float) -> str:
+    """As the page writes a signed number: +0.12, −0.12."""
+    return f"{'+' if x >= 0 else '−'}{abs(x):.2f}"
 
 
 def test_the_browser_says_when_the_prompt_is_cut_and_shows_its_text_as_text(

@@ -54,6 +54,10 @@ def test_cached_activations_are_what_the_model_computes(name):
             at = f"blocks.{layer}."
             assert cache[at + "attn.z"].shape == (B, T, cfg.n_head, cfg.head_dim)
             assert torch.equal(cache[at + "attn.pattern"], weights[layer])  # the explicit path's weights
+            qkv = block.attn.W_QKV(block.norm1(cache[at + "resid_pre"]))  # q, k, v before QK-norm, rotary
+            H, Hk, d = cfg.n_head, cfg.kv_heads, cfg.head_dim
+            for point, part in zip("qkv", qkv.split([H * d, Hk * d, Hk * d], dim=-1)):
+                assert torch.equal(cache[at + "attn." + point], part.view(B, T, -1, d))
             z = cache[at + "attn.z"].reshape(B, T, cfg.n_embd)
             assert torch.equal(cache[at + "attn_out"], block.attn.W_O(z))
             mid = cache[at + "resid_pre"] + cache[at + "attn_out"]
@@ -100,6 +104,45 @@ def test_a_replaced_pattern_weights_the_values(name):
     torch.testing.assert_close(seen["z"], values.repeat_interleave(cfg.n_head // cfg.kv_heads, dim=2))
 
 
+@pytest.mark.parametrize("name", ["gpt2", "rope_gqa", "window_qk_norm"])
+def test_zeroed_keys_make_attention_uniform_and_replaced_values_are_what_heads_average(name):
+    """Keys of 0 score every key alike (rotary and QK-norm leave 0 at 0): each query spreads its attention
+    evenly over the keys it may see, and its output z is the mean of their values."""
+    model, idx = model_with(OPTIONS[name]), tokens()
+    cfg, T = model.config, idx.size(1)
+    window = cfg.window or T
+    allowed = torch.ones(T, T).tril() - torch.ones(T, T).tril(-window)
+    ones = torch.ones(*idx.shape, cfg.kv_heads, cfg.head_dim)
+    position = torch.arange(T, dtype=torch.float32)[None, :, None, None]
+    with torch.no_grad():
+        _, cache = run_with_hooks_cache(
+            model,
+            idx,
+            {
+                "blocks.1.attn.k": lambda k, n: torch.zeros_like(k),
+                "blocks.1.attn.v": lambda v, n: ones * position,
+            },
+        )
+    uniform = allowed / allowed.sum(dim=1, keepdim=True)
+    torch.testing.assert_close(
+        cache["blocks.1.attn.pattern"], uniform.expand_as(cache["blocks.1.attn.pattern"])
+    )
+    expected = (uniform @ torch.arange(T, dtype=torch.float32))[None, :, None, None]
+    torch.testing.assert_close(cache["blocks.1.attn.z"], expected.expand_as(cache["blocks.1.attn.z"]))
+
+
+def run_with_hooks_cache(model, idx, hooks):
+    """The pattern and z of layer 1 under `hooks` (read after them)."""
+    seen = {}
+
+    def keep(x, name):
+        seen[name] = x.clone()
+
+    names = ["blocks.1.attn.pattern", "blocks.1.attn.z"]
+    with hooked(model, hooks), hooked(model, dict.fromkeys(names, keep)):
+        return model(idx)[0], seen
+
+
 def test_a_block_may_run_on_a_bigger_batch_and_hooks_nest():
     model, idx = model_with({}), tokens(B=1)
     with torch.no_grad():
@@ -142,11 +185,11 @@ def test_bad_point_names_say_what_is_wrong():
     model, attention_only = model_with({}), model_with(OPTIONS["attention_only"])
     for m, name, message in (
         (model, "blocks.2.resid_pre", "the model has 2 layers"),
-        (model, "blocks.0.attn.q", "points are blocks.L."),
+        (model, "blocks.0.attn.query", "points are blocks.L."),
         (model, "resid_final", "points are blocks.L."),
         (attention_only, "blocks.0.mlp_out", "no MLP"),
     ):
         with pytest.raises(ValueError, match=message), hooked(m, {name: lambda x, n: None}):
             pass
     assert no_hooks_left(model)
-    assert "blocks.0.mlp_out" not in point_names(attention_only) and len(point_names(model)) == 2 * 7
+    assert "blocks.0.mlp_out" not in point_names(attention_only) and len(point_names(model)) == 2 * 10

@@ -647,6 +647,8 @@ function start() {
   buildGrid();
   buildScores();
   buildAblation();
+  buildComposition();   // circuits.js
+  buildCircuit();
   const strip = $("tokens");
   strip.addEventListener("mouseover", (e) => {
     const token = e.target.closest(".token");
@@ -680,4 +682,5 @@ function start() {
   showView(0);
 }
 
-start();
+// After the whole script has run: circuits.js, inlined after this file, defines what start() calls.
+document.addEventListener("DOMContentLoaded", start);

@@ -1,0 +1,129 @@
+"""Path patching (Wang et al. 2022, the IOI circuit; Goldowsky-Dill et al. 2023): the effect of a sender
+head on a receiver through one input of the receiver alone (its queries, its keys or its values), every
+other path held at the base run's values.
+
+For senders S and receivers R, on a task of interp/tasks.py (base and source inputs, a metric):
+1. the sender run: the base input with the senders' outputs z taken from the source run and every other
+   head's output frozen at the base run's, so that what changes downstream is only what S wrote (the MLPs
+   are recomputed: a path through an MLP counts as direct, as in Wang et al.);
+2. the receiver run: the base input with only R's inputs taken from the sender run: a head's query, key or
+   value (hook points q, k, v; with grouped-query attention a key or value is its group's, shared by the
+   query heads of the group), an MLP's output (`mlp`: the MLP run on the sender run's input), or the final
+   residual (`logits`: the senders' direct effect). Everything after R is recomputed.
+The effect is (metric(receiver run) - metric(base)) / (metric(source) - metric(base)), as activation
+patching's. No sender leaves the base run as it is; the embeddings and every head as senders into every
+head's q, k and v, every MLP and the logits give the source run (tests/test_circuits.py checks both).
+`EMBEDDINGS` as a sender stands for the token (and position) embeddings.
+
+Each sender set costs one forward pass (the sender runs of many sets share a batch), and each receiver set
+a forward from its first layer on, all of them batched (interp/interventions.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from interp.interventions import Edit
+from interp.patching import effects, metric_ends
+from interp.scores import evaluating
+from interp.tasks import Task
+from model import GPT
+from model.hooks import hooked, run_with_cache
+
+EMBEDDINGS = "embeddings"
+RECEIVER_KINDS = ("q", "k", "v", "mlp", "logits")
+Sender = Union[tuple[int, int], str]  # (layer, head), or EMBEDDINGS
+SENDER_BATCH_BYTES = 1 << 29  # activations of the sender runs held at once, roughly
+
+
+@dataclass(frozen=True)
+class Receiver:
+    kind: str  # one of RECEIVER_KINDS
+    layer: Optional[int] = None  # q, k, v, mlp
+    head: Optional[int] = None  # q, k, v: the query head (k and v: its group's key/value head is patched)
+
+    def point(self, model: GPT) -> str:
+        """The hook point the sender run caches for this receiver."""
+        if self.kind == "logits":
+            return f"blocks.{model.config.n_layer - 1}.resid_post"
+        return f"blocks.{self.layer}.{'mlp_out' if self.kind == 'mlp' else 'attn.' + self.kind}"
+
+    def edit(self, model: GPT, value: torch.Tensor) -> Edit:
+        """The receiver run's edit, from the sender run's cached tensor at `point` (B, T, ...)."""
+        if self.kind == "logits":
+            return Edit("resid_post", model.config.n_layer - 1, value, per_row=True)
+        if self.kind == "mlp":
+            return Edit("mlp_out", self.layer, value, per_row=True)
+        cfg = model.config
+        head = self.head if self.kind == "q" else self.head // (cfg.n_head // cfg.kv_heads)
+        return Edit(self.kind, self.layer, value[:, :, head], head=head, per_row=True)
+
+
+Path = tuple[Sequence[Sender], Sequence[Receiver]]
+
+
+def _frozen_heads(base: dict, source: dict, senders: Sequence[Sequence[Sender]], n_layer: int) -> dict:
+    """Per layer, the sender runs' head outputs stacked (G B, T, H, d): base, but each set's senders' from
+    the source run."""
+    frozen = {}
+    for layer in range(n_layer):
+        name = f"blocks.{layer}.attn.z"
+        z = base[name].repeat(len(senders), 1, 1, 1)
+        B = base[name].size(0)
+        for g, group in enumerate(senders):
+            for sender in group:
+                if sender != EMBEDDINGS and sender[0] == layer:
+                    z[g * B : (g + 1) * B, :, sender[1]] = source[name][:, :, sender[1]]
+        frozen[name] = z
+    return frozen
+
+
+def sender_runs(model: GPT, task: Task, senders: Sequence[Sequence[Sender]], points: list[str]):
+    """Step 1 for each sender set: the activations at `points`, each (G, B, T, ...)."""
+    L, B = model.config.n_layer, task.base.size(0)
+    heads = [f"blocks.{layer}.attn.z" for layer in range(L)]
+    _, base = run_with_cache(model, task.base, [*heads, "blocks.0.resid_pre"])
+    _, source = run_with_cache(model, task.source, [*heads, "blocks.0.resid_pre"])
+    frozen = _frozen_heads(base, source, senders, L)
+    embeddings = base["blocks.0.resid_pre"].repeat(len(senders), 1, 1)
+    for g, group in enumerate(senders):
+        if EMBEDDINGS in group:
+            embeddings[g * B : (g + 1) * B] = source["blocks.0.resid_pre"]
+    hooks = {name: (lambda x, name: frozen[name]) for name in heads}
+    hooks["blocks.0.resid_pre"] = lambda x, name: embeddings
+    with hooked(model, hooks):
+        _, cache = run_with_cache(model, task.base.repeat(len(senders), 1), points)
+    return {name: x.view(len(senders), B, *x.shape[1:]) for name, x in cache.items()}
+
+
+def _sets_per_batch(model: GPT, task: Task) -> int:
+    """How many sender sets one batched sender run may hold."""
+    cfg, (B, T) = model.config, task.base.shape
+    per_set = 4 * B * T * (cfg.vocab_size + 16 * cfg.n_embd)
+    return max(1, SENDER_BATCH_BYTES // per_set)
+
+
+@torch.no_grad()
+def receiver_edits(model: GPT, task: Task, paths: Sequence[Path]) -> list[list[Edit]]:
+    """Step 2's edits of each path: its receivers' inputs from its sender run (run here, in batches)."""
+    interventions = []
+    step = _sets_per_batch(model, task)
+    with evaluating(model):
+        for start in range(0, len(paths), step):
+            chunk = paths[start : start + step]
+            points = sorted({r.point(model) for _, receivers in chunk for r in receivers})
+            runs = sender_runs(model, task, [senders for senders, _ in chunk], points)
+            for g, (_, receivers) in enumerate(chunk):
+                interventions.append([r.edit(model, runs[r.point(model)][g]) for r in receivers])
+    return interventions
+
+
+@torch.no_grad()
+def path_effects(model: GPT, task: Task, paths: Sequence[Path]) -> torch.Tensor:
+    """The effect of each path (senders, receivers) on the task (see the module's doc), (len(paths),)."""
+    with evaluating(model):
+        return effects(model, task, receiver_edits(model, task, paths), metric_ends(model, task))

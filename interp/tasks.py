@@ -1,0 +1,128 @@
+"""What a patching experiment measures: a clean and a corrupted input of the same shape, a metric of the
+model's logits, and the direction of the patches (interp/patching.py, attribution.py, paths.py, circuit.py).
+
+Two tasks:
+- a prompt pair (`prompt_pair`, heads.py --patch): two prompts of the same length whose most likely next
+  tokens differ, a after the clean one, b after the corrupted one; the metric is the logit difference
+  logit(a) - logit(b) at the last position;
+- repeated random sequences (`repeat_task`, the induction experiment's): clean rows [R, R] (R of n distinct
+  random tokens, as the role scores draw them), corrupted rows [R', R] with R' another random sequence, so
+  that nothing in the first half predicts the second; the metric is the mean log-probability of the true
+  next token over the second copy's predictions (minus its loss), which copying lifts from about
+  -ln(vocab) to near 0.
+
+A patch runs one input (the base) with some activations taken from the other (the source) and scores
+    effect = (metric(patched) - metric(base)) / (metric(source) - metric(base))
+the fraction of the way from the base run to the source run that the patch goes. Denoising (the default:
+base corrupted, source clean) asks what restores the clean behaviour; noising (`noised()`: base clean,
+source corrupted, as Wang et al. 2022 path-patch) asks what breaks it when it alone is corrupted. A metric
+is computed per row and averaged, so rows may be split across passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from interp.scores import evaluating, repeated_tokens
+from model import GPT
+
+Metric = Callable[[torch.Tensor, slice], torch.Tensor]  # logits (..., rows, T, vocab), rows -> (..., rows)
+Answer = tuple[int, int, int, float]  # (row, position, token, weight): what the answer's logit is made of
+
+
+@dataclass
+class Task:
+    clean: torch.Tensor  # (B, T) token ids
+    corrupted: torch.Tensor  # (B, T)
+    metric: Metric  # per row, from the logits of those rows
+    description: str  # one line for people: what the inputs are and what the metric measures
+    answers: list[Answer]  # the logits the metric reads on the clean run, weighted (for direct attribution)
+    noising: bool = False  # False: clean patched into the corrupted run; True: corrupted into the clean run
+
+    @property
+    def base(self) -> torch.Tensor:
+        return self.clean if self.noising else self.corrupted
+
+    @property
+    def source(self) -> torch.Tensor:
+        return self.corrupted if self.noising else self.clean
+
+    def noised(self) -> Task:
+        return replace(self, noising=True)
+
+    def value(self, logits: torch.Tensor) -> torch.Tensor:
+        """The metric of logits (..., B, T, vocab) of every row, averaged over the rows: (...)."""
+        return self.metric(logits, slice(None)).mean(dim=-1)
+
+    @property
+    def direction(self) -> str:
+        return "corrupted into clean (noising)" if self.noising else "clean into corrupted (denoising)"
+
+
+def _logit_difference(a: int, b: int) -> Metric:
+    def metric(logits: torch.Tensor, rows: slice) -> torch.Tensor:
+        last = logits[..., -1, :].float()
+        return last[..., a] - last[..., b]
+
+    return metric
+
+
+@torch.no_grad()
+def prompt_pair(model: GPT, clean: list[int], corrupted: list[int]) -> Task:
+    """The logit difference task of two prompts; ValueError when their lengths differ or both runs predict
+    the same token."""
+    if len(clean) != len(corrupted):
+        raise ValueError(f"the prompts have {len(clean)} and {len(corrupted)} tokens; patching needs equal")
+    device = next(model.parameters()).device
+    idx = torch.tensor([clean, corrupted], dtype=torch.long, device=device)
+    with evaluating(model):
+        a, b = (int(i) for i in model(idx)[0][:, -1].argmax(dim=-1))
+    if a == b:
+        raise ValueError(f"both prompts make token {a} the most likely next; patching needs two")
+    return Task(
+        idx[:1],
+        idx[1:],
+        _logit_difference(a, b),
+        f"logit difference logit({a}) - logit({b}) after the prompts",
+        [(0, len(clean) - 1, a, 1.0), (0, len(clean) - 1, b, -1.0)],
+    )
+
+
+def _copy_log_probability(tokens: torch.Tensor, n: int) -> Metric:
+    targets = tokens[:, n + 1 :]  # the tokens predicted at positions n .. 2n - 2
+
+    def metric(logits: torch.Tensor, rows: slice) -> torch.Tensor:
+        logp = F.log_softmax(logits[..., n:-1, :].float(), dim=-1)
+        wanted = targets[rows].expand(*logp.shape[:-1])
+        return logp.gather(-1, wanted[..., None])[..., 0].mean(dim=-1)
+
+    return metric
+
+
+def repeat_task(model: GPT, sequences: int = 16, seed: int = 0) -> Task:
+    """Clean [R, R] against corrupted [R', R] (R of n = min(block_size / 2, vocab) tokens), the metric the
+    mean log-probability of the second copy's tokens (see the module's doc)."""
+    cfg = model.config
+    device = next(model.parameters()).device
+    n = min(cfg.block_size // 2, cfg.vocab_size)
+    if n < 3:
+        raise ValueError(f"block_size={cfg.block_size} is too short for [R, R] sequences")
+    clean = repeated_tokens(cfg.vocab_size, n, sequences, seed).to(device)
+    other_seed = int(np.random.SeedSequence([seed, 1]).generate_state(1)[0])  # R': not any --seed's R
+    other = repeated_tokens(cfg.vocab_size, n, sequences, other_seed)
+    corrupted = torch.cat([other[:, :n].to(device), clean[:, n:]], dim=1)
+    weight = 1.0 / (sequences * (n - 1))
+    answers = [(r, p, int(clean[r, p + 1]), weight) for r in range(sequences) for p in range(n, 2 * n - 1)]
+    return Task(
+        clean,
+        corrupted,
+        _copy_log_probability(clean, n),
+        f"mean log-probability of the second copy's tokens in [R, R] ({sequences} sequences, R of {n} "
+        "tokens), corrupted: [R', R]",
+        answers,
+    )
