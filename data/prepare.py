@@ -336,11 +336,11 @@ def _prepare(
     if tokenizer is None and parse_spec(recipe.tokenizer)[0] == "trained_bpe":
         command["bpe_train_chars"] = recipe.bpe_train_chars
     progress = resume(out, command)
-    if progress.tokenizer is None:  # made once, kept in progress.json for a rerun
+    if progress.tokenizer_meta is None:  # made once, kept in progress.json for a rerun
         tokenizer = tokenizer or make_tokenizer(recipe, name)
-        progress.tokenizer, progress.dtype = tokenizer.to_meta(), token_dtype(tokenizer.vocab_size).name
+        progress.tokenizer_meta, progress.dtype = tokenizer.to_meta(), token_dtype(tokenizer.vocab_size).name
         progress.save()
-    tokenizer = tokenizer or from_meta(progress.tokenizer)
+    tokenizer = tokenizer or from_meta(progress.tokenizer_meta)
     for split in SPLITS:
         if split not in progress.done:
             try:

@@ -50,7 +50,7 @@ class Preparation:
 
     folder: Path
     command: dict
-    tokenizer: dict | None = None  # to_meta() of the tokenizer, once made
+    tokenizer_meta: dict | None = None  # to_meta() of the tokenizer, once made
     dtype: str | None = None  # of the ids, from the tokenizer's vocabulary
     splits: dict[str, list[Shard]] = field(default_factory=dict)
     done: list[str] = field(default_factory=list)  # the splits that are complete

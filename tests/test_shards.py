@@ -163,7 +163,7 @@ def test_a_dataset_prepared_before_shards_trains_and_evaluates(both: Path, tmp_p
     single = Dataset.open("single", both).meta
     for split in ("train", "val"):
         (old / f"{split}.bin").write_bytes((both / "single" / f"{split}.bin").read_bytes())
-    tokenizer = json.dumps(single.tokenizer)
+    tokenizer = json.dumps(single.tokenizer_meta)
     text = OLD_META.format(
         tokenizer=tokenizer, train=single.train_tokens, val=single.val_tokens, path=SHAKESPEARE
     )
