@@ -21,6 +21,7 @@ import torch
 from conftest import ROOT, TINY, run_script, train_here
 
 from common.errors import UserError
+from common.files import size_text
 from data import resume
 from data.dataset import Dataset
 from data.prepare import Recipe, prepare_dataset
@@ -250,7 +251,7 @@ def test_a_killed_preparation_continues_from_its_last_shard(tmp_path: Path):
     assert said == [
         f"continuing the preparation in {folder}: kept train: {len(shards)} shards "
         f"({sum(s['tokens'] for s in shards):,} tokens, "
-        f"{sum(s['bytes'] for s in shards) / 1e6:.1f} MB of text)"
+        f"{size_text(sum(s['bytes'] for s in shards))} of text)"
     ], again.stderr
     reread = read - shards[-1]["end"]
     assert 0 <= reread <= max(s["bytes"] for s in shards), (read, shards[-1]["end"])
