@@ -95,18 +95,15 @@ def evaluate_checkpoint(path: str, args: argparse.Namespace, device: torch.devic
             score = score_choices(model, tokenizer, items, rt.autocast, bar.update)
         return result | {"choices": args.choices, **vars(score)}
     if args.text_file:
-        tokens, dtype, what = encode_text_file(args.text_file, tokenizer), "uint16", args.text_file
+        tokens, what = encode_text_file(args.text_file, tokenizer), args.text_file
     else:
         dataset = prepared_dataset(
             cfg.data.dataset, args.data_dir or cfg.data.dir, tokenizer_meta=loaded.tokenizer_meta
         )
-        tokens, dtype = dataset.split_path(args.split), dataset.meta.dtype
-        what = f"{cfg.data.dataset} {args.split} split"
+        tokens, what = dataset.split(args.split), f"{cfg.data.dataset} {args.split} split"
     batch = args.batch_size or cfg.train.batch_size
     with tqdm(unit="tok", unit_scale=True, disable=None, dynamic_ncols=True) as bar:
-        loss = evaluate_tokens(
-            model, tokens, tokenizer.byte_lengths(), batch, args.stride, rt, bar.update, dtype
-        )
+        loss = evaluate_tokens(model, tokens, tokenizer.byte_lengths(), batch, args.stride, rt, bar.update)
     return result | {
         "data": what,
         "context": model.config.block_size,

@@ -263,8 +263,7 @@ def validation_split(cfg, tokenizer_meta: dict, data_dir: str | None, device: to
 
 def val_prompt(val: TokenWindows, block_size: int) -> list[int]:
     """Without --prompt: the ids of the first tokens of the validation split."""
-    data = np.memmap(val.path, dtype=val.dtype, mode="r")
-    return data[: min(block_size, DEFAULT_PROMPT_TOKENS)].astype(np.int64).tolist()
+    return val.tokens[: min(block_size, DEFAULT_PROMPT_TOKENS)].astype(np.int64).tolist()
 
 
 def format_tables(scores: dict) -> str:

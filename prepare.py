@@ -1,4 +1,4 @@
-"""Prepare a dataset: text -> token ids in data/NAME/train.bin and val.bin, and meta.json.
+"""Prepare a dataset: text -> token ids in data/NAME (train and val, in shards), and meta.json.
 
     python prepare.py shakespeare_char                 # a known dataset (data/recipes.py)
     python prepare.py NAME --text-file notes.txt [--tokenizer char|gpt2|bpe:N]
@@ -7,7 +7,9 @@
                            [--data-files F ...] [--streaming] [--max-docs N]
 
 train.py prepares a known dataset itself on first use; this is for your own text, another tokenizer, or a
-corpus prepared once before a long run. The pipeline is data/prepare.py.
+corpus prepared once before a long run. A preparation that stops (Ctrl-C, a kill, a full disk, a dropped
+connection) keeps its complete shards: run the same command again to continue. The pipeline is
+data/prepare.py.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import argparse
 import dataclasses
 
 from data.dataset import DATA_DIR, dataset_folder
-from data.prepare import BPE_TRAIN_CHARS, Recipe, prepare_dataset
+from data.prepare import BPE_TRAIN_CHARS, SHARD_TOKENS, Recipe, prepare_dataset
 from data.recipes import RECIPES
 from data.sources import HFText, TextFile
 from data.tokenizers import BPETokenizer, parse_spec, tokenizer_from
@@ -74,6 +76,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="bpe:N learns from at most this many characters of the train split (default: %(default)s)",
     )
     p.add_argument("--workers", type=int, default=None, help="tokenising threads (default: all cores)")
+    p.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=SHARD_TOKENS,
+        help="ids per shard of a split, about (default: %(default)s); a stopped preparation continues from "
+        "its last complete shard",
+    )
     return p.parse_args(argv)
 
 
@@ -84,6 +93,8 @@ def recipe_from_args(args: argparse.Namespace) -> Recipe:
         raise UserError(f"--bpe-train-chars must be positive, got {args.bpe_train_chars}")
     if args.workers is not None and args.workers < 1:
         raise UserError(f"--workers must be at least 1 (or left out: one per core), got {args.workers}")
+    if args.shard_tokens < 1:
+        raise UserError(f"--shard-tokens must be positive, got {args.shard_tokens}")
     if args.text_file:
         if not 0.0 < args.val_fraction < 1.0:
             raise UserError(f"--val-fraction must be between 0 and 1 (exclusive), got {args.val_fraction}")
@@ -125,7 +136,7 @@ def main(argv: list[str]) -> int:
         kind, _ = parse_spec(recipe.tokenizer)
         if kind not in ("char", "trained_bpe"):
             BPETokenizer(kind)
-    meta = prepare_dataset(args.name, recipe, args.data_dir, args.workers, tokenizer)
+    meta = prepare_dataset(args.name, recipe, args.data_dir, args.workers, tokenizer, args.shard_tokens)
     print(
         f"prepared {args.name}: {meta.train_tokens:,} train and {meta.val_tokens:,} val tokens "
         f"({meta.dtype}, vocabulary {meta.vocab_size:,}) in {dataset_folder(args.name, args.data_dir)}"
@@ -134,4 +145,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main, interrupted="interrupted; the dataset is not prepared (run the command again)")
+    run_cli(
+        main, interrupted="interrupted; the complete shards are kept: run the same command again to continue"
+    )

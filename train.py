@@ -237,8 +237,7 @@ def exact_val_loss(run: Run) -> dict:
     cfg = run.cfg
     batch = default_batch_size(cfg.train.batch_size, cfg.model.block_size, cfg.model.vocab_size)
     byte_lengths = run.byte_lengths if run.byte_lengths is not None else torch.zeros(cfg.model.vocab_size)
-    val = run.dataset.split_path("val")
-    result = evaluate_tokens(run.model, val, byte_lengths, batch, rt=run.rt, dtype=run.dataset.meta.dtype)
+    result = evaluate_tokens(run.model, run.dataset.split("val"), byte_lengths, batch, rt=run.rt)
     out = {"final_val_loss": round(result.loss, 5), "final_val_tokens": result.tokens}
     return out | ({"final_val_bpb": round(result.bpb, 5)} if result.bytes else {})
 

@@ -1,18 +1,18 @@
 """A prepared dataset: its folder, found in one place; its metadata, typed and checked; its splits.
 
-A dataset NAME lives in DATA_DIR/NAME (or in the folder `data.dir` names): train.bin and val.bin hold the
-token ids back to back, meta.json says which tokenizer made them, in which dtype, and how many there are.
-meta.json is written last, so a folder without it is not prepared (data/prepare.py writes all three).
+A dataset NAME lives in DATA_DIR/NAME (or in the folder `data.dir` names): each split's token ids back to
+back, in train.bin and val.bin or in shards (data/shards.py), and meta.json, which says which tokenizer made
+them, in which dtype, how many there are and in which files. meta.json is written last, so a folder without
+it is not prepared (data/prepare.py writes them all).
 Everything that reads a dataset (training, evaluation, heads.py, the dry run) goes through `Dataset.open`, so
 the folder is worked out once and a damaged meta.json is one line naming the fix, wherever it is met; it
 also holds the folder's lock, shared, for as long as the process lives (data/prepare.py takes it exclusive:
 a dataset is not re-prepared under a run that reads it). A split is checked once per process when it is
-first used: its size against meta.json's count, and every id against the vocabulary (data/loader.py).
+first used: its files' sizes against meta.json's counts, and every id against the vocabulary.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,7 +22,9 @@ import torch
 
 from common import locks
 from common.errors import UserError
-from data.loader import CHECKED_TOKENS, TokenWindows, split_tokens
+from data import shards
+from data.loader import TokenWindows
+from data.shards import CHECKED_TOKENS, TokenFiles
 from data.tokenizers import Tokenizer, check_meta, from_meta, same
 
 DATA_DIR = Path(__file__).resolve().parent  # the project's data/ folder: the default data.dir
@@ -59,14 +61,23 @@ class Meta:
     val_tokens: int
     source: dict = field(default_factory=dict)  # where the text came from (for people)
     dropped_characters: int = 0  # characters a char vocabulary lacked, left out (--drop-unknown)
+    # each split's files in order, [name, ids]; empty in a dataset from before shards: train.bin, val.bin
+    shards: dict = field(default_factory=dict)
 
     def tokens(self, split: str) -> int:
         return self.train_tokens if split == "train" else self.val_tokens
 
+    def files(self, split: str) -> list[tuple[str, int]]:
+        """The split's files in order, with the ids each holds."""
+        if not self.shards:
+            return [(shards.single_name(split), self.tokens(split))]
+        return [(name, count) for name, count in self.shards[split]]
+
     def to_json(self) -> str:
         data = {_JSON_KEYS.get(k, k): v for k, v in asdict(self).items()}
-        if not self.dropped_characters:
-            del data["dropped_characters"]
+        for key in ("dropped_characters", "shards"):
+            if not data[key]:
+                del data[key]
         return json.dumps(data, indent=1)
 
     @classmethod
@@ -114,6 +125,36 @@ def _meta_problem(data) -> str | None:
         return str(e)
     if data["tokenizer"]["vocab_size"] > data["vocab_size"]:
         return f"its tokenizer has {data['tokenizer']['vocab_size']} tokens, more than vocab_size"
+    return _shards_problem(data.get("shards", {}), data)
+
+
+def _shards_problem(listed, data: dict) -> str | None:
+    """What is wrong with meta.json's list of shards (plain names of ours, counts that add up), or None."""
+    if not listed:
+        return None
+    if not isinstance(listed, dict) or set(listed) != set(SPLITS):
+        return f"its shards must list the files of {' and '.join(SPLITS)}"
+    for split, files in listed.items():
+        ok = (
+            isinstance(files, list)
+            and files
+            and all(
+                isinstance(f, list)
+                and len(f) == 2
+                and isinstance(f[0], str)
+                and shards.SHARD_NAME.match(f[0])
+                and isinstance(f[1], int)
+                and not isinstance(f[1], bool)
+                and f[1] >= 0
+                for f in files
+            )
+        )
+        if not ok:
+            return (
+                f"its {split} shards must be [file name, ids] pairs of {split}-NNNNN.bin or {split}.bin files"
+            )
+        if sum(f[1] for f in files) != data[f"{split}_tokens"]:
+            return f"its {split} shards do not add up to {split}_tokens"
     return None
 
 
@@ -125,28 +166,6 @@ def lock_reading(folder: Path) -> None:
         exclusive=False,
         advice="it is being prepared: wait for the preparation to finish, then start again",
     )
-
-
-@functools.lru_cache(maxsize=64)
-def _check_split(path: str, dtype: str, count: int, vocab_size: int, stamp: tuple) -> None:
-    """The split's size against meta.json, and its ids against the vocabulary (`stamp`: size and mtime, so
-    a changed file is checked again)."""
-    n = split_tokens(path, dtype)
-    if n != count:
-        raise UserError(
-            f"{path} holds {n:,} ids but meta.json says {count:,}: the dataset was changed after it was "
-            "prepared; prepare it again"
-        )
-    if n == 0 or n > CHECKED_TOKENS:  # nothing to map; too much to read (TokenWindows checks each batch)
-        return
-    data, top = np.memmap(path, dtype=dtype, mode="r"), 0
-    for start in range(0, n, 1 << 24):
-        top = max(top, int(data[start : start + (1 << 24)].max()))
-    if top >= vocab_size:
-        raise UserError(
-            f"{path} holds id {top}, past the vocabulary of {vocab_size} (meta.json): the split was not made "
-            "by this dataset's tokenizer; prepare the dataset again"
-        )
 
 
 @dataclass(frozen=True)
@@ -176,27 +195,22 @@ class Dataset:
     def name(self) -> str:
         return self.folder.name
 
-    def split_path(self, split: str) -> Path:
-        """The split's file, checked (once per process) against meta.json and the vocabulary."""
-        path = self.folder / f"{split}.bin"
-        try:
-            stat = path.stat()
-        except OSError:
-            raise UserError(f"{path} is missing; prepare the dataset again (python prepare.py ...)") from None
-        m = self.meta
-        _check_split(str(path), m.dtype, m.tokens(split), m.vocab_size, (stat.st_size, stat.st_mtime_ns))
-        return path
+    def split(self, split: str) -> TokenFiles:
+        """The split's ids, one sequence over its files, checked (once per process) against meta.json and
+        the vocabulary."""
+        names, counts = zip(*self.meta.files(split))
+        files = TokenFiles.of([self.folder / n for n in names], self.meta.dtype)
+        shards.check(files, counts, self.meta.vocab_size)
+        return files
 
     def tokenizer(self) -> Tokenizer:
         return from_meta(self.meta.tokenizer_meta)
 
     def windows(self, split: str, block_size: int, device: torch.device, seed: int) -> TokenWindows:
         """Random windows of block_size + 1 tokens from a split (data/loader.py)."""
-        path, vocab = self.split_path(split), self.meta.vocab_size
+        tokens, vocab = self.split(split), self.meta.vocab_size
         unchecked = self.meta.tokens(split) > CHECKED_TOKENS
-        return TokenWindows(
-            path, self.meta.dtype, block_size, device, seed, split, vocab if unchecked else None
-        )
+        return TokenWindows(tokens, block_size, device, seed, split, vocab if unchecked else None)
 
     def check_tokenizer(self, tokenizer_meta: dict, what: str) -> None:
         """Refuse a dataset tokenised otherwise than `tokenizer_meta` (a checkpoint's) says."""

@@ -2,6 +2,7 @@
 
 - Stateless: the windows of micro-batch `key` come from a generator seeded by (seed, split, stream, key), so a
   batch depends only on its number: resuming needs no sampler state, and each torchrun rank asks for its keys.
+- A split is one sequence however many files hold it (data/shards.py): a window may span two shards.
 - A fresh np.memmap per batch and one vectorised gather: one map held for a whole run lets the resident pages
   of a large file pile up (the RAM growth nanoGPT's users hit); a fresh map costs microseconds.
 - On CUDA the windows go into one pinned buffer, copied with non_blocking=True, and are cut on the GPU.
@@ -12,37 +13,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from common.errors import UserError
-
-CHECKED_TOKENS = 1 << 30  # splits up to this many ids have all of them checked when opened (~0.1 s per GB)
-
-
-def split_tokens(path: Path | str, dtype: str | np.dtype) -> int:
-    """The number of ids in a split file of `dtype` ids; a missing file or one whose size is not a whole
-    number of ids is one line."""
-    itemsize = np.dtype(dtype).itemsize
-    try:
-        size = Path(path).stat().st_size
-    except OSError:
-        raise UserError(f"{path} is missing; prepare the dataset again (python prepare.py ...)") from None
-    if size % itemsize:
-        raise UserError(
-            f"{path} is damaged: {size:,} bytes are not a whole number of {np.dtype(dtype).name} ids; "
-            "prepare the dataset again"
-        )
-    return size // itemsize
+from data.shards import TokenFiles
 
 
 class TokenWindows:
     def __init__(
         self,
-        path: Path | str,
-        dtype: str,
+        tokens: TokenFiles,
         block_size: int,
         device: torch.device,
         seed: int,
@@ -51,14 +32,14 @@ class TokenWindows:
     ):
         """Windows of a split; with `max_id` (a split too large to be checked at opening) each batch's ids
         are checked to be below it."""
-        self.path, self.dtype, self.block_size = str(path), np.dtype(dtype), block_size
+        self.tokens, self.block_size = tokens, block_size
         self.device, self.seed, self.split_id = device, seed, 0 if split == "train" else 1
         self.max_id = max_id
-        self.n_tokens = split_tokens(self.path, self.dtype)
+        self.n_tokens = len(tokens)
         if self.n_tokens < block_size + 1:
             raise UserError(
                 f"model.block_size={block_size} needs windows of {block_size + 1} tokens, but the "
-                f"{split} split ({self.path}) has only {self.n_tokens}; lower model.block_size "
+                f"{split} split ({tokens.where}) has only {self.n_tokens}; lower model.block_size "
                 "or use more text"
             )
         self._arange = np.arange(block_size + 1, dtype=np.int64)
@@ -68,15 +49,14 @@ class TokenWindows:
         `stream` (0: training batches, 1: the fixed eval batches)."""
         gen = np.random.default_rng([self.seed, self.split_id, stream, key])
         starts = gen.integers(0, self.n_tokens - self.block_size, size=batch_size)
-        data = np.memmap(self.path, dtype=self.dtype, mode="r")
         cuda = self.device.type == "cuda"
         windows = torch.empty((batch_size, self.block_size + 1), dtype=torch.int64, pin_memory=cuda)
-        windows.numpy()[:] = data[starts[:, None] + self._arange]
-        del data
+        windows.numpy()[:] = self.tokens[starts[:, None] + self._arange]
         if self.max_id is not None and windows.numpy().max() >= self.max_id:
             raise UserError(
-                f"{self.path} holds id {windows.numpy().max()}, past the vocabulary of {self.max_id}; the "
-                "split was not made by this dataset's tokenizer: prepare the dataset again"
+                f"{self.tokens.where} holds id {windows.numpy().max()}, past the vocabulary of "
+                f"{self.max_id}; the split was not made by this dataset's tokenizer: prepare the dataset "
+                "again"
             )
         windows = windows.to(self.device, non_blocking=cuda)
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()

@@ -1,10 +1,13 @@
-"""Prepare a dataset: raw text -> tokens (in parallel, with a progress bar) -> train.bin, val.bin, meta.json.
+"""Prepare a dataset: raw text -> tokens (in parallel, with a progress bar) -> shards of ids, meta.json.
 
 The one preparation path for every dataset (`prepare.py` is its command line; train.py runs it itself for a
-known dataset that is not prepared yet, data/recipes.py). The bins hold the token ids back to back (uint16
-when the vocabulary fits, else uint32); meta.json (data/dataset.py) holds the tokenizer, the dtype and the
-token counts, and is written last: a folder without it is not prepared. Text streams through in bounded
-windows, so a corpus larger than memory never sits in RAM.
+known dataset that is not prepared yet, data/recipes.py). Each split's ids go back to back (uint16 when the
+vocabulary fits, else uint32) into shards of about `shard_tokens` (data/shards.py: train.bin when one is
+enough); meta.json (data/dataset.py) holds the tokenizer, the dtype, the token counts and the shards, and
+is written last: a folder without it is not prepared. Text streams through in bounded windows, so a corpus
+larger than memory never sits in RAM. A preparation that stops, however it stops, keeps its complete shards:
+the same command continues after the last one (data/resume.py). The progress bar counts what the source
+knows the size of (a text file's bytes, a dataset's documents: then it has an ETA), with tokens and text.
 
 The tokenizer is made from the text (`char`: its characters; `bpe:N`: N tokens of byte-level BPE trained on
 the train split, also written as tokenizer.json), taken as it is (`gpt2`), or given (an existing dataset's or
@@ -15,9 +18,9 @@ on macOS or Windows.
 
 A preparation holds the dataset folder's lock exclusive (data/dataset.py): a second one of the same name,
 or one under a run that reads the dataset, is one line naming the process. Each file goes to a temporary
-file of its own and is renamed into place (common/files.py), so a failure (a full disk, Ctrl-C) leaves no
-half-written file. bpe:N's trainer (Rust) never looks for signals: it runs in a thread while the main thread
-waits in short joins, so Ctrl-C stops it at once.
+file of its own and is renamed into place (common/files.py, data/resume.py), so a failure (a full disk,
+Ctrl-C) leaves no half-written file. bpe:N's trainer (Rust) never looks for signals: it runs in a thread
+while the main thread waits in short joins, so Ctrl-C stops it at once.
 """
 
 from __future__ import annotations
@@ -38,10 +41,11 @@ from tqdm import tqdm
 
 from common import locks
 from common.errors import UserError
-from common.files import atomic_file, atomic_write, write_failed
+from common.files import atomic_write, size_text, write_failed
 from data.dataset import LOCK, META_FILE, SPLITS, Meta, dataset_folder, token_dtype
 from data.repeats import Repeats
-from data.sources import HFText, TextFile
+from data.resume import PROGRESS_FILE, Preparation, ShardWriter, final_files, resume
+from data.sources import Documents, HFText, TextFile
 from data.tokenizers import (
     TOKENIZER_JSON,
     BPETokenizer,
@@ -49,11 +53,13 @@ from data.tokenizers import (
     Tokenizer,
     TrainedBPE,
     UnknownCharacters,
+    from_meta,
     parse_spec,
 )
 
 TASK_CHARS = 1 << 18  # characters per encoding task: a thread works on one (bpe:N needs ~30 MB for it)
 BPE_TRAIN_CHARS = 1 << 30  # bpe:N learns from at most this much of the train split (about 1 GB)
+SHARD_TOKENS = 100_000_000  # ids per shard (200 MB of uint16), as nanoGPT's and llm.c's FineWeb shards
 
 
 @dataclass(frozen=True)
@@ -149,17 +155,29 @@ def unknown_characters(tokenizer: CharTokenizer, source) -> UserError:
 # --- parallel encoding: threads, since every tokenizer releases the GIL while it encodes ---
 
 
-def _tasks(docs: Iterable[str]) -> Iterator[list[str]]:
-    """Group documents into tasks of about TASK_CHARS characters."""
+@dataclass
+class Encoded:
+    """A task's ids, the text they came from, and the source's position after it."""
+
+    ids: np.ndarray
+    chars: int
+    bytes: int
+    documents: int
+    end: object
+
+
+def _tasks(docs: Documents) -> Iterator[tuple[list[str], object]]:
+    """Group documents into tasks of about TASK_CHARS characters, each with the source's position after its
+    last document (asked for before the next one is read)."""
     task, size = [], 0
     for doc in docs:
         task.append(doc)
         size += len(doc)
         if size >= TASK_CHARS:
-            yield task
+            yield task, docs.position()
             task, size = [], 0
     if task:
-        yield task
+        yield task, docs.position()
 
 
 def encode_task(tokenizer: Tokenizer, task: list[str], eot: Optional[int], dtype: np.dtype) -> np.ndarray:
@@ -173,79 +191,108 @@ def encode_task(tokenizer: Tokenizer, task: list[str], eot: Optional[int], dtype
     return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
 
 
+def _encode(tokenizer: Tokenizer, task: list[str], eot: Optional[int], dtype: np.dtype, end) -> Encoded:
+    ids = encode_task(tokenizer, task, eot, dtype)
+    n_bytes = sum(len(doc.encode("utf-8")) for doc in task)  # in the thread too: it holds the GIL
+    return Encoded(ids, sum(map(len, task)), n_bytes, len(task), end)
+
+
 def encode_stream(
-    docs: Iterable[str], tokenizer: Tokenizer, eot: Optional[int], dtype: np.dtype, workers: int
-) -> Iterator[tuple[int, np.ndarray]]:
-    """(characters, token ids) per task, in order. Holds at most 2 * workers tasks at a time."""
+    docs: Documents, tokenizer: Tokenizer, eot: Optional[int], dtype: np.dtype, workers: int
+) -> Iterator[Encoded]:
+    """The tasks encoded, in order. Holds at most 2 * workers tasks at a time. A source that fails (a dropped
+    connection) fails after the tasks read before it, so that they can be kept."""
     with ThreadPoolExecutor(workers) as pool:
         pending: deque = deque()
-        for task in _tasks(docs):
-            pending.append((sum(map(len, task)), pool.submit(encode_task, tokenizer, task, eot, dtype)))
-            if len(pending) >= 2 * workers:
-                chars, ids = pending.popleft()
-                yield chars, ids.result()
-        for chars, ids in pending:
-            yield chars, ids.result()
+        failed = None
+        try:
+            for task, end in _tasks(docs):
+                pending.append(pool.submit(_encode, tokenizer, task, eot, dtype, end))
+                if len(pending) >= 2 * workers:
+                    yield pending.popleft().result()
+        except Exception as e:
+            failed = e
+        for encoded in pending:
+            yield encoded.result()
+        if failed is not None:
+            raise failed
+
+
+# --- writing a split, shard by shard ---
 
 
 def _write_split(
-    path: Path,
-    docs: Iterable[str],
+    progress: Preparation,
+    name: str,
+    split: str,
+    source,
     tokenizer: Tokenizer,
-    eot: Optional[int],
-    dtype: np.dtype,
     workers: int,
-    desc: str,
-    final: Path,
-    split_chars: Optional[int] = None,
-) -> tuple[int, int]:
-    """Encode docs into `path` (the temporary file of `final`); returns (tokens written, characters read). A
-    failed write is one line: the space the split needs is extrapolated from what was written, when
-    `split_chars` (the split's size, about) is known."""
-    n = chars_in = 0
-    with open(path, "wb") as f, tqdm(desc=desc, unit="char", unit_scale=True, dynamic_ncols=True) as bar:
-        for chars, ids in encode_stream(docs, tokenizer, eot, dtype, workers):
-            try:
-                f.write(
-                    ids.data
-                )  # not tofile: its error lacks the errno (a full disk says only "n requested")
-            except OSError as e:  # the ids written, with this task's, extrapolated to the whole split
-                done = (n + len(ids)) * dtype.itemsize
-                need = int(done * split_chars / (chars_in + chars)) if split_chars else None
-                raise write_failed(final, e, need) from None
-            n += len(ids)
-            chars_in += chars
-            bar.update(chars)
-            bar.set_postfix(tokens=f"{n:,}", refresh=False)
-    return n, chars_in
-
-
-def _write_splits(out: Path, name: str, source, tokenizer: Tokenizer, workers: int) -> dict[str, int]:
-    """train.bin and val.bin in out; returns the token counts, and for a char tokenizer that drops unknown
-    characters, how many it dropped."""
-    dtype = token_dtype(tokenizer.vocab_size)
+    shard_tokens: int,
+) -> None:
+    """Encode the split into shards from where progress.json says it stopped (data/resume.py). A failed
+    write is one line: the space the split needs is extrapolated from what was written, when the split's
+    size is known; so is a source that fails (a dropped connection)."""
+    dtype, kept = np.dtype(progress.dtype), progress.shards(split)
     eot = tokenizer.eot_token if source.separate_documents else None
-    counts = {"dropped_characters": 0}
-    for split in SPLITS:
-        size = source.split_bytes(split) if isinstance(source, TextFile) else None
-        final = out / f"{split}.bin"
-        with atomic_file(final) as tmp:
-            try:
-                docs = source.documents(split)
-                tokens, chars = _write_split(
-                    tmp, docs, tokenizer, eot, dtype, workers, f"{name} {split}", final, size
-                )
-            except UnknownCharacters:
-                raise unknown_characters(tokenizer, source) from None
-            if tokens == 0:
-                raise UserError(
-                    f"dataset {name}: the {split} split is empty; give the source more text "
-                    "(or a val split / val fraction that selects some of it)"
-                )
-        counts[f"{split}_tokens"] = tokens
-        if isinstance(tokenizer, CharTokenizer):  # one token per character, none between documents
-            counts["dropped_characters"] += chars - tokens
-    return counts
+    docs = source.documents(split, kept[-1].end if kept else None)
+    unit = {"B": "bytes", "doc": "documents", "char": "chars"}[source.unit]
+    done = {k: sum(getattr(s, k) for s in kept) for k in ("tokens", "chars", "bytes", "documents")}
+
+    def need() -> Optional[int]:  # the whole split's bytes, from what was encoded so far
+        return int(done["tokens"] * dtype.itemsize * docs.size / done[unit]) if docs.size else None
+
+    writer = ShardWriter(progress, split, dtype, shard_tokens, need)
+    bar = tqdm(
+        desc=f"{name} {split}",
+        unit=source.unit,
+        unit_scale=True,
+        total=docs.size,
+        initial=done[unit],
+        dynamic_ncols=True,
+    )
+    try:
+        with bar:
+            for encoded in _read(encode_stream(docs, tokenizer, eot, dtype, workers), source, progress):
+                for k in done:
+                    done[k] += len(encoded.ids) if k == "tokens" else getattr(encoded, k)
+                writer.add(encoded.ids, encoded.chars, encoded.bytes, encoded.documents, encoded.end)
+                bar.update(getattr(encoded, unit))
+                text = "" if unit == "bytes" else f", text={size_text(done['bytes'])}"
+                bar.set_postfix_str(f"tokens={done['tokens']:,}{text}", refresh=False)
+            writer.finish()
+    except BaseException:
+        writer.abandon()
+        raise
+
+
+def _read(encoded: Iterator[Encoded], source, progress: Preparation) -> Iterator[Encoded]:
+    """`encoded`, with a source that fails on the way (a dropped connection, an unreadable file) turned into
+    one line that says what is kept."""
+    try:
+        yield from encoded
+    except Exception as e:
+        library = type(e).__module__.split(".")[0]
+        if not isinstance(e, OSError) and library not in SOURCE_ERRORS:
+            raise
+        kept = progress.kept() or "nothing yet"
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"reading {source.describe().get('path')} failed ({reason}); kept {kept}: run the same command "
+            "again to continue from there"
+        ) from None
+
+
+SOURCE_ERRORS = {
+    "datasets",
+    "huggingface_hub",
+    "fsspec",
+    "aiohttp",
+    "requests",
+    "httpx",
+    "urllib3",
+    "pyarrow",
+}
 
 
 def prepare_dataset(
@@ -254,10 +301,12 @@ def prepare_dataset(
     data_dir: Path | str | None = None,
     workers: Optional[int] = None,
     tokenizer: Optional[Tokenizer] = None,
+    shard_tokens: int = SHARD_TOKENS,
 ) -> Meta:
-    """Tokenise recipe's text into data_dir/name/{train,val}.bin + meta.json (data_dir None: data/); returns
-    the metadata. With `tokenizer` given (an existing dataset's or checkpoint's), it is used in place of the
-    recipe's. Holds the folder's lock, exclusive, meanwhile."""
+    """Tokenise recipe's text into data_dir/name (data_dir None: data/): its splits in shards of about
+    `shard_tokens` ids, and meta.json; returns the metadata. With `tokenizer` given (an existing dataset's or
+    checkpoint's), it is used in place of the recipe's. An unfinished preparation of the same command in the
+    folder is continued. Holds the folder's lock, exclusive, meanwhile."""
     out = dataset_folder(name, data_dir)
     advice = "choose another --data-dir (data.dir for train.py), or fix the folder's permissions"
     try:
@@ -269,27 +318,70 @@ def prepare_dataset(
     what = f"dataset {name} ({out})"
     wait = "a run reads it, or another prepare writes it: wait for it to end, or prepare under another name"
     with locks.holding(out / LOCK, what, exclusive=True, advice=wait):
-        return _prepare(name, recipe, out, workers, tokenizer)
+        return _prepare(name, recipe, out, workers, tokenizer, shard_tokens)
 
 
 def _prepare(
-    name: str, recipe: Recipe, out: Path, workers: Optional[int], tokenizer: Optional[Tokenizer]
+    name: str,
+    recipe: Recipe,
+    out: Path,
+    workers: Optional[int],
+    tokenizer: Optional[Tokenizer],
+    shard_tokens: int,
 ) -> Meta:
     (out / META_FILE).unlink(missing_ok=True)  # not prepared until the new meta.json lands
     recipe.source.check()
-    tokenizer = tokenizer or make_tokenizer(recipe, name)
-    counts = _write_splits(out, name, recipe.source, tokenizer, workers or os.cpu_count() or 1)
+    command = {"source": recipe.source.describe(), "shard_tokens": shard_tokens}
+    command["tokenizer"] = tokenizer.to_meta() if tokenizer is not None else recipe.tokenizer
+    if tokenizer is None and parse_spec(recipe.tokenizer)[0] == "trained_bpe":
+        command["bpe_train_chars"] = recipe.bpe_train_chars
+    progress = resume(out, command)
+    if progress.tokenizer_meta is None:  # made once, kept in progress.json for a rerun
+        tokenizer = tokenizer or make_tokenizer(recipe, name)
+        progress.tokenizer_meta, progress.dtype = tokenizer.to_meta(), token_dtype(tokenizer.vocab_size).name
+        progress.save()
+    tokenizer = tokenizer or from_meta(progress.tokenizer_meta)
+    for split in SPLITS:
+        if split not in progress.done:
+            try:
+                _write_split(
+                    progress,
+                    name,
+                    split,
+                    recipe.source,
+                    tokenizer,
+                    workers or os.cpu_count() or 1,
+                    shard_tokens,
+                )
+            except UnknownCharacters:
+                raise unknown_characters(tokenizer, recipe.source) from None
+        if not sum(s.tokens for s in progress.shards(split)):
+            raise UserError(
+                f"dataset {name}: the {split} split is empty; give the source more text "
+                "(or a val split / val fraction that selects some of it)"
+            )
+    return _finish(name, recipe, out, tokenizer, progress)
+
+
+def _finish(name: str, recipe: Recipe, out: Path, tokenizer: Tokenizer, progress: Preparation) -> Meta:
+    """meta.json, listing the shards (and tokenizer.json for bpe:N); progress.json goes."""
+    files = final_files(progress)
     if isinstance(tokenizer, TrainedBPE):  # the tokenizer as Hugging Face loads it
         atomic_write(out / TOKENIZER_JSON, tokenizer.to_json(pretty=True))
+    counts = {split: sum(s.tokens for s in progress.shards(split)) for split in SPLITS}
+    dropped = 0
+    if isinstance(tokenizer, CharTokenizer):  # one token per character, none between documents
+        dropped = sum(s.chars - s.tokens for split in SPLITS for s in progress.shards(split))
     meta = Meta(
         name=name,
         tokenizer_meta=tokenizer.to_meta(),
         vocab_size=tokenizer.vocab_size,
-        dtype=token_dtype(tokenizer.vocab_size).name,
-        train_tokens=counts["train_tokens"],
-        val_tokens=counts["val_tokens"],
+        dtype=progress.dtype,
+        train_tokens=counts["train"],
+        val_tokens=counts["val"],
         source=recipe.source.describe(),
-        dropped_characters=counts["dropped_characters"],
+        dropped_characters=dropped,
+        shards=files,
     )
     if meta.dropped_characters:
         print(
@@ -297,4 +389,5 @@ def _prepare(
             file=sys.stderr,
         )
     atomic_write(out / META_FILE, meta.to_json())
+    (out / PROGRESS_FILE).unlink(missing_ok=True)
     return meta

@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
 from common.errors import UserError
+from data.sources import Documents, counted
 
 PIECE = 1 << 16  # characters per yielded piece
 
@@ -57,7 +59,15 @@ class Repeats:
                 f"least that many different characters, the alphabet has {len(set(self.alphabet))}"
             )
 
-    def documents(self, split: str) -> Iterator[str]:
+    unit = "char"  # the progress bar counts characters
+
+    def documents(self, split: str, start: Optional[int] = None) -> Documents:
+        """The split in pieces; the position is the pieces yielded (data.sources.counted)."""
+        docs = counted(self._pieces(split), start)
+        docs.size = self.train_chars if split == "train" else self.val_chars
+        return docs
+
+    def _pieces(self, split: str) -> Iterator[str]:
         rng = np.random.default_rng([self.seed, 0 if split == "train" else 1])
         total = self.train_chars if split == "train" else self.val_chars
         letters = np.array(list(dict.fromkeys(self.alphabet)))  # each character once

@@ -2,19 +2,27 @@
 
 A source yields the text of a split ("train" or "val") as strings, lazily, so a corpus larger than memory
 streams through. `separate_documents` says whether the strings are separate documents (an end-of-text
-token goes after each, when the tokenizer has one) or consecutive pieces of one text.
+token goes after each, when the tokenizer has one) or consecutive pieces of one text. `documents(split,
+start)` returns them as `Documents`, which also says where the source stands after the last one yielded
+(`position()`, JSON-able), and starts from such a position when given one: what lets a stopped preparation
+continue (data/resume.py); and the split's size in the source's `unit`, when it is known (the progress
+bar's ETA).
 - `TextFile`: one UTF-8 file; the first (1 - val_fraction) of its bytes (moved to a character boundary) are
-  the train split, the rest val, as nanoGPT splits Shakespeare. Read in 256 KiB blocks.
+  the train split, the rest val, as nanoGPT splits Shakespeare. Read in 256 KiB blocks; its position is a
+  byte offset.
 - `HFText`: `datasets.load_dataset(path, name, split=..., data_files=..., streaming=...)`, one document per
-  row of `text_column`; every `val_every`-th document goes to val (or all of `val_split` when given).
+  row of `text_column`; every `val_every`-th document goes to val (or all of `val_split` when given). Its
+  position is the rows read and, streaming, the datasets iterator's own state (`state_dict()`), which
+  resumes at the file and row it had reached instead of streaming the corpus from its start again.
 - `repeats` (data/repeats.py): synthetic sequences with repeated segments, for the induction-head study.
 """
 
 from __future__ import annotations
 
 import codecs
+import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,6 +30,31 @@ from common.errors import UserError, first_line
 from data.tokenizers import last_lossless_cut
 
 BLOCK = 1 << 18  # bytes read at a time: one encoding task each (see data/prepare.py: TASK_CHARS)
+
+
+class Documents:
+    """A split's documents in order (iterate over it once), and `position()`: where the source stands after
+    the last one yielded, to start from again with `documents(split, start=position)`."""
+
+    def __init__(self, docs: Iterator[str], position: Callable[[], object], size: Optional[int] = None):
+        self._docs, self.position = docs, position
+        self.size = size  # of the whole split, in the source's `unit`s, when known (the progress bar's total)
+
+    def __iter__(self) -> Iterator[str]:
+        return self._docs
+
+
+def counted(docs: Iterator[str], start: Optional[int]) -> Documents:
+    """The documents of a source that can only start again from its beginning (data/repeats.py): the position
+    is how many were yielded; starting from one skips that many (generated again, not encoded)."""
+    state = {"n": start or 0}
+
+    def gen() -> Iterator[str]:
+        for doc in itertools.islice(docs, start or 0, None):
+            state["n"] += 1
+            yield doc
+
+    return Documents(gen(), lambda: state["n"])
 
 
 @dataclass(frozen=True)
@@ -62,36 +95,41 @@ class TextFile:
             step += 1
         return offset + step
 
-    def documents(self, split: str) -> Iterator[str]:
+    unit = "B"  # the progress bar counts bytes
+
+    def documents(self, split: str, start: Optional[int] = None) -> Documents:
         """The split as consecutive pieces of about BLOCK bytes, each ending at a newline where there is one:
-        one between two characters that are not whitespace where there is one, so that BPE gives the ids
-        of the whole text (see data.tokenizers.split_losslessly)."""
+        one between two characters that are not whitespace where there is one, so that BPE gives the ids of
+        the whole text (see data.tokenizers.split_losslessly). Each piece is read from where the one before
+        it ended, so the pieces from a position are the same however the reading got there."""
         size = self._size()
         cut = self._split_offset(size)
-        start, end = (0, cut) if split == "train" else (cut, size)
-        decoder = codecs.getincrementaldecoder("utf-8")()
-        carry = ""
+        first, end = (0, cut) if split == "train" else (cut, size)
+        state = {"at": first if start is None else start}
+        return Documents(self._pieces(state, end), lambda: state["at"], end - first)
+
+    def _pieces(self, state: dict, end: int) -> Iterator[str]:
         with open(self.path, "rb") as f:
-            f.seek(start)
-            pos = start
-            while pos < end:
+            while state["at"] < end:
+                pos = state["at"]
+                f.seek(pos)
                 raw = f.read(min(BLOCK, end - pos))
-                try:
-                    text = carry + decoder.decode(raw, final=pos + len(raw) >= end)
+                last = pos + len(raw) >= end
+                decoder = codecs.getincrementaldecoder("utf-8")()
+                try:  # the bytes of a character cut at the block's end wait for the next piece
+                    text = decoder.decode(raw, final=last)
                 except UnicodeDecodeError as e:
                     raise UserError(
                         f"{self.path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset "
                         f"{pos + e.start}); convert it, e.g. iconv -f latin1 -t utf-8 "
                         f"{self.path} > fixed.txt"
                     ) from None
-                pos += len(raw)
-                cut = last_lossless_cut(text) or text.rfind("\n") + 1
-                if pos < end and cut > 0:
-                    text, carry = text[:cut], text[cut:]
-                else:
-                    carry = ""
-                if text:
-                    yield text
+                cut = 0 if last else last_lossless_cut(text) or text.rfind("\n") + 1
+                piece, rest = (text[:cut], text[cut:]) if cut > 0 else (text, "")
+                held = len(decoder.getstate()[0])  # bytes of a character the block cut
+                state["at"] = end if last else pos + len(raw) - held - len(rest.encode("utf-8"))
+                if piece:
+                    yield piece
 
 
 @dataclass(frozen=True)
@@ -156,24 +194,52 @@ class HFText:
             )
         return columns
 
-    def _rows(self, split: str) -> Iterator[str]:
-        ds = self._load(split)
-        self._columns(ds)
-        for row in ds.select_columns([self.text_column]) if hasattr(ds, "select_columns") else ds:
-            text = row[self.text_column]
-            if text:
-                yield text
+    unit = "doc"  # the progress bar counts documents
 
-    def documents(self, split: str) -> Iterator[str]:
-        if self.val_split is not None:
-            rows = self._rows(self.split if split == "train" else self.val_split)
-            for i, text in enumerate(rows):
+    def documents(self, split: str, start: Optional[dict] = None) -> Documents:
+        """The split's non-empty rows of text_column. Position: {"rows": rows read, "docs": non-empty ones
+        among them (val_every and max_docs count these), "state": the streaming iterator's state}."""
+        which = self.split if split == "train" or self.val_split is None else self.val_split
+        ds = self._load(which)
+        self._columns(ds)
+        ds = ds.select_columns([self.text_column])
+        rows = self._size(ds, which)
+        state = {"rows": 0, "docs": 0} if start is None else {"rows": start["rows"], "docs": start["docs"]}
+        if start is not None and self.streaming:
+            ds.load_state_dict(start["state"])
+        elif start is not None:
+            ds = ds.select(range(start["rows"], len(ds)))  # contiguous: a slice of the table, nothing read
+        if rows is not None and self.max_docs is not None:
+            rows = min(rows, self.max_docs)
+        if rows is not None and self.val_split is None:
+            rows = rows // self.val_every if split == "val" else rows - rows // self.val_every
+
+        def texts() -> Iterator[str]:
+            for row in ds:
+                state["rows"] += 1
+                text = row[self.text_column]
+                if not text:
+                    continue
+                i = state["docs"]
                 if self.max_docs is not None and i >= self.max_docs:
                     return
-                yield text
-            return
-        for i, text in enumerate(self._rows(self.split)):
-            if self.max_docs is not None and i >= self.max_docs:
-                return
-            if (i % self.val_every == self.val_every - 1) == (split == "val"):
-                yield text
+                state["docs"] += 1
+                if self.val_split is not None or (i % self.val_every == self.val_every - 1) == (
+                    split == "val"
+                ):
+                    yield text
+
+        def position() -> dict:
+            return {**state, "state": ds.state_dict()} if self.streaming else dict(state)
+
+        return Documents(texts(), position, rows)
+
+    def _size(self, ds, which: str) -> Optional[int]:
+        """The rows of the split, where the dataset says (a local table; the hub's metadata, not always)."""
+        if not self.streaming:
+            return len(ds)
+        splits = getattr(ds.info, "splits", None)
+        try:
+            return int(splits[which].num_examples) or None if splits else None
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None

@@ -24,6 +24,9 @@ Notable:
   (`input_pos`), so the step's shapes never change. A model with a window and rotary positions depends only
   on the last `window` tokens of each layer at relative positions: its positions go on past block_size
   (rotary angles computed for them as needed), so it can read and generate sequences of any length.
+- `activation_checkpointing` (a training choice, set by training/trainer.py, not part of the shape): each
+  block keeps only its input for backward and computes its activations again there (torch.utils.checkpoint,
+  non-reentrant: dropout draws the same masks again), so the activations held are one block's, not n_layer's.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from model.attention import LocalSpan, attend_locally, attention_span, document_starts
 from model.config import GPTConfig
@@ -241,6 +245,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    activation_checkpointing = False  # recompute each block's activations in backward (see the docstring)
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         cfg.validate()
@@ -379,8 +385,12 @@ class GPT(nn.Module):
         starts = self._starts(idx, positions, kv_cache, input_pos)
         rotary, mask = self._rotary(positions, input_pos), self._mask(positions, kv_cache, starts)
         x = self._embed(idx, positions)
+        recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for block in self.blocks:
-            x, _ = block(x, rotary, mask, kv_cache, positions)
+            if recompute:  # keep x alone; backward runs the block again
+                x, _ = checkpoint(block, x, rotary, mask, kv_cache, positions, use_reentrant=False)
+            else:
+                x, _ = block(x, rotary, mask, kv_cache, positions)
         logits = self._logits(x[:, -1:] if last_only else x)
         loss = None
         if targets is not None:

@@ -62,6 +62,9 @@ class TrainConfig:
     # torchrun: minutes a rank waits in a collective before it fails (a hang becomes an error)
     dist_timeout: float = 10.0
     skip_nonfinite: int = 0  # steps with a non-finite loss to skip before stopping
+    # keep only each block's input for backward and compute its activations again there: less memory for
+    # about a third more compute (docs/training.md)
+    activation_checkpointing: bool = False
     final_eval: str = "auto"  # exact loss over the whole val split at the end: auto | true | false
     # start from these weights (fresh optimizer, iteration 0): a checkpoint or run folder of ours, a Hugging
     # Face model folder (GPT-2 or Llama), or a hub name (gpt2); the model's shape comes from it

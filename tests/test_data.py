@@ -17,6 +17,7 @@ from data.dataset import token_dtype
 from data.loader import TokenWindows
 from data.prepare import Recipe, prepare_dataset
 from data.recipes import RECIPES
+from data.shards import TokenFiles
 from data.sources import HFText, TextFile
 from data.tokenizers import BPETokenizer, CharTokenizer, UnknownCharacters, from_meta
 
@@ -190,7 +191,9 @@ def test_prepare_errors_are_one_line(tmp_path: Path, setup, args, message):
 def test_batches_are_windows_of_the_split(tmp_path: Path):
     data = np.arange(5000, dtype=np.uint16)
     data.tofile(tmp_path / "train.bin")
-    tw = TokenWindows(tmp_path / "train.bin", "uint16", 16, torch.device("cpu"), seed=3, split="train")
+    tw = TokenWindows(
+        TokenFiles.of(tmp_path / "train.bin", "uint16"), 16, torch.device("cpu"), seed=3, split="train"
+    )
     x, y = tw.batch(7, 8)
     assert x.shape == (8, 16) and x.dtype == torch.int64
     assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(y[:, -1], x[:, -1] + 1)
@@ -198,7 +201,7 @@ def test_batches_are_windows_of_the_split(tmp_path: Path):
     assert torch.equal(tw.batch(7, 8)[0], x)  # a batch depends only on its key
     assert not torch.equal(tw.batch(8, 8)[0], x) and not torch.equal(tw.batch(7, 8, stream=1)[0], x)
     with pytest.raises(UserError, match=r"model.block_size=5000 needs windows of 5001 tokens"):
-        TokenWindows(tmp_path / "train.bin", "uint16", 5000, torch.device("cpu"), 0, "train")
+        TokenWindows(TokenFiles.of(tmp_path / "train.bin", "uint16"), 5000, torch.device("cpu"), 0, "train")
 
 
 def test_batches_do_not_grow_resident_memory(tmp_path: Path):
@@ -212,9 +215,10 @@ def test_batches_do_not_grow_resident_memory(tmp_path: Path):
 import sys, torch
 sys.path.insert(0, {str(ROOT)!r})
 from data.loader import TokenWindows
+from data.shards import TokenFiles
 def rss_mb():
     return int(open('/proc/self/statm').read().split()[1]) * 4096 / 2**20
-tw = TokenWindows({str(path)!r}, "uint16", 1024, torch.device("cpu"), 0, "train")
+tw = TokenWindows(TokenFiles.of({str(path)!r}, "uint16"), 1024, torch.device("cpu"), 0, "train")
 tw.batch(0, 64)
 before = rss_mb()
 for key in range(1, 1500):

@@ -10,6 +10,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -67,6 +68,23 @@ def single(data_dir: Path, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def straight(data_dir: Path, tmp_path_factory) -> Path:
+    """The same, 40 iterations without a stop: what a run stopped at 30 and resumed must match."""
+    out = tmp_path_factory.mktemp("straight") / "out"
+    train(data_dir, out, *ARGS, "train.max_iters=40")
+    return out
+
+
+def same_with_activation_checkpointing(data_dir: Path, out: Path, reference: Path, *extra: str) -> None:
+    """The run of `reference` again with train.activation_checkpointing: recomputed activations are the
+    same numbers, so every gradient, loss and weight is the same, bit for bit."""
+    torchrun(data_dir, out, "train.max_iters=30", "train.activation_checkpointing=true", *extra)
+    assert losses(out) == losses(reference)
+    a, b = checkpoint.Checkpoint(out / "last").weights(), checkpoint.Checkpoint(reference / "last").weights()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_ddp_two_ranks_match_one_process_accumulating(data_dir: Path, tmp_path: Path, single: Path):
     out = tmp_path / "ddp"
     torchrun(data_dir, out, "train.max_iters=30")
@@ -74,6 +92,7 @@ def test_ddp_two_ranks_match_one_process_accumulating(data_dir: Path, tmp_path: 
     a = checkpoint.Checkpoint(out / "last").weights()
     b = checkpoint.Checkpoint(single / "last").weights()
     assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)  # Adam amplifies float-order differences
+    same_with_activation_checkpointing(data_dir, tmp_path / "ddp_ac", out)
     # resume under torchrun continues exactly where an uninterrupted run would be
     torchrun(data_dir, out, "train.max_iters=40", "train.resume=true")
     straight = tmp_path / "straight"
@@ -82,11 +101,12 @@ def test_ddp_two_ranks_match_one_process_accumulating(data_dir: Path, tmp_path: 
 
 
 def test_fsdp_checkpoints_are_whole_and_resume_on_another_number_of_ranks(
-    data_dir: Path, tmp_path: Path, single: Path
+    data_dir: Path, tmp_path: Path, single: Path, straight: Path
 ):
     out = tmp_path / "fsdp"
     torchrun(data_dir, out, "train.max_iters=30", "train.parallel=fsdp")
     assert close(losses(out), losses(single))
+    same_with_activation_checkpointing(data_dir, tmp_path / "fsdp_ac", out, "train.parallel=fsdp")
     files = sorted(p.name for p in (out / "last").iterdir())
     assert files == [
         "config.yaml",
@@ -104,8 +124,6 @@ def test_fsdp_checkpoints_are_whole_and_resume_on_another_number_of_ranks(
     sampled = run_script("sample.py", str(out), *greedy, check=True)
     assert sampled.stdout == run_script("sample.py", str(single), *greedy, check=True).stdout
 
-    straight = tmp_path / "straight"  # one process, 40 iterations without a stop
-    train(data_dir, straight, *ARGS, "train.max_iters=40")
     # saved by 2 FSDP ranks, resumed by 1 process
     train(data_dir, out, *ARGS, "train.max_iters=40", "train.parallel=fsdp", "train.resume=true")
     assert close(losses(out), losses(straight))
@@ -162,6 +180,15 @@ class Lines:
         self.seen: list[str] = []
         self.queue: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: [*map(self.queue.put, proc.stdout), self.queue.put(None)]).start()
+
+    def drain(self, wait: float = 0.05) -> None:
+        """Take in the lines that came (waiting up to `wait` for the first); a process that ended fails."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                line = self.queue.get(timeout=wait)
+                assert line is not None, f"the process ended:\n{''.join(self.seen)}"
+                self.seen.append(line)
+                wait = 0.001
 
     def wait_for(self, text: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -264,3 +291,99 @@ def test_a_rank_stalled_in_backward_is_one_line(tmp_path: Path):
         "another rank stopped, died or is stuck (see its output); raise train.dist_timeout if that rank is "
         "only slow, or set TORCH_DISTRIBUTED_DEBUG=DETAIL to see more"
     ], result.stderr
+
+
+# --- several machines: two "nodes" on this one, each a torchrun of one process, met by a c10d rendezvous ---
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_node(data_dir: Path, out: Path, port: int, *extra: str) -> subprocess.Popen:
+    """One machine of two: `torchrun --nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:PORT`, as
+    docs/gpu.md gives it, in a session of its own (so that the whole machine can be killed)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1"]
+    cmd += ["--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id=test{port}", "train.py"]
+    cmd += ["configs/shakespeare_char.yaml", f"data.dir={data_dir}", f"train.out_dir={out}", *TINY, *ARGS]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [*cmd, *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def gone(pid: int) -> bool:
+    """The process has ended (a zombie nobody reaped yet counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_two_machines_train_write_one_checkpoint_and_resume_on_one(
+    data_dir: Path, tmp_path: Path, single: Path, straight: Path
+):
+    out, port = tmp_path / "out", free_port()
+    nodes = [start_node(data_dir, out, port, "train.max_iters=30") for _ in range(2)]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    assert sum("model: " in o for o in outputs) == 1  # rank 0 speaks, on whichever machine it landed
+    assert close(losses(out), losses(single))  # 2 machines x 1 micro-batch = 1 process x 2
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+        "best",
+        "last",
+        "metrics.jsonl",
+    ]
+    train(data_dir, out, *ARGS, "train.max_iters=40", "train.resume=true")  # one machine, one process
+    assert close(losses(out), losses(straight))
+
+
+def test_a_killed_machine_stops_the_other_with_one_line_and_no_process_left(data_dir: Path, tmp_path: Path):
+    """1. One machine dies (its torchrun and its worker killed): the other's rank fails at once (gloo's
+    connection to it closes; well within train.dist_timeout, 30 s here) with one line, and ends.
+    2. Only a machine's torchrun is killed (kill -9): its orphaned worker stops the run as a SIGTERM would,
+    every rank writes the checkpoint, and every process ends."""
+    for case in ("machine", "torchrun"):
+        out, port = tmp_path / case, free_port()
+        extra = ("train.max_iters=100000", "train.eval_interval=20", "train.dist_timeout=0.5")
+        nodes = [start_node(data_dir, out, port, *extra) for _ in range(2)]
+        lines = [Lines(node) for node in nodes]
+        try:
+            while not any("iteration 10/" in line for o in lines for line in o.seen):  # both training
+                for o in lines:
+                    o.drain()
+            main = next(i for i, o in enumerate(lines) if any(line.startswith("model: ") for line in o.seen))
+            pids = [pid for node in nodes for pid in (node.pid, *workers(node, 1).values())]
+            victim = nodes[1 - main]
+            killed = time.monotonic()
+            for pid in (victim.pid, *workers(victim, 1).values()) if case == "machine" else (victim.pid,):
+                os.kill(pid, signal.SIGKILL)
+            lines[main].wait_for("error: " if case == "machine" else "stopped at iteration", timeout=60)
+            nodes[main].wait(timeout=60)
+            took = time.monotonic() - killed
+        finally:
+            for node in nodes:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.pid, signal.SIGKILL)
+        errors = [line for line in lines[main].seen if line.startswith("error: ")]
+        if case == "machine":
+            assert took < 30 and len(errors) == 1, lines[main].seen
+            assert re.match(
+                r"error: rank 0 lost another rank in \S+.* \(called from \S+:\d+ in \w+\): its process or "
+                r"its machine went away \(see its output\); run again with train.resume=true",
+                errors[0],
+            ), errors
+        else:
+            assert not errors and (out / "last").is_dir(), lines[main].seen
+        deadline = time.monotonic() + 30
+        while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(gone(pid) for pid in pids), [pid for pid in pids if not gone(pid)]

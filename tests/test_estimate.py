@@ -87,6 +87,13 @@ MEMORY_CONFIGS = {
     ],
     "default": [],
     "6x384x256": ["model.n_layer=6", "model.n_head=6", "model.n_embd=384", "model.block_size=256"],
+    "6x384x256 checkpointed": [
+        "model.n_layer=6",
+        "model.n_head=6",
+        "model.n_embd=384",
+        "model.block_size=256",
+        "train.activation_checkpointing=true",
+    ],
     "window": [
         "model.n_layer=2",
         "model.n_embd=64",
@@ -152,5 +159,17 @@ def test_dry_run_of_a_gpu_config_without_a_gpu_projects_from_flops():
     assert "not measured: train.device=cuda but no CUDA GPU is visible here" in report
     assert re.search(r"on a GPU .* at 40% MFU .*H100 [\d.]+ h, A100 [\d.]+ h", report), report
     assert "peak" in report and "on cuda in bf16" in report and "in fp32 instead" in report
+    recomputed = estimate.dry_run(
+        load_config("gpt2", ["train.device=cuda", "train.activation_checkpointing=true"])
+    )
+    saving = re.search(
+        r"activation checkpointing: ([\d.]+) GiB less than without it \(([\d.]+) GiB\)", recomputed
+    )
+    peak = float(re.search(r"peak ([\d.]+) GiB training", recomputed).group(1))
+    assert saving and float(saving.group(2)) == float(re.search(r"peak ([\d.]+) GiB", report).group(1))
+    assert abs(float(saving.group(2)) - float(saving.group(1)) - peak) < 0.15, recomputed
+    assert "+24% FLOPs" in recomputed  # the blocks' forward again: (855 - 6 x 38.6) / 3 of 855 MFLOP
+    hours = [float(re.search(r"H100 ([\d.]+) h", r).group(1)) for r in (report, recomputed)]
+    assert abs(hours[1] / hours[0] - 1.24) < 0.02, hours
     with pytest.raises(UserError, match="dataset nothing_here is not prepared, so its vocabulary is unknown"):
         estimate.dry_run(load_config(None, ["data.dataset=nothing_here"]))

@@ -412,9 +412,11 @@ def test_prepare_on_a_full_disk(tmp_path: Path):
     text = str(ROOT / "data" / "tinyshakespeare.txt")
     result = full_disk(200_000, "prepare.py", "x", "--text-file", text, "--data-dir", str(tmp_path))
     one_line_error(
-        result, f"could not write {tmp_path / 'x' / 'train.bin'} (File too large); it needs about 1.9 MiB"
+        result,
+        f"could not write {tmp_path / 'x' / 'train-00000.bin'} (File too large); it needs about 1.9 MiB",
     )
-    assert sorted(p.name for p in (tmp_path / "x").iterdir()) == [".lock"]
+    assert "then run the same command again: it continues from the last complete shard" in result.stderr
+    assert sorted(p.name for p in (tmp_path / "x").iterdir()) == [".lock", "progress.json"]
 
 
 def test_heads_and_export_on_a_full_disk(run: Path, data_dir: Path, tmp_path: Path):
@@ -479,7 +481,7 @@ def test_two_preparations_of_one_name(tmp_path: Path):
     from data.dataset import Dataset
 
     dataset = Dataset.open("x", tmp_path)
-    assert dataset.meta.vocab_size == 2048 and dataset.split_path("train").is_file()
+    assert dataset.meta.vocab_size == 2048 and len(dataset.split("train")) == dataset.meta.train_tokens
 
 
 def test_a_symlinked_checkpoint_folder_is_one_line(run: Path, tmp_path: Path):
@@ -573,7 +575,7 @@ def test_a_tampered_split_is_one_line(tampered: Path, damage, message):
     with pytest.raises(UserError, match="prepare"):
         Dataset.open("shakespeare_char", tampered).windows("val", 32, torch.device("cpu"), 0)
     with pytest.raises(UserError) as e:
-        Dataset.open("shakespeare_char", tampered).split_path("val")
+        Dataset.open("shakespeare_char", tampered).split("val")
     assert message in str(e.value)
 
 
@@ -586,10 +588,11 @@ def test_heads_refuses_ids_past_the_vocabulary(run: Path, tampered: Path, tmp_pa
 
 def test_windows_of_a_split_too_large_to_check_check_each_batch(tmp_path: Path):
     from data.loader import TokenWindows
+    from data.shards import TokenFiles
 
     path = tmp_path / "x.bin"
     torch.arange(100, dtype=torch.int16).numpy().astype("uint16").tofile(path)
-    windows = TokenWindows(path, "uint16", 8, torch.device("cpu"), 0, "train", max_id=50)
+    windows = TokenWindows(TokenFiles.of(path, "uint16"), 8, torch.device("cpu"), 0, "train", max_id=50)
     with pytest.raises(UserError, match=r"holds id \d+, past the vocabulary of 50"):
         for key in range(20):
             windows.batch(key, 4)

@@ -281,9 +281,10 @@ def test_a_cuda_batch_is_one_pinned_buffer_copied_once(data_dir: Path, monkeypat
     strides and sent each through a pageable copy. Now the whole array is pinned, copied once, sliced on
     the device. The CUDA calls are recorded (CI has no GPU), the values checked against the CPU's."""
     from data.loader import TokenWindows
+    from data.shards import TokenFiles
 
-    path, cuda = data_dir / "shakespeare_char" / "train.bin", torch.device("cuda", 0)
-    x_cpu, y_cpu = TokenWindows(path, "uint16", 32, torch.device("cpu"), 1337, "train").batch(7, 8)
+    path, cuda = TokenFiles.of(data_dir / "shakespeare_char" / "train.bin", "uint16"), torch.device("cuda", 0)
+    x_cpu, y_cpu = TokenWindows(path, 32, torch.device("cpu"), 1337, "train").batch(7, 8)
     pinned, copies = [], []
     real_empty = torch.empty
 
@@ -304,7 +305,7 @@ def test_a_cuda_batch_is_one_pinned_buffer_copied_once(data_dir: Path, monkeypat
     monkeypatch.setattr(torch, "empty", empty)
     monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
     monkeypatch.setattr(torch.Tensor, "to", to)
-    x, y = TokenWindows(path, "uint16", 32, cuda, 1337, "train").batch(7, 8)
+    x, y = TokenWindows(path, 32, cuda, 1337, "train").batch(7, 8)
     monkeypatch.undo()
     assert len(pinned) == 1 and pinned[0].shape == (8, 33) and pinned[0].is_contiguous()
     assert [(t is pinned[0], device, non_blocking) for t, device, non_blocking in copies] == [

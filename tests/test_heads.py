@@ -15,6 +15,7 @@ from conftest import run_script, train_induction
 from common.errors import UserError
 from data.loader import TokenWindows
 from data.repeats import Repeats
+from data.shards import TokenFiles
 from interp.plots import plot_training_curves
 from interp.scores import (
     ROLES,
@@ -165,7 +166,7 @@ def test_plot_training_draws_scores_next_to_the_loss(tmp_path: Path):
 @pytest.fixture
 def val_windows(tmp_path: Path) -> TokenWindows:
     np.random.default_rng(0).integers(0, 30, 5000).astype(np.uint16).tofile(tmp_path / "val.bin")
-    return TokenWindows(tmp_path / "val.bin", "uint16", 16, torch.device("cpu"), 0, "val")
+    return TokenWindows(TokenFiles.of(tmp_path / "val.bin", "uint16"), 16, torch.device("cpu"), 0, "val")
 
 
 def test_scores_keep_the_mode_and_the_global_rng(val_windows: TokenWindows):

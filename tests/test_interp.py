@@ -17,6 +17,7 @@ from conftest import OPTIONS, model_with, replay, run_script
 from common.errors import run_cli
 from data.dataset import Dataset
 from data.loader import TokenWindows
+from data.shards import TokenFiles
 from hf import folders
 from interp.ablation import METRICS, ablate, ablate_heads, head_means
 from interp.interventions import Edit, intervene, passes
@@ -37,7 +38,7 @@ def tokens(B: int = 2, T: int = 16, seed: int = 1) -> torch.Tensor:
 @pytest.fixture
 def val_windows(tmp_path: Path) -> TokenWindows:
     np.random.default_rng(0).integers(0, V, 4000).astype(np.uint16).tofile(tmp_path / "val.bin")
-    return TokenWindows(tmp_path / "val.bin", "uint16", 24, torch.device("cpu"), 0, "val")
+    return TokenWindows(TokenFiles.of(tmp_path / "val.bin", "uint16"), 24, torch.device("cpu"), 0, "val")
 
 
 def zeroed_heads(model: GPT, heads, value=0.0):

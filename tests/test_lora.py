@@ -34,6 +34,7 @@ import prepare as prepare_script
 import sample as sample_script
 import train as train_script
 from common.files import size_text
+from data.dataset import Dataset
 from data.tokenizers import from_meta
 from model import GPT, GPTConfig, generate
 from model.lora import TARGETS, LoRAConfig, LoRALinear, adapter_weights, add_lora, merge, parts
@@ -229,7 +230,7 @@ def test_sample_eval_and_heads_read_a_lora_checkpoint(tuned, hamlet: Path, tmp_p
     assert out == "To be" + tokenizer.decode(expected) + "\n"
 
     loss = json.loads(script(capsys, eval_script.main, str(run), "--json"))["loss"]
-    val = hamlet / "hamlet" / "val.bin"
+    val = Dataset.open("hamlet", hamlet).split("val")
     exact = evaluate_tokens(model, val, tokenizer.byte_lengths(), 8).loss
     assert abs(loss - exact) < 1e-5
 

@@ -254,3 +254,42 @@ def test_explicit_mlp_width_and_norm_eps():
     default = tiny()  # the defaults are unchanged: 4 x n_embd, LayerNorm's 1e-5, RMSNorm's dtype epsilon
     assert default.blocks[0].mlp.W_in.out_features == 128 and default.blocks[0].norm1.eps == 1e-5
     assert tiny(norm="rmsnorm").norm_f.eps is None
+
+
+def saved_bytes(model: GPT, idx: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
+    """(bytes of the tensors autograd packs for backward during the forward, the gradients after it)."""
+    kept = []
+
+    def pack(t):
+        kept.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        torch.manual_seed(1)  # dropout: the same masks in both runs
+        loss = model(idx, torch.roll(idx, -1, dims=1))[1]
+    total = sum(kept)  # before backward, whose recomputation packs the blocks' activations again
+    loss.backward()
+    return total, [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("name", [*OPTIONS, "dropout"])
+def test_activation_checkpointing_gives_the_same_gradients_and_keeps_no_block_activations(name):
+    """fp32, bit for bit: the recomputed activations are the ones the forward computed (dropout's masks
+    included). Each layer adds exactly its input to what the forward keeps for backward, the (B, T, C)
+    residual stream (and its positions), where without it each adds all its activations."""
+    options = {"dropout": 0.1} if name == "dropout" else OPTIONS[name]
+    idx = torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(0))
+    kept = {}
+    for layers in (2, 4):
+        model = tiny(n_layer=layers, **options).float().train()
+        plain_bytes, plain = saved_bytes(model, idx)
+        model.zero_grad()
+        model.activation_checkpointing = True
+        kept[layers], recomputed = saved_bytes(model, idx)
+        assert all(torch.equal(a, b) for a, b in zip(plain, recomputed))
+        assert kept[layers] < plain_bytes / 2
+        with torch.no_grad():  # evaluation and generation: nothing to recompute, the same logits
+            model.eval()
+            assert torch.equal(model(idx)[0], tiny(n_layer=layers, **options).float().eval()(idx)[0])
+    B, T = idx.shape
+    assert kept[4] - kept[2] == 2 * (B * T * 32 * 4 + T * 8)  # two more layers: x in fp32, positions in int64

@@ -227,7 +227,10 @@ def test_bad_training_input_is_one_line(data_dir: Path, tmp_path: Path, args, me
         (empty / "train.bin").write_bytes(b"")
         (empty / "val.bin").write_bytes(b"")
         meta = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())
-        (empty / "meta.json").write_text(json.dumps({**meta, "train_tokens": 0, "val_tokens": 0}))
+        files = {"train": [["train.bin", 0]], "val": [["val.bin", 0]]}
+        (empty / "meta.json").write_text(
+            json.dumps({**meta, "train_tokens": 0, "val_tokens": 0, "shards": files})
+        )
     result = train(data_dir, tmp_path / "out", *args, check=False)
     one_line_error(result, message)
     assert not (tmp_path / "out" / "last").exists()

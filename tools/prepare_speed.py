@@ -7,8 +7,10 @@ bpe:N: training it).
     python -m tools.prepare_speed --text /tmp/shakespeare200.txt --mb 200 --tokenizers char gpt2 bpe:1024
 
 The text is made (tiny Shakespeare repeated to --mb MB) when the file does not exist yet. Each vocabulary
-build and each preparation runs in a fresh process, so its peak memory (ru_maxrss) is its own; rounds
-alternate ceiling, threads and processes, and the tables give medians. Results go to --json.
+build, each ceiling and each preparation runs in a fresh process, so its peak memory (VmHWM) is its own and
+the ceiling meets the same cold start as a preparation (a warm process encodes the first megabytes faster:
+a tokenizer's first calls in new threads, fresh pages for the ids); rounds alternate ceilings, threads and
+processes, and the tables give medians. Results go to --json.
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
-
-import numpy as np
 
 import data.prepare as prep
 from data.recipes import SHAKESPEARE
@@ -85,8 +85,8 @@ def _init_worker(meta: dict) -> None:
     _worker_tok = from_meta(meta)
 
 
-def _encode_in_worker(args) -> np.ndarray:
-    return prep.encode_task(_worker_tok, *args)
+def _encode_in_worker(args) -> prep.Encoded:
+    return prep._encode(_worker_tok, *args)
 
 
 def process_stream(docs, tokenizer, eot, dtype, workers):
@@ -96,8 +96,7 @@ def process_stream(docs, tokenizer, eot, dtype, workers):
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_meta(),)) as pool:
         while window := list(islice(tasks, workers * 4)):
-            for task, ids in zip(window, pool.imap(_encode_in_worker, [(t, eot, dtype) for t in window])):
-                yield sum(map(len, task)), ids
+            yield from pool.imap(_encode_in_worker, [(t, eot, dtype, end) for t, end in window])
 
 
 def prepare_once(pool: str, text: str, meta_file: str, workers: int) -> dict:
@@ -166,7 +165,16 @@ def read_only(text: Path) -> float:
     return time.perf_counter() - start
 
 
-def measure(spec: str, text: Path, pieces: list[str], rounds: int, pools: list[str], workers: int) -> dict:
+def ceiling_once(kind: str, text: str, meta_file: str, workers: int) -> dict | None:
+    """One ceiling (`library` or `bare`) timed in this (fresh) process, the text read into memory first."""
+    tokenizer = from_meta(json.loads(Path(meta_file).read_text()))
+    source = TextFile(text)
+    pieces = [d for split in ("train", "val") for d in source.documents(split)]
+    got = (library_batch if kind == "library" else bare_encode)(tokenizer, pieces, workers)
+    return None if got is None else {"seconds": got[0], "tokens": got[1]}
+
+
+def measure(spec: str, text: Path, rounds: int, pools: list[str], workers: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         meta_file = str(Path(tmp) / "tokenizer.json")
         build = child("build", spec, str(text), meta_file)
@@ -174,10 +182,10 @@ def measure(spec: str, text: Path, pieces: list[str], rounds: int, pools: list[s
         runs: dict[str, list[dict]] = {"read": [], "library": [], "bare": [], **{p: [] for p in pools}}
         for r in range(rounds):
             runs["read"].append({"seconds": read_only(text)})
-            for name, fn in (("library", library_batch), ("bare", bare_encode)):
-                got = fn(tokenizer, pieces, workers)
+            for name in ("library", "bare"):  # in fresh processes, as the preparations below
+                got = child("ceiling", name, str(text), meta_file, str(workers))
                 if got is not None:
-                    runs[name].append({"seconds": got[0], "tokens": got[1]})
+                    runs[name].append(got)
             tokens = runs["bare"][-1]["tokens"]
             for pool in pools:
                 runs[pool].append(child("prepare", pool, str(text), meta_file, str(workers)))
@@ -228,9 +236,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--child"]:
         kind, *rest = argv[1:]
-        result = (
-            build_vocabulary(*rest) if kind == "build" else prepare_once(rest[0], *rest[1:3], int(rest[3]))
-        )
+        if kind == "build":
+            result = build_vocabulary(*rest)
+        elif kind == "ceiling":
+            result = ceiling_once(*rest[:3], int(rest[3]))
+        else:
+            result = prepare_once(rest[0], *rest[1:3], int(rest[3]))
         print(json.dumps(result))
         return
     args = parse_args(argv)
@@ -238,12 +249,10 @@ def main(argv: list[str]) -> None:
     if not text.exists():
         make_text(text, args.mb)
     text_mb = text.stat().st_size / MB
-    source = TextFile(str(text))
-    pieces = [d for split in ("train", "val") for d in source.documents(split)]
-    print(f"{text}: {text_mb:.1f} MB, {len(pieces)} pieces, {args.workers} workers, {os.cpu_count()} cores")
+    print(f"{text}: {text_mb:.1f} MB, {args.workers} workers, {os.cpu_count()} cores")
     results = {"text": str(text), "text_mb": text_mb, "workers": args.workers, "pools": args.pools}
     results["tokenizers"] = {
-        spec: measure(spec, text, pieces, args.rounds, args.pools, args.workers) for spec in args.tokenizers
+        spec: measure(spec, text, args.rounds, args.pools, args.workers) for spec in args.tokenizers
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))

@@ -4,7 +4,9 @@ With one process every function here is a no-op or a plain call, so the training
 - `once_per_machine`: work before the process group starts (preparing a dataset), by local rank 0 while the
   machine's other ranks wait on its files, not in a collective whose timeout the work could outlast.
 - `join`: the process group with a timeout (`train.dist_timeout`): a rank that stops or hangs becomes an error
-  on the others; `explain_hangs` turns that error into one line naming the collective and our caller.
+  on the others, and so does one whose process or machine dies (at once: its connections close);
+  `explain_hangs` turns that error into one line naming the collective and our caller. A rank whose torchrun
+  is killed stops the run as torchrun's SIGTERM would, with a checkpoint.
 - `wrap`: DDP replicates the model; FSDP2 (fully_shard) shards each block (bf16 gathers, fp32 reductions).
 """
 
@@ -14,6 +16,7 @@ import contextlib
 import datetime
 import functools
 import os
+import signal
 import threading
 import time
 import traceback
@@ -69,12 +72,28 @@ def _heartbeat(path: Path, done: threading.Event) -> None:
 
 def join(rt, timeout_minutes: float) -> None:
     """Join torchrun's process group (NCCL on CUDA, else gloo); every collective then fails after waiting
-    `timeout_minutes` instead of hanging."""
+    `timeout_minutes` instead of hanging. Under torchrun, stop with the launcher (`_follow_launcher`)."""
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        _follow_launcher()
     if rt.distributed and not dist.is_initialized():
         dist.init_process_group(
             backend="nccl" if rt.device.type == "cuda" else "gloo",
             timeout=datetime.timedelta(minutes=timeout_minutes),
         )
+
+
+def _follow_launcher() -> None:
+    """When the torchrun that started this process dies without stopping it (kill -9, an OOM kill), send this
+    process SIGTERM, as torchrun itself would have: the run stops at its next log step with a checkpoint
+    (training/control.py), on every rank, instead of training on as an orphan nobody can stop."""
+    launcher = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="follow-launcher", daemon=True).start()
 
 
 def barrier(rt) -> None:
@@ -108,20 +127,32 @@ def on_every_rank(flag: torch.Tensor, rt) -> torch.Tensor:
     return t.bool()
 
 
+# what gloo and NCCL say when the rank at the other end of a connection is gone (its process or its machine)
+PEER_GONE = ("connection reset by peer", "connection closed by peer", "broken pipe", "remote process exited")
+
+
 def explain_hangs(main: Callable) -> Callable:
-    """Wrap a script's main: a collective that timed out becomes a UserError naming it (gloo raises a
-    RuntimeError in the waiting rank; NCCL's watchdog reports the collective itself and ends the process)."""
+    """Wrap a script's main: a collective that timed out, or whose peer went away (a rank's process or its
+    machine killed), becomes a UserError naming it (gloo raises a RuntimeError in the waiting rank; NCCL's
+    watchdog reports the collective itself and ends the process)."""
 
     @functools.wraps(main)
     def wrapped(*args, **kwargs):
         try:
             return main(*args, **kwargs)
         except RuntimeError as e:
-            where = _timed_out_collective(e)
-            if where is None:
+            found = _failed_collective(e)
+            if found is None:
                 raise
+            where, gone = found
+            rank = os.environ.get("RANK", "0")
+            if gone:
+                raise UserError(
+                    f"rank {rank} lost another rank in {where}: its process or its machine went away (see "
+                    "its output); run again with train.resume=true to continue from the last checkpoint"
+                ) from None
             raise UserError(
-                f"rank {os.environ.get('RANK', '0')} waited longer than train.dist_timeout in {where}: "
+                f"rank {rank} waited longer than train.dist_timeout in {where}: "
                 "another rank stopped, died or is stuck (see its output); raise train.dist_timeout if that "
                 "rank is only slow, or set TORCH_DISTRIBUTED_DEBUG=DETAIL to see more"
             ) from None
@@ -129,23 +160,26 @@ def explain_hangs(main: Callable) -> Callable:
     return wrapped
 
 
-def _timed_out_collective(e: RuntimeError) -> str | None:
-    """For a collective's timeout, 'all_reduce (called from training/trainer.py:201 in evaluate)': the
-    collective (else the torch.distributed function entered) and the code of ours that led there. DDP's
-    gradient all-reduce runs in autograd's hooks, so a rank stalled in backward times out in backward()."""
+def _failed_collective(e: RuntimeError) -> tuple[str, bool] | None:
+    """For a collective that timed out or lost its peer: ('all_reduce (called from training/trainer.py:201 in
+    evaluate)', whether the peer is gone): the collective (else the torch.distributed function entered) and
+    the code of ours that led there. DDP's gradient all-reduce runs in autograd's hooks, so a rank stalled
+    in backward fails in backward()."""
     frames = traceback.extract_tb(e.__traceback__)
     torch_dirs = (f"torch{os.sep}distributed{os.sep}", f"torch{os.sep}autograd{os.sep}")
     entered = [i for i, f in enumerate(frames) if any(d in f.filename for d in torch_dirs)]
-    if "timed out" not in str(e).lower() or not entered:
+    text = str(e).lower()
+    gone = any(words in text for words in PEER_GONE)
+    if not (gone or "timed out" in text) or not entered:
         return None
     c10d = [frames[i].name for i in entered if frames[i].filename.endswith("distributed_c10d.py")]
     autograd = torch_dirs[1] in frames[entered[0]].filename
     name = c10d[-1] if c10d else "backward (the gradient all-reduce)" if autograd else frames[entered[0]].name
     ours = [f for f in frames[: entered[0]] if _ours(f.filename) and f.filename != __file__]
     if not ours:
-        return name
+        return name, gone
     where = Path(ours[-1].filename).resolve().relative_to(ROOT)
-    return f"{name} (called from {where}:{ours[-1].lineno} in {ours[-1].name})"
+    return f"{name} (called from {where}:{ours[-1].lineno} in {ours[-1].name})", gone
 
 
 def _ours(filename: str) -> bool:

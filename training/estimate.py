@@ -26,7 +26,15 @@ from runs.runtime import setup
 from training.evaluation import final_eval_wanted
 from training.hardware import GPU_PEAKS
 from training.measure import Timing, time_steps
-from training.memory import Memory, Params, checkpoint_bytes, count_params, memory, saved_params
+from training.memory import (
+    Memory,
+    Params,
+    checkpoint_bytes,
+    count_params,
+    memory,
+    recompute_share,
+    saved_params,
+)
 from training.plan import PaperPlan, Plan, paper_plan
 from training.trainer import start_run
 
@@ -56,6 +64,7 @@ class Estimate:
     params: Params
     memory: Memory
     other: Memory | None  # the other precision's (fp32 <-> bf16) on a CPU or CUDA
+    plain: Memory | None  # with train.activation_checkpointing: the same run's without it
     compiled: bool  # torch.compile on
     free: float | None  # bytes of memory free on the device here (None: not this machine's, or unknown)
     disk_free: float | None  # bytes free in train.out_dir, where it exists
@@ -86,6 +95,10 @@ def _estimate(request: Request) -> Estimate:
     mem = memory(cfg, precision, device, params)
     other = "fp32" if precision in ("bf16", "fp16") else "bf16"
     other_mem = memory(cfg, other, device, params) if device in ("cpu", "cuda") else None
+    plain = None
+    if t.activation_checkpointing:
+        unchecked = dataclasses.replace(cfg, train=dataclasses.replace(t, activation_checkpointing=False))
+        plain = memory(unchecked, precision, device, params)
     final_eval = meta is not None and final_eval_wanted(t.final_eval, meta.val_tokens)
     free = _available_bytes(device) if plan.present else None
     out_dir = Path(t.out_dir)
@@ -100,8 +113,8 @@ def _estimate(request: Request) -> Estimate:
     else:
         timing = _time(plan)
     return Estimate(
-        request.name, cfg, meta, device, precision, params, mem, other_mem, plan.compiled, free, disk_free,
-        final_eval, timing, why_not,
+        request.name, cfg, meta, device, precision, params, mem, other_mem, plain, plan.compiled, free,
+        disk_free, final_eval, timing, why_not,
     )  # fmt: skip
 
 
@@ -211,8 +224,12 @@ def _memory_lines(e: Estimate) -> list[str]:
             "            torch.compile on: counted as eager (compiled peaks measured within a few percent of "
             "eager on a CPU, plus the compiler's own memory)"
         )
+    if e.plain is not None:
+        lines.append(_checkpointing_line(e))
     if e.free is not None:
         fits = "fits" if mem.peak < e.free else f"DOES NOT FIT: {SMALLER_BATCH}"
+        if mem.peak >= e.free and not cfg.train.activation_checkpointing:
+            fits += " or set train.activation_checkpointing=true"
         lines.append(f"            {size_text(e.free)} free here: {fits}")
     size, weights = checkpoint_bytes(cfg, e.params), 4 * saved_params(cfg, e.params)
     lines.append(
@@ -222,6 +239,16 @@ def _memory_lines(e: Estimate) -> list[str]:
     if e.disk_free is not None:
         lines[-1] += f"; {size_text(e.disk_free)} free in {cfg.train.out_dir}"
     return lines
+
+
+def _checkpointing_line(e: Estimate) -> str:
+    """With train.activation_checkpointing: what it saves (against the same run without it) and costs."""
+    saved, share = e.plain.peak - e.memory.peak, recompute_share(e.cfg.model, e.params)
+    return (
+        f"            activation checkpointing: {size_text(saved)} less than without it "
+        f"({size_text(e.plain.peak)}); backward computes the blocks' forward again: +{share:.0%} FLOPs, "
+        "counted in the time below"
+    )
 
 
 def _time_lines(e: Estimate) -> list[str]:
@@ -251,6 +278,8 @@ def _time_lines(e: Estimate) -> list[str]:
 def _gpu_line(e: Estimate) -> str:
     """The run's time on common GPUs, from its FLOPs at PROJECTION_MFU of their bf16 (else fp16) peak."""
     flops = e.iterations * e.cfg.tokens_per_iter * e.params.flops_per_token
+    if e.cfg.train.activation_checkpointing:  # the blocks' forward again: time the MFU does not count
+        flops *= 1 + recompute_share(e.cfg.model, e.params)
     projected = []
     for gpu, product in PROJECTED_GPUS.items():
         peaks = GPU_PEAKS[product]

@@ -26,7 +26,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,7 +34,7 @@ import torch.nn.functional as F
 from common.errors import UserError
 from common.threads import ThreadTuner
 from data.evalsets import Choice, encode_choice
-from data.loader import split_tokens
+from data.shards import TokenFiles
 from data.tokenizers import Tokenizer, bits_per_byte, from_meta
 from runs.runtime import Runtime
 from training import distributed
@@ -103,14 +102,14 @@ def windows(n_tokens: int, block_size: int, stride: int | None = None) -> tuple[
 
 
 def window_batch(
-    tokens: np.ndarray, starts: np.ndarray, first: np.ndarray, block_size: int
+    tokens: np.ndarray | TokenFiles, starts: np.ndarray, first: np.ndarray, block_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Inputs and targets (len(starts), block_size) int64; targets not counted (context only, or past the
     end) are -1."""
     n = len(tokens)
     positions = starts[:, None] + np.arange(block_size)
-    x = tokens[np.minimum(positions, n - 1)].astype(np.int64)
-    y = tokens[np.minimum(positions + 1, n - 1)].astype(np.int64)
+    ids = tokens[np.minimum(starts[:, None] + np.arange(block_size + 1), n - 1)].astype(np.int64)
+    x, y = ids[:, :-1], ids[:, 1:]
     counted = (positions + 1 <= n - 1) & (np.arange(block_size) >= first[:, None])
     return x, np.where(counted, y, -1)
 
@@ -118,23 +117,17 @@ def window_batch(
 @torch.no_grad()
 def evaluate_tokens(
     model: torch.nn.Module,
-    tokens: np.ndarray | str | Path,
+    tokens: np.ndarray | TokenFiles,
     byte_lengths: np.ndarray,
     batch_size: int,
     stride: int | None = None,
     rt: Runtime | None = None,
     progress: Callable[[int], None] | None = None,
-    dtype: str = "uint16",
 ) -> TokenLoss:
-    """The loss of `model` on every token of `tokens` (an array, or a .bin file of `dtype` ids, read in
-    batches). `progress(n)` is called with the predictions of each batch done on this rank."""
+    """The loss of `model` on every token of `tokens` (an array, or a prepared split's files, read a batch at
+    a time). `progress(n)` is called with the predictions of each batch done on this rank."""
     block_size = model.config.block_size
-    if isinstance(tokens, (str, Path)):  # a fresh map per batch, so resident pages do not pile up
-        path = str(tokens)
-        n_tokens = split_tokens(path, dtype)
-        read = lambda: np.memmap(path, dtype=dtype, mode="r")  # noqa: E731
-    else:
-        n_tokens, read = len(tokens), lambda: tokens
+    n_tokens = len(tokens)
     if n_tokens < 2:
         return TokenLoss(0, 0.0, 0)
     rank, world = (rt.rank, rt.world_size) if rt is not None else (0, 1)
@@ -150,7 +143,7 @@ def evaluate_tokens(
     tuner = rt.thread_tuner() if rt is not None else ThreadTuner.for_device(device)
     for k in range(rank, math.ceil(len(batches) / world) * world, world):
         batch = batches[min(k, len(batches) - 1)]
-        x, y = window_batch(read(), starts[batch], first[batch], block_size)
+        x, y = window_batch(tokens, starts[batch], first[batch], block_size)
         if max(x.max(initial=0), y.max(initial=0)) >= min(model.config.vocab_size, len(byte_lengths)):
             raise UserError(
                 f"the tokens hold id {max(x.max(), y.max())}, past the vocabulary of the model or its "

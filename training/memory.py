@@ -13,7 +13,8 @@ logits when the vocabulary is large). The per-tensor counts were read off autogr
 (torch.autograd.graph.saved_tensors_hooks; tests/test_estimate.py keeps checking them against
 training/measure.py's measurement); the GPU variant and torch.compile's savings are the same reasoning, not
 measured here. A LoRA run's activations are counted as full fine-tuning's (the adapters' own are a rank's
-worth per token).
+worth per token). With activation checkpointing (`checkpointed`) the blocks keep only their inputs and
+backward holds one block's activations, computed again.
 """
 
 from __future__ import annotations
@@ -208,15 +209,39 @@ def memory(cfg: Config, precision: str, device: str, params: Params | None = Non
     head += mask_bytes_per_token(m, precision, device, cfg.train.batch_size) * tokens
     casts = 2 * params.linear if a == 2 else 0
     logits_grad = m.vocab_size * (4 + a) * tokens  # the gradient of the log-softmax, then of the logits
+    kept, backward = m.n_layer * block, max(block, logits_grad)
+    if cfg.train.activation_checkpointing:
+        kept, backward = checkpointed(m, tokens, block, logits_grad, device)
     return Memory(
         weights=4 * params.total,
         gradients=4 * params.trained,
         optimizer=8 * (params.trained - params.muon) + 4 * params.muon,
-        activations=m.n_layer * block + head + casts,
-        backward=max(block, logits_grad),
+        activations=kept + head + casts,
+        backward=backward,
         device=device,
         precision=precision,
     )
+
+
+# --- activation checkpointing (train.activation_checkpointing) ---
+
+
+def checkpointed(
+    m: GPTConfig, tokens: int, block: float, logits_grad: float, device: str
+) -> tuple[float, float]:
+    """(what the blocks keep, the backward working set) when each block keeps its input alone: the fp32
+    residual stream (and its positions). Backward computes one block's activations again, then works through
+    them; on a CPU about one block more stays resident (glibc's malloc keeps the freed memory of the blocks
+    computed before: measured, BENCHMARKS.md "Activation checkpointing")."""
+    kept = m.n_layer * (tokens * m.n_embd * 4 + m.block_size * 8)
+    return kept, block * (2 if device == "cpu" else 1) + max(block, logits_grad)
+
+
+def recompute_share(m: GPTConfig, params: Params) -> float:
+    """The FLOPs activation checkpointing adds, over a step's: the blocks' forward (a third of their training
+    FLOPs: all but the LM head's) computed again."""
+    head = 6 * m.vocab_size * m.n_embd
+    return (params.flops_per_token - head) / 3 / params.flops_per_token
 
 
 def checkpoint_bytes(cfg: Config, params: Params) -> float:

@@ -95,6 +95,7 @@ def build_model(plan: Plan) -> GPT:
     elif pretrained is not None:  # a fresh run's init_from, or a LoRA run's base
         weights, where = pretrained.weights_for(cfg.model), pretrained.where
     model = GPT(cfg.model).to(plan.rt.device)
+    model.activation_checkpointing = cfg.train.activation_checkpointing
     if weights is not None:
         load_into(model, weights, where)
     if cfg.lora is not None:
