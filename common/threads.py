@@ -124,8 +124,11 @@ class ThreadTuner:
             upward = upward and not self._waiting(upward=True)  # too soon for more threads: fewer instead
             if not self._waiting(upward):
                 self._start(upward)
-        elif now > SLOWDOWN * self.settled:  # the machine got busier: fewer threads first
-            self._start(upward=False)
+        elif now > SLOWDOWN * self.settled:  # the machine got busier: fewer threads, if there are fewer
+            if self.count > self.counts[-1]:
+                self._start(upward=False)
+            else:  # already one: more threads would only wait for the busy core
+                self.settled = now
 
     def _other(self, upward: bool) -> int:
         i = self.counts.index(self.count)

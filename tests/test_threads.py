@@ -134,3 +134,12 @@ def test_a_forward_pass_gives_the_same_bits_at_any_thread_count(cores):
         torch.set_num_threads(2)
         two = model(idx)[0]
     assert torch.equal(one, two)
+
+
+def test_a_slowdown_on_one_thread_tries_no_more_threads(cores):
+    """Steps that slow down at the bottom of the ladder (the busy process took more of the machine) call no
+    try of more threads, whose first iteration would stall: only the scheduled tries, spaced by patience."""
+    cores(2)
+    machine = Machine({2: 3.0, 1: 1.4}, busy={2: 3.0, 1: 2.0}, load=lambda step: step >= 100)
+    used = machine.run(threads.ThreadTuner(start=1, clock=machine.clock), range(400))
+    assert [s for s, n in enumerate(used) if n == 2] == [17, 129, 257]
