@@ -243,7 +243,7 @@ def exact_val_loss(run: Run) -> dict:
 
 def sample_prompt(run: Run) -> list[int]:
     """The ids of log.sample_prompt (default: a newline, or <|endoftext|> for BPE), as sample.py has them."""
-    tokenizer = run.dataset.tokenizer()
+    tokenizer = run.dataset.tokenizer
     return encode_prompt(
         read_prompt(run.cfg.log.sample_prompt, None, tokenizer), tokenizer, run.cfg.model.block_size
     )
@@ -254,7 +254,7 @@ def draw_sample(run: Run, log: Tracker) -> str | None:
     in fp32 (as sample.py), after log.sample_prompt. None on ranks that run no forward (forwards_here)."""
     if not forwards_here(run):
         return None
-    cfg, model, tokenizer = run.cfg, run.model, run.dataset.tokenizer()
+    cfg, model, tokenizer = run.cfg, run.model, run.dataset.tokenizer
     generator = torch.Generator(device=run.rt.device).manual_seed(cfg.train.seed)
     idx = torch.tensor([sample_prompt(run)], device=run.rt.device)
     model.eval()

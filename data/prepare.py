@@ -39,7 +39,7 @@ from tqdm import tqdm
 from common import locks
 from common.errors import UserError
 from common.files import atomic_file, atomic_write, write_failed
-from data.dataset import LOCK, META_FILE, SPLITS, Meta, dataset_folder, token_dtype
+from data.dataset import LOCK, META_FILE, SPLITS, Meta, token_dtype
 from data.repeats import Repeats
 from data.sources import HFText, TextFile
 from data.tokenizers import (
@@ -249,16 +249,16 @@ def _write_splits(out: Path, name: str, source, tokenizer: Tokenizer, workers: i
 
 
 def prepare_dataset(
-    name: str,
+    out: Path,
     recipe: Recipe,
-    data_dir: Path | str | None = None,
     workers: Optional[int] = None,
     tokenizer: Optional[Tokenizer] = None,
 ) -> Meta:
-    """Tokenise recipe's text into data_dir/name/{train,val}.bin + meta.json (data_dir None: data/); returns
-    the metadata. With `tokenizer` given (an existing dataset's or checkpoint's), it is used in place of the
-    recipe's. Holds the folder's lock, exclusive, meanwhile."""
-    out = dataset_folder(name, data_dir)
+    """Tokenise recipe's text into the dataset folder `out` (data/dataset.py's `dataset_folder`, resolved
+    once by the caller): {train,val}.bin + meta.json; returns the metadata. With `tokenizer` given (an
+    existing dataset's or checkpoint's), it is used in place of the recipe's. Holds the folder's lock,
+    exclusive, meanwhile."""
+    name = out.name
     advice = "choose another --data-dir (data.dir for train.py), or fix the folder's permissions"
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -78,4 +78,4 @@ def prepare_known(folder: Path) -> None:
             "--hf-dataset NAME)"
         )
     print(f"preparing dataset {name} in {folder} (first use)", file=sys.stderr)
-    prepare_dataset(name, RECIPES[name], folder.parent)
+    prepare_dataset(folder, RECIPES[name])

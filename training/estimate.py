@@ -22,12 +22,11 @@ from common.files import size_text
 from data.dataset import Meta
 from model.attention import block_layout
 from runs.config import Config, Request
-from runs.runtime import setup
 from training.evaluation import final_eval_wanted
 from training.hardware import GPU_PEAKS
 from training.measure import Timing, time_steps
 from training.memory import Memory, Params, checkpoint_bytes, count_params, memory, saved_params
-from training.plan import PaperPlan, Plan, paper_plan
+from training.plan import Plan, paper_plan
 from training.trainer import start_run
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
@@ -54,11 +53,13 @@ class Estimate:
     device: str  # cpu | cuda | mps
     precision: str
     params: Params
+    blocks: tuple[int, int]  # model/attention.py's block and reach for the window (reach 0: no blocks)
     memory: Memory
     other: Memory | None  # the other precision's (fp32 <-> bf16) on a CPU or CUDA
     compiled: bool  # torch.compile on
     free: float | None  # bytes of memory free on the device here (None: not this machine's, or unknown)
     disk_free: float | None  # bytes free in train.out_dir, where it exists
+    checkpoint: tuple[float, float]  # bytes of a checkpoint on disk: in all, of the weights
     final_eval: bool  # an exact val eval at the end
     timing: Timing | None
     why_not: str | None  # why there is no timing
@@ -80,12 +81,14 @@ def dry_run(request: Request) -> str:
 def _estimate(request: Request) -> Estimate:
     """Plan the run on paper, count its parameters and memory, and time a few real steps where it can."""
     plan = paper_plan(request)
-    cfg, device, precision = plan.cfg, plan.device.type, plan.precision
+    cfg, device, precision = plan.cfg, plan.rt.device.type, plan.rt.precision
     t, meta = cfg.train, plan.dataset.meta if plan.dataset is not None else None
     params = count_params(cfg.model, cfg.optim.name, cfg.lora)
     mem = memory(cfg, precision, device, params)
     other = "fp32" if precision in ("bf16", "fp16") else "bf16"
     other_mem = memory(cfg, other, device, params) if device in ("cpu", "cuda") else None
+    blocks = block_layout(cfg.model.block_size, cfg.model.window)
+    ckpt = checkpoint_bytes(cfg, params), 4 * saved_params(cfg, params)
     final_eval = meta is not None and final_eval_wanted(t.final_eval, meta.val_tokens)
     free = _available_bytes(device) if plan.present else None
     out_dir = Path(t.out_dir)
@@ -97,21 +100,13 @@ def _estimate(request: Request) -> Estimate:
         why_not = f"dataset {cfg.data.dataset} is not prepared (train.py prepares it on first use)"
     elif (free or float("inf")) < mem.peak:
         why_not = "the predicted memory does not fit in what is free here"
-    else:
-        timing = _time(plan)
+    else:  # real steps of the planned run, one micro-batch each, nothing saved
+        steps = dataclasses.replace(cfg, train=dataclasses.replace(t, grad_accum=1, save=False))
+        timing = time_steps(start_run(Plan(steps, plan.rt, plan.dataset, None, plan.pretrained)))
     return Estimate(
-        request.name, cfg, meta, device, precision, params, mem, other_mem, plan.compiled, free, disk_free,
-        final_eval, timing, why_not,
+        request.name, cfg, meta, device, precision, params, blocks, mem, other_mem, plan.compiled, free,
+        disk_free, ckpt, final_eval, timing, why_not,
     )  # fmt: skip
-
-
-def _time(plan: PaperPlan) -> Timing:
-    """Real steps of the planned run on this machine, one micro-batch each (grad_accum 1), nothing saved."""
-    cfg = plan.cfg
-    train = dataclasses.replace(cfg.train, grad_accum=1, save=False)
-    rt = setup(train.device, train.precision, cfg.model.n_embd, train.threads)
-    run = start_run(Plan(dataclasses.replace(cfg, train=train), rt, plan.dataset, None, plan.pretrained))
-    return time_steps(run)
 
 
 def _available_bytes(device: str) -> float | None:
@@ -151,7 +146,7 @@ def _model_lines(e: Estimate) -> list[str]:
     tied = ", the LM head tied to the token embedding" if m.tie_embeddings else ""
     attention = 12 * m.n_layer * m.n_embd * params.span  # GPT.flops_per_token's
     per_weight = "6 x" if e.cfg.lora is None else "6 per trained, 4 per frozen one of"
-    block, reach = block_layout(m.block_size, m.window)
+    block, reach = e.blocks
     local = [f"a window of {m.window} tokens, in blocks of {block}"] if reach else []
     local += ["within documents"] if m.doc_mask else []
     lines = [
@@ -214,7 +209,7 @@ def _memory_lines(e: Estimate) -> list[str]:
     if e.free is not None:
         fits = "fits" if mem.peak < e.free else f"DOES NOT FIT: {SMALLER_BATCH}"
         lines.append(f"            {size_text(e.free)} free here: {fits}")
-    size, weights = checkpoint_bytes(cfg, e.params), 4 * saved_params(cfg, e.params)
+    size, weights = e.checkpoint
     lines.append(
         f"checkpoint  {size_text(size)} on disk (weights {size_text(weights)} + optimizer state "
         f"{size_text(size - weights)}); best/ shares last/'s files"
