@@ -89,8 +89,10 @@ def main(argv: list[str]) -> int:
             if last:
                 break
 
-            # forward, backward, update (not applied, on the device, if the loss or gradient is not finite)
-            loss, grad_norm, finite = train_step(run, p.iter)
+            # forward, backward, update (not applied, on the device, if the loss or gradient is not finite),
+            # on a CPU at the thread count the steps' times choose (common/threads.py)
+            with run.tuner.timed(p.iter):
+                loss, grad_norm, finite = train_step(run, p.iter)
             p.iter += 1
 
             # timing and logging (the host reads the losses back every log.interval iterations)
@@ -258,7 +260,9 @@ def draw_sample(run: Run, log: Tracker) -> str | None:
     generator = torch.Generator(device=run.rt.device).manual_seed(cfg.train.seed)
     idx = torch.tensor([sample_prompt(run)], device=run.rt.device)
     model.eval()
-    tokens = [t.item() for t in generate(model, idx, cfg.log.sample_tokens, 0.8, None, None, generator)]
+    tuner = run.rt.thread_tuner(tries=8)  # keeps train.threads
+    tokens = generate(model, idx, cfg.log.sample_tokens, 0.8, None, None, generator, tuner=tuner)
+    tokens = [t.item() for t in tokens]
     model.train()
     text = tokenizer.decode(idx[0].tolist()) + tokenizer.decode(tokens)
     log.write(f"sample at iteration {run.progress.iter} (temperature 0.8, seed {cfg.train.seed}):")

@@ -25,6 +25,12 @@ from pathlib import Path
 from common.errors import UserError
 
 
+def cache_folder() -> Path:
+    """Where tinygpt keeps what it can rebuild (a CPU's measured peak, compiled decoding steps):
+    $TINYGPT_CACHE_DIR, else ~/.cache/tinygpt."""
+    return Path(os.environ.get("TINYGPT_CACHE_DIR") or Path.home() / ".cache" / "tinygpt")
+
+
 def size_text(n: float) -> str:
     """A byte count for people, the one way tinygpt prints sizes (memory and disk alike): 512 B, 3.1 MiB,
     1.2 GiB, in powers of 1024 (as nvidia-smi and PyTorch's memory summaries count)."""

@@ -13,26 +13,25 @@ costing the same (a rolling cache of `window` slots, model/kv_cache.py); without
 is a full forward over everything so far.
 
 Decoding at batch size B reads every weight once per step for all B samples, so a step costs little more
-than at B = 1 (the weights' bytes, not the arithmetic, bound it). The step (`decode_step`) has the same
-shapes every time: one token per sample at a position given as a tensor, attending over all the cache's
-slots (block_size, or `window` for a windowed model; model/kv_cache.py) under a mask. So `compile=True`
-can hand it to torch.compile once: on CUDA with CUDA graphs (mode reduce-overhead: the whole step is one
-replay instead of hundreds of kernel launches), on a CPU with inductor's decomposition of matrix-vector
-products into its own vectorised loops. On a CPU a batch of several samples is decoded eagerly even with
-`compile`: compiled, its step was slower than eager's, with the matrix products decomposed or not
-(BENCHMARKS.md, "Sampling: decoding against the bandwidth floor").
+than at B = 1 (the weights' bytes, not the arithmetic, bound it). The step has the same shapes every time:
+one token per sample at a position given as a tensor, attending over all the cache's slots under a mask
+(model/kv_cache.py). So `compile=True` compiles it once (model/decoding.py: ahead of time on a CPU, with
+CUDA graphs on CUDA); a compiled step and its cache are kept with the model for its next generation.
 The prompt and each slide are encoded eagerly. Sampling never waits for the device: it draws with the
 exponential race below, and reading the token (to print it) is the one host sync per step, the caller's.
+On a CPU the steps are timed to pick the thread count (common/threads.py); a forward pass gives the same
+bits at one thread as at two (tests/test_threads.py), so the text does not depend on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Optional
 
 import torch
 
-from model.kv_cache import KVCache
+from common.threads import ThreadTuner
+from model.decoding import decoder, prefill
 
 
 def sample_next(
@@ -62,41 +61,6 @@ def sample_next(
     return (probs / race).argmax(dim=-1)
 
 
-def prefill(model: torch.nn.Module, tokens: torch.Tensor, cache: Optional[KVCache]) -> torch.Tensor:
-    """Logits (B, vocab) after tokens (B, T) at positions 0 .. T-1 (with a cache: a prefill of its slots)."""
-    logits, _ = model(tokens, kv_cache=cache, last_only=True)
-    return logits[:, -1]
-
-
-def decode_step(
-    model: torch.nn.Module, token: torch.Tensor, position: torch.Tensor, cache: KVCache
-) -> torch.Tensor:
-    """Logits (B, vocab) of the token after `token` (B,), which goes into cache slot `position` (1,)."""
-    logits, _ = model(token[:, None], kv_cache=cache, input_pos=position)
-    return logits[:, -1]
-
-
-_compiled_steps: dict[str, Callable] = {}
-
-
-def compiled_decode_step(device: torch.device) -> Callable:
-    """decode_step through torch.compile, built once per device type (recompiled per model and batch size)."""
-    kind = device.type
-    if kind not in _compiled_steps:
-        if kind == "cuda":  # CUDA graphs; the cache's tensors are marked static in `generate`
-            compiled = torch.compile(decode_step, mode="reduce-overhead", fullgraph=True, dynamic=False)
-
-            def step(*args):
-                torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are consumed
-                return compiled(*args)
-
-            _compiled_steps[kind] = step
-        else:  # batch-1 matrix products as inductor's own reductions (see the module docstring)
-            options = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
-            _compiled_steps[kind] = torch.compile(decode_step, fullgraph=True, dynamic=False, options=options)
-    return _compiled_steps[kind]
-
-
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -108,10 +72,13 @@ def generate(
     generator: Optional[torch.Generator] = None,
     use_cache: bool = True,
     compile: bool = False,
+    tuner: Optional[ThreadTuner] = None,
 ) -> Iterator[torch.Tensor]:
     """Continue idx (B, T) token ids, yielding each new column of tokens (B,) as soon as it is chosen.
 
     The tokens stay on the model's device; `compile` compiles the decoding step (see the module docstring).
+    `tuner` times the steps for the CPU's thread count (default: a new one; a run's runtime gives one that
+    keeps its train.threads).
     """
     B, block_size = idx.size(0), model.config.block_size
     endless = model.config.unbounded_context  # positions go on past block_size: no slide
@@ -120,15 +87,38 @@ def generate(
     length = n + max_new_tokens if endless else block_size + 1
     window = torch.empty((B, length), dtype=idx.dtype, device=idx.device)  # the tokens in context
     window[:, :n] = idx[:, -n:]
-    cache = KVCache.for_model(model, B) if use_cache else None
-    step = decode_step
-    if compile and cache is not None and (B == 1 or idx.device.type != "cpu"):  # where it pays
-        step = compiled_decode_step(idx.device)
-        if idx.device.type == "cuda":
-            for buffer in (cache.keys, cache.values, cache.doc_start):
-                torch._dynamo.mark_static_address(buffer)
-    slot = torch.tensor([n], device=idx.device)  # where the next token goes in the cache
-    logits = prefill(model, window[:, :n], cache)
+    if not use_cache:
+        yield from _recompute(model, window, n, max_new_tokens, temperature, top_k, top_p, generator)
+        return
+    with decoder(model, B, compile) as (cache, step):
+        slot = torch.tensor([n], device=idx.device)  # where the next token goes in the cache
+        tuner = tuner or ThreadTuner.for_device(idx.device, tries=8)  # a CPU's thread count, timed per token
+        logits = prefill(model, window[:, :n], cache)
+        for i in range(max_new_tokens):
+            token = sample_next(logits, temperature, top_k, top_p, generator)
+            yield token
+            if i == max_new_tokens - 1:
+                return
+            window[:, n] = token
+            n += 1
+            if n > block_size and not endless:  # slide: encode the most recent tokens afresh
+                window[:, :keep] = window[:, n - keep : n].clone()
+                n = keep
+                logits = prefill(model, window[:, :n], cache)
+                slot.fill_(n)
+            else:
+                with tuner.timed(i):
+                    logits = step(token, slot)
+                slot += 1
+
+
+def _recompute(
+    model, window, n, max_new_tokens, temperature, top_k, top_p, generator
+) -> Iterator[torch.Tensor]:
+    """The reference: a full forward over the tokens in context for every new token, the same windows."""
+    block_size, endless = model.config.block_size, model.config.unbounded_context
+    keep = max(1, block_size // 2)
+    logits = prefill(model, window[:, :n], None)
     for i in range(max_new_tokens):
         token = sample_next(logits, temperature, top_k, top_p, generator)
         yield token
@@ -136,13 +126,7 @@ def generate(
             return
         window[:, n] = token
         n += 1
-        if n > block_size and not endless:  # slide: encode the most recent tokens afresh
+        if n > block_size and not endless:
             window[:, :keep] = window[:, n - keep : n].clone()
             n = keep
-            logits = prefill(model, window[:, :n], cache)
-            slot.fill_(n)
-        elif cache is None:
-            logits = prefill(model, window[:, :n], None)
-        else:
-            logits = step(model, token, slot, cache)
-            slot += 1
+        logits = prefill(model, window[:, :n], None)

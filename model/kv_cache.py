@@ -16,9 +16,14 @@ sequence, the position where the current document began (`doc_start`).
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
 
-class KVCache:
+class KVCache(nn.Module):
+    """Each layer's keys and values as buffers of their own (`keys_0`, `values_0`, ...): written in place
+    whole, so a compiled step updates a slot without copying the cache (a write into a view of one shared
+    tensor is copied whole by torch.export and inductor)."""
+
     def __init__(
         self,
         n_layer: int,
@@ -30,12 +35,13 @@ class KVCache:
         dtype: torch.dtype,
         rolling: bool = False,
     ):
-        shape = (n_layer, batch_size, n_kv_head, slots, head_dim)
-        # zeros rather than empty: masked slots get attention weight 0, but 0 * NaN would still be NaN
-        self.keys = torch.zeros(shape, device=device, dtype=dtype)
-        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        super().__init__()
+        shape = (batch_size, n_kv_head, slots, head_dim)
+        for layer in range(n_layer):  # zeros, not empty: masked slots get weight 0, but 0 * NaN is NaN
+            self.register_buffer(f"keys_{layer}", torch.zeros(shape, device=device, dtype=dtype), False)
+            self.register_buffer(f"values_{layer}", torch.zeros(shape, device=device, dtype=dtype), False)
         self.slots, self.rolling = slots, rolling
-        self.doc_start = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.register_buffer("doc_start", torch.zeros(batch_size, dtype=torch.long, device=device), False)
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, batch_size: int, dtype: torch.dtype | None = None) -> KVCache:
@@ -57,23 +63,28 @@ class KVCache:
             rolling=cfg.window is not None,
         )
 
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values (B, n_kv_head, slots, head_dim) of one layer."""
+        return getattr(self, f"keys_{layer}"), getattr(self, f"values_{layer}")
+
     def update(
         self, layer: int, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write keys and values (B, n_kv_head, T, head_dim) into the slots of `positions` (T,) of `layer`;
         return what the queries attend over: that layer's keys and values for all slots, or for a rolling
         cache's prefill (T > 1) the new keys and values themselves (of which it keeps the last `slots`)."""
+        cached_keys, cached_values = self.layer(layer)
         if not self.rolling:
-            self.keys[layer].index_copy_(2, positions, keys)
-            self.values[layer].index_copy_(2, positions, values)
-            return self.keys[layer], self.values[layer]
+            cached_keys.index_copy_(2, positions, keys)
+            cached_values.index_copy_(2, positions, values)
+            return cached_keys, cached_values
         kept = min(keys.size(2), self.slots)
         slots = positions[-kept:] % self.slots
-        self.keys[layer].index_copy_(2, slots, keys[:, :, -kept:])
-        self.values[layer].index_copy_(2, slots, values[:, :, -kept:])
+        cached_keys.index_copy_(2, slots, keys[:, :, -kept:])
+        cached_values.index_copy_(2, slots, values[:, :, -kept:])
         if keys.size(2) > 1:
             return keys, values
-        return self.keys[layer], self.values[layer]
+        return cached_keys, cached_values
 
     def slot_positions(self, position: torch.Tensor) -> torch.Tensor:
         """(slots,) the position whose keys each slot holds once `position` (1,) is written: the slot's own

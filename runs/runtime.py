@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from common.errors import UserError
+from common.threads import ThreadTuner
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Runtime:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1  # processes on this machine
+    threads: int = 0  # train.threads: the CPU threads the user chose (0: chosen by timing the work)
 
     @property
     def is_main(self) -> bool:
@@ -46,6 +48,13 @@ class Runtime:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def thread_tuner(self, **kwargs) -> ThreadTuner:
+        """A tuner of the CPU thread count for one loop (common/threads.py): off the CPU, under torchrun (the
+        ranks wait for each other, so one rank's steps do not time its threads) and with train.threads set,
+        a no-op."""
+        tuned = self.device.type == "cpu" and not self.distributed and not self.threads
+        return ThreadTuner(enabled=tuned, **kwargs)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -133,10 +142,10 @@ def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    if threads:
+    if threads:  # the user's count: this runtime's tuners leave it
         torch.set_num_threads(threads)
     precision = pick_precision(precision_setting, device, n_embd)
-    return Runtime(device, precision, rank, local_rank, world, local_world)
+    return Runtime(device, precision, rank, local_rank, world, local_world, threads)
 
 
 def compile_enabled(setting: str, device: torch.device) -> bool:

@@ -45,6 +45,7 @@ class Progress:
     skipped_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
     evaluated_at: int = -1  # the iteration of the last eval, so a resumed run does not repeat it
     wandb_id: str | None = None
+    threads: int = 0  # the CPU thread count the steps ran at (common/threads.py): a resumed run goes on there
 
     @classmethod
     def from_state(cls, state: dict, where: Path | str = STATE) -> Progress:

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ SHARED_CACHE = ROOT.parent / "shared" / "tiktoken-cache"
 if "TIKTOKEN_CACHE_DIR" not in os.environ and SHARED_CACHE.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED_CACHE)
 os.environ.setdefault("WANDB_MODE", "offline")
+# compiled decoding steps and the CPU's measured peak: one folder per test session, never the user's
+os.environ["TINYGPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="tinygpt-cache-")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 

@@ -109,6 +109,7 @@ def lora_args(config: Path, base: Path, data: Path, out: Path, *more: str) -> li
         "train.eval_interval=20",
         "log.plot=false",
         "train.final_eval=false",
+        "train.threads=1",  # bit for bit across runs: a count the tuner may not change (common/threads.py)
         *more,
     ]
 

@@ -2,7 +2,7 @@
 
     python -m tools.bench [CONFIG] [section.key=value ...]                   # one setup
     python -m tools.bench [CONFIG] [k=v ...] --compare [CONFIG2] [k=v ...]    # two setups, alternately
-    options: --steps N --rounds R --warmup W --only train,sample,memory --sample-tokens N --json PATH
+    options: --steps N --rounds R --warmup W --only train,sample,memory --sample-tokens N --json PATH --busy
     python -m tools.bench --only attention [--window W] [--contexts 256,512,...] [--plot PATH]  # its cost
     python -m tools.bench CONFIG --only positions      # decoding speed against the position reached
 
@@ -15,7 +15,8 @@ not measured); MPS, the Metal driver's allocation a fresh process adds. --compar
 process, alternating rounds, so their ratio holds on a noisy machine; B defaults to A's config plus B's
 overrides.
 Sampling: tokens/s generating --sample-tokens tokens against the floor that memory bandwidth sets (the bytes
-of weights a step reads, over the bandwidth of a GEMV that size), in fp32 as sample.py generates, compiled,
+of weights a step reads, over the bandwidth of GEMVs over the model's own matrices), in fp32 as sample.py
+generates, compiled,
 int8, 8 samples at once, with a full forward per token over the same windows, and with nanoGPT's generator
 (a full forward over the last block_size tokens per token).
 Memory: peak training memory at batch size 1 as the context grows (T = 512 ... 4096).
@@ -48,6 +49,7 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError, run_cli
+from common.threads import busy_neighbour
 from model import generate, quantize_int8, sample_next
 from model.attention import LocalSpan
 from model.gpt import attend, causal_mask
@@ -73,6 +75,7 @@ class Setup:
     run: Run = None
     threads: int = 0
     times: list[float] = field(default_factory=list)
+    busy_times: list[float] = field(default_factory=list)  # --busy: steps beside a busy process
     it: int = 0
     held: int = 0  # CUDA bytes this setup keeps allocated (weights, optimizer state)
     peak_above: int = 0  # CUDA: the most allocated above that during its timed rounds
@@ -111,6 +114,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[list[str]]]:
     p.add_argument("--only", default="train,sample,memory", help="which measurements (default: all)")
     p.add_argument("--sample-tokens", type=int, default=1000)
     p.add_argument(
+        "--busy",
+        action="store_true",
+        help="train and sample: the rounds again beside a busy process (a Python loop), the ratio reported",
+    )
+    p.add_argument(
         "--json", default="bench/last.json", help="where to write the results (default %(default)s)"
     )
     p.add_argument("--window", type=int, default=256, help="--only attention: the window (default 256)")
@@ -146,8 +154,9 @@ def build_setup(s: Setup, main_threads: int) -> None:
     torch.set_num_threads(main_threads)
 
 
-def timed_steps(s: Setup, n: int, record: bool) -> None:
-    """n training steps of setup s; on CUDA, its memory: what the first (warm-up) steps leave allocated
+def timed_steps(s: Setup, n: int, record: bool, busy: bool = False) -> None:
+    """n training steps of setup s, at the thread count its tuner picks as train.py's loop does (beside a
+    busy process with `busy`); on CUDA, its memory: what the first (warm-up) steps leave allocated
     (optimizer state) is the setup's, and each timed round's peak is taken above what is allocated before
     it, so the other setup's weights never count."""
     torch.set_num_threads(s.threads)
@@ -157,10 +166,11 @@ def timed_steps(s: Setup, n: int, record: bool) -> None:
         torch.cuda.reset_peak_memory_stats()
     for _ in range(n):
         start = time.perf_counter()
-        train_step(s.run, s.it)
-        s.run.rt.synchronize()
+        with s.run.tuner.timed(s.it):
+            train_step(s.run, s.it)
+            s.run.rt.synchronize()
         if record:
-            s.times.append(time.perf_counter() - start)
+            (s.busy_times if busy else s.times).append(time.perf_counter() - start)
         s.it += 1
     if cuda and record:
         s.peak_above = max(s.peak_above, torch.cuda.max_memory_allocated() - before)
@@ -193,7 +203,15 @@ def train_result(s: Setup) -> dict:
         "threads": s.threads,
         "device": str(rt.device),
         "steps_timed": len(s.times),
-    }
+    } | busy_result(s.times, s.busy_times)
+
+
+def busy_result(quiet: list[float], busy: list[float]) -> dict:
+    """--busy: the median step beside the busy process, and its time over the quiet one's."""
+    if not busy:
+        return {}
+    slower = statistics.median(busy) / statistics.median(quiet)
+    return {"ms_busy": round(statistics.median(busy) * 1e3, 2), "busy_over_quiet": round(slower, 2)}
 
 
 def memory_scaling(s: Setup) -> list[dict]:
@@ -388,19 +406,23 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
     return total
 
 
-def gemv_bandwidth(n_bytes: int, rt: Runtime) -> float:
-    """Bytes/s through one fp32 matrix-vector product over a square matrix of n_bytes (median of 20): how
-    fast torch streams weights on this device, the bound of a decoding step at batch 1."""
-    side = math.isqrt(n_bytes // 4)
-    matrix, vector = torch.randn(side, side, device=rt.device), torch.randn(side, device=rt.device)
-    times = []
+def gemv_bandwidth(model: torch.nn.Module, rt: Runtime) -> float:
+    """Bytes/s through fp32 matrix-vector products over the model's own weight matrices, one after the other
+    as a step reads them (median of 20 passes): how fast torch streams these weights on this device, with
+    whatever stays in the CPU's caches between steps staying there too. A step at batch 1 cannot be faster
+    than reading them once."""
+    tables = {id(model.token_emb.weight)} - {id(model.lm_head.weight)}  # looked up a row at a time
+    matrices = [w.detach().float() for w in model.parameters() if w.dim() == 2 and id(w) not in tables]
+    vectors = [torch.randn(w.size(1), device=rt.device) for w in matrices]
+    n_bytes, times = sum(w.numel() * 4 for w in matrices), []
     for i in range(23):
         start = time.perf_counter()
-        torch.mv(matrix, vector)
+        for w, v in zip(matrices, vectors):
+            torch.mv(w, v)
         rt.synchronize()
         if i >= 3:  # warm-up
             times.append(time.perf_counter() - start)
-    return side * side * 4 / statistics.median(times)
+    return n_bytes / statistics.median(times)
 
 
 def decode_prompt(rt: Runtime, batch: int = 1) -> torch.Tensor:
@@ -412,13 +434,12 @@ def decoders(model: torch.nn.Module, compiled: bool) -> dict[str, tuple[torch.nn
     setup compiles (train.compile)."""
     int8 = quantize_int8(copy.deepcopy(model))
     paths = {"fp32": (model, 1, False), "int8": (int8, 1, False), "fp32 x8 samples": (model, 8, False)}
-    if compiled:  # on a CPU, generate compiles batch 1 only
-        cpu = next(model.parameters()).device.type == "cpu"
-        paths |= {f"{k} compiled": (m, b, True) for k, (m, b, _) in paths.items() if b == 1 or not cpu}
+    if compiled:
+        paths |= {f"{k} compiled": (m, b, True) for k, (m, b, _) in paths.items()}
     return paths
 
 
-def sampling(s: Setup, n_tokens: int, rounds: int) -> tuple[dict, list[dict]]:
+def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[dict, list[dict]]:
     """Decoding speed against the memory-bandwidth floor, generating n_tokens at temperature 1 from a
     one-token prompt, in fp32 as sample.py generates, in int8, 8 samples at once, and compiled when the setup
     compiles: the paths alternate over `rounds`, each timed on the whole n_tokens (medians), between
@@ -442,10 +463,14 @@ def sampling(s: Setup, n_tokens: int, rounds: int) -> tuple[dict, list[dict]]:
 
     compile_s = {name: seconds(decode(*p, n=8)) for name, p in paths.items()}  # warm-up (and compile)
     weights, bandwidth, times = weight_bytes_per_token(model), [], {name: [] for name in paths}
+    busy_times = {name: [] for name in paths}
     for _ in range(rounds):  # alternate, so slow spells of a shared machine hit every path
-        bandwidth.append(gemv_bandwidth(weights, s.rt))
+        bandwidth.append(gemv_bandwidth(model, s.rt))
         for name, p in paths.items():
             times[name].append(seconds(decode(*p)))
+            if busy:
+                with busy_neighbour():
+                    busy_times[name].append(seconds(decode(*p)))
     times["full recompute"] = [seconds(decode(model, 1, False, use_cache=False))]
     times["nanoGPT generator"] = [
         seconds(lambda: nanogpt_generate(model, decode_prompt(s.rt), n_tokens, gen))
@@ -475,6 +500,7 @@ def sampling(s: Setup, n_tokens: int, rounds: int) -> tuple[dict, list[dict]]:
                 "vs_nanogpt": round(batch * nanogpt_step / step, 1),
                 "compile_s": round(compile_s[name], 1) if name in paths and paths[name][2] else "",
             }
+            | busy_result(t, busy_times.get(name, []))
         )
     model.train()
     return floor, rows
@@ -537,6 +563,12 @@ def main(argv: list[str]) -> int:
         for _ in range(args.rounds):  # alternate, so slow spells of a shared machine hit every setup
             for s in setups:
                 timed_steps(s, args.steps, record=True)
+        with busy_neighbour(args.busy):  # the same again beside a busy process, once the tuners settled
+            for s in setups if args.busy else []:
+                timed_steps(s, 4 * args.warmup, record=False)
+            for _ in range(args.rounds if args.busy else 0):
+                for s in setups:
+                    timed_steps(s, args.steps, record=True, busy=True)
         results["train"] = [train_result(s) for s in setups]
         if len(setups) == 2:
             a, b = results["train"]
@@ -545,7 +577,7 @@ def main(argv: list[str]) -> int:
         if "ratio_B_over_A_tokens_per_s" in results:
             print(f"B / A training tokens/s: {results['ratio_B_over_A_tokens_per_s']}")
     if "sample" in only:
-        measured = [sampling(s, args.sample_tokens, args.rounds) for s in setups]
+        measured = [sampling(s, args.sample_tokens, args.rounds, args.busy) for s in setups]
         results["sample_floor"] = [floor for floor, _ in measured]
         results["sample"] = [row for _, rows in measured for row in rows]
         print(format_table(results["sample_floor"]))

@@ -2,11 +2,13 @@
 run in llama.cpp (llama-cpp-python) against our own model on the same windows of its val text.
 
     python -m tools.gguf_error out/shakespeare_char [--windows 32] [--dtypes f32 f16 q8_0] [--speed]
+                               [--tokens 50] [--prompt ROMEO:] [--rounds 5] [--busy]
 
 Per dtype: the file's size, the largest logit error, the mean error in log probability, the val loss both
 ways, how often the most likely token agrees, and for a char model the probability llama.cpp gives the
-<|endoftext|> the GGUF adds. --speed times 50 greedy tokens from a 6-token prompt in llama.cpp and in our
-decoding loop (what sample.py runs), alternating in one process, the median of 5 rounds each.
+<|endoftext|> the GGUF adds. --speed times --tokens greedy tokens (50) after --prompt in llama.cpp (1 and 2
+threads) and in our decoding loop as sample.py runs it (eager and --compile), alternating in one process, the
+median of --rounds rounds (5); --busy runs each round beside a busy process.
 tests/test_gguf.py holds these errors to their bounds; BENCHMARKS.md, "GGUF export", has the figures.
 """
 
@@ -18,21 +20,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from common.errors import UserError
+from common.threads import busy_neighbour
 from model import generate
 from runs.pretrained import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def llama(path: Path, n_ctx: int):
+def llama(path: Path, n_ctx: int, threads: int = 2):
     import llama_cpp
 
-    return llama_cpp.Llama(str(path), n_ctx=n_ctx, logits_all=True, n_threads=2, verbose=False)
+    return llama_cpp.Llama(str(path), n_ctx=n_ctx, logits_all=True, n_threads=threads, verbose=False)
 
 
 def file_errors(run: str, dtype: str, windows: list[list[int]], ours: torch.Tensor, folder: Path) -> dict:
@@ -66,21 +71,38 @@ def file_errors(run: str, dtype: str, windows: list[list[int]], ours: torch.Tens
     return result
 
 
-def speed(run: str, path: Path, prompt: list[int], n: int = 50, rounds: int = 5) -> tuple[float, float]:
-    """Tokens/s of greedy decoding: (llama.cpp, our loop), medians of alternating rounds."""
+def speed(run: str, path: Path, prompt: list[int], n: int, rounds: int = 5, busy: bool = False) -> dict:
+    """Tokens/s of greedy decoding, n tokens after `prompt`, medians of rounds alternating between llama.cpp
+    (1 and 2 threads) and our loop as sample.py runs it (each token read back), eager and compiled; each
+    round beside a busy process with `busy`. A round times the prompt and every token, both sides alike."""
     model = load_model(run).model
-    llm, times = llama(path, model.config.block_size), ([], [])
-    for _ in range(rounds):
-        start = time.perf_counter()
+    if len(prompt) + n > model.config.block_size:  # llama.cpp stops at its context; ours would slide
+        raise UserError(
+            f"--tokens {n} and a prompt of {len(prompt)} pass the context of {model.config.block_size}"
+        )
+    llms = {f"llama.cpp, {t} thread{'s' * (t > 1)}": llama(path, model.config.block_size, t) for t in (1, 2)}
+
+    def theirs(llm) -> None:
         llm.reset()
         steps = llm.generate(prompt, temp=0.0, top_k=1)
         [next(steps) for _ in range(n)]
-        times[0].append(time.perf_counter() - start)
-        start = time.perf_counter()
-        list(generate(model, torch.tensor([prompt]), n, temperature=0))
-        times[1].append(time.perf_counter() - start)
-    llm.close()
-    return n / statistics.median(times[0]), n / statistics.median(times[1])
+
+    def ours(compile: bool) -> None:
+        [t.tolist() for t in generate(model, torch.tensor([prompt]), n, temperature=0, compile=compile)]
+
+    paths = {name: partial(theirs, llm) for name, llm in llms.items()}
+    paths |= {"ours, eager": partial(ours, False), "ours, --compile": partial(ours, True)}
+    paths["ours, --compile"]()  # compiled (or loaded) before the rounds
+    times = {name: [] for name in paths}
+    for _ in range(rounds):
+        with busy_neighbour(busy):
+            for name, fn in paths.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    for llm in llms.values():
+        llm.close()
+    return {name: n / statistics.median(t) for name, t in times.items()}
 
 
 def gguf_errors(run: str, dtypes: list[str], n_windows: int, folder: Path) -> list[dict]:
@@ -99,6 +121,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--windows", type=int, default=32, help="context-long windows compared (default 32)")
     p.add_argument("--dtypes", nargs="+", default=["f32", "f16", "q8_0"])
     p.add_argument("--speed", action="store_true", help="also time greedy decoding, llama.cpp against ours")
+    p.add_argument("--tokens", type=int, default=50, help="--speed: tokens generated (default 50)")
+    p.add_argument("--prompt", default="ROMEO:", help="--speed: the prompt (default ROMEO:)")
+    p.add_argument("--rounds", type=int, default=5, help="--speed: rounds, the median kept (default 5)")
+    p.add_argument("--busy", action="store_true", help="--speed: each round beside a busy process")
     return p.parse_args(argv)
 
 
@@ -114,9 +140,12 @@ def main(argv: list[str]) -> None:
                 + (f", p(<|endoftext|>) {r['p_endoftext']:.2e}" if "p_endoftext" in r else "")
             )
             if args.speed:
-                prompt = load_model(args.run).tokenizer.encode("ROMEO:").tolist()
-                theirs, ours = speed(args.run, Path(tmp) / f"{r['dtype']}.gguf", prompt)
-                print(f"  greedy decoding: llama.cpp {theirs:,.0f} tokens/s, ours {ours:,.0f} tokens/s")
+                prompt = load_model(args.run).tokenizer.encode(args.prompt).tolist()
+                path = Path(tmp) / f"{r['dtype']}.gguf"
+                rates = speed(args.run, path, prompt, args.tokens, args.rounds, args.busy)
+                where = "beside a busy process" if args.busy else "quiet"
+                print(f"  greedy decoding, {args.tokens} tokens after {len(prompt)}, {where}: tokens/s")
+                print("".join(f"    {name:<20} {rate:>9,.0f}\n" for name, rate in rates.items()), end="")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from common.errors import UserError
+from common.threads import ThreadTuner
 from data.evalsets import Choice, encode_choice
 from data.loader import split_tokens
 from data.tokenizers import Tokenizer, bits_per_byte
@@ -137,6 +138,7 @@ def evaluate_tokens(
     was_training = model.training
     model.eval()
     start_time = time.perf_counter()
+    tuner = rt.thread_tuner() if rt is not None else ThreadTuner.for_device(device)
     for k in range(rank, math.ceil(len(batches) / world) * world, world):
         batch = batches[min(k, len(batches) - 1)]
         x, y = window_batch(read(), starts[batch], first[batch], block_size)
@@ -148,7 +150,7 @@ def evaluate_tokens(
         if k >= len(batches):  # no batch left for this rank: run one counting nothing, in step with the rest
             y[:] = -1
         x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-        with autocast():
+        with tuner.timed(), autocast():
             logits, _ = model(x)
         nats = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1, reduction="none")
         counted = y.flatten() >= 0

@@ -10,13 +10,13 @@ cached per machine (CPU model, threads, torch version) in ~/.cache/tinygpt/cpu_p
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
-from pathlib import Path
 from typing import Optional
 
 import torch
+
+from common.files import cache_folder
 
 # Dense (no sparsity) tensor-core TFLOP/s by precision, keyed by the exact product name the driver reports
 # (torch.cuda.get_device_name, nvidia-smi), without the "NVIDIA " that older drivers leave out. "fp32" means
@@ -91,7 +91,7 @@ def measure_cpu_flops(
 def cpu_peak_flops(precision: str) -> float:
     """The measured matmul peak of this CPU for fp32 or bf16, cached per machine and thread count."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    folder = Path(os.environ.get("TINYGPT_CACHE_DIR", Path.home() / ".cache" / "tinygpt"))
+    folder = cache_folder()
     path = folder / "cpu_peak.json"
     key = f"{_cpu_name()} | {torch.get_num_threads()} threads | torch {torch.__version__} | {precision}"
     try:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from common.threads import ThreadTuner
 from data.dataset import SPLITS, Dataset
 from data.loader import TokenWindows
 from data.tokenizers import bits_per_byte
@@ -45,6 +46,7 @@ class Run:
     progress: Progress
     byte_lengths: torch.Tensor | None = None  # UTF-8 bytes of each token id, for bits per byte
     lora_base: dict[str, str] | None = None  # a LoRA run: its base, as checkpoints record it
+    tuner: ThreadTuner | None = None  # the CPU thread count of the training steps, timed as they run
 
     @property
     def out_dir(self) -> Path:
@@ -77,6 +79,7 @@ def start_run(plan: Plan) -> Run:
     if plan.resume is not None:  # optimizer and scaler state, progress and random generators (state.pt)
         where = plan.resume.folder / STATE
         run.progress = plan.resume.train_state().restore(model, optimizers, scaler, where)
+    run.tuner = rt.thread_tuner(start=run.progress.threads)
     return run
 
 
@@ -105,6 +108,7 @@ def save_checkpoint(run: Run, improved: bool) -> Path:
     # every rank helps gather (FSDP), the weights first: it leaves the parameters resharded, which gathering
     # the optimizer state needs (torch's get_state_dict orders them so too); rank 0 writes
     weights = checkpoint.model_weights(run.model)
+    run.progress.threads = run.tuner.count if run.tuner.enabled else 0
     state = TrainState.capture(run.progress, run.cfg.tokens_per_iter, run.model, run.optimizers, run.scaler)
     if run.rt.is_main:
         tokenizer_meta, base = run.dataset.meta.tokenizer_meta, run.lora_base
@@ -153,13 +157,13 @@ def estimate_loss(run: Run) -> dict[str, float]:
     for nothing."""
     cfg, rt = run.cfg, run.rt
     run.forward.eval()
-    out = {}
+    out, tuner = {}, rt.thread_tuner()
     per_rank = -(-cfg.train.eval_iters // rt.world_size)
     for name, data in run.splits.items():
         total = torch.zeros(3, device=rt.device)  # sum of batch losses, batches, sum of bytes per token
         for key in range(rt.rank, per_rank * rt.world_size, rt.world_size):
             x, y = data.batch(key, cfg.train.batch_size, stream=1)
-            with rt.autocast():
+            with tuner.timed(), rt.autocast():
                 _, loss = run.forward(x, y)
             if key < cfg.train.eval_iters:  # past it, a forward only keeps FSDP's collectives in step
                 one = torch.ones((), device=rt.device)

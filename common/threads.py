@@ -1,0 +1,162 @@
+"""The CPU thread count, chosen by timing the work, so that a busy machine does not stall every operator.
+
+PyTorch splits each CPU operator over its OpenMP threads, which wait for each other at the operator's end.
+On a quiet machine every core pays. When another process is busy, one of our threads shares a core with it
+and each operator waits for that thread's next time slice: steps run 2-3x slower, with stalls, while one
+thread fewer would have run at nearly the quiet speed. No OpenMP wait policy keeps both speeds (BENCHMARKS.md,
+"CPU speed on a busy machine"); the thread count does. A `ThreadTuner` times the iterations of one loop whose
+iterations do the same work (training steps, eval batches, decoded tokens). Now and then, and at once when
+they slow down, it runs a few iterations at the next count of its ladder (N, N/2, ..., 1; N is torch's
+default, the physical cores) and keeps that count if it was faster by a margin.
+
+Notable:
+- The scheduled tries fall on fixed iterations (a run's own step numbers for training), so a quiet machine
+  makes the same choices in every run and a resumed run the same as one never stopped: training stays
+  reproducible bit for bit. A forward pass gives the same bits at any thread count here; a training step
+  does not (its gradients sum in another order), so under load the rounding follows the load.
+- A count the user chose is never changed: `OMP_NUM_THREADS` in the environment, or train.threads (whose
+  runtime makes its tuners no-ops, runs/runtime.py).
+- The tuner only ever calls `torch.set_num_threads` from the loop's own thread, which is what OpenMP needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+
+import torch
+
+DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice at start-up: one per physical core
+PINNED = any(os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))  # the user's count
+
+FIRST_TRY = 16  # the first scheduled try, at this iteration; then 32, 64, ... up to every SPACING
+SPACING = 512
+MARGIN = 0.1  # another count is kept only if its iterations were this much faster
+SLOWDOWN = 1.3  # iterations this much slower than when the count was settled call a try at once
+ABORT = 2.0  # a try whose first iteration took this many times the current ones is ended there
+WINDOW = 8  # the latest iterations at the current count: their median is what a try is held against
+
+
+def ladder(top: int) -> list[int]:
+    """The counts a tuner moves between: top, top/2, top/4, ..., 1."""
+    counts = [top]
+    while counts[-1] > 1:
+        counts.append(counts[-1] // 2)
+    return counts
+
+
+def scheduled(step: int) -> bool:
+    """Whether a try falls on this iteration: 16, 32, 64, ..., 512, then every 512."""
+    return step >= FIRST_TRY and (step % SPACING == 0 or (step < SPACING and step & (step - 1) == 0))
+
+
+class ThreadTuner:
+    """Times one loop's iterations (`with tuner.timed(step): ...`) and picks its thread count.
+
+    `start` is the count to begin with (a resumed run's, from its checkpoint), else the one set now.
+    `tries` is how many iterations a try runs at the other count: the first one absorbs the switch and only
+    decides whether to end the try at once; the median of the rest is held against the median of the last
+    WINDOW iterations at the current count (a slowdown must last half a window to call a try, so a pause of
+    the machine or the garbage collector does not). Disabled (a no-op) off the CPU, with a pinned count, or
+    with a single core.
+    """
+
+    def __init__(
+        self,
+        enabled: bool = True,
+        tries: int = 4,
+        start: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.counts = ladder(DEFAULT_THREADS)
+        self.enabled = enabled and not PINNED and len(self.counts) > 1
+        self.tries, self.clock = max(2, tries), clock
+        start = start or torch.get_num_threads()  # or where the last tuner left it: a busy machine stays busy
+        self.count = min(self.counts, key=lambda c: abs(c - start))
+        self.recent: deque[float] = deque(maxlen=WINDOW)  # iterations at `count`
+        self.settled: float | None = None  # their median when `count` was chosen or last confirmed
+        self.trial: list[float] | None = None  # iterations of the try under way, at `trying`
+        self.trying = self.count
+        self.upward = False  # the direction of the next scheduled try, alternating
+        self.step, self.started = 0, 0.0
+
+    @classmethod
+    def for_device(cls, device: torch.device | str, **kwargs) -> ThreadTuner:
+        return cls(enabled=torch.device(device).type == "cpu", **kwargs)
+
+    def timed(self, step: int | None = None) -> ThreadTuner:
+        """Time the iteration in the with-block; `step` is its number (default: one more than the last)."""
+        self.step = self.step + 1 if step is None else step
+        return self
+
+    def __enter__(self) -> ThreadTuner:
+        if self.enabled:
+            want = self.trying if self.trial is not None else self.count
+            if torch.get_num_threads() != want:  # another loop's tuner ran in between
+                torch.set_num_threads(want)
+            self.started = self.clock()
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        if self.enabled and kind is None:
+            self._record(self.clock() - self.started)
+
+    def _record(self, seconds: float) -> None:
+        if self.trial is not None:
+            return self._try(seconds)
+        self.recent.append(seconds)
+        if len(self.recent) < self.recent.maxlen:
+            return
+        now = statistics.median(self.recent)
+        if self.settled is None:
+            self.settled = now
+        if scheduled(self.step):
+            self._start(upward=self.upward)
+            self.upward = not self.upward
+        elif now > SLOWDOWN * self.settled:  # the machine got busier: fewer threads first
+            self._start(upward=False)
+
+    def _start(self, upward: bool) -> None:
+        i = self.counts.index(self.count)
+        options = [i - 1, i + 1] if upward else [i + 1, i - 1]  # the ladder runs from many to one
+        options = [j for j in options if 0 <= j < len(self.counts)]
+        self.trying, self.trial = self.counts[options[0]], []
+        torch.set_num_threads(self.trying)
+
+    def _try(self, seconds: float) -> None:
+        self.trial.append(seconds)
+        current = statistics.median(self.recent)
+        if len(self.trial) == 1 and seconds > ABORT * current:  # the other count stalls: back at once
+            return self._end(won=False, median=current)
+        if len(self.trial) == self.tries:
+            tried = statistics.median(self.trial[1:])
+            self._end(won=tried < (1 - MARGIN) * current, median=tried if tried < current else current)
+
+    def _end(self, won: bool, median: float) -> None:
+        if won:
+            self.count = self.trying
+            self.recent.clear()
+        self.settled, self.trial, self.trying = median, None, self.count
+        torch.set_num_threads(self.count)
+
+
+@contextlib.contextmanager
+def busy_neighbour(on: bool = True) -> Iterator[None]:
+    """The standard busy process the measurements of a busy machine use (tools/bench.py --busy, the tests):
+    a pure-Python loop in a process of its own, as a second run or a browser's tab keeps one core busy."""
+    if not on:
+        yield
+        return
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    time.sleep(0.2)  # running before the first step is timed
+    try:
+        yield
+    finally:
+        neighbour.kill()
+        neighbour.wait()
