@@ -37,7 +37,7 @@ is written too, with the role scores and what the analyses found):
 
 from __future__ import annotations
 
-from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+from common.errors import UserError, named_as_flags, run_cli  # first: a Ctrl-C while torch loads is one line
 
 # isort: split
 import argparse
@@ -325,6 +325,19 @@ def lens(model, ids: list[int], tokenizer, out: Path, ckpt: Path) -> list[Path]:
     return [write_json(out / "lens.json", ckpt, data), out / "lens.png"]
 
 
+def inputs(args: argparse.Namespace, ids: list[int], prompts: tuple[list[int], list[int]] | None) -> str:
+    """What the command reads, for its first line: the prompt where the maps, --lens or --html read it,
+    --patch's two prompts, and --ablate's validation windows and repeated sequences."""
+    read = []
+    if not analyses(args) or args.lens or args.html:
+        read.append(f"prompt of {len(ids)} tokens")
+    if prompts is not None:
+        read.append(f"--patch prompts of {len(prompts[0])} tokens each")
+    if args.ablate:
+        read.append(f"{args.ablate} ablation on validation windows and repeated sequences")
+    return ", ".join(read)
+
+
 def output_folder(args: argparse.Namespace, ckpt: Path) -> Path:
     out = Path(args.out) if args.out else ckpt.parent / "heads"
     try:
@@ -336,6 +349,9 @@ def output_folder(args: argparse.Namespace, ckpt: Path) -> Path:
     return out
 
 
+@named_as_flags(
+    {"train.device": "--device", "train.precision": "--precision"}
+)  # runtime errors name these flags
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
@@ -354,7 +370,7 @@ def main(argv: list[str]) -> int:
     prompts = patch_prompts(model, tokenizer, args.patch) if args.patch else None
     out = output_folder(args, ckpt)
     print(
-        f"heads of {ckpt}: {mc.n_layer} layers x {mc.n_head} heads; prompt of {len(ids)} tokens",
+        f"heads of {ckpt}: {mc.n_layer} layers x {mc.n_head} heads; {inputs(args, ids, prompts)}",
         file=sys.stderr,
     )
 

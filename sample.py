@@ -14,7 +14,7 @@ of a batch streams as it is generated, the others follow when the batch is done.
 
 from __future__ import annotations
 
-from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+from common.errors import UserError, named_as_flags, run_cli  # first: a Ctrl-C while torch loads is one line
 
 # isort: split
 import argparse
@@ -89,6 +89,7 @@ def check_args(args: argparse.Namespace, vocab_size: int) -> None:
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
 
 
+@named_as_flags({"train.device": "--device"})  # runtime errors name these flags
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
@@ -100,7 +101,8 @@ def main(argv: list[str]) -> int:
     )
     if args.quantize == "int8":
         model = quantize_int8(model)
-    print(f"sampling from {ckpt}" + (" (compiling the decoding step first)" * args.compile), file=sys.stderr)
+    compiled = " with the decoding step compiled" if args.compile else ""
+    print(f"sampling from {ckpt}{compiled}", file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     shown = [] if ids == [tokenizer.eot_token] else ids  # the prompt each sample starts with
     timing = SpeedLine()

@@ -170,8 +170,7 @@ def check_and_describe(run: Run) -> None:
         return
     mc, meta = cfg.model, run.dataset.meta
     print(
-        f"model: {model.num_params() / 1e6:.2f}M parameters ({mc.n_layer} layers, {mc.n_head} heads of "
-        f"{mc.head_dim}, n_embd {mc.n_embd}, context {mc.block_size}); dataset {cfg.data.dataset}: "
+        f"model: {model.num_params() / 1e6:.2f}M parameters ({mc.describe()}); dataset {cfg.data.dataset}: "
         f"{meta.train_tokens:,} train / {meta.val_tokens:,} val tokens"
     )
     print(
@@ -182,6 +181,12 @@ def check_and_describe(run: Run) -> None:
     )
     if cfg.train.init_from and not cfg.train.resume:
         print(f"starting from the weights of {cfg.train.init_from} (fresh optimizer, iteration 0)")
+    if cfg.train.resume:
+        p = run.progress
+        print(
+            f"resuming at iteration {p.iter:,} of {cfg.train.max_iters:,} from {run.out_dir / 'last'} "
+            f"({p.elapsed_s:.1f}s of training so far, best val loss {p.best_val_loss:.4f})"
+        )
     if cfg.lora is not None:
         total, lc = model.num_params(non_embedding=False), cfg.lora
         print(
@@ -358,8 +363,13 @@ def finish(run: Run, log: Tracker) -> None:
             f"(train.final_eval=auto); measure it with: python eval.py {out_dir}"
         )
     where = f"; checkpoints in {out_dir}" if run.cfg.train.save else ""
+    here, wall = p.iter - log.first[0], f"{log.wall():.1f}s wall"
+    if run.cfg.train.resume:  # the totals are the run's; what this process did is its part since then
+        wall = (
+            f"resumed at iteration {log.first[0]}: {here} here in {p.elapsed_s - log.first[1]:.1f}s, {wall}"
+        )
     log.write(
-        f"done: {p.iter} iterations in {p.elapsed_s:.1f}s of training ({log.wall():.1f}s wall), best val "
+        f"done: {p.iter} iterations in {p.elapsed_s:.1f}s of training ({wall}), best val "
         f"loss {p.best_val_loss:.4f} (estimated){exact}{where}"
     )
 

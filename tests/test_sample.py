@@ -102,3 +102,14 @@ def test_missing_and_damaged_checkpoints(run: Path, tmp_path: Path):
     result = run_script("sample.py", str(damaged))
     assert result.returncode == 2 and "model.safetensors is damaged" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_compile_with_several_samples_compiles_their_batch(run: Path):
+    args = ("sample.py", str(run), "--temperature", "0", "--max-new-tokens", "12", "--num-samples", "2")
+    eager = run_script(*args, check=True)
+    compiled = run_script(*args, "--compile", check=True, timeout=240)
+    assert compiled.stdout == eager.stdout
+    assert "with the decoding step compiled" in compiled.stderr
+    # on a CPU the step is built ahead of time for batch 2 (CUDA compiles in the process, without a word)
+    assert torch.cuda.is_available() or "compiling the decoding step at batch 2" in compiled.stderr

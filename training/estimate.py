@@ -22,6 +22,7 @@ from common.files import size_text
 from data.dataset import Meta
 from model.attention import block_layout
 from runs.config import Config, Request
+from runs.out_dir import HELD_ADVICE, holds_run
 from training.evaluation import final_eval_wanted
 from training.hardware import GPU_PEAKS
 from training.measure import Timing, time_steps
@@ -59,6 +60,7 @@ class Estimate:
     compiled: bool  # torch.compile on
     free: float | None  # bytes of memory free on the device here (None: not this machine's, or unknown)
     disk_free: float | None  # bytes free in train.out_dir, where it exists
+    held: str | None  # what the real run will do with what train.out_dir holds (None: nothing to say)
     checkpoint: tuple[float, float]  # bytes of a checkpoint on disk: in all, of the weights
     final_eval: bool  # an exact val eval at the end
     timing: Timing | None
@@ -93,6 +95,7 @@ def _estimate(request: Request) -> Estimate:
     free = _available_bytes(device) if plan.present else None
     out_dir = Path(t.out_dir)
     disk_free = shutil.disk_usage(out_dir).free if out_dir.exists() else None
+    held = _held_run(out_dir, t.resume, t.overwrite)
     timing, why_not = None, None
     if not plan.present:
         why_not = f"train.device={t.device} but no CUDA GPU is visible here"
@@ -105,8 +108,20 @@ def _estimate(request: Request) -> Estimate:
         timing = time_steps(start_run(Plan(steps, plan.rt, plan.dataset, None, plan.pretrained)))
     return Estimate(
         request.name, cfg, meta, device, precision, params, blocks, mem, other_mem, plan.compiled, free,
-        disk_free, ckpt, final_eval, timing, why_not,
+        disk_free, held, ckpt, final_eval, timing, why_not,
     )  # fmt: skip
+
+
+def _held_run(out_dir: Path, resume: bool, overwrite: bool) -> str | None:
+    """What the real run will do with what out_dir holds, where that matters (runs/out_dir.py decides it)."""
+    if not holds_run(out_dir):
+        refused = f"{out_dir} holds no checkpoint: THE REAL RUN WILL REFUSE train.resume=true; remove it"
+        return refused if resume else None
+    if resume:
+        return f"{out_dir} holds a checkpoint: the real run continues it (this estimate is for the whole run)"
+    if overwrite:
+        return f"{out_dir} holds a checkpoint: the real run deletes it first (train.overwrite=true)"
+    return f"{out_dir} already holds a checkpoint: THE REAL RUN WILL REFUSE IT; {HELD_ADVICE}"
 
 
 def _available_bytes(device: str) -> float | None:
@@ -216,6 +231,8 @@ def _memory_lines(e: Estimate) -> list[str]:
     )
     if e.disk_free is not None:
         lines[-1] += f"; {size_text(e.disk_free)} free in {cfg.train.out_dir}"
+    if e.held is not None:
+        lines.append(f"out_dir     {e.held}")
     return lines
 
 

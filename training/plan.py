@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from common.errors import ConfigError, UserError
 from data.dataset import META_FILE, Dataset, dataset_folder
-from data.recipes import local_dataset, prepare_known
-from data.tokenizers import describe, same
+from data.recipes import RECIPES, local_dataset, prepare_known
+from data.tokenizers import describe, same, spec_vocab_size
 from model import GPTConfig
 from model.lora import model_problem
 from runs.checkpoint import Checkpoint, find_last
@@ -66,16 +66,28 @@ def paper_plan(request: Request) -> PaperPlan:
     dataset = local_dataset(cfg.data.dataset, cfg.data.dir)
     if dataset is not None:
         cfg = fit_to_data(cfg, dataset, None, pretrained)
-    elif cfg.model.vocab_size is None:
+    else:
+        cfg = _unprepared_vocabulary(cfg)
+        if cfg.model.doc_mask and cfg.model.doc_token is None:  # its id changes no cost: any will do
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=0))
+    t = cfg.train
+    rt, present = planned(t.device, t.precision, cfg.model.n_embd, t.threads)
+    return PaperPlan(cfg, rt, dataset, pretrained, present, compile_enabled(t.compile, rt.device))
+
+
+def _unprepared_vocabulary(cfg: Config) -> Config:
+    """cfg with the vocabulary of a dataset not prepared yet: its recipe's tokenizer's (bpe:N, GPT-2's), else
+    model.vocab_size, which must then be set (a character vocabulary is known once the text is read)."""
+    recipe = RECIPES.get(cfg.data.dataset)
+    vocab = spec_vocab_size(recipe.tokenizer) if recipe is not None else None
+    if vocab is not None:
+        return with_vocabulary(cfg, vocab)
+    if cfg.model.vocab_size is None:
         raise UserError(
             f"dataset {cfg.data.dataset} is not prepared, so its vocabulary is unknown; set model.vocab_size "
             "for the dry run, or prepare the dataset first"
         )
-    elif cfg.model.doc_mask and cfg.model.doc_token is None:  # its id changes no cost: any will do
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=0))
-    t = cfg.train
-    rt, present = planned(t.device, t.precision, cfg.model.n_embd, t.threads)
-    return PaperPlan(cfg, rt, dataset, pretrained, present, compile_enabled(t.compile, rt.device))
+    return cfg
 
 
 def starting_point(request: Request) -> tuple[Config, Checkpoint | None, Pretrained | None]:
