@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from interp.curves import X_AXES, evals, plot_runs
+from interp.curves import X_AXES, evals, numbers, plot_runs, points
 from runs import checkpoint
 from runs.config import to_dict
 from training.tracking import read_metrics
@@ -85,9 +85,7 @@ def labels(runs: list[str]) -> list[str]:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     records = [read_run(r) for r in args.runs]
-    if not any(args.metric in r for rows in records for r in evals(rows)):
-        have = sorted({k for rows in records for r in evals(rows) for k, v in r.items() if _number(v)})
-        raise UserError(f"--metric {args.metric}: no run has it; metrics.jsonl has {', '.join(have)}")
+    check_metric(records, args.metric, args.x)
     out = Path(args.out)
     if out.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise UserError(f"--out {out}: give a .png (or .pdf, .svg) file name")
@@ -97,8 +95,23 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def check_metric(records: list[list[dict]], metric: str, x: str) -> None:
+    """Refuse, in one line, a metric no run can draw against `x`: not in metrics.jsonl, not one number (a
+    nested record: its numbers are named by dotted paths), or in no record that has the x axis's key."""
+    have = sorted({k for rows in records for r in evals(rows) for k in numbers(r)})
+    if metric not in have:
+        inside = [k for k in have if k.startswith(f"{metric}.")]
+        if inside:
+            raise UserError(f"--metric {metric} holds several numbers; plot one of: {', '.join(inside)}")
+        shown = [k for k in have if "." not in k]
+        raise UserError(f"--metric {metric}: no run has it; metrics.jsonl has {', '.join(shown)}")
+    key = X_AXES[x][0]
+    if not any(points(rows, metric, key)[0] for rows in records):
+        others = [
+            name for name, (k, _) in X_AXES.items() if any(points(rows, metric, k)[0] for rows in records)
+        ]
+        instead = f"; try --x {' or '.join(others)}" if others else ""
+        raise UserError(f"--metric {metric}: no record has it together with {key}, the --x {x} axis{instead}")
 
 
 if __name__ == "__main__":
