@@ -70,7 +70,7 @@ def check_args(args: argparse.Namespace, block_size: int) -> None:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
 
 
-@named_as_flags({"train.device": "--device", "train.precision": "--precision"})  # runtime errors name these flags
+@named_as_flags({"train.device": "--device", "train.precision": "--precision"})
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)

@@ -349,9 +349,7 @@ def output_folder(args: argparse.Namespace, ckpt: Path) -> Path:
     return out
 
 
-@named_as_flags(
-    {"train.device": "--device", "train.precision": "--precision"}
-)  # runtime errors name these flags
+@named_as_flags({"train.device": "--device", "train.precision": "--precision"})
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)

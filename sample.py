@@ -89,7 +89,7 @@ def check_args(args: argparse.Namespace, vocab_size: int) -> None:
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
 
 
-@named_as_flags({"train.device": "--device"})  # runtime errors name these flags
+@named_as_flags({"train.device": "--device"})
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)

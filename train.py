@@ -25,6 +25,7 @@ from common.errors import ConfigError, UserError, run_cli  # first: a Ctrl-C whi
 import math
 import shlex
 import sys
+import textwrap
 
 import torch
 
@@ -132,7 +133,10 @@ def parse_command_line(argv: list[str]) -> Request | None:
 
 
 def usage() -> str:
-    configs = "\n".join(f"  {name:<26}{about}" for name, about in shipped_configs())
+    configs = "\n".join(
+        textwrap.fill(about, 110, initial_indent=f"  {name:<26}", subsequent_indent=" " * 28)
+        for name, about in shipped_configs()
+    )
     return f"""usage: python train.py [CONFIG] [section.key=value ...] [--print-config] [--dry-run] [--debug]
        torchrun --nproc_per_node=N train.py [CONFIG] [section.key=value ...]
 
