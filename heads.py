@@ -285,7 +285,7 @@ def ablation(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt
 def patch_prompts(model, tokenizer, texts: list[str]) -> tuple[list[int], list[int]]:
     """--patch's two prompts as token ids, refused unless they have the same length and the model predicts
     different next tokens after them."""
-    clean, corrupted = (encode_prompt(text, tokenizer, model.config.block_size) for text in texts)
+    clean, corrupted = (encode_prompt(text, tokenizer, model.config.context_limit) for text in texts)
     if len(clean) != len(corrupted):
         raise UserError(
             f"--patch needs two prompts of the same length: the clean one has {len(clean)} tokens, the "
@@ -362,7 +362,8 @@ def main(argv: list[str]) -> int:
     if args.prompt is None and args.prompt_file is None:
         ids = val_prompt(val, mc.block_size)
     else:
-        ids = encode_prompt(read_prompt(args.prompt, args.prompt_file, tokenizer), tokenizer, mc.block_size)
+        text = read_prompt(args.prompt, args.prompt_file, tokenizer)
+        ids = encode_prompt(text, tokenizer, mc.context_limit)  # a windowed rotary model reads any length
     if args.lens and len(ids) < 2:
         raise UserError("--lens needs a prompt of at least 2 tokens (each position is scored on the next)")
     prompts = patch_prompts(model, tokenizer, args.patch) if args.patch else None

@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
     model, tokenizer, ckpt = loaded.model, loaded.tokenizer, loaded.where
     check_args(args, model.config.vocab_size)
     ids = encode_prompt(
-        read_prompt(args.prompt, args.prompt_file, tokenizer), tokenizer, model.config.block_size
+        read_prompt(args.prompt, args.prompt_file, tokenizer), tokenizer, model.config.context_limit
     )
     if args.quantize == "int8":
         model = quantize_int8(model)

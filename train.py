@@ -256,7 +256,7 @@ def sample_prompt(run: Run) -> list[int]:
     """The ids of log.sample_prompt (default: a newline, or <|endoftext|> for BPE), as sample.py has them."""
     tokenizer = run.dataset.tokenizer
     return encode_prompt(
-        read_prompt(run.cfg.log.sample_prompt, None, tokenizer), tokenizer, run.cfg.model.block_size
+        read_prompt(run.cfg.log.sample_prompt, None, tokenizer), tokenizer, run.cfg.model.context_limit
     )
 
 

@@ -71,6 +71,12 @@ class GPTConfig:
         return ", ".join(parts)
 
     @property
+    def context_limit(self) -> int | None:
+        """The most tokens a forward pass (a prompt) may hold: block_size, or None where positions go on past
+        it (`unbounded_context`)."""
+        return None if self.unbounded_context else self.block_size
+
+    @property
     def mlp_width(self) -> int:
         """The MLP's hidden width (of each of the two branches for swiglu)."""
         if self.mlp_hidden is not None:
