@@ -47,6 +47,8 @@ def read_run(run: str) -> list[dict]:
         raise UserError(
             f"{run} has no metrics.jsonl; give a training run's out_dir (train.out_dir)"
         ) from None
+    except OSError as e:  # a folder in its place, no permission
+        raise UserError(f"{path} cannot be read ({e.strerror or e})") from None
     if not evals(records):
         raise UserError(f"{path} has no evals yet; plot once the run has reached its first eval")
     return records
@@ -89,7 +91,12 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     if out.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise UserError(f"--out {out}: give a .png (or .pdf, .svg) file name")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(
+            f"--out {out}: cannot create {out.parent} ({e.strerror or e}); choose another"
+        ) from None
     plot_runs(list(zip(labels(args.runs), records)), args.metric, args.x, out)
     print(f"wrote {out}")
     return 0

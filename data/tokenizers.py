@@ -355,15 +355,6 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
     return "trained_bpe", n
 
 
-def spec_vocab_size(spec: str) -> int | None:
-    """The vocabulary a tokenizer `spec` will have before it is made: bpe:N's N (at most: a text that runs
-    out of pairs to merge gives fewer), GPT-2's; None for char, whose vocabulary is the text's characters."""
-    kind, size = parse_spec(spec)
-    if kind == "char":
-        return None
-    return size if kind == "trained_bpe" else BPETokenizer(kind).vocab_size
-
-
 def check_meta(tokenizer_meta) -> None:
     """A ValueError saying what is wrong with tokenizer metadata read from a file, unless it is what
     `to_meta` writes: char (distinct characters in order), GPT-2's BPE, or bpe:N (its tokenizers JSON)."""

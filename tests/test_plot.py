@@ -55,3 +55,9 @@ def test_plot_draws_what_it_can_and_refuses_the_rest_in_one_line(tmp_path: Path,
     script_error(capsys, command.main, [old, "--out", str(png)], message)
     plot_run(rows_of_two_versions(), tmp_path / "loss.png")  # the run's own curves, from the same rows
     assert imread(tmp_path / "loss.png").shape[1] >= 800
+    (tmp_path / "folder" / "metrics.jsonl").mkdir(parents=True)
+    script_error(
+        capsys, command.main, [str(tmp_path / "folder")], "metrics.jsonl cannot be read (Is a directory)"
+    )
+    (tmp_path / "file").write_text("")
+    script_error(capsys, command.main, [run, "--out", str(tmp_path / "file" / "x.png")], "cannot create")

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from common.errors import ConfigError, UserError
 from data.dataset import META_FILE, Dataset, dataset_folder
-from data.recipes import RECIPES, local_dataset, prepare_known
-from data.tokenizers import describe, same, spec_vocab_size
+from data.recipes import local_dataset, prepare_known, recipe_vocab_size
+from data.tokenizers import describe, same
 from model import GPTConfig
 from model.lora import model_problem
 from runs.checkpoint import Checkpoint, find_last
@@ -78,8 +78,7 @@ def paper_plan(request: Request) -> PaperPlan:
 def _unprepared_vocabulary(cfg: Config) -> Config:
     """cfg with the vocabulary of a dataset not prepared yet: its recipe's tokenizer's (bpe:N, GPT-2's), else
     model.vocab_size, which must then be set (a character vocabulary is known once the text is read)."""
-    recipe = RECIPES.get(cfg.data.dataset)
-    vocab = spec_vocab_size(recipe.tokenizer) if recipe is not None else None
+    vocab = recipe_vocab_size(cfg.data.dataset)
     if vocab is not None:
         return with_vocabulary(cfg, vocab)
     if cfg.model.vocab_size is None:
