@@ -21,6 +21,7 @@ The file is written beside DEST and renamed into place.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -173,5 +174,6 @@ def write_gguf(
             f"could not write {path} ({e.strerror or e}); free disk space or choose another DEST"
         ) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # where the folder could not be made, there is nothing to remove
+            tmp.unlink(missing_ok=True)
     return architecture

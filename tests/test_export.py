@@ -83,6 +83,9 @@ def test_a_gguf_goes_into_a_new_folder_and_its_hint_is_shell_quoted(gqa_gpt2: Pa
     out = script(capsys, export_script.main, str(gqa_gpt2), str(dest))
     assert f"llama-cli -m {shlex.quote(str(dest))} -p PROMPT" in out and "'\"'\"'" in out
     assert dest.is_file() and [p.name for p in dest.parent.iterdir()] == [dest.name]
+    (tmp_path / "a file").write_text("mine")
+    blocked = str(tmp_path / "a file" / "it.gguf")  # the folder cannot be made: one line, nothing written
+    script_error(capsys, export_script.main, [str(gqa_gpt2), blocked], "could not write")
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     f32 = llama_cpp.GGML_TYPE_F32  # a float32 KV cache: only llama.cpp's GELU table rounds
     kw = dict(n_ctx=64, logits_all=True, n_threads=2, type_k=f32, type_v=f32, verbose=False)
