@@ -95,7 +95,7 @@ def _estimate(request: Request) -> Estimate:
     free = _available_bytes(device) if plan.present else None
     out_dir = Path(t.out_dir)
     disk_free = shutil.disk_usage(out_dir).free if out_dir.exists() else None
-    held = _held_run(out_dir, t.resume, t.overwrite)
+    held = _held_run(out_dir, request.cfg.train.resume, t.overwrite)  # the plan starts afresh
     timing, why_not = None, None
     if not plan.present:
         why_not = f"train.device={t.device} but no CUDA GPU is visible here"
