@@ -20,7 +20,7 @@ and nanoGPT's acc_norm), per character (acc_per_char, lm-evaluation-harness's ac
 
 from __future__ import annotations
 
-from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+from common.errors import UserError, named_as_flags, run_cli  # first: a Ctrl-C while torch loads is one line
 
 # isort: split
 import argparse
@@ -70,6 +70,7 @@ def check_args(args: argparse.Namespace, block_size: int) -> None:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
 
 
+@named_as_flags({"train.device": "--device", "train.precision": "--precision"})
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)

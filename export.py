@@ -25,8 +25,11 @@ model, in either format. With --adapter, DEST gets the adapters alone as PEFT wr
 the base exported as it was (the Hugging Face folder it came from, or `python export.py BASE BASE_DEST`).
 
 A model option with no exact equivalent in GPT-2 or Llama (QK-norm, ReLU^2, a sliding window, logit
-soft-capping, attention only) is refused, naming it. A non-empty DEST is refused unless --overwrite; the
-folder or file is written beside DEST and renamed into place, so a failed export leaves DEST as it was.
+soft-capping, attention only) is refused, naming every one at once; grouped-query attention with learned
+positions exports as GPT-2 with each key/value head repeated for its query heads (the same computation).
+A non-empty DEST is refused unless --overwrite; the folder or file is written beside DEST and renamed into
+place, so a failed export leaves DEST as it was. The folder DEST goes into is created where it is missing,
+for a folder and a .gguf file alike.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from common.errors import UserError, run_cli  # first: a Ctrl-C while torch load
 # isort: split
 import argparse
 import contextlib
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,8 +75,6 @@ def check_dest(dest: Path, overwrite: bool) -> None:
             raise UserError(f"{dest} is a folder; give a file name ending in .gguf, or a folder without it")
         if dest.exists() and not overwrite:
             raise UserError(f"{dest} exists; pass --overwrite to replace it, or choose another file name")
-        if not dest.resolve().parent.is_dir():
-            raise UserError(f"{dest.parent} does not exist; create it first, or choose another file name")
         return
     if dest.is_file() or (dest.exists() and not dest.is_dir()):
         raise UserError(f"{dest} is a file; give a folder to export into")
@@ -121,7 +123,7 @@ def export_folder(source: Pretrained, dest: Path) -> tuple[str, str]:
     """Write the Hugging Face folder; (what was written, how to load it)."""
     with new_folder(dest) as tmp:
         architecture = folders.write_model(tmp, source.model, source.weights, source.tokenizer_meta)
-    return architecture, f'load it with transformers.AutoModelForCausalLM.from_pretrained("{dest}")'
+    return architecture, f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(dest)!r})"
 
 
 def export_gguf(source: Pretrained, dest: Path, dtype: str) -> tuple[str, str]:
@@ -129,7 +131,10 @@ def export_gguf(source: Pretrained, dest: Path, dtype: str) -> tuple[str, str]:
     where = source.where
     name = where.parent.name if where.name in ("best", "last") else where.name
     architecture = write_gguf(dest, source.model, source.weights, source.tokenizer_meta, dtype, name)
-    return f"GGUF {architecture} {dtype}", f"run it with llama.cpp: llama-cli -m {dest} -p PROMPT"
+    return (
+        f"GGUF {architecture} {dtype}",
+        f"run it with llama.cpp: llama-cli -m {shlex.quote(str(dest))} -p PROMPT",
+    )
 
 
 def export_adapter(source: Pretrained, dest: Path) -> int:
@@ -146,8 +151,8 @@ def export_adapter(source: Pretrained, dest: Path) -> int:
         f"exported the LoRA adapters of {source.where} to {dest}: rank {source.config.lora.rank} on "
         f"{', '.join(targets)}, for the base {base}\n"
         "load them onto the base as transformers has it: peft.PeftModel.from_pretrained(AutoModelForCausalLM"
-        f'.from_pretrained(BASE), "{dest}"), BASE its Hugging Face folder (a run of ours: python export.py '
-        f"{base} BASE)"
+        f".from_pretrained(BASE), {str(dest)!r}), BASE its Hugging Face folder (a run of ours: python "
+        f"export.py {shlex.quote(str(base))} BASE)"
     )
     return 0
 

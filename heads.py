@@ -48,7 +48,7 @@ and role scores (with --html, the page is written too, with the role scores and 
 
 from __future__ import annotations
 
-from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+from common.errors import UserError, named_as_flags, run_cli  # first: a Ctrl-C while torch loads is one line
 
 # isort: split
 import argparse
@@ -339,7 +339,7 @@ def ablation(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt
 def patch_prompts(model, tokenizer, texts: list[str], option: str = "--patch") -> tuple[list[int], list[int]]:
     """A prompt pair's token ids (--patch, --attribute, --circuit), refused unless they have the same length
     and the model predicts different next tokens after them."""
-    clean, corrupted = (encode_prompt(text, tokenizer, model.config.block_size) for text in texts)
+    clean, corrupted = (encode_prompt(text, tokenizer, model.config.context_limit) for text in texts)
     if len(clean) != len(corrupted):
         raise UserError(
             f"{option} needs two prompts of the same length: the clean one has {len(clean)} tokens, the "
@@ -423,6 +423,23 @@ def circuit(model, task, scores, out: Path, ckpt: Path):
     return found, [write_json(out / "circuit.json", ckpt, found), out / "circuit.png"]
 
 
+def inputs(args: argparse.Namespace, ids: list[int], pairs: dict[str, tuple[list[int], list[int]]]) -> str:
+    """What the command reads, for its first line: the prompt where the maps, --lens or --html read it, the
+    prompt pairs of --patch, --attribute and --circuit, and --ablate's validation windows and repeated
+    sequences."""
+    read = []
+    if not analyses(args) or args.lens or args.html:
+        read.append(f"prompt of {len(ids)} tokens")
+    read += [f"--{name} prompts of {len(pair[0])} tokens each" for name, pair in pairs.items()]
+    if args.ablate:
+        read.append(f"{args.ablate} ablation on validation windows and repeated sequences")
+    if args.circuit is not None and "circuit" not in pairs:
+        read.append("repeated random sequences (--circuit)")
+    if args.composition:
+        read.append("the weights (--composition)")
+    return ", ".join(read)
+
+
 def output_folder(args: argparse.Namespace, ckpt: Path) -> Path:
     out = Path(args.out) if args.out else ckpt.parent / "heads"
     try:
@@ -434,6 +451,7 @@ def output_folder(args: argparse.Namespace, ckpt: Path) -> Path:
     return out
 
 
+@named_as_flags({"train.device": "--device", "train.precision": "--precision"})
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
@@ -446,7 +464,8 @@ def main(argv: list[str]) -> int:
     if args.prompt is None and args.prompt_file is None:
         ids = val_prompt(val, mc.block_size)
     else:
-        ids = encode_prompt(read_prompt(args.prompt, args.prompt_file, tokenizer), tokenizer, mc.block_size)
+        text = read_prompt(args.prompt, args.prompt_file, tokenizer)
+        ids = encode_prompt(text, tokenizer, mc.context_limit)  # a windowed rotary model reads any length
     if args.lens and len(ids) < 2:
         raise UserError("--lens needs a prompt of at least 2 tokens (each position is scored on the next)")
     pairs = {  # the prompt pairs, checked before any work
@@ -457,7 +476,7 @@ def main(argv: list[str]) -> int:
     task = circuit_task(model, args, pairs.get("circuit")) if args.circuit is not None else None
     out = output_folder(args, ckpt)
     print(
-        f"heads of {ckpt}: {mc.n_layer} layers x {mc.n_head} heads; prompt of {len(ids)} tokens",
+        f"heads of {ckpt}: {mc.n_layer} layers x {mc.n_head} heads; {inputs(args, ids, pairs)}",
         file=sys.stderr,
     )
 

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from interp.curves import X_AXES, evals, plot_runs
+from interp.curves import X_AXES, evals, numbers, plot_runs, points
 from runs import checkpoint
 from runs.config import to_dict
 from training.tracking import read_metrics
@@ -47,6 +47,8 @@ def read_run(run: str) -> list[dict]:
         raise UserError(
             f"{run} has no metrics.jsonl; give a training run's out_dir (train.out_dir)"
         ) from None
+    except OSError as e:  # a folder in its place, no permission
+        raise UserError(f"{path} cannot be read ({e.strerror or e})") from None
     if not evals(records):
         raise UserError(f"{path} has no evals yet; plot once the run has reached its first eval")
     return records
@@ -85,20 +87,38 @@ def labels(runs: list[str]) -> list[str]:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     records = [read_run(r) for r in args.runs]
-    if not any(args.metric in r for rows in records for r in evals(rows)):
-        have = sorted({k for rows in records for r in evals(rows) for k, v in r.items() if _number(v)})
-        raise UserError(f"--metric {args.metric}: no run has it; metrics.jsonl has {', '.join(have)}")
+    check_metric(records, args.metric, args.x)
     out = Path(args.out)
     if out.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise UserError(f"--out {out}: give a .png (or .pdf, .svg) file name")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(
+            f"--out {out}: cannot create {out.parent} ({e.strerror or e}); choose another"
+        ) from None
     plot_runs(list(zip(labels(args.runs), records)), args.metric, args.x, out)
     print(f"wrote {out}")
     return 0
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def check_metric(records: list[list[dict]], metric: str, x: str) -> None:
+    """Refuse, in one line, a metric no run can draw against `x`: not in metrics.jsonl, not one number (a
+    nested record: its numbers are named by dotted paths), or in no record that has the x axis's key."""
+    have = sorted({k for rows in records for r in evals(rows) for k in numbers(r)})
+    if metric not in have:
+        inside = [k for k in have if k.startswith(f"{metric}.")]
+        if inside:
+            raise UserError(f"--metric {metric} holds several numbers; plot one of: {', '.join(inside)}")
+        shown = [k for k in have if "." not in k]
+        raise UserError(f"--metric {metric}: no run has it; metrics.jsonl has {', '.join(shown)}")
+    key = X_AXES[x][0]
+    if not any(points(rows, metric, key)[0] for rows in records):
+        others = [
+            name for name, (k, _) in X_AXES.items() if any(points(rows, metric, k)[0] for rows in records)
+        ]
+        instead = f"; try --x {' or '.join(others)}" if others else ""
+        raise UserError(f"--metric {metric}: no record has it together with {key}, the --x {x} axis{instead}")
 
 
 if __name__ == "__main__":

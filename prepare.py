@@ -136,10 +136,11 @@ def main(argv: list[str]) -> int:
         kind, _ = parse_spec(recipe.tokenizer)
         if kind not in ("char", "trained_bpe"):
             BPETokenizer(kind)
-    meta = prepare_dataset(args.name, recipe, args.data_dir, args.workers, tokenizer, args.shard_tokens)
+    folder = dataset_folder(args.name, args.data_dir)
+    meta = prepare_dataset(folder, recipe, args.workers, tokenizer, args.shard_tokens)
     print(
         f"prepared {args.name}: {meta.train_tokens:,} train and {meta.val_tokens:,} val tokens "
-        f"({meta.dtype}, vocabulary {meta.vocab_size:,}) in {dataset_folder(args.name, args.data_dir)}"
+        f"({meta.dtype}, vocabulary {meta.vocab_size:,}) in {folder}"
     )
     return 0
 

@@ -14,7 +14,7 @@ of a batch streams as it is generated, the others follow when the batch is done.
 
 from __future__ import annotations
 
-from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+from common.errors import UserError, named_as_flags, run_cli  # first: a Ctrl-C while torch loads is one line
 
 # isort: split
 import argparse
@@ -89,6 +89,7 @@ def check_args(args: argparse.Namespace, vocab_size: int) -> None:
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
 
 
+@named_as_flags({"train.device": "--device"})
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
@@ -96,11 +97,12 @@ def main(argv: list[str]) -> int:
     model, tokenizer, ckpt = loaded.model, loaded.tokenizer, loaded.where
     check_args(args, model.config.vocab_size)
     ids = encode_prompt(
-        read_prompt(args.prompt, args.prompt_file, tokenizer), tokenizer, model.config.block_size
+        read_prompt(args.prompt, args.prompt_file, tokenizer), tokenizer, model.config.context_limit
     )
     if args.quantize == "int8":
         model = quantize_int8(model)
-    print(f"sampling from {ckpt}" + (" (compiling the decoding step first)" * args.compile), file=sys.stderr)
+    compiled = " with the decoding step compiled" if args.compile else ""
+    print(f"sampling from {ckpt}{compiled}", file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     shown = [] if ids == [tokenizer.eot_token] else ids  # the prompt each sample starts with
     timing = SpeedLine()

@@ -25,6 +25,7 @@ from common.errors import ConfigError, UserError, run_cli  # first: a Ctrl-C whi
 import math
 import shlex
 import sys
+import textwrap
 
 import torch
 
@@ -132,7 +133,10 @@ def parse_command_line(argv: list[str]) -> Request | None:
 
 
 def usage() -> str:
-    configs = "\n".join(f"  {name:<26}{about}" for name, about in shipped_configs())
+    configs = "\n".join(
+        textwrap.fill(about, 110, initial_indent=f"  {name:<26}", subsequent_indent=" " * 28)
+        for name, about in shipped_configs()
+    )
     return f"""usage: python train.py [CONFIG] [section.key=value ...] [--print-config] [--dry-run] [--debug]
        torchrun --nproc_per_node=N train.py [CONFIG] [section.key=value ...]
 
@@ -170,8 +174,7 @@ def check_and_describe(run: Run) -> None:
         return
     mc, meta = cfg.model, run.dataset.meta
     print(
-        f"model: {model.num_params() / 1e6:.2f}M parameters ({mc.n_layer} layers, {mc.n_head} heads of "
-        f"{mc.head_dim}, n_embd {mc.n_embd}, context {mc.block_size}); dataset {cfg.data.dataset}: "
+        f"model: {model.num_params() / 1e6:.2f}M parameters ({mc.describe()}); dataset {cfg.data.dataset}: "
         f"{meta.train_tokens:,} train / {meta.val_tokens:,} val tokens"
     )
     print(
@@ -182,6 +185,12 @@ def check_and_describe(run: Run) -> None:
     )
     if cfg.train.init_from and not cfg.train.resume:
         print(f"starting from the weights of {cfg.train.init_from} (fresh optimizer, iteration 0)")
+    if cfg.train.resume:
+        p = run.progress
+        print(
+            f"resuming at iteration {p.iter:,} of {cfg.train.max_iters:,} from {run.out_dir / 'last'} "
+            f"({p.elapsed_s:.1f}s of training so far, best val loss {p.best_val_loss:.4f})"
+        )
     if cfg.lora is not None:
         total, lc = model.num_params(non_embedding=False), cfg.lora
         print(
@@ -244,9 +253,9 @@ def exact_val_loss(run: Run) -> dict:
 
 def sample_prompt(run: Run) -> list[int]:
     """The ids of log.sample_prompt (default: a newline, or <|endoftext|> for BPE), as sample.py has them."""
-    tokenizer = run.dataset.tokenizer()
+    tokenizer = run.dataset.tokenizer
     return encode_prompt(
-        read_prompt(run.cfg.log.sample_prompt, None, tokenizer), tokenizer, run.cfg.model.block_size
+        read_prompt(run.cfg.log.sample_prompt, None, tokenizer), tokenizer, run.cfg.model.context_limit
     )
 
 
@@ -255,7 +264,7 @@ def draw_sample(run: Run, log: Tracker) -> str | None:
     in fp32 (as sample.py), after log.sample_prompt. None on ranks that run no forward (forwards_here)."""
     if not forwards_here(run):
         return None
-    cfg, model, tokenizer = run.cfg, run.model, run.dataset.tokenizer()
+    cfg, model, tokenizer = run.cfg, run.model, run.dataset.tokenizer
     generator = torch.Generator(device=run.rt.device).manual_seed(cfg.train.seed)
     idx = torch.tensor([sample_prompt(run)], device=run.rt.device)
     model.eval()
@@ -357,8 +366,13 @@ def finish(run: Run, log: Tracker) -> None:
             f"(train.final_eval=auto); measure it with: python eval.py {out_dir}"
         )
     where = f"; checkpoints in {out_dir}" if run.cfg.train.save else ""
+    here, wall = p.iter - log.first[0], f"{log.wall():.1f}s wall"
+    if run.cfg.train.resume:  # the totals are the run's; what this process did is its part since then
+        wall = (
+            f"resumed at iteration {log.first[0]}: {here} here in {p.elapsed_s - log.first[1]:.1f}s, {wall}"
+        )
     log.write(
-        f"done: {p.iter} iterations in {p.elapsed_s:.1f}s of training ({log.wall():.1f}s wall), best val "
+        f"done: {p.iter} iterations in {p.elapsed_s:.1f}s of training ({wall}), best val "
         f"loss {p.best_val_loss:.4f} (estimated){exact}{where}"
     )
 

@@ -8,12 +8,17 @@ Ctrl-C outside a training loop is one line too, exit 130: in `main` through `run
 seconds of imports before it through the hook this module installs when it is imported, which is why every
 script imports it first. A reader of stdout that goes away (`| head`) ends a script quietly with exit 141,
 or, for training (`keep_going`), costs only the output (common/streams.py).
+A message names a setting by its config key (`train.device=cuda`), which is how train.py's user gives it;
+a script that takes the setting as a flag declares which (`named_as_flags`), and the errors raised under its
+`main`, however deep, name the flag instead (`--device cuda`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import sys
 from collections.abc import Callable
 
@@ -32,6 +37,34 @@ def first_line(e: BaseException, limit: int = 200) -> str:
     """An exception's message cut to one line for a message of ours (its type's name when it has none)."""
     text = str(e).strip()
     return text.splitlines()[0][:limit] if text else type(e).__name__
+
+
+def as_flags(message: str, flags: dict[str, str]) -> str:
+    """`message` with each config key in `flags` named as the script's flag: `train.device=cuda` becomes
+    `--device cuda`, a bare `train.device` becomes `--device`."""
+    for key, flag in flags.items():
+        key = re.escape(key)
+        message = re.sub(rf"(?<![\w.]){key}=([^\s;,)]+)", rf"{flag} \1", message)
+        message = re.sub(rf"(?<![\w.]){key}(?![\w.])", flag, message)
+    return message
+
+
+def named_as_flags(flags: dict[str, str]):
+    """Decorate a script's `main` whose flags stand for config keys (`{"train.device": "--device"}`): a
+    UserError raised under it, however deep, names them as the user gave them (`as_flags`)."""
+
+    def decorate(main: Callable[[list[str]], int | None]) -> Callable[[list[str]], int | None]:
+        @functools.wraps(main)
+        def named(argv: list[str]) -> int | None:
+            try:
+                return main(argv)
+            except UserError as e:
+                e.args = (as_flags(str(e), flags), *e.args[1:])
+                raise
+
+        return named
+
+    return decorate
 
 
 def debug_enabled(argv: list[str] | None = None) -> bool:

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -177,8 +178,11 @@ def atomic_folder(
 
 
 def save_figure(fig, path: Path | str, **savefig) -> None:
-    """A matplotlib figure saved to `path` whole, or not at all (a full disk leaves no half-written PNG)."""
-    with atomic_file(path) as tmp:
+    """A matplotlib figure saved to `path` whole, or not at all (a full disk leaves no half-written PNG).
+    A character no installed font has (an out_dir in Chinese in a title, a token's label) is drawn as a box,
+    without matplotlib's warning for each one."""
+    with atomic_file(path) as tmp, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"Glyph \d+ .* missing from", UserWarning)
         fig.savefig(tmp, **savefig)
 
 

@@ -13,6 +13,7 @@ first used: its files' sizes against meta.json's counts, and every id against th
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -203,8 +204,19 @@ class Dataset:
         shards.check(files, counts, self.meta.vocab_size)
         return files
 
+    @functools.cached_property
     def tokenizer(self) -> Tokenizer:
+        """The tokenizer that made the ids, built once (on first use: a GPT-2 BPE may need its vocabulary
+        downloaded, which a run that never decodes should not)."""
         return from_meta(self.meta.tokenizer_meta)
+
+    def byte_lengths(self) -> np.ndarray | None:
+        """The UTF-8 length of each token id, for bits per byte; None where the tokenizer cannot be loaded
+        here (a BPE vocabulary that is not cached, offline), so training goes on without bpb."""
+        try:
+            return self.tokenizer.byte_lengths()
+        except UserError:
+            return None
 
     def windows(self, split: str, block_size: int, device: torch.device, seed: int) -> TokenWindows:
         """Random windows of block_size + 1 tokens from a split (data/loader.py)."""

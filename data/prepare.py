@@ -42,7 +42,7 @@ from tqdm import tqdm
 from common import locks
 from common.errors import UserError
 from common.files import atomic_write, size_text, write_failed
-from data.dataset import LOCK, META_FILE, SPLITS, Meta, dataset_folder, token_dtype
+from data.dataset import LOCK, META_FILE, SPLITS, Meta, token_dtype
 from data.repeats import Repeats
 from data.resume import PROGRESS_FILE, Preparation, ShardWriter, final_files, resume
 from data.sources import Documents, HFText, TextFile
@@ -296,18 +296,18 @@ SOURCE_ERRORS = {
 
 
 def prepare_dataset(
-    name: str,
+    out: Path,
     recipe: Recipe,
-    data_dir: Path | str | None = None,
     workers: Optional[int] = None,
     tokenizer: Optional[Tokenizer] = None,
     shard_tokens: int = SHARD_TOKENS,
 ) -> Meta:
-    """Tokenise recipe's text into data_dir/name (data_dir None: data/): its splits in shards of about
-    `shard_tokens` ids, and meta.json; returns the metadata. With `tokenizer` given (an existing dataset's or
-    checkpoint's), it is used in place of the recipe's. An unfinished preparation of the same command in the
-    folder is continued. Holds the folder's lock, exclusive, meanwhile."""
-    out = dataset_folder(name, data_dir)
+    """Tokenise recipe's text into the dataset folder `out` (data/dataset.py's `dataset_folder`, resolved
+    once by the caller): its splits in shards of about `shard_tokens` ids, and meta.json; returns the
+    metadata. With `tokenizer` given (an existing dataset's or checkpoint's), it is used in place of the
+    recipe's. An unfinished preparation of the same command in the folder is continued. Holds the folder's
+    lock, exclusive, meanwhile."""
+    name = out.name
     advice = "choose another --data-dir (data.dir for train.py), or fix the folder's permissions"
     try:
         out.mkdir(parents=True, exist_ok=True)

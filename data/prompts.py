@@ -38,14 +38,15 @@ def default_prompt(tokenizer: Tokenizer) -> str:
     return "\n" if tokenizer.eot_token is None else ""
 
 
-def encode_prompt(text: str, tokenizer: Tokenizer, block_size: int) -> list[int]:
-    """The prompt's ids: an empty prompt is <|endoftext|> (BPE); it must fit the model's context."""
+def encode_prompt(text: str, tokenizer: Tokenizer, block_size: int | None) -> list[int]:
+    """The prompt's ids: an empty prompt is <|endoftext|> (BPE); it must fit the model's context (None: a
+    model that reads any length, GPTConfig.context_limit)."""
     if text == "" and tokenizer.eot_token is not None:
         return [tokenizer.eot_token]
     if text == "":
         raise UserError("the prompt is empty; give some text with --prompt")
     ids = encode_text(text, tokenizer, "the prompt").tolist()
-    if len(ids) > block_size:
+    if block_size is not None and len(ids) > block_size:
         raise UserError(
             f"the prompt is {len(ids)} tokens, longer than the model's context of {block_size}; shorten it"
         )

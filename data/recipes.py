@@ -16,6 +16,7 @@ from data.dataset import DATA_DIR, META_FILE, Dataset, dataset_folder
 from data.prepare import Recipe, prepare_dataset
 from data.repeats import Repeats
 from data.sources import HFText, TextFile
+from data.tokenizers import BPETokenizer, parse_spec
 
 SHAKESPEARE = str(DATA_DIR / "tinyshakespeare.txt")  # shipped, so the default run needs no download
 
@@ -39,6 +40,19 @@ RECIPES: dict[str, Recipe] = {
     ),
     "repeats": Recipe(Repeats(), "char", "synthetic random segments that repeat (induction-head study)"),
 }
+
+
+def recipe_vocab_size(name: str) -> int | None:
+    """The vocabulary known dataset `name` will have before it is prepared: its bpe:N's N (at most: a text
+    that runs out of pairs to merge gives fewer), GPT-2's; None for char (the text's characters) or a name
+    that is not known."""
+    recipe = RECIPES.get(name)
+    if recipe is None:
+        return None
+    kind, size = parse_spec(recipe.tokenizer)
+    if kind == "char":
+        return None
+    return size if kind == "trained_bpe" else BPETokenizer(kind).vocab_size
 
 
 def prepared_dataset(
@@ -78,4 +92,4 @@ def prepare_known(folder: Path) -> None:
             "--hf-dataset NAME)"
         )
     print(f"preparing dataset {name} in {folder} (first use)", file=sys.stderr)
-    prepare_dataset(name, RECIPES[name], folder.parent)
+    prepare_dataset(folder, RECIPES[name])

@@ -57,6 +57,16 @@ class UnknownCharacters(ValueError):
         super().__init__(f"{len(missing)} character(s) not in the vocabulary: {shown}")
 
 
+def token_text(tokenizer, token: int) -> str:
+    """One token as text to show: its characters; a byte-level BPE token holding part of a character (a
+    UTF-8 sequence that the next tokens finish) shows the bytes it has, escaped as Python writes them
+    (as \\xe6\\x97), not U+FFFD."""
+    table = tokenizer.token_bytes() if hasattr(tokenizer, "token_bytes") else None  # BPE kinds only
+    if table is None or not 0 <= token < len(table) or not table[token]:
+        return tokenizer.decode([token])
+    return table[token].decode("utf-8", errors="backslashreplace")
+
+
 def encode_text(text: str, tokenizer: Tokenizer, where: str) -> np.ndarray:
     """Token ids of text; characters a character vocabulary lacks are one error naming them and `where`."""
     try:

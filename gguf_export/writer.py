@@ -21,6 +21,7 @@ The file is written beside DEST and renamed into place.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -150,14 +151,14 @@ def write_gguf(
     path: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer_meta: dict, dtype: str, name: str
 ) -> str:
     """Write our model as the GGUF file `path` (replacing it); returns llama.cpp's architecture name."""
-    problem = convert.export_problem(cfg)
-    if problem:
-        raise UserError(f"cannot export: {problem} has no exact equivalent in llama.cpp's GPT-2 or Llama")
+    convert.check_exportable(cfg, "llama.cpp's GPT-2 or Llama")
+    cfg, weights = convert.with_every_head(cfg, weights)
     gguf = _gguf()
     vocab = vocabulary(tokenizer_meta, cfg.vocab_size)
     architecture = convert.family(cfg)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # as a folder export creates its parent
         writer = gguf.GGUFWriter(tmp, architecture)
         _metadata(writer, gguf, cfg, vocab, dtype, name)
         for tensor_name, tensor in gguf_tensors(cfg, weights, vocab.added_eot):
@@ -173,5 +174,6 @@ def write_gguf(
             f"could not write {path} ({e.strerror or e}); free disk space or choose another DEST"
         ) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # where the folder could not be made, there is nothing to remove
+            tmp.unlink(missing_ok=True)
     return architecture

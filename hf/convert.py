@@ -9,7 +9,8 @@ positions, RMSNorm and SwiGLU it is Llama. The computation is the same; only the
   Both rotate the pairs (x_i, x_{i+d/2}) of a head (transformers' rotate_half), so Q and K need no permuting.
 - A tied LM head (GPT-2 always, Llama by `tie_word_embeddings`) is not stored, as save_pretrained does.
 - GPT-2 always has biases: a GPT-2 style model without them exports zeros, which compute the same.
-Options with no exact equivalent in these two families are refused by name (`export_problem`). Names are
+Options with no exact equivalent in these two families are refused, all named at once (`check_exportable`);
+grouped-query attention with learned positions exports as GPT-2 with its key/value heads repeated. Names are
 written without transformers' module prefix ("transformer.", "model."), which folders may or may not have.
 LoRA adapters (model/lora.py) become PEFT's: one per transformers module, as model/lora.py's `parts` already
 cuts them (GPT-2's c_attn whole, Llama's q_proj, k_proj, v_proj apart), so nothing is approximated; their
@@ -18,6 +19,7 @@ A (rank x in) and B (out x rank) are stored as they are, even for GPT-2's transp
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import torch
@@ -36,8 +38,10 @@ def family(cfg: GPTConfig) -> str:
     return "gpt2" if cfg.pos_emb == "learned" else "llama"
 
 
-def export_problem(cfg: GPTConfig) -> str | None:
-    """The first option of `cfg` that neither GPT-2 nor Llama has, said for a person; None if it exports."""
+def export_problems(cfg: GPTConfig, adapters: bool = False) -> list[str]:
+    """Every option of `cfg` that neither GPT-2 nor Llama has, each said for a person; empty if it exports.
+    Grouped-query attention with learned positions exports as GPT-2 with its key/value heads repeated
+    (`with_every_head`: exact); its LoRA `adapters` cannot be (PEFT's c_attn adapter has GPT-2's shape)."""
     if family(cfg) == "gpt2":
         rules = [
             (cfg.norm != "layernorm", f"model.norm={cfg.norm} with learned positions (GPT-2 uses layernorm)"),
@@ -46,9 +50,9 @@ def export_problem(cfg: GPTConfig) -> str | None:
                 f"model.activation={cfg.activation} with learned positions (GPT-2 uses gelu or gelu_tanh)",
             ),
             (
-                cfg.kv_heads != cfg.n_head,
-                f"model.n_kv_head={cfg.n_kv_head} with learned positions (GPT-2 has "
-                "no grouped-query attention)",
+                adapters and cfg.kv_heads != cfg.n_head,
+                f"model.n_kv_head={cfg.n_kv_head} with learned positions, for adapters (GPT-2 has no "
+                "grouped-query attention; the merged model exports)",
             ),
         ]
     else:
@@ -66,14 +70,46 @@ def export_problem(cfg: GPTConfig) -> str | None:
         (cfg.logit_softcap is not None, f"model.logit_softcap={cfg.logit_softcap} (logit soft-capping)"),
         (not cfg.mlp, "model.mlp=false (attention only)"),
     ]
-    return next((what for bad, what in rules if bad), None)
+    return [what for bad, what in rules if bad]
+
+
+def check_exportable(cfg: GPTConfig, target: str, adapters: bool = False) -> None:
+    """Refuse a model `target` (e.g. "llama.cpp's GPT-2 or Llama") has no exact equivalent of, naming every
+    option in the way at once."""
+    found = export_problems(cfg, adapters)
+    if len(found) == 1:
+        raise UserError(f"cannot export: {found[0]} has no exact equivalent in {target}; train without it")
+    if found:
+        raise UserError(
+            f"cannot export: {len(found)} options have no exact equivalent in {target}: {'; '.join(found)}; "
+            "train without them"
+        )
+
+
+def with_every_head(cfg: GPTConfig, weights: dict[str, torch.Tensor]) -> tuple[GPTConfig, dict]:
+    """A learned-position model with grouped-query attention as GPT-2 has it, one key/value head per query
+    head: each of ours repeated for the query heads that share it (head h reads key/value head h // group,
+    as SDPA's enable_gqa), which computes the same. Any other model is returned as it is."""
+    if family(cfg) != "gpt2" or cfg.kv_heads == cfg.n_head:
+        return cfg, weights
+    group, d = cfg.n_head // cfg.kv_heads, cfg.head_dim
+    out = dict(weights)
+    for name, tensor in weights.items():
+        if name.endswith(("attn.W_QKV.weight", "attn.W_QKV.bias")):
+            q, k, v = tensor.split([cfg.n_head * d, cfg.kv_heads * d, cfg.kv_heads * d])
+            k, v = (
+                x.unflatten(0, (cfg.kv_heads, d)).repeat_interleave(group, 0).flatten(0, 1) for x in (k, v)
+            )
+            out[name] = torch.cat([q, k, v])
+    return dataclasses.replace(cfg, n_kv_head=None), out
 
 
 # --- configs ---
 
 
 def to_hf_config(cfg: GPTConfig, eot: int | None) -> dict:
-    """config.json for our model (export_problem(cfg) must be None); `eot` is the end-of-text token."""
+    """config.json for our model (one `check_exportable` passes, `with_every_head` applied); `eot` is the
+    end-of-text token."""
     if family(cfg) == "gpt2":
         return {
             "architectures": ["GPT2LMHeadModel"],
@@ -291,7 +327,7 @@ def to_peft_weights(
             continue
         A, B = adapters[f"{module}.lora_A"], adapters[f"{module}.lora_B"]
         ours = lora.parts(cfg, module.rsplit(".", 1)[1])
-        if len(ours) != len(theirs):  # cannot happen for a model export_problem lets through
+        if len(ours) != len(theirs):  # cannot happen for a model check_exportable lets through
             raise UserError(f"cannot write {module}'s {len(ours)} adapters as {len(theirs)} PEFT modules")
         for (tensor, _), a, b in zip(theirs, A.split(B.size(1)), B.split(ours)):
             path = prefix + tensor.removesuffix(".weight")

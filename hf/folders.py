@@ -124,18 +124,14 @@ def download(name: str) -> Path:
         raise UserError(f"could not get {name} from the Hugging Face hub ({first_line(e)})") from None
 
 
-def _check_exportable(cfg: GPTConfig) -> None:
-    problem = convert.export_problem(cfg)
-    if problem:
-        raise UserError(
-            f"cannot export: {problem} has no exact equivalent in transformers' GPT-2 or Llama models"
-        )
+TRANSFORMERS = "transformers' GPT-2 or Llama models"  # what an export must match exactly
 
 
 def write_model(folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer_meta: dict) -> str:
     """Write a transformers model folder for our model into the empty `folder`; returns its architecture.
     `weights` are ours by name (a tied LM head may be absent)."""
-    _check_exportable(cfg)
+    convert.check_exportable(cfg, TRANSFORMERS)
+    cfg, weights = convert.with_every_head(cfg, weights)
     eot = tokenizer_files.write_tokenizer(folder, tokenizer_meta, cfg.block_size)
     config = convert.to_hf_config(cfg, eot)
     save_tensors(convert.to_hf_weights(weights, cfg), folder / WEIGHTS, metadata={"format": "pt"})
@@ -151,7 +147,7 @@ def write_adapter(
     """Write a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) for the LoRA `adapters`
     (ours, by name) of a model `cfg` into the empty `folder`, `base` naming the model it adapts; returns
     the target modules. `PeftModel.from_pretrained(base model, folder)` loads it."""
-    _check_exportable(cfg)
+    convert.check_exportable(cfg, TRANSFORMERS, adapters=True)
     tensors, targets = convert.to_peft_weights(adapters, cfg)
     save_tensors(tensors, folder / ADAPTER_WEIGHTS, metadata={"format": "pt"})
     config = {

@@ -29,6 +29,25 @@ def evals(records: list[dict]) -> list[dict]:
     return [r for r in records if "val_loss" in r]
 
 
+def numbers(record: dict, prefix: str = "") -> dict[str, float]:
+    """Every number in a record by its key, those in a nested record by a dotted path (heads.icl_score)."""
+    out = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            out.update(numbers(value, f"{prefix}{key}."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[prefix + key] = value
+    return out
+
+
+def points(records: list[dict], metric: str, key: str) -> tuple[list[float], list[float]]:
+    """(x, y) of the eval records where `key` and `metric` are both numbers (a record written by an older
+    version, or a diverged eval's null, is left out)."""
+    found = [numbers(r) for r in evals(records)]
+    pairs = [(r[key], r[metric]) for r in found if key in r and metric in r]
+    return [x for x, _ in pairs], [y for _, y in pairs]
+
+
 def plot_run(records: list[dict], path: Path, title: str = "") -> None:
     """Train and val loss against tokens (the learning rate on a twin axis) and against training seconds."""
     rows = evals(records)
@@ -37,18 +56,24 @@ def plot_run(records: list[dict], path: Path, title: str = "") -> None:
     axes = fig.subplots(1, 2)
     for ax, x in zip(axes, ("tokens", "time")):
         key, label = X_AXES[x]
-        xs = [r[key] for r in rows]
         for metric, (name, color) in STYLE.items():
-            ax.plot(xs, [r[metric] for r in rows], color=color, marker=".", label=name)
+            ax.plot(*points(rows, metric, key), color=color, marker=".", label=name)
         final = rows[-1].get("final_val_loss") if rows else None
-        if final is not None:
-            ax.plot([xs[-1]], [final], "*", color="tab:red", markersize=10, label=f"val, exact: {final:.4f}")
+        if isinstance(final, (int, float)) and key in rows[-1]:
+            ax.plot(
+                [rows[-1][key]],
+                [final],
+                "*",
+                color="tab:red",
+                markersize=10,
+                label=f"val, exact: {final:.4f}",
+            )
         ax.set(xlabel=label, ylabel="loss (nats per token)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper right")
     axes[0].xaxis.set_major_formatter(EngFormatter(sep=""))
     lr = axes[0].twinx()
-    lr.plot([r["tokens"] for r in rows], [r["lr"] for r in rows], color="grey", linestyle=":", linewidth=1)
+    lr.plot(*points(rows, "lr", "tokens"), color="grey", linestyle=":", linewidth=1)
     lr.set_ylabel("learning rate (dotted)", color="grey")
     lr.tick_params(axis="y", colors="grey", labelsize=8)
     lr.set_ylim(bottom=0)
@@ -62,11 +87,10 @@ def plot_runs(runs: list[tuple[str, list[dict]]], metric: str, x: str, path: Pat
     fig = Figure(figsize=(9, 5.2), dpi=110, layout="constrained")
     ax = fig.subplots()
     for name, records in runs:
-        rows = [r for r in evals(records) if metric in r]
-        xs = [r[key] for r in rows]
-        (line,) = ax.plot(xs, [r[metric] for r in rows], marker=".", label=name)
-        final = rows[-1].get(f"final_{metric}") if rows else None
-        if final is not None:
+        xs, ys = points(records, metric, key)
+        (line,) = ax.plot(xs, ys, marker=".", label=name)
+        final = evals(records)[-1].get(f"final_{metric}") if xs else None
+        if isinstance(final, (int, float)):
             ax.plot([xs[-1]], [final], "*", color=line.get_color(), markersize=11)
     ax.set(xlabel=label, ylabel=metric.replace("_", " "), title=f"{metric} against {label}")
     if x == "tokens":

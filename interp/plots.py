@@ -20,6 +20,7 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from common.files import save_figure
+from data.tokenizers import token_text
 from interp.ablation import METRICS
 from interp.scores import HEAD_NAME, ROLES, head_name, role_name, strongest
 
@@ -28,11 +29,12 @@ CMAP = matplotlib.colormaps["viridis"].with_extremes(bad="white")
 
 
 def token_labels(ids: list[int], tokenizer) -> list[str]:
-    """One short, visible label per token (spaces and newlines shown as ␣ and ↵)."""
+    """One short, visible label per token (spaces and newlines shown as ␣ and ↵; the bytes of part of a
+    character escaped, as data/tokenizers.py's `token_text` shows them, kept whole)."""
     labels = []
     for i in ids:
-        text = tokenizer.decode([i]).replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥")
-        labels.append(text[:10] or "∅")
+        text = token_text(tokenizer, i).replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥")
+        labels.append((text if "\\x" in text else text[:10]) or "∅")
     return labels
 
 

@@ -52,6 +52,30 @@ class GPTConfig:
         only, so positions may go on past block_size (generation never re-encodes; forwards may be longer)."""
         return self.window is not None and self.pos_emb == "rope"
 
+    def describe(self) -> str:
+        """The shape and what decides where attention reads, for a run's first line: layers, heads (and the
+        key/value heads they share), width, context, positions and window."""
+        heads = f"{self.n_head} heads of {self.head_dim}"
+        if self.kv_heads != self.n_head:
+            heads += f" sharing {self.kv_heads} key/value head{'s' if self.kv_heads > 1 else ''}"
+        positions = "rotary positions" if self.pos_emb == "rope" else "learned positions"
+        parts = [
+            f"{self.n_layer} layers",
+            heads,
+            f"n_embd {self.n_embd}",
+            f"context {self.block_size}",
+            positions,
+        ]
+        if self.window is not None:
+            parts.append(f"window {self.window}")
+        return ", ".join(parts)
+
+    @property
+    def context_limit(self) -> int | None:
+        """The most tokens a forward pass (a prompt) may hold: block_size, or None where positions go on past
+        it (`unbounded_context`)."""
+        return None if self.unbounded_context else self.block_size
+
     @property
     def mlp_width(self) -> int:
         """The MLP's hidden width (of each of the two branches for swiglu)."""

@@ -130,8 +130,12 @@ def ahead_of_time(step: DecodeStep) -> Step:
 
 def build_library(step: DecodeStep, path: Path) -> None:
     """Export the step and compile it with AOTInductor into `path`, written whole."""
-    print("compiling the decoding step (once for this model's shape: some seconds)", file=sys.stderr)
-    token = torch.zeros(step.cache.doc_start.size(0), dtype=torch.long)
+    batch = step.cache.doc_start.size(0)
+    print(
+        f"compiling the decoding step at batch {batch} (once for this model's shape: some seconds)",
+        file=sys.stderr,
+    )
+    token = torch.zeros(batch, dtype=torch.long)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.export's notes about its own internals, not for our users
         program = torch.export.export(step, (token, torch.zeros(1, dtype=torch.long)), strict=False)

@@ -83,7 +83,7 @@ def generate(
     B, block_size = idx.size(0), model.config.block_size
     endless = model.config.unbounded_context  # positions go on past block_size: no slide
     keep = max(1, block_size // 2)  # tokens kept when the window slides
-    n = min(idx.size(1), block_size)
+    n = idx.size(1) if endless else min(idx.size(1), block_size)  # endless: the whole prompt, prefilled
     length = n + max_new_tokens if endless else block_size + 1
     window = torch.empty((B, length), dtype=idx.dtype, device=idx.device)  # the tokens in context
     window[:, :n] = idx[:, -n:]

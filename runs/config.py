@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -410,12 +411,21 @@ def from_arguments(args: list[str]) -> Request:
 
 
 def shipped_configs() -> list[tuple[str, str]]:
-    """(name, the first line of its opening comment) for each config in configs/."""
-    out = []
-    for path in sorted(CONFIG_DIR.glob("*.yaml")):
-        first = next((line for line in path.read_text().splitlines() if line.strip()), "")
-        out.append((path.stem, first.lstrip("# ").strip() if first.startswith("#") else ""))
-    return out
+    """(name, the first sentence of its opening comment) for each config in configs/."""
+    return [(path.stem, first_sentence(path.read_text())) for path in sorted(CONFIG_DIR.glob("*.yaml"))]
+
+
+def first_sentence(yaml_text: str) -> str:
+    """The first sentence of a config's opening comment, over as many lines as it takes (up to an indented
+    example command or the YAML itself); a dot inside a word (train.init_from, 1.88) goes on."""
+    prose = []
+    for line in yaml_text.splitlines():
+        if not line.startswith("#") or line.startswith("#  "):
+            break
+        prose.append(line.lstrip("#").strip())
+    text = " ".join(prose)
+    end = re.search(r"(?<!e\.g)(?<!i\.e)\.(\s|$)", text)
+    return text[: end.start() + 1] if end else text
 
 
 def to_yaml(cfg: Config) -> str:

@@ -17,6 +17,17 @@ from runs.config import Config
 LOCK = ".lock"  # in an out_dir: held by the train.py that writes into it
 
 
+HELD_ADVICE = (
+    "continue it with train.resume=true, start over with train.overwrite=true (deletes it), or pick another "
+    "train.out_dir"
+)
+
+
+def holds_run(out_dir: Path) -> bool:
+    """Whether out_dir holds a run's checkpoint (last/, best/, or last/ while it was being replaced)."""
+    return any(is_checkpoint(out_dir / n) for n in ("last", "best", ".last.old"))
+
+
 def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
     """Fail before training on an out_dir that cannot hold the checkpoints, whose run would be lost, or that
     another run writes into; with train.overwrite, delete the run it holds. Holds OUT_DIR/.lock from here to
@@ -39,13 +50,9 @@ def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
         "train.out_dir",
     )
     check_not_links(out_dir, ("last", "best"), OUT_DIR_ADVICE)
-    has_run = any(is_checkpoint(out_dir / n) for n in ("last", "best", ".last.old"))
-    if has_run and not cfg.train.resume:
+    if holds_run(out_dir) and not cfg.train.resume:
         if not cfg.train.overwrite:
-            raise UserError(
-                f"{out_dir} already holds a checkpoint; continue it with train.resume=true, start "
-                "over with train.overwrite=true (deletes it), or pick another train.out_dir"
-            )
+            raise UserError(f"{out_dir} already holds a checkpoint; {HELD_ADVICE}")
         for name in ("last", "best", ".last.old", ".best.old"):
             shutil.rmtree(out_dir / name, ignore_errors=True)
     need = n_params * 4 * 4 * 2  # weights + AdamW moments, fp32, in last/ and best/ while swapping

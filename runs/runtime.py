@@ -118,16 +118,18 @@ def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:
     return "fp32"
 
 
-def planned(device_setting: str, precision_setting: str, n_embd: int) -> tuple[torch.device, str, bool]:
-    """(device, precision, present): what `setup` would choose here, without taking the device (the dry
-    run). A CUDA or MPS setting on a machine without one is absent (present False), with the precision such
+def planned(
+    device_setting: str, precision_setting: str, n_embd: int, threads: int = 0
+) -> tuple[Runtime, bool]:
+    """(runtime, present): the dry run's. Where the device is here, `setup`'s (taken: the dry run times steps
+    on it). A CUDA or MPS setting on a machine without one is absent (present False), with the precision such
     a device would get: auto on CUDA is bf16, as on every GPU the dry run projects to."""
     there = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if not there.get(device_setting, True):
         auto = "bf16" if device_setting == "cuda" else "fp32"
-        return torch.device(device_setting), auto if precision_setting == "auto" else precision_setting, False
-    device = pick_device(device_setting)
-    return device, pick_precision(precision_setting, device, n_embd), True
+        precision = auto if precision_setting == "auto" else precision_setting
+        return Runtime(torch.device(device_setting), precision), False
+    return setup(device_setting, precision_setting, n_embd, threads), True
 
 
 def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int = 0) -> Runtime:

@@ -86,7 +86,7 @@ def data_dir(tmp_path_factory) -> Path:
     from data.recipes import RECIPES
 
     d = tmp_path_factory.mktemp("data")
-    prepare_dataset("shakespeare_char", RECIPES["shakespeare_char"], d, workers=1)
+    prepare_dataset(d / "shakespeare_char", RECIPES["shakespeare_char"], workers=1)
     return d
 
 

@@ -182,7 +182,7 @@ def test_train_help_lists_the_configs_and_how_to_override():
     for expected in ("usage: python train.py", "shakespeare_char", "runs/config.py", "model.n_layer=6"):
         assert expected in result.stdout
     line = next(line for line in result.stdout.splitlines() if line.strip().startswith("induction "))
-    assert "Induction heads" in line  # each config with the first line of its opening comment
+    assert "Induction heads" in line  # each config with the first sentence of its opening comment
 
 
 def test_wandb_without_a_login_is_one_line_before_training(tmp_path: Path):

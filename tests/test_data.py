@@ -37,7 +37,7 @@ def decode_split(folder: Path, split: str) -> str:
 def test_text_file_round_trip(tmp_path: Path, tokenizer: str):
     src = tmp_path / "input.txt"
     src.write_text(TEXT, encoding="utf-8")
-    meta = prepare_dataset("mine", Recipe(TextFile(str(src), 0.1), tokenizer), tmp_path, workers=2)
+    meta = prepare_dataset(tmp_path / "mine", Recipe(TextFile(str(src), 0.1), tokenizer), workers=2)
     out = tmp_path / "mine"
     assert decode_split(out, "train") + decode_split(out, "val") == TEXT
     assert meta.dtype == "uint16" and meta.tokenizer_meta["kind"] == (
@@ -49,8 +49,8 @@ def test_text_file_round_trip(tmp_path: Path, tokenizer: str):
 
 
 def test_shakespeare_matches_nanogpt_token_counts(tmp_path: Path):
-    char = prepare_dataset("shakespeare_char", RECIPES["shakespeare_char"], tmp_path, workers=2)
-    bpe = prepare_dataset("shakespeare", RECIPES["shakespeare"], tmp_path, workers=2)
+    char = prepare_dataset(tmp_path / "shakespeare_char", RECIPES["shakespeare_char"], workers=2)
+    bpe = prepare_dataset(tmp_path / "shakespeare", RECIPES["shakespeare"], workers=2)
     assert (char.train_tokens, char.val_tokens, char.vocab_size) == (1_003_854, 111_540, 65)
     assert (bpe.train_tokens, bpe.val_tokens, bpe.vocab_size) == (301_966, 36_059, 50_257)
 
@@ -71,7 +71,7 @@ def test_local_hf_dataset_round_trip(tmp_path: Path):
     write_jsonl(tmp_path / "b.jsonl", docs[20:])
     files = (str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"))
     meta = prepare_dataset(
-        "local", Recipe(HFText("json", data_files=files, val_every=4), "gpt2"), tmp_path, workers=2
+        tmp_path / "local", Recipe(HFText("json", data_files=files, val_every=4), "gpt2"), workers=2
     )
     eot = "<|endoftext|>"
     train = [d for i, d in enumerate(docs) if i % 4 != 3]
@@ -88,7 +88,7 @@ def test_a_hf_dataset_without_the_datasets_package_is_one_line(tmp_path: Path, m
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets now fails, as where it is missing
     recipe = Recipe(HFText("json", data_files=(str(tmp_path / "a.jsonl"),)), "gpt2")
     with pytest.raises(UserError, match=r"needs the datasets package: pip install datasets$"):
-        prepare_dataset("local", recipe, tmp_path, workers=1)
+        prepare_dataset(tmp_path / "local", recipe, workers=1)
 
 
 @pytest.mark.slow
@@ -109,13 +109,15 @@ def test_hub_corpus_preparation_streams_in_bounded_memory(tmp_path: Path):
         sizes.append(sum(len(d) for d in docs) / 2**20)
     script = f"""
 import resource, sys, dataclasses
+from pathlib import Path
 sys.path.insert(0, {str(ROOT)!r})
 from data.prepare import prepare_dataset
 from data.recipes import RECIPES
 recipe = RECIPES["fineweb_edu"]
 def peak_after(name, files):
     source = dataclasses.replace(recipe.source, path="parquet", name=None, data_files=files, val_every=50)
-    meta = prepare_dataset(name, dataclasses.replace(recipe, source=source), {str(tmp_path)!r}, workers=2)
+    folder = Path({str(tmp_path)!r}) / name
+    meta = prepare_dataset(folder, dataclasses.replace(recipe, source=source), workers=2)
     return meta, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 peak_after("warm_up", {tuple(files[:1])!r})  # first-use allocations (imports, pools, caches)
 _, small = peak_after("one_file", {tuple(files[:1])!r})

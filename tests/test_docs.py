@@ -7,8 +7,9 @@ names one that exists, and its options parse. train.py commands run with --print
 override without training; the other scripts' commands go through the script's own `parse_args(argv)`;
 `bash tools/X.sh` names a file that exists. Commands of other programs (pip, git, python -c, python -m
 pytest) are not checked. Placeholders (OUT_DIR, FILE, ...) are fine where a script takes any path; train.py
-commands need real values. The README stays a front page: under 300 lines, linking every guide, its table
-of configs naming exactly the shipped ones, its file structure naming every module.
+commands need real values. A size the docs quote (the attention explorer's page) is measured. The README
+stays a front page: under 300 lines, linking every guide, its table of configs naming exactly the shipped
+ones, its file structure naming every module.
 """
 
 from __future__ import annotations
@@ -328,3 +329,48 @@ def test_the_readme_file_structure_names_every_module():
     assert not missing, f"modules the README's file structure does not name: {missing}"
     scripts = [p.name for p in ROOT.glob("*.py")]
     assert [s for s in scripts if s not in named] == []
+
+
+# --- figures the docs quote, measured --------------------------------------------------------------
+
+
+def explorer_page_kb() -> float:
+    """The size of heads.md's example page (`heads.py out/induction --prompt P --html`), measured on a model
+    of configs/induction.yaml's shape with random weights: the page holds every head's weights on the prompt
+    at 8 bits, so its size depends on the shape and the prompt, not on what was learned."""
+    import dataclasses
+
+    import torch
+
+    from data.repeats import Repeats
+    from data.tokenizers import CharTokenizer
+    from interp.explorer import page_data, render
+    from interp.scores import ROLES
+    from model import GPT
+    from runs.config import load_config
+
+    prompt = re.search(
+        r"heads\.py out/induction --prompt (\w+) --html", (ROOT / "docs/heads.md").read_text()
+    )[1]
+    tokenizer = CharTokenizer(Repeats().alphabet)
+    cfg = dataclasses.replace(load_config("induction").cfg.model, vocab_size=tokenizer.vocab_size)
+    torch.manual_seed(0)
+    L, H = cfg.n_layer, cfg.n_head
+    scores = {**{r: [[0.5] * H] * L for r in ROLES}, "icl_score": -2.0, "repeat_loss_first_half": 4.0,
+              "repeat_loss_second_half": 0.3, "repeat_length": 32, "icl_positions": [5, 63]}  # fmt: skip
+    ids = tokenizer.encode(prompt).tolist()
+    return (
+        len(render(page_data(GPT(cfg).eval(), ids, tokenizer, scores, "out/induction/best")).encode()) / 1e3
+    )
+
+
+def test_sizes_the_docs_quote_are_what_is_written():
+    measured = explorer_page_kb()
+    for doc, pattern in (
+        ("docs/heads.md", r"the page above is (\d+) KB"),
+        ("BENCHMARKS.md", r"`configs/induction.yaml`, trained\) \| 40 tokens \| 40 \| (\d+) KB \|"),
+    ):
+        quoted = float(re.search(pattern, (ROOT / doc).read_text(encoding="utf-8"))[1])
+        assert abs(quoted / measured - 1) < 0.05, (
+            f"{doc} quotes the explorer page as {quoted:.0f} KB: {measured:.0f}"
+        )

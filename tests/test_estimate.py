@@ -114,7 +114,7 @@ def test_predicted_peak_memory_is_within_30_percent_of_the_measured_one(data_dir
     rows = []
     for name, args, (added, code) in zip(MEMORY_CONFIGS, runs, measured):
         cfg = with_vocabulary(load_config(args[0], args[1:]).cfg, 65)
-        precision = planned(cfg.train.device, cfg.train.precision, cfg.model.n_embd)[1]
+        precision = planned(cfg.train.device, cfg.train.precision, cfg.model.n_embd)[0].precision
         predicted = memory.memory(cfg, precision, "cpu").training / 2**20
         rows.append((name, precision, round(predicted, 1), round(added - code, 1)))
     print("memory (config, precision, predicted MB, measured MB):", rows)

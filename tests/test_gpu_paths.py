@@ -180,6 +180,7 @@ def fake_gpu(monkeypatch, capability: tuple[int, int]) -> torch.device:
     emulates it on older GPUs and counts that as supported unless asked not to)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(
         torch.cuda,
         "is_bf16_supported",

@@ -101,7 +101,7 @@ def hf_llama(tmp_path_factory) -> tuple[Path, LlamaForCausalLM]:
 def bpe_data(data_dir: Path) -> Path:
     """data_dir with `shakespeare` (GPT-2 BPE) prepared as well."""
     if not (data_dir / "shakespeare" / "meta.json").is_file():
-        prepare_dataset("shakespeare", RECIPES["shakespeare"], data_dir, workers=1)
+        prepare_dataset(data_dir / "shakespeare", RECIPES["shakespeare"], workers=1)
     return data_dir
 
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_script
+from conftest import run_script, script
 
-from model import sample_next
+import heads as heads_script
+import sample as sample_script
+from model import GPT, sample_next
+from runs import checkpoint, pretrained
+from runs.config import load_config
 
 
 def test_temperature_zero_is_argmax():
@@ -102,3 +107,48 @@ def test_missing_and_damaged_checkpoints(run: Path, tmp_path: Path):
     result = run_script("sample.py", str(damaged))
     assert result.returncode == 2 and "model.safetensors is damaged" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_compile_with_several_samples_compiles_their_batch(run: Path):
+    args = ("sample.py", str(run), "--temperature", "0", "--max-new-tokens", "12", "--num-samples", "2")
+    eager = run_script(*args, check=True)
+    compiled = run_script(*args, "--compile", check=True, timeout=240)
+    assert compiled.stdout == eager.stdout
+    assert "with the decoding step compiled" in compiled.stderr
+    # on a CPU the step is built ahead of time for batch 2 (CUDA compiles in the process, without a word)
+    assert torch.cuda.is_available() or "compiling the decoding step at batch 2" in compiled.stderr
+
+
+def test_a_windowed_rotary_model_reads_a_prompt_longer_than_its_context(
+    data_dir: Path, tmp_path: Path, capsys
+):
+    """configs.md and heads.md: with a window and rotary positions a model reads and generates past
+    block_size; sample.py and heads.py take such a prompt whole."""
+    shape = [
+        "model.vocab_size=65",
+        "model.block_size=8",
+        "model.n_layer=2",
+        "model.n_head=2",
+        "model.n_embd=16",
+    ]
+    cfg = load_config(None, [*shape, "model.pos_emb=rope", "model.window=4"]).cfg
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # logits far apart: greedy choices without near ties
+    chars = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"]
+    ckpt = checkpoint.write_checkpoint(tmp_path / "run", "last", checkpoint.model_weights(model), cfg, chars)
+    prompt = "First Citizen: Before we proceed"  # 32 tokens, 4 contexts
+    out = script(capsys, sample_script.main, str(ckpt), "--prompt", prompt, "--temperature", "0",
+                 "--max-new-tokens", "12")  # fmt: skip
+    loaded = pretrained.load_model(ckpt)
+    ids = loaded.tokenizer.encode(prompt).tolist()
+    with torch.no_grad():  # the reference: a full forward over everything so far, for each token
+        for _ in range(12):
+            ids.append(int(loaded.model(torch.tensor([ids]))[0][0, -1].argmax()))
+    assert out == loaded.tokenizer.decode(ids) + "\n"
+    heads_args = ["--prompt", prompt, "--out", str(tmp_path / "heads"), "--data-dir", str(data_dir)]
+    script(capsys, heads_script.main, str(ckpt), *heads_args)
+    assert (tmp_path / "heads" / "attention_layer1.png").is_file()

@@ -127,7 +127,7 @@ def write(path: Path, text: str) -> Path:
 @pytest.mark.parametrize("kind", ["char", "gpt2", "bpe:300"])
 def test_prepare_round_trips_and_tokenizer_from_reproduces_the_ids(tmp_path: Path, kind: str):
     text = write(tmp_path / "text.txt", SHAKESPEARE_TEXT[:60_000] + HARD * 20)
-    meta = prepare_dataset("src", Recipe(TextFile(str(text)), kind), tmp_path, workers=2)
+    meta = prepare_dataset(tmp_path / "src", Recipe(TextFile(str(text)), kind), workers=2)
     src = tmp_path / "src"
     tok = tokenizer_from(src)
     decoded = [tok.decode(np.fromfile(src / f"{s}.bin", dtype=meta.dtype).tolist()) for s in ("train", "val")]
@@ -149,8 +149,8 @@ def test_dataset_tokenizer_json_is_what_hugging_face_loads(tmp_path: Path):
     from tokenizers import Tokenizer
 
     text = write(tmp_path / "text.txt", SHAKESPEARE_TEXT[:100_000])
-    first = prepare_dataset("a", Recipe(TextFile(str(text), 0.2), "bpe:400"), tmp_path, workers=2)
-    prepare_dataset("b", Recipe(TextFile(str(text), 0.2), "bpe:400"), tmp_path, workers=2)
+    first = prepare_dataset(tmp_path / "a", Recipe(TextFile(str(text), 0.2), "bpe:400"), workers=2)
+    prepare_dataset(tmp_path / "b", Recipe(TextFile(str(text), 0.2), "bpe:400"), workers=2)
     saved = (tmp_path / "a" / "tokenizer.json").read_bytes()
     assert saved == (tmp_path / "b" / "tokenizer.json").read_bytes()
     assert json.loads(saved) == first.tokenizer_meta["tokenizer_json"]
@@ -170,7 +170,7 @@ def test_old_metadata_still_loads():
 
 def test_drop_unknown_leaves_out_what_a_char_vocabulary_lacks(tmp_path: Path):
     src = write(tmp_path / "src.txt", "abc abc\nabc\n" * 50)
-    prepare_dataset("src", Recipe(TextFile(str(src)), "char"), tmp_path, workers=1)
+    prepare_dataset(tmp_path / "src", Recipe(TextFile(str(src)), "char"), workers=1)
     new = write(tmp_path / "new.txt", "a b é c ☃\n" * 40 + "cab\n" * 10)
     result = run_script(
         "prepare.py", "new", "--data-dir", str(tmp_path), "--text-file", str(new),
@@ -195,7 +195,7 @@ def test_a_model_on_a_trained_bpe_dataset_trains_samples_and_resumes(tmp_path: P
     from runs import pretrained
 
     text = write(tmp_path / "text.txt", SHAKESPEARE_TEXT[:300_000])
-    prepare_dataset("sh_bpe", Recipe(TextFile(str(text)), "bpe:300"), tmp_path, workers=2)
+    prepare_dataset(tmp_path / "sh_bpe", Recipe(TextFile(str(text)), "bpe:300"), workers=2)
     out = tmp_path / "run"
     common = [
         "train.py", "configs/shakespeare_char.yaml", f"data.dir={tmp_path}", "data.dataset=sh_bpe",
@@ -275,7 +275,7 @@ def test_tinystories_recipe_on_local_stand_in_files(tmp_path: Path):
     recipe = RECIPES["tinystories"]
     assert recipe.source.path == "roneneldan/TinyStories" and recipe.tokenizer == "bpe:4096"
     local = dataclasses.replace(recipe, source=dataclasses.replace(recipe.source, path=str(hub)))
-    meta = prepare_dataset("tinystories", local, tmp_path / "data", workers=2)
+    meta = prepare_dataset(tmp_path / "data" / "tinystories", local, workers=2)
     folder = tmp_path / "data" / "tinystories"
     # the stand-in's few words run out of pairs to merge long before 4,096 tokens
     assert 257 < meta.vocab_size < 4096 and meta.dtype == "uint16"
@@ -321,7 +321,7 @@ def test_tokenizer_errors_are_one_line(tmp_path: Path, setup, args, message):
         (d / "meta.json").write_bytes(b"\x00not json")
     elif setup == "char":
         source = TextFile(str(write(tmp_path / "a.txt", "hello there\n" * 20)))
-        prepare_dataset("src", Recipe(source, "char"), tmp_path)
+        prepare_dataset(tmp_path / "src", Recipe(source, "char"))
     text = write(tmp_path / "input.txt", "hello ☃ there é\n" * 20)
     result = run_script(
         "prepare.py", "custom", "--data-dir", str(tmp_path / "out"), "--text-file", str(text),

@@ -202,7 +202,7 @@ def test_resuming_a_different_model_or_tokenizer_is_refused(run: Path, data_dir:
 
     text = "".join(chr(c) for c in range(0x100, 0x100 + 65)) * 200
     (tmp_path / "other.txt").write_text(text, encoding="utf-8")
-    prepare_dataset("other", Recipe(TextFile(str(tmp_path / "other.txt")), "char"), data_dir, workers=1)
+    prepare_dataset(data_dir / "other", Recipe(TextFile(str(tmp_path / "other.txt")), "char"), workers=1)
     result = train(data_dir, out, "train.max_iters=4", "train.resume=true", "data.dataset=other", check=False)
     one_line_error(result, "was trained with another tokenizer (its chars differs")
 

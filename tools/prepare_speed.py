@@ -106,7 +106,8 @@ def prepare_once(pool: str, text: str, meta_file: str, workers: int) -> dict:
         prep.encode_stream = process_stream  # the one difference between the two runs
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        meta = prep.prepare_dataset("speed", prep.Recipe(TextFile(text), "given"), out, workers, tokenizer)
+        recipe = prep.Recipe(TextFile(text), "given")
+        meta = prep.prepare_dataset(Path(out) / "speed", recipe, workers, tokenizer)
         seconds = time.perf_counter() - start
     return {
         "seconds": seconds,

@@ -22,7 +22,7 @@ from common.files import size_text
 from data.dataset import Meta
 from model.attention import block_layout
 from runs.config import Config, Request
-from runs.runtime import setup
+from runs.out_dir import HELD_ADVICE, holds_run
 from training.evaluation import final_eval_wanted
 from training.hardware import GPU_PEAKS
 from training.measure import Timing, time_steps
@@ -35,7 +35,7 @@ from training.memory import (
     recompute_share,
     saved_params,
 )
-from training.plan import PaperPlan, Plan, paper_plan
+from training.plan import Plan, paper_plan
 from training.trainer import start_run
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
@@ -62,12 +62,15 @@ class Estimate:
     device: str  # cpu | cuda | mps
     precision: str
     params: Params
+    blocks: tuple[int, int]  # model/attention.py's block and reach for the window (reach 0: no blocks)
     memory: Memory
     other: Memory | None  # the other precision's (fp32 <-> bf16) on a CPU or CUDA
     plain: Memory | None  # with train.activation_checkpointing: the same run's without it
     compiled: bool  # torch.compile on
     free: float | None  # bytes of memory free on the device here (None: not this machine's, or unknown)
     disk_free: float | None  # bytes free in train.out_dir, where it exists
+    held: str | None  # what the real run will do with what train.out_dir holds (None: nothing to say)
+    checkpoint: tuple[float, float]  # bytes of a checkpoint on disk: in all, of the weights
     final_eval: bool  # an exact val eval at the end
     timing: Timing | None
     why_not: str | None  # why there is no timing
@@ -89,7 +92,7 @@ def dry_run(request: Request) -> str:
 def _estimate(request: Request) -> Estimate:
     """Plan the run on paper, count its parameters and memory, and time a few real steps where it can."""
     plan = paper_plan(request)
-    cfg, device, precision = plan.cfg, plan.device.type, plan.precision
+    cfg, device, precision = plan.cfg, plan.rt.device.type, plan.rt.precision
     t, meta = cfg.train, plan.dataset.meta if plan.dataset is not None else None
     params = count_params(cfg.model, cfg.optim.name, cfg.lora)
     mem = memory(cfg, precision, device, params)
@@ -99,10 +102,13 @@ def _estimate(request: Request) -> Estimate:
     if t.activation_checkpointing:
         unchecked = dataclasses.replace(cfg, train=dataclasses.replace(t, activation_checkpointing=False))
         plain = memory(unchecked, precision, device, params)
+    blocks = block_layout(cfg.model.block_size, cfg.model.window)
+    ckpt = checkpoint_bytes(cfg, params), 4 * saved_params(cfg, params)
     final_eval = meta is not None and final_eval_wanted(t.final_eval, meta.val_tokens)
     free = _available_bytes(device) if plan.present else None
     out_dir = Path(t.out_dir)
     disk_free = shutil.disk_usage(out_dir).free if out_dir.exists() else None
+    held = _held_run(out_dir, request.cfg.train.resume, t.overwrite)  # the plan starts afresh
     timing, why_not = None, None
     if not plan.present:
         why_not = f"train.device={t.device} but no CUDA GPU is visible here"
@@ -110,21 +116,25 @@ def _estimate(request: Request) -> Estimate:
         why_not = f"dataset {cfg.data.dataset} is not prepared (train.py prepares it on first use)"
     elif (free or float("inf")) < mem.peak:
         why_not = "the predicted memory does not fit in what is free here"
-    else:
-        timing = _time(plan)
+    else:  # real steps of the planned run, one micro-batch each, nothing saved
+        steps = dataclasses.replace(cfg, train=dataclasses.replace(t, grad_accum=1, save=False))
+        timing = time_steps(start_run(Plan(steps, plan.rt, plan.dataset, None, plan.pretrained)))
     return Estimate(
-        request.name, cfg, meta, device, precision, params, mem, other_mem, plain, plan.compiled, free,
-        disk_free, final_eval, timing, why_not,
+        request.name, cfg, meta, device, precision, params, blocks, mem, other_mem, plain, plan.compiled,
+        free, disk_free, held, ckpt, final_eval, timing, why_not,
     )  # fmt: skip
 
 
-def _time(plan: PaperPlan) -> Timing:
-    """Real steps of the planned run on this machine, one micro-batch each (grad_accum 1), nothing saved."""
-    cfg = plan.cfg
-    train = dataclasses.replace(cfg.train, grad_accum=1, save=False)
-    rt = setup(train.device, train.precision, cfg.model.n_embd, train.threads)
-    run = start_run(Plan(dataclasses.replace(cfg, train=train), rt, plan.dataset, None, plan.pretrained))
-    return time_steps(run)
+def _held_run(out_dir: Path, resume: bool, overwrite: bool) -> str | None:
+    """What the real run will do with what out_dir holds, where that matters (runs/out_dir.py decides it)."""
+    if not holds_run(out_dir):
+        refused = f"{out_dir} holds no checkpoint: THE REAL RUN WILL REFUSE train.resume=true; remove it"
+        return refused if resume else None
+    if resume:
+        return f"{out_dir} holds a checkpoint: the real run continues it (this estimate is for the whole run)"
+    if overwrite:
+        return f"{out_dir} holds a checkpoint: the real run deletes it first (train.overwrite=true)"
+    return f"{out_dir} already holds a checkpoint: THE REAL RUN WILL REFUSE IT; {HELD_ADVICE}"
 
 
 def _available_bytes(device: str) -> float | None:
@@ -164,7 +174,7 @@ def _model_lines(e: Estimate) -> list[str]:
     tied = ", the LM head tied to the token embedding" if m.tie_embeddings else ""
     attention = 12 * m.n_layer * m.n_embd * params.span  # GPT.flops_per_token's
     per_weight = "6 x" if e.cfg.lora is None else "6 per trained, 4 per frozen one of"
-    block, reach = block_layout(m.block_size, m.window)
+    block, reach = e.blocks
     local = [f"a window of {m.window} tokens, in blocks of {block}"] if reach else []
     local += ["within documents"] if m.doc_mask else []
     lines = [
@@ -231,13 +241,15 @@ def _memory_lines(e: Estimate) -> list[str]:
         if mem.peak >= e.free and not cfg.train.activation_checkpointing:
             fits += " or set train.activation_checkpointing=true"
         lines.append(f"            {size_text(e.free)} free here: {fits}")
-    size, weights = checkpoint_bytes(cfg, e.params), 4 * saved_params(cfg, e.params)
+    size, weights = e.checkpoint
     lines.append(
         f"checkpoint  {size_text(size)} on disk (weights {size_text(weights)} + optimizer state "
         f"{size_text(size - weights)}); best/ shares last/'s files"
     )
     if e.disk_free is not None:
         lines[-1] += f"; {size_text(e.disk_free)} free in {cfg.train.out_dir}"
+    if e.held is not None:
+        lines.append(f"out_dir     {e.held}")
     return lines
 
 

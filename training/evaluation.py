@@ -35,7 +35,7 @@ from common.errors import UserError
 from common.threads import ThreadTuner
 from data.evalsets import Choice, encode_choice
 from data.shards import TokenFiles
-from data.tokenizers import Tokenizer, bits_per_byte, from_meta
+from data.tokenizers import Tokenizer, bits_per_byte
 from runs.runtime import Runtime
 from training import distributed
 
@@ -67,15 +67,6 @@ class TokenLoss:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / max(self.seconds, 1e-9)
-
-
-def byte_lengths_of(tokenizer_meta: dict) -> np.ndarray | None:
-    """The UTF-8 length of each token id of a dataset's or checkpoint's tokenizer; None where the tokenizer
-    cannot be loaded here (a BPE vocabulary that is not cached, offline), so training goes on without bpb."""
-    try:
-        return from_meta(tokenizer_meta).byte_lengths()
-    except UserError:
-        return None
 
 
 def final_eval_wanted(setting: str, val_tokens: int) -> bool:

@@ -14,11 +14,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import torch
-
 from common.errors import ConfigError, UserError
 from data.dataset import META_FILE, Dataset, dataset_folder
-from data.recipes import local_dataset, prepare_known
+from data.recipes import local_dataset, prepare_known, recipe_vocab_size
 from data.tokenizers import describe, same
 from model import GPTConfig
 from model.lora import model_problem
@@ -40,14 +38,13 @@ class Plan:
 
 @dataclass
 class PaperPlan:
-    """A run planned as `plan_run` plans it, without taking a device, joining a process group or resuming
-    (the dry run's): what it would train, on what, and where."""
+    """A run planned as `plan_run` plans it, without joining a process group or resuming (the dry run's):
+    what it would train, on what, and where."""
 
     cfg: Config  # final where the dataset is prepared (else model.vocab_size must be set)
+    rt: Runtime  # the device and precision runs/runtime.py chooses (`planned`: taken where it is here)
     dataset: Dataset | None  # None: not prepared, and from the hub (data/recipes.py's `local_dataset`)
     pretrained: Pretrained | None  # train.init_from's model, read
-    device: torch.device
-    precision: str
     present: bool  # the device is here (a CUDA config on a machine without a GPU: False)
     compiled: bool  # torch.compile on (train.compile on this device)
 
@@ -62,24 +59,34 @@ def plan_run(request: Request) -> Plan:
 
 
 def paper_plan(request: Request) -> PaperPlan:
-    """The run `request` asks for, planned from its start (train.resume aside) without taking the device
-    runs/runtime.py chooses for it; a dataset from the hub is not prepared for it (see `PaperPlan`)."""
+    """The run `request` asks for, planned from its start (train.resume aside) on the device runs/runtime.py
+    chooses for it, where it is here; a dataset from the hub is not prepared for it (see `PaperPlan`)."""
     fresh = dataclasses.replace(request.cfg, train=dataclasses.replace(request.cfg.train, resume=False))
     cfg, _, pretrained = starting_point(dataclasses.replace(request, cfg=fresh))
     dataset = local_dataset(cfg.data.dataset, cfg.data.dir)
     if dataset is not None:
         cfg = fit_to_data(cfg, dataset, None, pretrained)
-    elif cfg.model.vocab_size is None:
+    else:
+        cfg = _unprepared_vocabulary(cfg)
+        if cfg.model.doc_mask and cfg.model.doc_token is None:  # its id changes no cost: any will do
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=0))
+    t = cfg.train
+    rt, present = planned(t.device, t.precision, cfg.model.n_embd, t.threads)
+    return PaperPlan(cfg, rt, dataset, pretrained, present, compile_enabled(t.compile, rt.device))
+
+
+def _unprepared_vocabulary(cfg: Config) -> Config:
+    """cfg with the vocabulary of a dataset not prepared yet: its recipe's tokenizer's (bpe:N, GPT-2's), else
+    model.vocab_size, which must then be set (a character vocabulary is known once the text is read)."""
+    vocab = recipe_vocab_size(cfg.data.dataset)
+    if vocab is not None:
+        return with_vocabulary(cfg, vocab)
+    if cfg.model.vocab_size is None:
         raise UserError(
             f"dataset {cfg.data.dataset} is not prepared, so its vocabulary is unknown; set model.vocab_size "
             "for the dry run, or prepare the dataset first"
         )
-    elif cfg.model.doc_mask and cfg.model.doc_token is None:  # its id changes no cost: any will do
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=0))
-    t = cfg.train
-    device, precision, present = planned(t.device, t.precision, cfg.model.n_embd)
-    compiled = compile_enabled(t.compile, device)
-    return PaperPlan(cfg, dataset, pretrained, device, precision, present, compiled)
+    return cfg
 
 
 def starting_point(request: Request) -> tuple[Config, Checkpoint | None, Pretrained | None]:
@@ -184,7 +191,7 @@ def open_dataset(cfg: Config, rt: Runtime) -> Dataset:
 
 def document_token(dataset: Dataset) -> int:
     """The token the dataset puts between documents (<|endoftext|>), for model.doc_mask."""
-    eot = dataset.tokenizer().eot_token
+    eot = dataset.tokenizer.eot_token
     if eot is None:
         kind = dataset.meta.tokenizer_meta["kind"]
         raise UserError(

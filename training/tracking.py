@@ -49,6 +49,7 @@ class Tracker:
         self.loss_sum = torch.zeros((), device=run.rt.device)
         self.steps: list[tuple[int, torch.Tensor]] = []  # (iteration, [loss, gradient norm, finite]) not read
         self.last_log = (run.progress.iter, run.progress.elapsed_s)  # (iteration, training seconds)
+        self.first = self.last_log  # where this process started (a resumed run: where it resumed)
         self.bar = tqdm(
             total=run.cfg.train.max_iters,
             initial=run.progress.iter,

@@ -24,13 +24,11 @@ from data.tokenizers import bits_per_byte
 from model import GPT
 from model.lora import add_lora
 from runs import checkpoint
-from runs.checkpoint import Checkpoint
 from runs.config import Config
 from runs.pretrained import load_into, lora_base
 from runs.runtime import Runtime, compile_enabled
 from runs.train_state import STATE, Progress, TrainState
 from training import distributed
-from training.evaluation import byte_lengths_of
 from training.optim import make_optimizers, step_unless
 from training.plan import Plan
 
@@ -74,12 +72,13 @@ def start_run(plan: Plan) -> Run:
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.precision == "fp16")
     if compile_enabled(t.compile, rt.device):
         forward = torch.compile(forward, mode=t.compile_mode)
-    splits = {s: plan.dataset.windows(s, cfg.model.block_size, rt.device, t.seed) for s in SPLITS}
-    lengths = byte_lengths_of(plan.dataset.meta.tokenizer_meta)
+    lengths = plan.dataset.byte_lengths()
     lengths = torch.from_numpy(lengths).to(rt.device) if lengths is not None else None
+    splits = {s: plan.dataset.windows(s, cfg.model.block_size, rt.device, t.seed) for s in SPLITS}
     run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), lengths, base)
-    if plan.resume is not None:
-        _restore(run, plan.resume)
+    if plan.resume is not None:  # optimizer and scaler state, progress and random generators (state.pt)
+        where = plan.resume.folder / STATE
+        run.progress = plan.resume.train_state().restore(model, optimizers, scaler, where)
     run.tuner = rt.thread_tuner(start=run.progress.threads)
     return run
 
@@ -103,12 +102,6 @@ def build_model(plan: Plan) -> GPT:
         if resume is not None:
             load_into(model, resume.adapters()[0], resume.folder, adapters=True)
     return model
-
-
-def _restore(run: Run, ckpt: Checkpoint) -> None:
-    """Optimizer and scaler state, progress and random generators of checkpoint `ckpt` (its state.pt)."""
-    where = ckpt.folder / STATE
-    run.progress = ckpt.train_state().restore(run.model, run.optimizers, run.scaler, where)
 
 
 def save_checkpoint(run: Run, improved: bool) -> Path:
