@@ -39,8 +39,9 @@ FIRST_TRY = 16  # the first scheduled try, at this iteration; then 32, 64, ... u
 SPACING = 512
 MARGIN = 0.1  # another count is kept only if its iterations were this much faster
 SLOWDOWN = 1.3  # iterations this much slower than when the count was settled call a try at once
-ABORT = 1.25  # a try whose first iteration took this many times the current ones is ended there: on a quiet
-# machine a try of fewer threads then costs a fraction of one iteration (4 x 128: 0.35 of one; 6 x 384: 0.76)
+ABORT = 1.25  # a try of fewer threads whose first iteration took this many times the current ones ends there:
+# on a quiet machine such a try costs a fraction of one iteration (4 x 128: 0.35 of one; 6 x 384: 0.76)
+ABORT_MORE = 2.0  # the same for more threads, whose first iteration also wakes the threads that slept
 WINDOW = 8  # the latest iterations at the current count: their median is what a try is held against
 PATIENCE = 100  # after a lost try of more threads, wait this many times what it cost before the next one
 
@@ -149,7 +150,8 @@ class ThreadTuner:
     def _try(self, seconds: float) -> None:
         self.trial.append(seconds)
         current = statistics.median(self.recent)
-        if len(self.trial) == 1 and seconds > ABORT * current:  # the other count stalls: back at once
+        limit = ABORT if self.trying < self.count else ABORT_MORE
+        if len(self.trial) == 1 and seconds > limit * current:  # the other count stalls: back at once
             return self._end(won=False, median=current)
         if len(self.trial) == self.tries:
             tried = statistics.median(self.trial[1:])
