@@ -54,8 +54,8 @@ def test_a_precision_the_device_lacks_is_named_as_the_scripts_flag(data_dir: Pat
 def test_heads_says_what_it_reads():
     def reads(*argv: str) -> str:
         args = heads_script.parse_args(["out", *argv])
-        prompts = ([1] * 7, [2] * 7) if args.patch else None
-        return heads_script.inputs(args, [0] * 40, prompts)
+        pairs = {"patch": ([1] * 7, [2] * 7)} if args.patch else {}
+        return heads_script.inputs(args, [0] * 40, pairs)
 
     assert reads() == "prompt of 40 tokens"
     assert reads("--ablate") == "zero ablation on validation windows and repeated sequences"

@@ -100,8 +100,8 @@ def both(tmp_path_factory) -> Path:
     """Tiny Shakespeare prepared twice: one file per split, and in shards of ~300k ids."""
     folder = tmp_path_factory.mktemp("both")
     recipe = Recipe(TextFile(SHAKESPEARE), "char")
-    prepare_dataset("single", recipe, folder, workers=2)
-    prepare_dataset("sharded", recipe, folder, workers=2, shard_tokens=300_000)
+    prepare_dataset(folder / "single", recipe, workers=2)
+    prepare_dataset(folder / "sharded", recipe, workers=2, shard_tokens=300_000)
     return folder
 
 
@@ -335,7 +335,7 @@ def test_a_dropped_connection_and_a_full_disk_keep_the_complete_shards(tmp_path:
     source = Failing(HFText("json", data_files=files, val_every=50), after=3000)
     recipe = Recipe(source, "gpt2")
     with pytest.raises(UserError) as e:
-        prepare_dataset("web", recipe, tmp_path, workers=1, shard_tokens=50_000)
+        prepare_dataset(tmp_path / "web", recipe, workers=1, shard_tokens=50_000)
     kept = complete_shards(tmp_path / "web")
     assert len(kept) >= 2 and str(e.value).startswith(
         f"reading json failed (Connection reset by peer); kept train: {len(kept)} shards"
@@ -362,15 +362,15 @@ def test_a_dropped_connection_and_a_full_disk_keep_the_complete_shards(tmp_path:
     with pytest.raises(
         UserError, match=r"could not write .*train-\d{5}\.bin \(No space left on device\)"
     ) as e:
-        prepare_dataset("web", recipe, tmp_path, workers=1, shard_tokens=50_000)
+        prepare_dataset(tmp_path / "web", recipe, workers=1, shard_tokens=50_000)
     assert "run the same command again: it continues from the last complete shard" in str(e.value)
     assert len(complete_shards(tmp_path / "web")) > len(kept)
     assert not any(".tmp-" in p.name for p in (tmp_path / "web").iterdir())
 
     monkeypatch.undo()
-    meta = prepare_dataset("web", recipe, tmp_path, workers=1, shard_tokens=50_000)
+    meta = prepare_dataset(tmp_path / "web", recipe, workers=1, shard_tokens=50_000)
     straight = prepare_dataset(
-        "straight", Recipe(source.source, "gpt2"), tmp_path, workers=1, shard_tokens=50_000
+        tmp_path / "straight", Recipe(source.source, "gpt2"), workers=1, shard_tokens=50_000
     )
     assert meta.shards == straight.shards and not (tmp_path / "web" / resume.PROGRESS_FILE).exists()
     ours, theirs = bins(tmp_path / "web"), bins(tmp_path / "straight")
@@ -387,7 +387,7 @@ def test_another_command_starts_afresh_and_says_so(tmp_path: Path, capsys):
     )
     progress.save()
     (folder / "train-00000.bin").write_bytes(b"\0\0")
-    prepare_dataset("x", Recipe(TextFile(str(text)), "char"), tmp_path, workers=1, shard_tokens=400_000)
+    prepare_dataset(tmp_path / "x", Recipe(TextFile(str(text)), "char"), workers=1, shard_tokens=400_000)
     err = capsys.readouterr().err
     assert (
         f"the unfinished preparation in {folder} was asked for another shard_tokens: starting afresh" in err
