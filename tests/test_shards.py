@@ -125,7 +125,7 @@ def test_sharded_and_single_file_splits_read_alike(both: Path):
         )
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=65, block_size=32, n_layer=1, n_head=2, n_embd=16))
-    lengths = single.tokenizer().byte_lengths()
+    lengths = single.tokenizer.byte_lengths()
     one, many = (evaluate_tokens(model, t, lengths, 64, stride=500) for t in (a, b))
     assert (one.tokens, one.nats, one.bytes) == (many.tokens, many.nats, many.bytes)
 
