@@ -24,11 +24,11 @@ from common.errors import UserError, run_cli  # first: a Ctrl-C while torch load
 
 # isort: split
 import argparse
-import json
 
 import torch
 from tqdm import tqdm
 
+from common import json_text
 from data.evalsets import encode_text_file, read_choices
 from data.recipes import prepared_dataset
 from runs.pretrained import load_model
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
     device = pick_device(args.device)
     results = [evaluate_checkpoint(path, args, device) for path in args.checkpoints]
     if args.json:
-        print("\n".join(json.dumps(r) for r in results))
+        print("\n".join(json_text.dumps(r) for r in results))
     else:
         print(format_result(results[0]) if len(results) == 1 else format_rows(results))
     return 0
@@ -105,7 +105,7 @@ def evaluate_checkpoint(path: str, args: argparse.Namespace, device: torch.devic
     batch = args.batch_size or cfg.train.batch_size
     with tqdm(unit="tok", unit_scale=True, disable=None, dynamic_ncols=True) as bar:
         loss = evaluate_tokens(
-            model, tokens, tokenizer.byte_lengths(), batch, args.stride, rt, bar.update, dtype
+            model, tokens, tokenizer.byte_lengths(), batch, args.stride, rt, bar.update, dtype, what
         )
     return result | {
         "data": what,
@@ -121,10 +121,15 @@ def loss_fields(loss: TokenLoss) -> dict:
         "bytes": loss.bytes,
         "loss": round(loss.loss, 5),
         "perplexity": round(loss.perplexity, 4),
-        "bpb": round(loss.bpb, 5),
+        "bpb": round(loss.bpb, 5) if loss.bpb is not None else None,  # None: special tokens alone
         "seconds": round(loss.seconds, 2),
         "tokens_per_s": round(loss.tokens_per_s),
     }
+
+
+def bpb_text(bpb: float | None) -> str:
+    """Bits per byte as printed; none where the predicted tokens stand for no text (special tokens)."""
+    return f"{bpb:.4f}" if bpb is not None else "none (the predicted tokens are special tokens: no bytes)"
 
 
 def format_result(r: dict) -> str:
@@ -144,7 +149,7 @@ def format_result(r: dict) -> str:
             ("text", f"{r['data']}: {r['tokens']:,} tokens predicted, {r['bytes']:,} bytes"),
             ("windows", f"{r['context']} tokens, {windows}"),
             ("loss", f"{r['loss']:.4f} nats per token (perplexity {r['perplexity']:.2f})"),
-            ("bits/byte", f"{r['bpb']:.4f}"),
+            ("bits/byte", bpb_text(r["bpb"])),
             ("speed", f"{r['tokens_per_s']:,} tokens/s ({r['seconds']:.1f} s)"),
         ]
     rows.append(("device", f"{r['device']}, {r['precision']}"))
@@ -163,7 +168,7 @@ def format_rows(results: list[dict]) -> str:
         if "choices" in r:
             cells = [f"{r['items']:,}", *(f"{r[k]:.2%}" for k in keys)]
         else:
-            cells = [f"{r['tokens']:,}", f"{r['bytes']:,}", f"{r['loss']:.4f}", f"{r['bpb']:.4f}"]
+            cells = [f"{r['tokens']:,}", f"{r['bytes']:,}", f"{r['loss']:.4f}", bpb_text(r["bpb"])]
         lines.append("| " + " | ".join([r["checkpoint"], r["tokenizer"], *cells]) + " |")
     return "\n".join(lines)
 

@@ -8,7 +8,8 @@ interventions that test what a head does: ablation, activation patching, the log
 
 OUT_DIR is a training run's folder (its best checkpoint is used, else its last), a checkpoint folder, or a
 Hugging Face GPT-2 or Llama model folder (whose real-text scores read the `shakespeare` dataset). The
-pictures and scores go to the run's heads/ folder (or --out):
+pictures and scores go to the run's heads/ folder (a checkpoint or model folder outside a run: its own
+heads/; or --out):
     attention_layer{L}.png   every head's attention weights on the prompt, one grid per layer (rows: queries,
                              columns: keys; the masked future is white; token labels for short prompts)
     attention_L{L}H{H}.png   one head enlarged, with --layer L --head H
@@ -41,13 +42,13 @@ from common.errors import UserError, run_cli  # first: a Ctrl-C while torch load
 
 # isort: split
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from common import json_text
 from common.files import atomic_write
 from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
@@ -67,6 +68,7 @@ from interp.plots import (
     token_labels,
 )
 from interp.scores import HEAD_NAME, ROLES, THRESHOLD, head_name, role_name, score_heads
+from runs.checkpoint import run_of
 from runs.config import seed_problem
 from runs.pretrained import load_model
 from runs.runtime import Runtime, pick_device, pick_precision
@@ -255,7 +257,7 @@ def draw_maps(model, ids: list[int], tokenizer, args: argparse.Namespace, out: P
 
 
 def write_json(path: Path, ckpt: Path, data: dict) -> Path:
-    atomic_write(path, json.dumps({"checkpoint": str(ckpt), **data}, indent=1))  # whole, or not at all
+    atomic_write(path, json_text.dumps({"checkpoint": str(ckpt), **data}, indent=1))  # whole, or not at all
     return path
 
 
@@ -326,7 +328,9 @@ def lens(model, ids: list[int], tokenizer, out: Path, ckpt: Path) -> list[Path]:
 
 
 def output_folder(args: argparse.Namespace, ckpt: Path) -> Path:
-    out = Path(args.out) if args.out else ckpt.parent / "heads"
+    """--out, else heads/ in the run the checkpoint is one of, else in the checkpoint's or Hugging Face
+    model's folder itself: the model's own place, which no other model's results share."""
+    out = Path(args.out) if args.out else (run_of(ckpt) or ckpt) / "heads"
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -18,8 +18,8 @@ from common.errors import UserError, run_cli  # first: a Ctrl-C while torch load
 import argparse
 import dataclasses
 
-from data.dataset import DATA_DIR, dataset_folder
-from data.prepare import BPE_TRAIN_CHARS, Recipe, prepare_dataset
+from data.dataset import DATA_DIR, META_FILE, dataset_folder
+from data.prepare import BPE_TRAIN_CHARS, Recipe, already_prepared, prepare_dataset
 from data.recipes import RECIPES
 from data.sources import HFText, TextFile
 from data.tokenizers import BPETokenizer, parse_spec, tokenizer_from
@@ -74,6 +74,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="bpe:N learns from at most this many characters of the train split (default: %(default)s)",
     )
     p.add_argument("--workers", type=int, default=None, help="tokenising threads (default: all cores)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a dataset already prepared under this name (runs trained on it then read the new data)",
+    )
     return p.parse_args(argv)
 
 
@@ -118,6 +123,9 @@ def recipe_from_args(args: argparse.Namespace) -> Recipe:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     recipe = recipe_from_args(args)
+    folder = dataset_folder(args.name, args.data_dir)
+    if (folder / META_FILE).is_file() and not args.overwrite:  # before any text is read
+        raise already_prepared(folder)
     tokenizer = None
     if args.tokenizer_from:
         tokenizer = tokenizer_from(args.tokenizer_from, args.drop_unknown)
@@ -125,8 +133,7 @@ def main(argv: list[str]) -> int:
         kind, _ = parse_spec(recipe.tokenizer)
         if kind not in ("char", "trained_bpe"):
             BPETokenizer(kind)
-    folder = dataset_folder(args.name, args.data_dir)
-    meta = prepare_dataset(folder, recipe, args.workers, tokenizer)
+    meta = prepare_dataset(folder, recipe, args.workers, tokenizer, args.overwrite)
     print(
         f"prepared {args.name}: {meta.train_tokens:,} train and {meta.val_tokens:,} val tokens "
         f"({meta.dtype}, vocabulary {meta.vocab_size:,}) in {folder}"

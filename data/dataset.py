@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import locks
+from common import json_text, locks
 from common.errors import UserError
 from data.loader import CHECKED_TOKENS, TokenWindows, split_tokens
 from data.tokenizers import Tokenizer, check_meta, from_meta, same
@@ -67,7 +67,7 @@ class Meta:
         data = {_JSON_KEYS.get(k, k): v for k, v in asdict(self).items()}
         if not self.dropped_characters:
             del data["dropped_characters"]
-        return json.dumps(data, indent=1)
+        return json_text.dumps(data, indent=1)
 
     @classmethod
     def read(cls, folder: Path) -> Meta:

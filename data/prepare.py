@@ -14,15 +14,19 @@ faster (BENCHMARKS.md, "Data preparation against the tokenizer's own speed"), wi
 on macOS or Windows.
 
 A preparation holds the dataset folder's lock exclusive (data/dataset.py): a second one of the same name,
-or one under a run that reads the dataset, is one line naming the process. Each file goes to a temporary
-file of its own and is renamed into place (common/files.py), so a failure (a full disk, Ctrl-C) leaves no
-half-written file. bpe:N's trainer (Rust) never looks for signals: it runs in a thread while the main thread
-waits in short joins, so Ctrl-C stops it at once.
+or one under a run that reads the dataset, is one line naming the process. A dataset already prepared is
+replaced only when asked (`overwrite`, prepare.py's --overwrite). Each file goes to a temporary file of its
+own and all are renamed into place at the end, meta.json last (common/files.py), so a failure (an empty or
+non-UTF-8 text, the hub unreachable, a full disk, Ctrl-C) leaves a dataset that was there whole, and takes
+away a folder it made. bpe:N's trainer (Rust) never looks for signals: it runs in a thread while the main
+thread waits in short joins, so Ctrl-C stops it at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import sys
 import threading
 import time
@@ -49,6 +53,7 @@ from data.tokenizers import (
     Tokenizer,
     TrainedBPE,
     UnknownCharacters,
+    describe,
     parse_spec,
 )
 
@@ -220,32 +225,47 @@ def _write_split(
     return n, chars_in
 
 
-def _write_splits(out: Path, name: str, source, tokenizer: Tokenizer, workers: int) -> dict[str, int]:
-    """train.bin and val.bin in out; returns the token counts, and for a char tokenizer that drops unknown
-    characters, how many it dropped."""
+def _write_splits(
+    out: Path, name: str, source, tokenizer: Tokenizer, workers: int, files: contextlib.ExitStack
+) -> dict[str, int]:
+    """train.bin and val.bin in out, each a temporary file that lands when `files` closes; returns the token
+    counts, and for a char tokenizer that drops unknown characters, how many it dropped."""
     dtype = token_dtype(tokenizer.vocab_size)
     eot = tokenizer.eot_token if source.separate_documents else None
     counts = {"dropped_characters": 0}
     for split in SPLITS:
         size = source.split_bytes(split) if isinstance(source, TextFile) else None
         final = out / f"{split}.bin"
-        with atomic_file(final) as tmp:
-            try:
-                docs = source.documents(split)
-                tokens, chars = _write_split(
-                    tmp, docs, tokenizer, eot, dtype, workers, f"{name} {split}", final, size
-                )
-            except UnknownCharacters:
-                raise unknown_characters(tokenizer, source) from None
-            if tokens == 0:
-                raise UserError(
-                    f"dataset {name}: the {split} split is empty; give the source more text "
-                    "(or a val split / val fraction that selects some of it)"
-                )
+        tmp = files.enter_context(atomic_file(final))
+        try:
+            docs = source.documents(split)
+            tokens, chars = _write_split(
+                tmp, docs, tokenizer, eot, dtype, workers, f"{name} {split}", final, size
+            )
+        except UnknownCharacters:
+            raise unknown_characters(tokenizer, source) from None
+        if tokens == 0:
+            raise UserError(
+                f"dataset {name}: the {split} split is empty; give the source more text "
+                "(or a val split / val fraction that selects some of it)"
+            )
         counts[f"{split}_tokens"] = tokens
         if isinstance(tokenizer, CharTokenizer):  # one token per character, none between documents
             counts["dropped_characters"] += chars - tokens
     return counts
+
+
+def already_prepared(out: Path) -> UserError:
+    """The line for a dataset folder that holds a prepared dataset, which is replaced only when asked."""
+    try:
+        meta = Meta.read(out)
+        what = f" ({meta.train_tokens:,} train tokens, {describe(meta.tokenizer_meta)})"
+    except UserError:  # damaged: still the user's
+        what = ""
+    return UserError(
+        f"dataset {out.name} is already prepared in {out}{what}; add --overwrite to replace it (runs trained "
+        "on it then read the new data), or choose another name"
+    )
 
 
 def prepare_dataset(
@@ -253,12 +273,16 @@ def prepare_dataset(
     recipe: Recipe,
     workers: Optional[int] = None,
     tokenizer: Optional[Tokenizer] = None,
+    overwrite: bool = False,
 ) -> Meta:
     """Tokenise recipe's text into the dataset folder `out` (data/dataset.py's `dataset_folder`, resolved
     once by the caller): {train,val}.bin + meta.json; returns the metadata. With `tokenizer` given (an
-    existing dataset's or checkpoint's), it is used in place of the recipe's. Holds the folder's lock,
-    exclusive, meanwhile."""
-    name = out.name
+    existing dataset's or checkpoint's), it is used in place of the recipe's. A prepared dataset there is
+    refused unless `overwrite`; a failure leaves what was there as it was (a folder it made: none). Holds
+    the folder's lock, exclusive, meanwhile."""
+    if (out / META_FILE).is_file() and not overwrite:
+        raise already_prepared(out)
+    made = [p for p in (out / LOCK, out, *out.parents) if not p.exists()]  # what a failure takes away
     advice = "choose another --data-dir (data.dir for train.py), or fix the folder's permissions"
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -266,21 +290,37 @@ def prepare_dataset(
         raise write_failed(out, e, advice=advice) from None
     if not os.access(out, os.W_OK):
         raise UserError(f"cannot write dataset folder {out} (it is read-only); {advice}")
-    what = f"dataset {name} ({out})"
+    what = f"dataset {out.name} ({out})"
     wait = "a run reads it, or another prepare writes it: wait for it to end, or prepare under another name"
-    with locks.holding(out / LOCK, what, exclusive=True, advice=wait):
-        return _prepare(name, recipe, out, workers, tokenizer)
+    try:
+        with locks.holding(out / LOCK, what, exclusive=True, advice=wait):
+            if (out / META_FILE).is_file() and not overwrite:  # prepared meanwhile
+                raise already_prepared(out)
+            return _prepare(out.name, recipe, out, workers, tokenizer)
+    except BaseException:
+        if len(made) > 1:  # the folder (and any above it) was made here: all of it goes
+            shutil.rmtree(made[-1], ignore_errors=True)
+        elif made:
+            made[0].unlink(missing_ok=True)
+        raise
 
 
 def _prepare(
     name: str, recipe: Recipe, out: Path, workers: Optional[int], tokenizer: Optional[Tokenizer]
 ) -> Meta:
-    (out / META_FILE).unlink(missing_ok=True)  # not prepared until the new meta.json lands
+    """The preparation proper: every file is written beside its place and lands at the end (meta.json
+    last), so a failure on the way leaves a dataset that was there whole."""
     recipe.source.check()
     tokenizer = tokenizer or make_tokenizer(recipe, name)
-    counts = _write_splits(out, name, recipe.source, tokenizer, workers or os.cpu_count() or 1)
-    if isinstance(tokenizer, TrainedBPE):  # the tokenizer as Hugging Face loads it
-        atomic_write(out / TOKENIZER_JSON, tokenizer.to_json(pretty=True))
+    with contextlib.ExitStack() as files:  # each file lands when the block ends: all of them, or none
+        counts = _write_splits(out, name, recipe.source, tokenizer, workers or os.cpu_count() or 1, files)
+        if isinstance(tokenizer, TrainedBPE):  # the tokenizer as Hugging Face loads it
+            files.enter_context(atomic_file(out / TOKENIZER_JSON)).write_text(
+                tokenizer.to_json(pretty=True), encoding="utf-8"
+            )
+        else:  # an earlier preparation's, under this name
+            (out / TOKENIZER_JSON).unlink(missing_ok=True)
+        (out / META_FILE).unlink(missing_ok=True)  # not prepared while the new files land
     meta = Meta(
         name=name,
         tokenizer_meta=tokenizer.to_meta(),

@@ -1,6 +1,7 @@
 """An out_dir guarded before training: writable, written by one train.py at a time, with room for the
-checkpoints, and a run it holds never overwritten by accident (train.resume continues it, train.overwrite
-deletes it). train.py holds OUT_DIR/.lock for its whole run (common/locks.py).
+checkpoints, and a run it holds (checkpoints, or metrics.jsonl alone: train.save=false) never overwritten by
+accident (train.resume continues it, train.overwrite deletes it). train.py holds OUT_DIR/.lock for its whole
+run (common/locks.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from runs.checkpoint import OUT_DIR_ADVICE, is_checkpoint
 from runs.config import Config
 
 LOCK = ".lock"  # in an out_dir: held by the train.py that writes into it
+METRICS = "metrics.jsonl"  # a run's records (training/tracking.py): a run, even one without checkpoints
+RECORDS = (METRICS, "loss.png", "heads_training.png")  # what train.overwrite deletes beside the checkpoints
 
 
 def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
@@ -40,14 +43,20 @@ def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
     )
     check_not_links(out_dir, ("last", "best"), OUT_DIR_ADVICE)
     has_run = any(is_checkpoint(out_dir / n) for n in ("last", "best", ".last.old"))
-    if has_run and not cfg.train.resume:
+    metrics = out_dir / METRICS
+    has_records = metrics.is_file() and metrics.stat().st_size > 0  # a run's, with train.save=false too
+    if (has_run or has_records) and not cfg.train.resume:
         if not cfg.train.overwrite:
+            held = "a checkpoint" if has_run else f"a run's {METRICS} (a run without checkpoints)"
+            resume = "continue it with train.resume=true, " if has_run else ""
             raise UserError(
-                f"{out_dir} already holds a checkpoint; continue it with train.resume=true, start "
-                "over with train.overwrite=true (deletes it), or pick another train.out_dir"
+                f"{out_dir} already holds {held}; {resume}start over with train.overwrite=true (deletes "
+                "it), or pick another train.out_dir"
             )
         for name in ("last", "best", ".last.old", ".best.old"):
             shutil.rmtree(out_dir / name, ignore_errors=True)
+        for name in RECORDS:
+            (out_dir / name).unlink(missing_ok=True)
     need = n_params * 4 * 4 * 2  # weights + AdamW moments, fp32, in last/ and best/ while swapping
     free = shutil.disk_usage(out_dir).free
     if cfg.train.save and free < need:

@@ -26,7 +26,7 @@ from training.evaluation import final_eval_wanted
 from training.hardware import GPU_PEAKS
 from training.measure import Timing, time_steps
 from training.memory import Memory, Params, checkpoint_bytes, count_params, memory, saved_params
-from training.plan import Plan, paper_plan
+from training.plan import PaperPlan, Plan, paper_plan
 from training.trainer import start_run
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
@@ -63,6 +63,7 @@ class Estimate:
     final_eval: bool  # an exact val eval at the end
     timing: Timing | None
     why_not: str | None  # why there is no timing
+    unprepared: str = ""  # where train.py will prepare the dataset ("": it is prepared)
 
     @property
     def iterations(self) -> int:
@@ -74,13 +75,13 @@ class Estimate:
 
 
 def dry_run(request: Request) -> str:
-    """The dry run's report (nothing is trained or written, except preparing a local dataset once)."""
-    return "\n".join(_report(_estimate(request)))
+    """The dry run's report: nothing is trained or written (training/plan.py's `paper_plan`)."""
+    with paper_plan(request) as plan:
+        return "\n".join(_report(_estimate(request, plan)))
 
 
-def _estimate(request: Request) -> Estimate:
-    """Plan the run on paper, count its parameters and memory, and time a few real steps where it can."""
-    plan = paper_plan(request)
+def _estimate(request: Request, plan: PaperPlan) -> Estimate:
+    """Count the planned run's parameters and memory, and time a few real steps where it can."""
     cfg, device, precision = plan.cfg, plan.rt.device.type, plan.rt.precision
     t, meta = cfg.train, plan.dataset.meta if plan.dataset is not None else None
     params = count_params(cfg.model, cfg.optim.name, cfg.lora)
@@ -105,8 +106,16 @@ def _estimate(request: Request) -> Estimate:
         timing = time_steps(start_run(Plan(steps, plan.rt, plan.dataset, None, plan.pretrained)))
     return Estimate(
         request.name, cfg, meta, device, precision, params, blocks, mem, other_mem, plan.compiled, free,
-        disk_free, ckpt, final_eval, timing, why_not,
+        disk_free, ckpt, final_eval, timing, why_not, _unprepared(plan),
     )  # fmt: skip
+
+
+def _unprepared(plan: PaperPlan) -> str:
+    """What the report says of a dataset that is not prepared yet ('' when it is)."""
+    if plan.prepared:
+        return ""
+    how = "streamed from the hub" if plan.dataset is None else "measured here on a temporary copy, deleted"
+    return f"not prepared yet: train.py prepares it in {plan.folder} on first use ({how})"
 
 
 def _available_bytes(device: str) -> float | None:
@@ -138,6 +147,8 @@ def _duration(s: float) -> str:
 def _report(e: Estimate) -> list[str]:
     """The dry run's lines: model, compute, tokens, memory, checkpoint, speed and time."""
     lines = [f"dry run of {e.name}: nothing is trained or written", ""]
+    if e.unprepared:
+        lines += [f"dataset     {e.cfg.data.dataset} is {e.unprepared}"]
     return lines + _model_lines(e) + _token_lines(e) + _memory_lines(e) + _time_lines(e)
 
 

@@ -62,7 +62,8 @@ class TokenLoss:
         return math.exp(min(self.loss, 700.0))
 
     @property
-    def bpb(self) -> float:
+    def bpb(self) -> float | None:
+        """None where the predicted tokens stand for no bytes (special tokens alone)."""
         return bits_per_byte(self.nats, self.bytes)
 
     @property
@@ -116,9 +117,11 @@ def evaluate_tokens(
     rt: Runtime | None = None,
     progress: Callable[[int], None] | None = None,
     dtype: str = "uint16",
+    what: str = "the text",
 ) -> TokenLoss:
     """The loss of `model` on every token of `tokens` (an array, or a .bin file of `dtype` ids, read in
-    batches). `progress(n)` is called with the predictions of each batch done on this rank."""
+    batches). `progress(n)` is called with the predictions of each batch done on this rank. Fewer than 2
+    tokens is a UserError naming `what`."""
     block_size = model.config.block_size
     if isinstance(tokens, (str, Path)):  # a fresh map per batch, so resident pages do not pile up
         path = str(tokens)
@@ -126,8 +129,11 @@ def evaluate_tokens(
         read = lambda: np.memmap(path, dtype=dtype, mode="r")  # noqa: E731
     else:
         n_tokens, read = len(tokens), lambda: tokens
-    if n_tokens < 2:
-        return TokenLoss(0, 0.0, 0)
+    if n_tokens < 2:  # a loss of nothing would read as a perfect one (perplexity 1.00)
+        raise UserError(
+            f"{what} holds {n_tokens} token{'s' if n_tokens != 1 else ''}: nothing to predict (the first "
+            "token has no context, so an evaluation needs at least 2); give a longer text"
+        )
     rank, world = (rt.rank, rt.world_size) if rt is not None else (0, 1)
     device = next(model.parameters()).device
     autocast = rt.autocast if rt is not None else contextlib.nullcontext
