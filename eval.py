@@ -30,7 +30,6 @@ from tqdm import tqdm
 
 from common import json_text
 from data.evalsets import encode_text_file, read_choices
-from data.recipes import prepared_dataset
 from runs.pretrained import load_model
 from runs.runtime import Runtime, pick_device, pick_precision
 from training.evaluation import TokenLoss, evaluate_tokens, score_choices
@@ -57,7 +56,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"], help="as train.precision"
     )
     p.add_argument(
-        "--data-dir", help="where prepared datasets live (default: the config's data.dir, or data/)"
+        "--data-dir", help="where the dataset is prepared (default: the run's data.dir, as it recorded it)"
     )
     p.add_argument("--json", action="store_true", help="print each result as one JSON object, a line each")
     return p.parse_args(argv)
@@ -97,9 +96,7 @@ def evaluate_checkpoint(path: str, args: argparse.Namespace, device: torch.devic
     if args.text_file:
         tokens, dtype, what = encode_text_file(args.text_file, tokenizer), "uint16", args.text_file
     else:
-        dataset = prepared_dataset(
-            cfg.data.dataset, args.data_dir or cfg.data.dir, tokenizer_meta=loaded.tokenizer_meta
-        )
+        dataset = loaded.dataset(args.data_dir)
         tokens, dtype = dataset.split_path(args.split), dataset.meta.dtype
         what = f"{cfg.data.dataset} {args.split} split"
     batch = args.batch_size or cfg.train.batch_size

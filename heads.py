@@ -52,7 +52,6 @@ from common import json_text
 from common.files import atomic_write
 from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
-from data.recipes import prepared_dataset
 from interp.ablation import KINDS, ablate_heads, format_ablation
 from interp.explorer import write_page
 from interp.lens import direct_attribution, format_lens, head_attributions, logit_lens
@@ -70,7 +69,7 @@ from interp.plots import (
 from interp.scores import HEAD_NAME, ROLES, THRESHOLD, head_name, role_name, score_heads
 from runs.checkpoint import run_of
 from runs.config import seed_problem
-from runs.pretrained import load_model
+from runs.pretrained import Loaded, load_model
 from runs.runtime import Runtime, pick_device, pick_precision
 
 DEFAULT_PROMPT_TOKENS = 40  # without --prompt: this many tokens from the start of the validation split
@@ -111,7 +110,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--ablate (default: about 1k tokens' worth, at least 4)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random sequences (default: %(default)s)")
-    p.add_argument("--data-dir", help="where the training dataset is prepared (default: the run's data.dir)")
+    p.add_argument(
+        "--data-dir", help="where the training dataset is prepared (default: the run's data.dir, as recorded)"
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     return p.parse_args(argv)
 
@@ -202,10 +203,10 @@ def head_groups(args: argparse.Namespace, n_layer: int, n_head: int) -> list[lis
     return groups
 
 
-def validation_split(cfg, tokenizer_meta: dict, data_dir: str | None, device: torch.device) -> TokenWindows:
+def validation_split(loaded: Loaded, data_dir: str | None, device: torch.device) -> TokenWindows:
     """The validation windows of the dataset the model was trained on."""
-    dataset = prepared_dataset(cfg.data.dataset, data_dir or cfg.data.dir, tokenizer_meta=tokenizer_meta)
-    return dataset.windows("val", cfg.model.block_size, device, cfg.train.seed)
+    cfg = loaded.config
+    return loaded.dataset(data_dir).windows("val", cfg.model.block_size, device, cfg.train.seed)
 
 
 def val_prompt(val: TokenWindows, block_size: int) -> list[int]:
@@ -344,11 +345,11 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
     loaded = load_model(args.out_dir, device)
-    model, cfg, tokenizer, ckpt = loaded.model, loaded.config, loaded.tokenizer, loaded.where
+    model, tokenizer, ckpt = loaded.model, loaded.tokenizer, loaded.where
     mc = model.config
     check_args(args, mc.n_layer, mc.n_head)
     head_groups(args, mc.n_layer, mc.n_head)
-    val = validation_split(cfg, loaded.tokenizer_meta, args.data_dir, device)
+    val = validation_split(loaded, args.data_dir, device)
     if args.prompt is None and args.prompt_file is None:
         ids = val_prompt(val, mc.block_size)
     else:

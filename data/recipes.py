@@ -17,7 +17,7 @@ from pathlib import Path
 
 from common import locks
 from common.errors import UserError
-from data.dataset import DATA_DIR, LOCK, META_FILE, Dataset, dataset_folder
+from data.dataset import DATA_DIR, LOCK, META_FILE, Dataset, dataset_folder, prepare_command
 from data.prepare import Recipe, prepare_dataset
 from data.repeats import Repeats
 from data.sources import HFText, TextFile
@@ -91,8 +91,7 @@ def prepare_known(folder: Path) -> None:
     if name not in RECIPES:
         raise UserError(
             f"dataset {name!r} is not prepared in {folder} and is not a known dataset "
-            f"({', '.join(sorted(RECIPES))}); prepare it with: python prepare.py {name} --text-file FILE (or "
-            "--hf-dataset NAME)"
+            f"({', '.join(sorted(RECIPES))}); prepare it with: {prepare_command(folder)}"
         )
     print(f"preparing dataset {name} in {folder} (first use)", file=sys.stderr)
     prepare_dataset(folder, RECIPES[name])
