@@ -258,7 +258,9 @@ def draw_maps(model, ids: list[int], tokenizer, args: argparse.Namespace, out: P
 
 
 def write_json(path: Path, ckpt: Path, data: dict) -> Path:
-    atomic_write(path, json_text.dumps({"checkpoint": str(ckpt), **data}, indent=1))  # whole, or not at all
+    """data as strict JSON, whole or not at all, with the checkpoint it came from (absolute: the file is
+    read from other folders)."""
+    atomic_write(path, json_text.dumps({"checkpoint": str(ckpt.absolute()), **data}, indent=1))
     return path
 
 

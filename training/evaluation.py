@@ -107,6 +107,25 @@ def window_batch(
     return x, np.where(counted, y, -1)
 
 
+def _token_source(
+    tokens: np.ndarray | str | Path, dtype: str, what: str
+) -> tuple[int, Callable[[], np.ndarray]]:
+    """(count, a function giving the tokens) of an array or a .bin file (mapped afresh per batch, so resident
+    pages do not pile up); fewer than 2 tokens is a UserError: a loss over no predictions would read as a
+    perfect one (perplexity 1.00)."""
+    if isinstance(tokens, (str, Path)):
+        path = str(tokens)
+        n_tokens, read = split_tokens(path, dtype), lambda: np.memmap(path, dtype=dtype, mode="r")
+    else:
+        n_tokens, read = len(tokens), lambda: tokens
+    if n_tokens < 2:
+        raise UserError(
+            f"{what} holds {n_tokens} token{'s' if n_tokens != 1 else ''}: nothing to predict (the first "
+            "token has no context, so an evaluation needs at least 2); give a longer text"
+        )
+    return n_tokens, read
+
+
 @torch.no_grad()
 def evaluate_tokens(
     model: torch.nn.Module,
@@ -123,17 +142,7 @@ def evaluate_tokens(
     batches). `progress(n)` is called with the predictions of each batch done on this rank. Fewer than 2
     tokens is a UserError naming `what`."""
     block_size = model.config.block_size
-    if isinstance(tokens, (str, Path)):  # a fresh map per batch, so resident pages do not pile up
-        path = str(tokens)
-        n_tokens = split_tokens(path, dtype)
-        read = lambda: np.memmap(path, dtype=dtype, mode="r")  # noqa: E731
-    else:
-        n_tokens, read = len(tokens), lambda: tokens
-    if n_tokens < 2:  # a loss of nothing would read as a perfect one (perplexity 1.00)
-        raise UserError(
-            f"{what} holds {n_tokens} token{'s' if n_tokens != 1 else ''}: nothing to predict (the first "
-            "token has no context, so an evaluation needs at least 2); give a longer text"
-        )
+    n_tokens, read = _token_source(tokens, dtype, what)
     rank, world = (rt.rank, rt.world_size) if rt is not None else (0, 1)
     device = next(model.parameters()).device
     autocast = rt.autocast if rt is not None else contextlib.nullcontext
