@@ -251,6 +251,7 @@ def test_a_run_on_data_of_ones_own_is_evaluated_from_any_folder(tmp_path: Path, 
     script(capsys, prepare_command.main, "foo", "--data-dir", "mydata", "--text-file", "notes.txt")
     short = ["train.max_iters=2", "train.eval_interval=2", "train.eval_iters=1", "log.plot=false"]
     train_here("data.dataset=foo", "data.dir=mydata", "train.out_dir=run", *TINY, *short)
+    capsys.readouterr()  # training's lines
     monkeypatch.chdir(there)
     run = str(here / "run")
     result = strict_loads(script(capsys, eval_command.main, run, "--json"))
