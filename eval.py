@@ -24,13 +24,12 @@ from common.errors import UserError, named_as_flags, run_cli  # first: a Ctrl-C 
 
 # isort: split
 import argparse
-import json
 
 import torch
 from tqdm import tqdm
 
+from common import json_text
 from data.evalsets import encode_text_file, read_choices
-from data.recipes import prepared_dataset
 from runs.pretrained import load_model
 from runs.runtime import Runtime, pick_device, pick_precision
 from training.evaluation import TokenLoss, evaluate_tokens, score_choices
@@ -57,7 +56,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"], help="as train.precision"
     )
     p.add_argument(
-        "--data-dir", help="where prepared datasets live (default: the config's data.dir, or data/)"
+        "--data-dir", help="where the dataset is prepared (default: the run's data.dir, as it recorded it)"
     )
     p.add_argument("--json", action="store_true", help="print each result as one JSON object, a line each")
     return p.parse_args(argv)
@@ -76,7 +75,7 @@ def main(argv: list[str]) -> int:
     device = pick_device(args.device)
     results = [evaluate_checkpoint(path, args, device) for path in args.checkpoints]
     if args.json:
-        print("\n".join(json.dumps(r) for r in results))
+        print("\n".join(json_text.dumps(r) for r in results))
     else:
         print(format_result(results[0]) if len(results) == 1 else format_rows(results))
     return 0
@@ -98,13 +97,13 @@ def evaluate_checkpoint(path: str, args: argparse.Namespace, device: torch.devic
     if args.text_file:
         tokens, what = encode_text_file(args.text_file, tokenizer), args.text_file
     else:
-        dataset = prepared_dataset(
-            cfg.data.dataset, args.data_dir or cfg.data.dir, tokenizer_meta=loaded.tokenizer_meta
-        )
+        dataset = loaded.dataset(args.data_dir)
         tokens, what = dataset.split(args.split), f"{cfg.data.dataset} {args.split} split"
     batch = args.batch_size or cfg.train.batch_size
     with tqdm(unit="tok", unit_scale=True, disable=None, dynamic_ncols=True) as bar:
-        loss = evaluate_tokens(model, tokens, tokenizer.byte_lengths(), batch, args.stride, rt, bar.update)
+        loss = evaluate_tokens(
+            model, tokens, tokenizer.byte_lengths(), batch, args.stride, rt, bar.update, what
+        )
     return result | {
         "data": what,
         "context": model.config.block_size,
@@ -119,10 +118,15 @@ def loss_fields(loss: TokenLoss) -> dict:
         "bytes": loss.bytes,
         "loss": round(loss.loss, 5),
         "perplexity": round(loss.perplexity, 4),
-        "bpb": round(loss.bpb, 5),
+        "bpb": round(loss.bpb, 5) if loss.bpb is not None else None,  # None: special tokens alone
         "seconds": round(loss.seconds, 2),
         "tokens_per_s": round(loss.tokens_per_s),
     }
+
+
+def bpb_text(bpb: float | None) -> str:
+    """Bits per byte as printed; none where the predicted tokens stand for no text (special tokens)."""
+    return f"{bpb:.4f}" if bpb is not None else "none (the predicted tokens are special tokens: no bytes)"
 
 
 def format_result(r: dict) -> str:
@@ -142,7 +146,7 @@ def format_result(r: dict) -> str:
             ("text", f"{r['data']}: {r['tokens']:,} tokens predicted, {r['bytes']:,} bytes"),
             ("windows", f"{r['context']} tokens, {windows}"),
             ("loss", f"{r['loss']:.4f} nats per token (perplexity {r['perplexity']:.2f})"),
-            ("bits/byte", f"{r['bpb']:.4f}"),
+            ("bits/byte", bpb_text(r["bpb"])),
             ("speed", f"{r['tokens_per_s']:,} tokens/s ({r['seconds']:.1f} s)"),
         ]
     rows.append(("device", f"{r['device']}, {r['precision']}"))
@@ -161,7 +165,7 @@ def format_rows(results: list[dict]) -> str:
         if "choices" in r:
             cells = [f"{r['items']:,}", *(f"{r[k]:.2%}" for k in keys)]
         else:
-            cells = [f"{r['tokens']:,}", f"{r['bytes']:,}", f"{r['loss']:.4f}", f"{r['bpb']:.4f}"]
+            cells = [f"{r['tokens']:,}", f"{r['bytes']:,}", f"{r['loss']:.4f}", bpb_text(r["bpb"])]
         lines.append("| " + " | ".join([r["checkpoint"], r["tokenizer"], *cells]) + " |")
     return "\n".join(lines)
 

@@ -9,7 +9,8 @@ interventions that test what a head does: ablation, activation patching, the log
 
 OUT_DIR is a training run's folder (its best checkpoint is used, else its last), a checkpoint folder, or a
 Hugging Face GPT-2 or Llama model folder (whose real-text scores read the `shakespeare` dataset). The
-pictures and scores go to the run's heads/ folder (or --out):
+pictures and scores go to the run's heads/ folder (a checkpoint or model folder outside a run: its own
+heads/; or --out):
     attention_layer{L}.png   every head's attention weights on the prompt, one grid per layer (rows: queries,
                              columns: keys; the masked future is white; token labels for short prompts)
     attention_L{L}H{H}.png   one head enlarged, with --layer L --head H
@@ -52,17 +53,16 @@ from common.errors import UserError, named_as_flags, run_cli  # first: a Ctrl-C 
 
 # isort: split
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from common import json_text
 from common.files import atomic_write
 from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
-from data.recipes import prepared_dataset
 from interp.ablation import KINDS, ablate_heads, format_ablation
 from interp.attribution import attribute, compare, format_attribution
 from interp.circuit import check_task, find_circuit, format_circuit
@@ -86,8 +86,9 @@ from interp.plots import (
 from interp.scores import HEAD_NAME, ROLES, THRESHOLD, head_name, role_name, score_heads
 from interp.tasks import prompt_pair, repeat_task
 from interp.weights import head_weights
+from runs.checkpoint import run_of
 from runs.config import seed_problem
-from runs.pretrained import load_model
+from runs.pretrained import Loaded, load_model
 from runs.runtime import Runtime, pick_device, pick_precision
 
 DEFAULT_PROMPT_TOKENS = 40  # without --prompt: this many tokens from the start of the validation split
@@ -128,7 +129,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--ablate (default: about 1k tokens' worth, at least 4)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random sequences (default: %(default)s)")
-    p.add_argument("--data-dir", help="where the training dataset is prepared (default: the run's data.dir)")
+    p.add_argument(
+        "--data-dir", help="where the training dataset is prepared (default: the run's data.dir, as recorded)"
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     return p.parse_args(argv)
 
@@ -255,10 +258,10 @@ def head_groups(args: argparse.Namespace, n_layer: int, n_head: int) -> list[lis
     return groups
 
 
-def validation_split(cfg, tokenizer_meta: dict, data_dir: str | None, device: torch.device) -> TokenWindows:
+def validation_split(loaded: Loaded, data_dir: str | None, device: torch.device) -> TokenWindows:
     """The validation windows of the dataset the model was trained on."""
-    dataset = prepared_dataset(cfg.data.dataset, data_dir or cfg.data.dir, tokenizer_meta=tokenizer_meta)
-    return dataset.windows("val", cfg.model.block_size, device, cfg.train.seed)
+    cfg = loaded.config
+    return loaded.dataset(data_dir).windows("val", cfg.model.block_size, device, cfg.train.seed)
 
 
 def val_prompt(val: TokenWindows, block_size: int) -> list[int]:
@@ -309,7 +312,9 @@ def draw_maps(model, ids: list[int], tokenizer, args: argparse.Namespace, out: P
 
 
 def write_json(path: Path, ckpt: Path, data: dict) -> Path:
-    atomic_write(path, json.dumps({"checkpoint": str(ckpt), **data}, indent=1))  # whole, or not at all
+    """data as strict JSON, whole or not at all, with the checkpoint it came from (absolute: the file is
+    read from other folders)."""
+    atomic_write(path, json_text.dumps({"checkpoint": str(ckpt.absolute()), **data}, indent=1))
     return path
 
 
@@ -441,7 +446,9 @@ def inputs(args: argparse.Namespace, ids: list[int], pairs: dict[str, tuple[list
 
 
 def output_folder(args: argparse.Namespace, ckpt: Path) -> Path:
-    out = Path(args.out) if args.out else ckpt.parent / "heads"
+    """--out, else heads/ in the run the checkpoint is one of, else in the checkpoint's or Hugging Face
+    model's folder itself: the model's own place, which no other model's results share."""
+    out = Path(args.out) if args.out else (run_of(ckpt) or ckpt) / "heads"
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -456,11 +463,11 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
     loaded = load_model(args.out_dir, device)
-    model, cfg, tokenizer, ckpt = loaded.model, loaded.config, loaded.tokenizer, loaded.where
+    model, tokenizer, ckpt = loaded.model, loaded.tokenizer, loaded.where
     mc = model.config
     check_args(args, mc.n_layer, mc.n_head)
     head_groups(args, mc.n_layer, mc.n_head)
-    val = validation_split(cfg, loaded.tokenizer_meta, args.data_dir, device)
+    val = validation_split(loaded, args.data_dir, device)
     if args.prompt is None and args.prompt_file is None:
         ids = val_prompt(val, mc.block_size)
     else:

@@ -14,10 +14,10 @@ from common.errors import UserError, run_cli  # first: a Ctrl-C while torch load
 
 # isort: split
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
+from common import json_text
 from interp.curves import X_AXES, evals, numbers, plot_runs, points
 from runs import checkpoint
 from runs.config import to_dict
@@ -73,7 +73,9 @@ def labels(runs: list[str]) -> list[str]:
     """Each run's out_dir and the config values in which the runs differ."""
     configs = [flat_config(r) for r in runs]
     keys = (
-        [k for k in configs[0] if len({json.dumps(c.get(k)) for c in configs}) > 1] if len(runs) > 1 else []
+        [k for k in configs[0] if len({json_text.dumps(c.get(k)) for c in configs}) > 1]
+        if len(runs) > 1
+        else []
     )
     keys += [k for c in configs[1:] for k in c if k not in configs[0] and k not in keys]
     out = []

@@ -20,8 +20,8 @@ from common.errors import UserError, run_cli  # first: a Ctrl-C while torch load
 import argparse
 import dataclasses
 
-from data.dataset import DATA_DIR, dataset_folder
-from data.prepare import BPE_TRAIN_CHARS, SHARD_TOKENS, Recipe, prepare_dataset
+from data.dataset import DATA_DIR, META_FILE, dataset_folder
+from data.prepare import BPE_TRAIN_CHARS, SHARD_TOKENS, Recipe, already_prepared, prepare_dataset
 from data.recipes import RECIPES
 from data.sources import HFText, TextFile
 from data.tokenizers import BPETokenizer, parse_spec, tokenizer_from
@@ -83,6 +83,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="ids per shard of a split, about (default: %(default)s); a stopped preparation continues from "
         "its last complete shard",
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a dataset already prepared under this name (runs trained on it then read the new data)",
+    )
     return p.parse_args(argv)
 
 
@@ -129,6 +134,9 @@ def recipe_from_args(args: argparse.Namespace) -> Recipe:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     recipe = recipe_from_args(args)
+    folder = dataset_folder(args.name, args.data_dir)
+    if (folder / META_FILE).is_file() and not args.overwrite:  # before any text is read
+        raise already_prepared(folder)
     tokenizer = None
     if args.tokenizer_from:
         tokenizer = tokenizer_from(args.tokenizer_from, args.drop_unknown)
@@ -136,8 +144,7 @@ def main(argv: list[str]) -> int:
         kind, _ = parse_spec(recipe.tokenizer)
         if kind not in ("char", "trained_bpe"):
             BPETokenizer(kind)
-    folder = dataset_folder(args.name, args.data_dir)
-    meta = prepare_dataset(folder, recipe, args.workers, tokenizer, args.shard_tokens)
+    meta = prepare_dataset(folder, recipe, args.workers, tokenizer, args.shard_tokens, args.overwrite)
     print(
         f"prepared {args.name}: {meta.train_tokens:,} train and {meta.val_tokens:,} val tokens "
         f"({meta.dtype}, vocabulary {meta.vocab_size:,}) in {folder}"

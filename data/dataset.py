@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from common import locks
+from common import json_text, locks
 from common.errors import UserError
 from data import shards
 from data.loader import TokenWindows
@@ -48,6 +49,12 @@ def dataset_folder(name: str, data_dir: str | Path | None = None) -> Path:
             f"dataset name {name!r} must be a plain folder name (letters, digits, _ - .), not a path"
         )
     return Path(data_dir if data_dir is not None else DATA_DIR) / name
+
+
+def prepare_command(folder: Path) -> str:
+    """The command that prepares a dataset of one's own text into `folder`, shell-quoted."""
+    where = "" if folder.parent == DATA_DIR else f" --data-dir {shlex.quote(str(folder.parent))}"
+    return f"python prepare.py {shlex.quote(folder.name)}{where} --text-file FILE (or --hf-dataset NAME)"
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,7 @@ class Meta:
         for key in ("dropped_characters", "shards"):
             if not data[key]:
                 del data[key]
-        return json.dumps(data, indent=1)
+        return json_text.dumps(data, indent=1)
 
     @classmethod
     def read(cls, folder: Path) -> Meta:
@@ -186,8 +193,8 @@ class Dataset:
         """The prepared dataset in `folder` (`dataset_folder`'s); not prepared is one line saying how."""
         if not (folder / META_FILE).is_file():
             raise UserError(
-                f"dataset {folder.name!r} is not prepared in {folder}; prepare it with: python prepare.py "
-                f"{folder.name} --text-file FILE (or --hf-dataset NAME)"
+                f"dataset {folder.name!r} is not prepared in {folder}; prepare it with: "
+                f"{prepare_command(folder)}"
             )
         lock_reading(folder)
         return cls(folder, Meta.read(folder))

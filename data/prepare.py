@@ -17,15 +17,19 @@ faster (BENCHMARKS.md, "Data preparation against the tokenizer's own speed"), wi
 on macOS or Windows.
 
 A preparation holds the dataset folder's lock exclusive (data/dataset.py): a second one of the same name,
-or one under a run that reads the dataset, is one line naming the process. Each file goes to a temporary
-file of its own and is renamed into place (common/files.py, data/resume.py), so a failure (a full disk,
-Ctrl-C) leaves no half-written file. bpe:N's trainer (Rust) never looks for signals: it runs in a thread
+or one under a run that reads the dataset, is one line naming the process. A dataset already prepared is
+replaced only when asked (`overwrite`, prepare.py's --overwrite). Each file goes to a temporary file of its
+own and is renamed into place (common/files.py, data/resume.py), so a failure (a full disk, Ctrl-C) leaves no
+half-written file: the complete shards stay for the same command to continue from, and a failure before the
+first one takes away a folder it made. bpe:N's trainer (Rust) never looks for signals: it runs in a thread
 while the main thread waits in short joins, so Ctrl-C stops it at once.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -53,6 +57,7 @@ from data.tokenizers import (
     Tokenizer,
     TrainedBPE,
     UnknownCharacters,
+    describe,
     from_meta,
     parse_spec,
 )
@@ -295,19 +300,36 @@ SOURCE_ERRORS = {
 }
 
 
+def already_prepared(out: Path) -> UserError:
+    """The line for a dataset folder that holds a prepared dataset, which is replaced only when asked."""
+    try:
+        meta = Meta.read(out)
+        what = f" ({meta.train_tokens:,} train tokens, {describe(meta.tokenizer_meta)})"
+    except UserError:  # damaged: still the user's
+        what = ""
+    return UserError(
+        f"dataset {out.name} is already prepared in {out}{what}; add --overwrite to replace it (runs trained "
+        "on it then read the new data), or choose another name"
+    )
+
+
 def prepare_dataset(
     out: Path,
     recipe: Recipe,
     workers: Optional[int] = None,
     tokenizer: Optional[Tokenizer] = None,
     shard_tokens: int = SHARD_TOKENS,
+    overwrite: bool = False,
 ) -> Meta:
     """Tokenise recipe's text into the dataset folder `out` (data/dataset.py's `dataset_folder`, resolved
     once by the caller): its splits in shards of about `shard_tokens` ids, and meta.json; returns the
     metadata. With `tokenizer` given (an existing dataset's or checkpoint's), it is used in place of the
-    recipe's. An unfinished preparation of the same command in the folder is continued. Holds the folder's
-    lock, exclusive, meanwhile."""
-    name = out.name
+    recipe's. A prepared dataset there is refused unless `overwrite`; an unfinished preparation of the same
+    command is continued; a failure before any shard is complete takes away a folder it made. Holds the
+    folder's lock, exclusive, meanwhile."""
+    if (out / META_FILE).is_file() and not overwrite:
+        raise already_prepared(out)
+    made = [p for p in (out / LOCK, out, *out.parents) if not p.exists()]  # what a failure takes away
     advice = "choose another --data-dir (data.dir for train.py), or fix the folder's permissions"
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -315,10 +337,29 @@ def prepare_dataset(
         raise write_failed(out, e, advice=advice) from None
     if not os.access(out, os.W_OK):
         raise UserError(f"cannot write dataset folder {out} (it is read-only); {advice}")
-    what = f"dataset {name} ({out})"
+    what = f"dataset {out.name} ({out})"
     wait = "a run reads it, or another prepare writes it: wait for it to end, or prepare under another name"
-    with locks.holding(out / LOCK, what, exclusive=True, advice=wait):
-        return _prepare(name, recipe, out, workers, tokenizer, shard_tokens)
+    try:
+        with locks.holding(out / LOCK, what, exclusive=True, advice=wait):
+            if (out / META_FILE).is_file() and not overwrite:  # prepared meanwhile
+                raise already_prepared(out)
+            (out / META_FILE).unlink(missing_ok=True)  # replaced: not a dataset until the new one lands
+            return _prepare(out.name, recipe, out, workers, tokenizer, shard_tokens)
+    except BaseException:
+        if not _kept_shards(out):  # nothing to continue from: a folder made here goes
+            if len(made) > 1:
+                shutil.rmtree(made[-1], ignore_errors=True)
+            elif made:
+                made[0].unlink(missing_ok=True)
+        raise
+
+
+def _kept_shards(out: Path) -> bool:
+    """Whether a stopped preparation in `out` completed a shard the same command would continue from."""
+    try:
+        return bool(json.loads((out / PROGRESS_FILE).read_text(encoding="utf-8"))["splits"].get("train"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def _prepare(
@@ -329,7 +370,8 @@ def _prepare(
     tokenizer: Optional[Tokenizer],
     shard_tokens: int,
 ) -> Meta:
-    (out / META_FILE).unlink(missing_ok=True)  # not prepared until the new meta.json lands
+    """The preparation proper: every file is written beside its place and lands at the end (meta.json
+    last), so a failure on the way leaves a dataset that was there whole."""
     recipe.source.check()
     command = {"source": recipe.source.describe(), "shard_tokens": shard_tokens}
     command["tokenizer"] = tokenizer.to_meta() if tokenizer is not None else recipe.tokenizer

@@ -3,16 +3,21 @@
 `RECIPES` names each dataset train.py and prepare.py know: where its text comes from and which tokenizer
 makes its ids. `prepared_dataset(name)` is how training and the scripts open a dataset: a known one not
 prepared yet is prepared first (seconds for Shakespeare; TinyStories and FineWeb-Edu stream from the hub,
-minutes to hours); `local_dataset` is the dry run's, which prepares only what takes seconds.
+minutes to hours); `dataset_on_paper` is the dry run's, which writes nothing: a dataset not prepared yet is
+prepared in a temporary folder (where that takes seconds) and deleted after.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+from common import locks
 from common.errors import UserError
-from data.dataset import DATA_DIR, META_FILE, Dataset, dataset_folder
+from data.dataset import DATA_DIR, LOCK, META_FILE, Dataset, dataset_folder, prepare_command
 from data.prepare import Recipe, prepare_dataset
 from data.repeats import Repeats
 from data.sources import HFText, TextFile
@@ -69,16 +74,28 @@ def prepared_dataset(
     return dataset
 
 
-def local_dataset(name: str, data_dir: str | Path | None = None) -> Dataset | None:
-    """Dataset `name` prepared, or prepared now when its text is here (seconds); None when it is not
-    prepared and would stream from the hub (hours: train.py prepares it on first use) or is not known."""
+@contextlib.contextmanager
+def dataset_on_paper(name: str, data_dir: str | Path | None = None) -> Iterator[Dataset | None]:
+    """The dry run's dataset `name`, which writes nothing where the user looks: the prepared one; else, when
+    its text is here (seconds), one prepared in a temporary folder deleted when the block ends (`Dataset.
+    folder` then is not `dataset_folder`'s: the caller says so); None when it is not prepared and would
+    stream from the hub (hours: train.py prepares it on first use) or is not known."""
     folder = dataset_folder(name, data_dir)
-    if not (folder / META_FILE).is_file():
-        recipe = RECIPES.get(name)
-        if recipe is None or isinstance(recipe.source, HFText):
-            return None
-        prepare_known(folder)
-    return Dataset.at(folder)
+    if (folder / META_FILE).is_file():
+        yield Dataset.at(folder)
+        return
+    recipe = RECIPES.get(name)
+    if recipe is None or isinstance(recipe.source, HFText):
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="tinygpt-dry-run-") as temporary:
+        copy = Path(temporary) / name
+        print(f"preparing dataset {name} in a temporary folder for the dry run", file=sys.stderr)
+        prepare_dataset(copy, recipe)
+        try:
+            yield Dataset.at(copy)
+        finally:
+            locks.release(copy / LOCK)  # the reader's lock, held for the process otherwise
 
 
 def prepare_known(folder: Path) -> None:
@@ -88,8 +105,7 @@ def prepare_known(folder: Path) -> None:
     if name not in RECIPES:
         raise UserError(
             f"dataset {name!r} is not prepared in {folder} and is not a known dataset "
-            f"({', '.join(sorted(RECIPES))}); prepare it with: python prepare.py {name} --text-file FILE (or "
-            "--hf-dataset NAME)"
+            f"({', '.join(sorted(RECIPES))}); prepare it with: {prepare_command(folder)}"
         )
     print(f"preparing dataset {name} in {folder} (first use)", file=sys.stderr)
     prepare_dataset(folder, RECIPES[name])

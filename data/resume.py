@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common import json_text
 from common.files import atomic_write, size_text, write_failed
 from data.shards import SHARD_NAME, shard_name, single_name
 
@@ -58,7 +59,7 @@ class Preparation:
     def save(self) -> None:
         data = {"version": VERSION, **dataclasses.asdict(self)}
         del data["folder"]
-        atomic_write(self.folder / PROGRESS_FILE, json.dumps(data), advice=_again())
+        atomic_write(self.folder / PROGRESS_FILE, json_text.dumps(data), advice=_again())
 
     def shards(self, split: str) -> list[Shard]:
         return self.splits.setdefault(split, [])

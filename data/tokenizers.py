@@ -33,6 +33,7 @@ from typing import Protocol
 
 import numpy as np
 
+from common import json_text
 from common.errors import UserError
 
 BPE_ALIASES = {"gpt2": "r50k_base"}
@@ -392,7 +393,7 @@ def from_meta(tokenizer_meta: dict) -> Tokenizer:
     if kind == "bpe":
         tokenizer = BPETokenizer(tokenizer_meta["encoding"])
     else:
-        tokenizer = TrainedBPE(json.dumps(tokenizer_meta["tokenizer_json"]))
+        tokenizer = TrainedBPE(json_text.dumps(tokenizer_meta["tokenizer_json"]))
     if tokenizer.vocab_size != size:
         raise UserError(
             f"the tokenizer metadata is damaged: it says {size} tokens, the {tokenizer.name} tokenizer has "
@@ -434,13 +435,13 @@ def byte_lengths(token_bytes: list[bytes], eot_token: int) -> np.ndarray:
     return lengths
 
 
-def bits_per_byte(total_nats: float, n_bytes: float) -> float:
-    """Loss in bits per UTF-8 byte of text: comparable across tokenizers, unlike loss per token (nan for no
-    bytes).
+def bits_per_byte(total_nats: float, n_bytes: float) -> float | None:
+    """Loss in bits per UTF-8 byte of text: comparable across tokenizers, unlike loss per token (None for no
+    bytes: no figure rather than a nan).
 
     total_nats is the summed cross-entropy over the predicted tokens; n_bytes the UTF-8 bytes they stand
     for: `tokenizer.byte_lengths()[targets].sum()` (an <|endoftext|> counts 0 bytes)."""
-    return total_nats / math.log(2) / n_bytes if n_bytes else float("nan")
+    return total_nats / math.log(2) / n_bytes if n_bytes else None
 
 
 # --- a tokenizer taken from elsewhere (prepare.py --tokenizer-from) ---
@@ -480,7 +481,7 @@ def _tokenizer_meta_at(path: Path | str) -> dict:
     if isinstance(data, dict) and "kind" in data:  # a checkpoint's tokenizer metadata
         return data
     if isinstance(data, dict) and "model" in data:  # a Hugging Face tokenizer.json
-        return TrainedBPE(json.dumps(data)).to_meta()
+        return TrainedBPE(json_text.dumps(data)).to_meta()
     raise UserError(
         f"--tokenizer-from {path}: {file} holds no tokenizer (expected a dataset's meta.json, a "
         f"checkpoint's {METADATA_FILE} or a Hugging Face {TOKENIZER_JSON})"

@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from common import json_text
 from common.errors import UserError, first_line
 from common.files import save_tensors
 from data.tokenizers import METADATA_FILE
@@ -135,9 +136,9 @@ def write_model(folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], 
     eot = tokenizer_files.write_tokenizer(folder, tokenizer_meta, cfg.block_size)
     config = convert.to_hf_config(cfg, eot)
     save_tensors(convert.to_hf_weights(weights, cfg), folder / WEIGHTS, metadata={"format": "pt"})
-    (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    (folder / CONFIG).write_text(json_text.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": eot, "eos_token_id": eot, "max_length": cfg.block_size}
-    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    (folder / "generation_config.json").write_text(json_text.dumps(generation, indent=2) + "\n")
     return config["architectures"][0]
 
 
@@ -166,5 +167,5 @@ def write_adapter(
         "init_lora_weights": True,
         "inference_mode": True,
     }
-    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    (folder / ADAPTER_CONFIG).write_text(json_text.dumps(config, indent=2) + "\n")
     return targets

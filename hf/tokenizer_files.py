@@ -30,6 +30,7 @@ from functools import lru_cache
 from itertools import pairwise
 from pathlib import Path
 
+from common import json_text
 from common.errors import UserError
 from data.tokenizers import (
     BPE_ENCODINGS,
@@ -131,12 +132,12 @@ def _token_text(tokenizer_json: str, token: int) -> str | None:
 def write_tokenizer(folder: Path, tokenizer_meta: dict, block_size: int) -> int | None:
     """Write the tokenizer files of `tokenizer_meta` into folder; its end-of-text token (None: none)."""
     if "tokenizer_json" in tokenizer_meta:  # a trained BPE carries its tokenizers JSON: written as it is
-        tokenizer_json = json.dumps(tokenizer_meta["tokenizer_json"], ensure_ascii=False)
+        tokenizer_json = json_text.dumps(tokenizer_meta["tokenizer_json"], ensure_ascii=False)
     elif tokenizer_meta.get("kind") == "char":
         tokenizer_json = _char_json(tokenizer_meta["chars"])
     elif tokenizer_meta.get("kind") == "bpe" and tokenizer_meta.get("encoding") in BPE_ENCODINGS:
         tokenizer_json = _gpt2_json()
-        (folder / "vocab.json").write_text(json.dumps(gpt2_vocab(), ensure_ascii=False))
+        (folder / "vocab.json").write_text(json_text.dumps(gpt2_vocab(), ensure_ascii=False))
         merges = "".join(f"{a} {b}\n" for a, b in gpt2_merges())
         (folder / "merges.txt").write_text("#version: 0.2\n" + merges, encoding="utf-8")
     else:
@@ -157,8 +158,8 @@ def write_tokenizer(folder: Path, tokenizer_meta: dict, block_size: int) -> int 
     ):  # the tokenizer's own <|endoftext|>, past the model's ids (see above)
         config |= {"eos_token": EOT, "split_special_tokens": True}
     (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
-    (folder / METADATA_FILE).write_text(json.dumps(tokenizer_meta, indent=1))
+    (folder / "tokenizer_config.json").write_text(json_text.dumps(config, indent=2, ensure_ascii=False))
+    (folder / METADATA_FILE).write_text(json_text.dumps(tokenizer_meta, indent=1))
     return eot
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 import re
 from pathlib import Path
@@ -34,6 +33,7 @@ import matplotlib
 import torch
 from matplotlib.colors import to_hex
 
+from common import json_text
 from common.files import atomic_write
 from interp.ablation import METRICS
 from interp.circuits import composition_table
@@ -163,7 +163,7 @@ def page_data(
 def render(data: dict) -> str:
     """The page: the template with its styles, script and data inlined (one pass, so that nothing inlined
     is read as a marker)."""
-    as_json = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    as_json = json_text.dumps(data, ensure_ascii=False, separators=(",", ":"))
     # "<", ">" and "&" escaped: no text in the data can close the script element it sits in
     as_json = as_json.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     parts = {

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from common.errors import UserError
 from data.loader import TokenWindows
 from model import GPT
 
@@ -140,7 +141,10 @@ def score_heads(
     windows = windows or max(16, 8192 // cfg.block_size)
     n = min(cfg.block_size // 2, cfg.vocab_size)
     if n < 2:
-        raise ValueError(f"block_size={cfg.block_size} is too short for [R, R] sequences")
+        raise UserError(
+            f"head role scores need [R, R] sequences of at least 2 tokens each, so a context of 4 or more; "
+            f"this model's is {cfg.block_size}"
+        )
     x, y = (t.to(device) for t in val.batch(0, windows, stream=2))
     tokens = repeated_tokens(cfg.vocab_size, n, sequences, seed).to(device)
     text, rep, icl, first, second = [], [], [], [], []

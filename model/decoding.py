@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import json
 import platform
 import sys
 import warnings
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from common import json_text
 from common.files import atomic_file, cache_folder
 from model.kv_cache import KVCache
 
@@ -174,7 +174,7 @@ def step_key(step: DecodeStep, tensors: dict[str, torch.Tensor]) -> str:
         "torch": torch.__version__,
         "cpu": [platform.machine(), torch.backends.cpu.get_cpu_capability()],
     }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return hashlib.sha256(json_text.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 _jit: dict[str, Callable] = {}  # torch.compile's decode_step per device type (recompiled per model)

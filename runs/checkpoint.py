@@ -29,6 +29,7 @@ import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
+from common import json_text
 from common.errors import UserError, first_line
 from common.files import atomic_folder, save_tensors
 from data.tokenizers import METADATA_FILE, check_meta
@@ -79,7 +80,7 @@ def write_checkpoint(
         else:
             save_tensors(saved, tmp / WEIGHTS, metadata={"format": "pt"})
         (tmp / CONFIG).write_text(to_yaml(cfg))
-        (tmp / TOKENIZER).write_text(json.dumps(tokenizer_meta, indent=1))
+        (tmp / TOKENIZER).write_text(json_text.dumps(tokenizer_meta, indent=1))
         if train_state is not None:
             train_state.save(tmp / STATE)
     return out_dir / name
@@ -232,6 +233,12 @@ def find(path: Path | str, prefer: tuple[str, ...] = ("best", "last")) -> Checkp
             if is_checkpoint(candidate):
                 return Checkpoint(candidate)
     raise _none_in(path, prefer)
+
+
+def run_of(folder: Path) -> Path | None:
+    """The training run (out_dir) that checkpoint `folder` is one of (its best/ or last/), else None: a
+    checkpoint folder standing alone, or a Hugging Face model folder."""
+    return folder.parent if folder.name in ("best", "last", ".best.old", ".last.old") else None
 
 
 def find_last(out_dir: Path | str) -> Checkpoint:

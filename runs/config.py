@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from common.errors import ConfigError
+from data.dataset import DATA_DIR
 from model.config import GPTConfig
 from model.lora import LoRAConfig
 
@@ -36,7 +37,9 @@ DEFAULT_CONFIG = CONFIG_DIR / "shakespeare_char.yaml"
 @dataclass
 class DataConfig:
     dataset: str = "shakespeare_char"  # a folder under data.dir holding train.bin, val.bin and meta.json
-    dir: Optional[str] = None  # where prepared datasets live; null = the project's data/ folder
+    # where prepared datasets live (default: the project's data/ folder); a relative path is taken from the
+    # folder train.py runs in, and the run records the absolute path it resolved to
+    dir: Optional[str] = str(DATA_DIR)
 
 
 @dataclass
@@ -394,13 +397,29 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Request:
         except OmegaConfBaseException as e:
             raise _explain(e, source) from None
         origins.update(dict.fromkeys(_flatten(data), source))
-    cfg: Config = OmegaConf.to_object(merged)
+    cfg: Config = resolve_paths(OmegaConf.to_object(merged))
     found = problems(cfg)
     if found:
         key, msg = found[0]
         origin = origins.get(key) or next((v for k, v in origins.items() if k.startswith(f"{key}.")), None)
         raise ConfigError(f"{key}: {msg} (in {origin or 'the defaults'})")
     return Request(cfg, origins, name)
+
+
+def resolve_paths(cfg: Config) -> Config:
+    """cfg with its paths resolved once, from the folder the command runs in, as a run records them: data.dir
+    absolute (null: the project's data/), train.init_from absolute where it names a folder here (else it is
+    a hub name). Later commands (eval.py, heads.py) then find them from any folder. train.out_dir stays as
+    given: nothing reads it back from a run's config."""
+    data_dir = os.path.abspath(os.path.expanduser(cfg.data.dir)) if cfg.data.dir else str(DATA_DIR)
+    init_from = cfg.train.init_from
+    if init_from and Path(init_from).expanduser().exists():
+        init_from = os.path.abspath(os.path.expanduser(init_from))
+    return dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(cfg.data, dir=data_dir),
+        train=dataclasses.replace(cfg.train, init_from=init_from),
+    )
 
 
 def from_arguments(args: list[str]) -> Request:

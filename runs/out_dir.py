@@ -1,6 +1,7 @@
 """An out_dir guarded before training: writable, written by one train.py at a time, with room for the
-checkpoints, and a run it holds never overwritten by accident (train.resume continues it, train.overwrite
-deletes it). train.py holds OUT_DIR/.lock for its whole run (common/locks.py).
+checkpoints, and a run it holds (checkpoints, or metrics.jsonl alone: train.save=false) never overwritten by
+accident (train.resume continues it, train.overwrite deletes it). train.py holds OUT_DIR/.lock for its whole
+run (common/locks.py).
 """
 
 from __future__ import annotations
@@ -15,17 +16,29 @@ from runs.checkpoint import OUT_DIR_ADVICE, is_checkpoint
 from runs.config import Config
 
 LOCK = ".lock"  # in an out_dir: held by the train.py that writes into it
-
-
-HELD_ADVICE = (
-    "continue it with train.resume=true, start over with train.overwrite=true (deletes it), or pick another "
-    "train.out_dir"
-)
+METRICS = "metrics.jsonl"  # a run's records (training/tracking.py): a run, even one without checkpoints
+RECORDS = (METRICS, "loss.png", "heads_training.png")  # what train.overwrite deletes beside the checkpoints
 
 
 def holds_run(out_dir: Path) -> bool:
     """Whether out_dir holds a run's checkpoint (last/, best/, or last/ while it was being replaced)."""
     return any(is_checkpoint(out_dir / n) for n in ("last", "best", ".last.old"))
+
+
+def held(out_dir: Path) -> str | None:
+    """The run out_dir holds, which train.overwrite would delete, in words; None: none."""
+    if holds_run(out_dir):
+        return "a checkpoint"
+    metrics = out_dir / METRICS
+    if metrics.is_file() and metrics.stat().st_size > 0:  # a run's, with train.save=false too
+        return f"a run's {METRICS} (a run without checkpoints)"
+    return None
+
+
+def held_advice(what: str) -> str:
+    """What to do about the run `held` found."""
+    resume = "continue it with train.resume=true, " if what == "a checkpoint" else ""
+    return f"{resume}start over with train.overwrite=true (deletes it), or pick another train.out_dir"
 
 
 def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
@@ -50,11 +63,14 @@ def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
         "train.out_dir",
     )
     check_not_links(out_dir, ("last", "best"), OUT_DIR_ADVICE)
-    if holds_run(out_dir) and not cfg.train.resume:
+    what = held(out_dir)
+    if what and not cfg.train.resume:
         if not cfg.train.overwrite:
-            raise UserError(f"{out_dir} already holds a checkpoint; {HELD_ADVICE}")
+            raise UserError(f"{out_dir} already holds {what}; {held_advice(what)}")
         for name in ("last", "best", ".last.old", ".best.old"):
             shutil.rmtree(out_dir / name, ignore_errors=True)
+        for name in RECORDS:
+            (out_dir / name).unlink(missing_ok=True)
     need = n_params * 4 * 4 * 2  # weights + AdamW moments, fp32, in last/ and best/ while swapping
     free = shutil.disk_usage(out_dir).free
     if cfg.train.save and free < need:

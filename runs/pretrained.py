@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError
+from data.dataset import META_FILE, Dataset, dataset_folder, prepare_command
+from data.recipes import RECIPES, prepared_dataset
 from data.tokenizers import Tokenizer, describe, from_meta
 from hf import folders
 from model import GPT, GPTConfig, lora
@@ -68,6 +70,26 @@ class Loaded:
     tokenizer: Tokenizer
     tokenizer_meta: dict  # the tokenizer's metadata, to check a dataset against
     where: Path  # the checkpoint or model folder it was read from
+
+    def dataset(self, data_dir: str | None = None) -> Dataset:
+        """The dataset the model was trained on, checked against its tokenizer: in `data_dir` (--data-dir),
+        else where its run recorded it (data.dir: absolute; an older version's relative one is taken from
+        the folder the command runs in, as it was then). A known dataset not prepared is prepared there."""
+        name, recorded = self.config.data.dataset, self.config.data.dir
+        folder = dataset_folder(name, data_dir or recorded)
+        if not (folder / META_FILE).is_file() and name not in RECIPES:
+            older = (
+                f" (the run recorded data.dir {recorded!r}, relative: an older version's, read from the "
+                "folder you run in)"
+                if not data_dir and recorded and not Path(recorded).is_absolute()
+                else ""
+            )
+            raise UserError(
+                f"dataset {name!r}, which {self.where} was trained on, is not prepared in {folder}{older}; "
+                "give --data-dir with the folder it was prepared in (prepare.py's --data-dir), or prepare it "
+                f"again: {prepare_command(folder)}"
+            )
+        return prepared_dataset(name, data_dir or recorded, tokenizer_meta=self.tokenizer_meta)
 
 
 def load_pretrained(name: Path | str, hub: bool = False, merge: bool = True) -> Pretrained:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import copy
 import itertools
-import json
 import math
 import statistics
 import sys
@@ -48,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from common import json_text
 from common.errors import UserError, run_cli
 from common.threads import busy_neighbour
 from model import generate, quantize_int8, sample_next
@@ -606,7 +606,7 @@ def main(argv: list[str]) -> int:
         results["positions"] = [row for s in setups for row in decode_by_position(s, args.rounds)]
         print(format_table(results["positions"]))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=1))
+    Path(args.json).write_text(json_text.dumps(results, indent=1))
     print(f"results in {args.json}", file=sys.stderr)
     return 0
 

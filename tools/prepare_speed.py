@@ -30,6 +30,7 @@ from itertools import islice
 from pathlib import Path
 
 import data.prepare as prep
+from common import json_text
 from data.recipes import SHAKESPEARE
 from data.sources import TextFile
 from data.tokenizers import BPETokenizer, CharTokenizer, TrainedBPE, from_meta, parse_spec
@@ -73,7 +74,7 @@ def build_vocabulary(spec: str, text: str, meta_out: str) -> dict:
     else:
         tok = BPETokenizer(kind)
     seconds = time.perf_counter() - start
-    Path(meta_out).write_text(json.dumps(tok.to_meta()))
+    Path(meta_out).write_text(json_text.dumps(tok.to_meta()))
     return {"seconds": seconds, "peak_mb": peak_mb()}
 
 
@@ -243,7 +244,7 @@ def main(argv: list[str]) -> None:
             result = ceiling_once(*rest[:3], int(rest[3]))
         else:
             result = prepare_once(rest[0], *rest[1:3], int(rest[3]))
-        print(json.dumps(result))
+        print(json_text.dumps(result))
         return
     args = parse_args(argv)
     text = Path(args.text)
@@ -256,7 +257,7 @@ def main(argv: list[str]) -> None:
         spec: measure(spec, text, args.rounds, args.pools, args.workers) for spec in args.tokenizers
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=1))
+    Path(args.json).write_text(json_text.dumps(results, indent=1))
     print(report(results, text_mb))
 
 

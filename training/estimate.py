@@ -22,7 +22,7 @@ from common.files import size_text
 from data.dataset import Meta
 from model.attention import block_layout
 from runs.config import Config, Request
-from runs.out_dir import HELD_ADVICE, holds_run
+from runs.out_dir import held, held_advice, holds_run
 from training.evaluation import final_eval_wanted
 from training.hardware import GPU_PEAKS
 from training.measure import Timing, time_steps
@@ -35,7 +35,7 @@ from training.memory import (
     recompute_share,
     saved_params,
 )
-from training.plan import Plan, paper_plan
+from training.plan import PaperPlan, Plan, paper_plan
 from training.trainer import start_run
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
@@ -74,6 +74,7 @@ class Estimate:
     final_eval: bool  # an exact val eval at the end
     timing: Timing | None
     why_not: str | None  # why there is no timing
+    unprepared: str = ""  # where train.py will prepare the dataset ("": it is prepared)
 
     @property
     def iterations(self) -> int:
@@ -85,13 +86,13 @@ class Estimate:
 
 
 def dry_run(request: Request) -> str:
-    """The dry run's report (nothing is trained or written, except preparing a local dataset once)."""
-    return "\n".join(_report(_estimate(request)))
+    """The dry run's report: nothing is trained or written (training/plan.py's `paper_plan`)."""
+    with paper_plan(request) as plan:
+        return "\n".join(_report(_estimate(request, plan)))
 
 
-def _estimate(request: Request) -> Estimate:
-    """Plan the run on paper, count its parameters and memory, and time a few real steps where it can."""
-    plan = paper_plan(request)
+def _estimate(request: Request, plan: PaperPlan) -> Estimate:
+    """Count the planned run's parameters and memory, and time a few real steps where it can."""
     cfg, device, precision = plan.cfg, plan.rt.device.type, plan.rt.precision
     t, meta = cfg.train, plan.dataset.meta if plan.dataset is not None else None
     params = count_params(cfg.model, cfg.optim.name, cfg.lora)
@@ -108,7 +109,7 @@ def _estimate(request: Request) -> Estimate:
     free = _available_bytes(device) if plan.present else None
     out_dir = Path(t.out_dir)
     disk_free = shutil.disk_usage(out_dir).free if out_dir.exists() else None
-    held = _held_run(out_dir, request.cfg.train.resume, t.overwrite)  # the plan starts afresh
+    held_line = _held_run(out_dir, request.cfg.train.resume, t.overwrite)  # the plan starts afresh
     timing, why_not = None, None
     if not plan.present:
         why_not = f"train.device={t.device} but no CUDA GPU is visible here"
@@ -121,20 +122,30 @@ def _estimate(request: Request) -> Estimate:
         timing = time_steps(start_run(Plan(steps, plan.rt, plan.dataset, None, plan.pretrained)))
     return Estimate(
         request.name, cfg, meta, device, precision, params, blocks, mem, other_mem, plain, plan.compiled,
-        free, disk_free, held, ckpt, final_eval, timing, why_not,
+        free, disk_free, held_line, ckpt, final_eval, timing, why_not, _unprepared(plan),
     )  # fmt: skip
 
 
 def _held_run(out_dir: Path, resume: bool, overwrite: bool) -> str | None:
     """What the real run will do with what out_dir holds, where that matters (runs/out_dir.py decides it)."""
-    if not holds_run(out_dir):
-        refused = f"{out_dir} holds no checkpoint: THE REAL RUN WILL REFUSE train.resume=true; remove it"
-        return refused if resume else None
-    if resume:
+    if resume and holds_run(out_dir):
         return f"{out_dir} holds a checkpoint: the real run continues it (this estimate is for the whole run)"
+    if resume:
+        return f"{out_dir} holds no checkpoint: THE REAL RUN WILL REFUSE train.resume=true; remove it"
+    what = held(out_dir)
+    if what is None:
+        return None
     if overwrite:
-        return f"{out_dir} holds a checkpoint: the real run deletes it first (train.overwrite=true)"
-    return f"{out_dir} already holds a checkpoint: THE REAL RUN WILL REFUSE IT; {HELD_ADVICE}"
+        return f"{out_dir} holds {what}: the real run deletes it first (train.overwrite=true)"
+    return f"{out_dir} already holds {what}: THE REAL RUN WILL REFUSE IT; {held_advice(what)}"
+
+
+def _unprepared(plan: PaperPlan) -> str:
+    """What the report says of a dataset that is not prepared yet ('' when it is)."""
+    if plan.prepared:
+        return ""
+    how = "streamed from the hub" if plan.dataset is None else "measured here on a temporary copy, deleted"
+    return f"not prepared yet: train.py prepares it in {plan.folder} on first use ({how})"
 
 
 def _available_bytes(device: str) -> float | None:
@@ -166,6 +177,8 @@ def _duration(s: float) -> str:
 def _report(e: Estimate) -> list[str]:
     """The dry run's lines: model, compute, tokens, memory, checkpoint, speed and time."""
     lines = [f"dry run of {e.name}: nothing is trained or written", ""]
+    if e.unprepared:
+        lines += [f"dataset     {e.cfg.data.dataset} is {e.unprepared}"]
     return lines + _model_lines(e) + _token_lines(e) + _memory_lines(e) + _time_lines(e)
 
 

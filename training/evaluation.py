@@ -61,7 +61,8 @@ class TokenLoss:
         return math.exp(min(self.loss, 700.0))
 
     @property
-    def bpb(self) -> float:
+    def bpb(self) -> float | None:
+        """None where the predicted tokens stand for no bytes (special tokens alone)."""
         return bits_per_byte(self.nats, self.bytes)
 
     @property
@@ -114,13 +115,18 @@ def evaluate_tokens(
     stride: int | None = None,
     rt: Runtime | None = None,
     progress: Callable[[int], None] | None = None,
+    what: str = "the text",
 ) -> TokenLoss:
     """The loss of `model` on every token of `tokens` (an array, or a prepared split's files, read a batch at
-    a time). `progress(n)` is called with the predictions of each batch done on this rank."""
+    a time). `progress(n)` is called with the predictions of each batch done on this rank. Fewer than 2
+    tokens is a UserError naming `what`: a loss over no predictions would read as a perfect one."""
     block_size = model.config.block_size
     n_tokens = len(tokens)
     if n_tokens < 2:
-        return TokenLoss(0, 0.0, 0)
+        raise UserError(
+            f"{what} holds {n_tokens} token{'s' if n_tokens != 1 else ''}: nothing to predict (the first "
+            "token has no context, so an evaluation needs at least 2); give a longer text"
+        )
     rank, world = (rt.rank, rt.world_size) if rt is not None else (0, 1)
     device = next(model.parameters()).device
     autocast = rt.autocast if rt is not None else contextlib.nullcontext

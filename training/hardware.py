@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from common import json_text
 from common.files import cache_folder
 
 # Dense (no sparsity) tensor-core TFLOP/s by precision, keyed by the exact product name the driver reports
@@ -102,7 +103,7 @@ def cpu_peak_flops(precision: str) -> float:
         cache[key] = measure_cpu_flops(dtype)
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(cache, indent=1))
+            path.write_text(json_text.dumps(cache, indent=1))
         except OSError:
             pass  # an unwritable cache only costs a re-measurement next time
     return cache[key]

@@ -11,12 +11,15 @@ from the `Plan` in one pass.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from common.errors import ConfigError, UserError
 from data.dataset import META_FILE, Dataset, dataset_folder
-from data.recipes import local_dataset, prepare_known, recipe_vocab_size
+from data.recipes import dataset_on_paper, prepare_known, recipe_vocab_size
 from data.tokenizers import describe, same
 from model import GPTConfig
 from model.lora import model_problem
@@ -43,10 +46,12 @@ class PaperPlan:
 
     cfg: Config  # final where the dataset is prepared (else model.vocab_size must be set)
     rt: Runtime  # the device and precision runs/runtime.py chooses (`planned`: taken where it is here)
-    dataset: Dataset | None  # None: not prepared, and from the hub (data/recipes.py's `local_dataset`)
+    dataset: Dataset | None  # None: not prepared, and from the hub (data/recipes.py's `dataset_on_paper`)
     pretrained: Pretrained | None  # train.init_from's model, read
     present: bool  # the device is here (a CUDA config on a machine without a GPU: False)
     compiled: bool  # torch.compile on (train.compile on this device)
+    folder: Path  # where the run's dataset is (or will be) prepared
+    prepared: bool  # it is there (else `dataset`, if any, is a copy in a temporary folder)
 
 
 def plan_run(request: Request) -> Plan:
@@ -58,34 +63,38 @@ def plan_run(request: Request) -> Plan:
     return Plan(fit_to_data(cfg, dataset, resume, pretrained), rt, dataset, resume, pretrained)
 
 
-def paper_plan(request: Request) -> PaperPlan:
+@contextlib.contextmanager
+def paper_plan(request: Request) -> Iterator[PaperPlan]:
     """The run `request` asks for, planned from its start (train.resume aside) on the device runs/runtime.py
-    chooses for it, where it is here; a dataset from the hub is not prepared for it (see `PaperPlan`)."""
+    chooses for it, where it is here, for the block: nothing is written (a dataset not prepared yet is
+    prepared in a temporary folder deleted after it; one from the hub not at all: see `PaperPlan`)."""
     fresh = dataclasses.replace(request.cfg, train=dataclasses.replace(request.cfg.train, resume=False))
     cfg, _, pretrained = starting_point(dataclasses.replace(request, cfg=fresh))
-    dataset = local_dataset(cfg.data.dataset, cfg.data.dir)
+    folder = dataset_folder(cfg.data.dataset, cfg.data.dir)
+    prepared = (folder / META_FILE).is_file()
+    with dataset_on_paper(cfg.data.dataset, cfg.data.dir) as dataset:
+        cfg = _fit_on_paper(cfg, dataset, pretrained)
+        t = cfg.train
+        rt, present = planned(t.device, t.precision, cfg.model.n_embd, t.threads)
+        compiled = compile_enabled(t.compile, rt.device)
+        yield PaperPlan(cfg, rt, dataset, pretrained, present, compiled, folder, prepared)
+
+
+def _fit_on_paper(cfg: Config, dataset: Dataset | None, pretrained: Pretrained | None) -> Config:
+    """The dry run's `fit_to_data`. Without a dataset (one from the hub, not prepared), the vocabulary is
+    its recipe's tokenizer's (bpe:N, GPT-2's), else model.vocab_size, which must then be set."""
     if dataset is not None:
-        cfg = fit_to_data(cfg, dataset, None, pretrained)
-    else:
-        cfg = _unprepared_vocabulary(cfg)
-        if cfg.model.doc_mask and cfg.model.doc_token is None:  # its id changes no cost: any will do
-            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=0))
-    t = cfg.train
-    rt, present = planned(t.device, t.precision, cfg.model.n_embd, t.threads)
-    return PaperPlan(cfg, rt, dataset, pretrained, present, compile_enabled(t.compile, rt.device))
-
-
-def _unprepared_vocabulary(cfg: Config) -> Config:
-    """cfg with the vocabulary of a dataset not prepared yet: its recipe's tokenizer's (bpe:N, GPT-2's), else
-    model.vocab_size, which must then be set (a character vocabulary is known once the text is read)."""
+        return fit_to_data(cfg, dataset, None, pretrained)
     vocab = recipe_vocab_size(cfg.data.dataset)
     if vocab is not None:
-        return with_vocabulary(cfg, vocab)
-    if cfg.model.vocab_size is None:
+        cfg = with_vocabulary(cfg, vocab)
+    elif cfg.model.vocab_size is None:
         raise UserError(
             f"dataset {cfg.data.dataset} is not prepared, so its vocabulary is unknown; set model.vocab_size "
             "for the dry run, or prepare the dataset first"
         )
+    if cfg.model.doc_mask and cfg.model.doc_token is None:  # its id changes no cost: any will do
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=0))
     return cfg
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import configparser
 import importlib.util
 import json
-import math
 import netrc
 import os
 import sys
@@ -29,9 +28,11 @@ from urllib.parse import urlparse
 import torch
 from tqdm import tqdm
 
+from common import json_text
 from common.errors import UserError
 from common.files import append_line, atomic_write
 from runs.config import to_dict
+from runs.out_dir import METRICS
 from training import distributed
 from training.trainer import Run
 
@@ -41,7 +42,7 @@ PLOT_SHARE = 0.01  # the most of a run's wall time that redrawing loss.png may t
 class Tracker:
     def __init__(self, run: Run):
         self.run, self.main = run, run.rt.is_main
-        self.metrics_path = run.out_dir / "metrics.jsonl"
+        self.metrics_path = run.out_dir / METRICS
         self.wandb = None
         self.last_record: dict[str, Any] = {}
         self.samples: list[list] = []  # [iteration, text] of each sample, for a wandb table
@@ -132,7 +133,7 @@ class Tracker:
         if not self.main:
             return
         self.last_record = record
-        line = json.dumps(json_safe(record), allow_nan=False) + "\n"
+        line = json_text.dumps(record) + "\n"
         append_line(self.metrics_path, line, "free some space, then resume the run")
         scalars = {f"eval/{k}": v for k, v in record.items() if k != "iter" and isinstance(v, (int, float))}
         self.log(record["iter"], scalars)
@@ -202,17 +203,6 @@ def check_wandb_login() -> None:
             f"log.wandb=true but this machine has no wandb login (no WANDB_API_KEY, no {host} entry in "
             "~/.netrc); run `wandb login`, or set WANDB_MODE=offline to log locally (and `wandb sync` later)"
         )
-
-
-def json_safe(value: Any) -> Any:
-    """value with every float that is not finite (a diverged loss) as None: JSON has no NaN."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
 
 
 def _rows(metrics_path: Path) -> list[tuple[str, dict | None]]:

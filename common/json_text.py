@@ -1,0 +1,38 @@
+"""JSON as tinygpt writes it: strict (RFC 8259), for every file, line and page a program may read.
+
+Python's json module writes NaN and Infinity, which strict parsers refuse (jq, JavaScript's JSON.parse, Go,
+serde, pandas with `orient="records"` ...). Every JSON tinygpt writes goes through `dumps`: a float that is
+not finite becomes null ("no value": a diverged loss in metrics.jsonl), numpy scalars and arrays become
+numbers and lists, and anything else that JSON cannot hold is a TypeError (a bug, not a file to read back).
+A figure reported as a result is checked where it is made (an evaluation of no tokens is an error there),
+so null never stands in for a number that should have been one. tests/test_rules.py keeps every json.dumps
+of the code in this module.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+
+def strict(value: Any) -> Any:
+    """`value` with every float that is not finite as None, and numpy scalars and arrays as Python's."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    elif isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
+
+
+def dumps(value: Any, **options) -> str:
+    """`value` as strict JSON text (json.dumps' `options`: indent, ensure_ascii, separators, sort_keys)."""
+    return json.dumps(strict(value), allow_nan=False, **options)
