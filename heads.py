@@ -59,33 +59,30 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import json_text
-from common.files import atomic_write
 from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
 from interp.ablation import KINDS, ablate_heads, format_ablation
-from interp.attribution import attribute, compare, format_attribution
-from interp.circuit import check_task, find_circuit, format_circuit
-from interp.circuits import composition_table, format_composition, positional_patterns
-from interp.diagram import plot_circuit
+from interp.circuit import check_task
 from interp.explorer import write_page
-from interp.lens import direct_attribution, format_lens, head_attributions, logit_lens
-from interp.patching import TABLES, format_patching, patch, predictions
+from interp.patching import predictions
 from interp.plots import (
     MAX_LABELS,
     plot_ablation,
-    plot_attribution,
-    plot_composition,
     plot_head,
     plot_layer,
-    plot_lens,
-    plot_patching,
     plot_scores,
     token_labels,
 )
+from interp.report import (
+    write_attribution,
+    write_circuit,
+    write_composition,
+    write_json,
+    write_lens,
+    write_patching,
+)
 from interp.scores import HEAD_NAME, ROLES, THRESHOLD, head_name, role_name, score_heads
 from interp.tasks import prompt_pair, repeat_task
-from interp.weights import head_weights
 from runs.checkpoint import run_of
 from runs.config import seed_problem
 from runs.pretrained import Loaded, load_model
@@ -311,13 +308,6 @@ def draw_maps(model, ids: list[int], tokenizer, args: argparse.Namespace, out: P
     return written
 
 
-def write_json(path: Path, ckpt: Path, data: dict) -> Path:
-    """data as strict JSON, whole or not at all, with the checkpoint it came from (absolute: the file is
-    read from other folders)."""
-    atomic_write(path, json_text.dumps({"checkpoint": str(ckpt.absolute()), **data}, indent=1))
-    return path
-
-
 def role_scores(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt: Path):
     """score_heads at the command's sizes: printed, written as JSON and a picture."""
     sequences = args.sequences or 16
@@ -360,56 +350,6 @@ def patch_prompts(model, tokenizer, texts: list[str], option: str = "--patch") -
     return clean, corrupted
 
 
-def patching(model, tokenizer, prompts, out: Path, ckpt: Path) -> list[Path]:
-    """--patch CLEAN CORRUPTED: the two prompts patched, printed, written as JSON and a picture."""
-    clean, corrupted = prompts
-    result = patch(model, clean, corrupted)
-    labels = token_labels(corrupted, tokenizer)
-    answers = tuple(token_labels([result[k]], tokenizer)[0] for k in ("answer", "alternative"))
-    print(format_patching(result, labels, answers))
-    plot_patching(result, labels, out / "patching.png")
-    data = {"clean": clean, "corrupted": corrupted, **result}
-    return [write_json(out / "patching.json", ckpt, data), out / "patching.png"]
-
-
-def lens(model, ids: list[int], tokenizer, out: Path, ckpt: Path) -> list[Path]:
-    """--lens: the prompt's logit lens and direct attribution, printed, written as JSON and a picture."""
-    mc = model.config
-    found, attribution = logit_lens(model, ids), direct_attribution(model, ids)
-    heads = head_attributions(attribution, mc.n_layer, mc.n_head).mean(axis=0)
-    labels = token_labels(ids, tokenizer)
-    print(format_lens(found, heads, labels, lambda i: token_labels([i], tokenizer)[0]))
-    plot_lens(found, heads, labels, out / "lens.png")
-    data = {"ids": ids, "lens": found, "attribution": attribution}
-    return [write_json(out / "lens.json", ckpt, data), out / "lens.png"]
-
-
-def attribution(model, tokenizer, prompts, with_patching: bool, out: Path, ckpt: Path) -> list[Path]:
-    """--attribute CLEAN CORRUPTED (--compare): attribution patching, printed, written as JSON and drawn."""
-    task = prompt_pair(model, *prompts)
-    result = compare(model, task, TABLES) if with_patching else attribute(model, task)
-    print(format_attribution(result, token_labels(prompts[1], tokenizer)))
-    plot_attribution(result, out / "attribution.png")
-    data = {"clean": prompts[0], "corrupted": prompts[1], "task": task.description, **result}
-    return [write_json(out / "attribution.json", ckpt, data), out / "attribution.png"]
-
-
-def composition(model, out: Path, ckpt: Path) -> tuple[dict, list[Path]]:
-    """--composition: every pair of heads' composition scores, printed, written as JSON and a heatmap; for
-    learned positions, layer 0's attention from the position embeddings alone."""
-    table = composition_table(model)
-    print(format_composition(table))
-    plot_composition(table, out / "composition.png")
-    written = [write_json(out / "composition.json", ckpt, table), out / "composition.png"]
-    if model.pos_emb is None:
-        print("positions: rotary, so no position-only pattern exists in the weights (docs/heads.md)")
-        return table, written
-    T = min(model.config.block_size, 64)
-    title = f"layer 0: attention from the position embeddings alone (W_pos W_Q W_K^T W_pos^T), {T} positions"
-    plot_layer(positional_patterns(head_weights(model), 0, T), None, 0, out / "positional_qk.png", title)
-    return table, [*written, out / "positional_qk.png"]
-
-
 def circuit_task(model, args: argparse.Namespace, prompts):
     """--circuit's task, refused (before any work) when the model does it no better clean than corrupted."""
     task = prompt_pair(model, *prompts) if prompts else repeat_task(model, args.sequences or 16, args.seed)
@@ -418,14 +358,6 @@ def circuit_task(model, args: argparse.Namespace, prompts):
     except ValueError as e:
         fix = "give another prompt pair" if prompts else "give --circuit CLEAN CORRUPTED for a task it does"
         raise UserError(f"--circuit: {e}; {fix}") from None
-
-
-def circuit(model, task, scores, out: Path, ckpt: Path):
-    """--circuit [CLEAN CORRUPTED]: the task's circuit, printed, written as JSON and a diagram."""
-    found = find_circuit(model, task, scores)
-    print(format_circuit(found))
-    plot_circuit(found, model.config.n_layer, model.config.n_head, out / "circuit.png")
-    return found, [write_json(out / "circuit.json", ckpt, found), out / "circuit.png"]
 
 
 def inputs(args: argparse.Namespace, ids: list[int], pairs: dict[str, tuple[list[int], list[int]]]) -> str:
@@ -494,13 +426,13 @@ def main(argv: list[str]) -> int:
         found["ablation"], files = ablation(model, val, args, out, ckpt)
         written += files
     if args.patch:
-        written += patching(model, tokenizer, pairs["patch"], out, ckpt)
+        written += write_patching(model, tokenizer, pairs["patch"], out, ckpt)
     if args.lens:
-        written += lens(model, ids, tokenizer, out, ckpt)
+        written += write_lens(model, ids, tokenizer, out, ckpt)
     if args.attribute:
-        written += attribution(model, tokenizer, pairs["attribute"], args.compare, out, ckpt)
+        written += write_attribution(model, tokenizer, pairs["attribute"], args.compare, out, ckpt)
     if args.composition:
-        written += composition(model, out, ckpt)[1]
+        written += write_composition(model, out, ckpt)[1]
     scores = None
     if not analyses(args) or args.html:
         scores, files = role_scores(model, val, args, out, ckpt)
@@ -509,7 +441,7 @@ def main(argv: list[str]) -> int:
         scores = scores or score_heads(
             model, val, args.seed, sequences=args.sequences or 16, windows=args.windows
         )
-        found["circuit"], files = circuit(model, task, scores, out, ckpt)
+        found["circuit"], files = write_circuit(model, task, scores, out, ckpt)
         written += files
     if args.html:
         more = {"seed": args.seed, "ablation": found.get("ablation"), "circuit": found.get("circuit")}

@@ -33,23 +33,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--data-dir", default=str(DATA_DIR), help="where prepared datasets live (default: %(default)s)"
     )
-    p.add_argument("--text-file", help="a local UTF-8 text file")
-    p.add_argument(
-        "--val-fraction", type=float, default=0.1, help="tail of a text file kept for val (default 0.1)"
-    )
-    p.add_argument(
-        "--hf-dataset", help="Hugging Face dataset: hub name, or json/parquet/text/csv with --data-files"
-    )
-    p.add_argument("--hf-config", help="the dataset's config name, e.g. sample-10BT")
-    p.add_argument("--split", default="train", help="the split to read (default: train)")
-    p.add_argument("--val-split", help="a split to use as val (default: every --val-every-th document)")
-    p.add_argument("--val-every", type=int, default=200, help="every N-th document goes to val (default 200)")
-    p.add_argument("--text-column", default="text", help="the column holding the text (default: text)")
-    p.add_argument("--data-files", nargs="+", help="local files for --hf-dataset json/parquet/text/csv")
-    p.add_argument(
-        "--streaming", action="store_true", help="stream the dataset instead of downloading it whole"
-    )
-    p.add_argument("--max-docs", type=int, help="stop after this many documents")
+    add_source_args(p)
     tok = p.add_mutually_exclusive_group()
     tok.add_argument(
         "--tokenizer",
@@ -89,6 +73,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="replace a dataset already prepared under this name (runs trained on it then read the new data)",
     )
     return p.parse_args(argv)
+
+
+def add_source_args(p: argparse.ArgumentParser) -> None:
+    """Where the text comes from: a local file, or a Hugging Face dataset and how to read it."""
+    p.add_argument("--text-file", help="a local UTF-8 text file")
+    p.add_argument(
+        "--val-fraction", type=float, default=0.1, help="tail of a text file kept for val (default 0.1)"
+    )
+    p.add_argument(
+        "--hf-dataset", help="Hugging Face dataset: hub name, or json/parquet/text/csv with --data-files"
+    )
+    p.add_argument("--hf-config", help="the dataset's config name, e.g. sample-10BT")
+    p.add_argument("--split", default="train", help="the split to read (default: train)")
+    p.add_argument("--val-split", help="a split to use as val (default: every --val-every-th document)")
+    p.add_argument("--val-every", type=int, default=200, help="every N-th document goes to val (default 200)")
+    p.add_argument("--text-column", default="text", help="the column holding the text (default: text)")
+    p.add_argument("--data-files", nargs="+", help="local files for --hf-dataset json/parquet/text/csv")
+    p.add_argument(
+        "--streaming", action="store_true", help="stream the dataset instead of downloading it whole"
+    )
+    p.add_argument("--max-docs", type=int, help="stop after this many documents")
 
 
 def recipe_from_args(args: argparse.Namespace) -> Recipe:
