@@ -48,7 +48,7 @@ from common.errors import UserError
 from common.files import atomic_write, size_text, write_failed
 from data.dataset import LOCK, META_FILE, SPLITS, Meta, token_dtype
 from data.repeats import Repeats
-from data.resume import PROGRESS_FILE, Preparation, ShardWriter, final_files, resume
+from data.resume import PROGRESS_FILE, Preparation, ShardWriter, final_files, resume, unfinished
 from data.sources import Documents, HFText, TextFile
 from data.tokenizers import (
     TOKENIZER_JSON,
@@ -343,7 +343,6 @@ def prepare_dataset(
         with locks.holding(out / LOCK, what, exclusive=True, advice=wait):
             if (out / META_FILE).is_file() and not overwrite:  # prepared meanwhile
                 raise already_prepared(out)
-            (out / META_FILE).unlink(missing_ok=True)  # replaced: not a dataset until the new one lands
             return _prepare(out.name, recipe, out, workers, tokenizer, shard_tokens)
     except BaseException:
         if not _kept_shards(out):  # nothing to continue from: a folder made here goes
@@ -370,13 +369,17 @@ def _prepare(
     tokenizer: Optional[Tokenizer],
     shard_tokens: int,
 ) -> Meta:
-    """The preparation proper: every file is written beside its place and lands at the end (meta.json
-    last), so a failure on the way leaves a dataset that was there whole."""
+    """The preparation proper: shard by shard from where an unfinished one of the same command stopped
+    (data/resume.py). A fresh one reads the text for its tokenizer before anything in `out` changes, so a
+    text that cannot be read leaves a dataset that was there whole."""
     recipe.source.check()
     command = {"source": recipe.source.describe(), "shard_tokens": shard_tokens}
     command["tokenizer"] = tokenizer.to_meta() if tokenizer is not None else recipe.tokenizer
     if tokenizer is None and parse_spec(recipe.tokenizer)[0] == "trained_bpe":
         command["bpe_train_chars"] = recipe.bpe_train_chars
+    if tokenizer is None and not unfinished(out, command):
+        tokenizer = make_tokenizer(recipe, name)
+    (out / META_FILE).unlink(missing_ok=True)  # replaced (--overwrite): not a dataset until the new one lands
     progress = resume(out, command)
     if progress.tokenizer_meta is None:  # made once, kept in progress.json for a rerun
         tokenizer = tokenizer or make_tokenizer(recipe, name)

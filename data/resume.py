@@ -117,6 +117,12 @@ def resume(folder: Path, command: dict) -> Preparation:
     return old
 
 
+def unfinished(folder: Path, command: dict) -> bool:
+    """Whether `folder` holds an unfinished preparation of `command` that `resume` would continue."""
+    old = _read(folder)
+    return old is not None and old.command == command
+
+
 def _read(folder: Path) -> Preparation | None:
     """progress.json, or None when there is none or it is not one this version wrote."""
     try:

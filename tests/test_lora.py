@@ -46,7 +46,8 @@ from training.trainer import start_run, train_step
 
 transformers.logging.set_verbosity_error()
 HAMLET = "To be, or not to be, that is the question:\n" * 1000  # new to a model of Shakespeare's plays
-BASE = [*TINY, "train.max_iters=150", "train.eval_interval=150", "optim.lr=1e-2"]
+# train.threads=1: the same bases every run (a count the tuner may not change, common/threads.py)
+BASE = [*TINY, "train.max_iters=150", "train.eval_interval=150", "optim.lr=1e-2", "train.threads=1"]
 LLAMA_GQA = [*LLAMA, "model.n_kv_head=1"]
 ALL = "lora.targets=[W_QKV,W_O,W_in,W_out]"
 

@@ -140,14 +140,20 @@ class FailingSource:
     """A source that fails in the val split, after the train split is written (the hub gone mid-way)."""
 
     separate_documents = False
+    unit = "doc"
 
     def check(self) -> None:
         pass
 
-    def documents(self, split: str):
-        yield "to be or not to be\n" * 100
-        if split == "val":
-            raise UserError("the hub is unreachable")
+    def documents(self, split: str, start=None):
+        from data.sources import counted
+
+        def docs():
+            yield "to be or not to be\n" * 100
+            if split == "val":
+                raise UserError("the hub is unreachable")
+
+        return counted(docs(), start)
 
     def describe(self) -> dict:
         return {}
@@ -177,11 +183,13 @@ def test_a_failed_preparation_leaves_what_was_there(tmp_path: Path, capsys, wher
     for bad in (text_file(tmp_path / "empty.txt", ""), tmp_path / "latin1.txt"):
         flags = ["--data-dir", str(data), "--text-file", str(bad), "--overwrite"]
         script_error(capsys, command.main, ["mine", *flags], str(bad))
-    with pytest.raises(UserError, match="the hub is unreachable"):
-        tokenizer = CharTokenizer("to be or nt\n")
-        prepare_dataset(data / "mine", Recipe(FailingSource(), "char"), 1, tokenizer, overwrite=True)
     after = {p.name: p.read_bytes() for p in data.rglob("*") if p.is_file()} if data.exists() else None
     assert after == before  # new: no data/ at all; existing: every file as it was (no temporary left)
+    with pytest.raises(UserError, match="the hub is unreachable"):  # after a complete shard (issue 33)
+        tokenizer = CharTokenizer("to be or nt\n")
+        prepare_dataset(data / "mine", Recipe(FailingSource(), "char"), 1, tokenizer, overwrite=True)
+    kept = sorted(p.name for p in (data / "mine").iterdir())
+    assert kept == [".lock", "progress.json", "train-00000.bin"]  # for the same command to continue from
 
 
 def test_heads_of_a_model_folder_go_into_its_own_folder(tmp_path: Path):
