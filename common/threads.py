@@ -11,9 +11,10 @@ default, the physical cores) and keeps that count if it was faster by a margin.
 
 Notable:
 - The scheduled tries fall on fixed iterations (a run's own step numbers for training), so a quiet machine
-  makes the same choices in every run and a resumed run the same as one never stopped: training stays
-  reproducible bit for bit. A forward pass gives the same bits at any thread count here; a training step
-  does not (its gradients sum in another order), so under load the rounding follows the load.
+  makes the same choices in run after run and a resumed run the same as one never stopped. The choices are
+  timed, though: a try whose first step lands near ABORT's line may go on for its other steps in one run
+  and not in another. A forward pass gives the same bits at any thread count here; a training step does
+  not (its gradients sum in another order), so runs that must be equal bit for bit set train.threads.
 - A count the user chose is never changed: `OMP_NUM_THREADS` in the environment, or train.threads (whose
   runtime makes its tuners no-ops, runs/runtime.py).
 - The tuner only ever calls `torch.set_num_threads` from the loop's own thread, which is what OpenMP needs.
