@@ -82,7 +82,6 @@ def generate(
     """
     B, block_size = idx.size(0), model.config.block_size
     endless = model.config.unbounded_context  # positions go on past block_size: no slide
-    keep = max(1, block_size // 2)  # tokens kept when the window slides
     n = idx.size(1) if endless else min(idx.size(1), block_size)  # endless: the whole prompt, prefilled
     length = n + max_new_tokens if endless else block_size + 1
     window = torch.empty((B, length), dtype=idx.dtype, device=idx.device)  # the tokens in context
@@ -99,11 +98,8 @@ def generate(
             yield token
             if i == max_new_tokens - 1:
                 return
-            window[:, n] = token
-            n += 1
-            if n > block_size and not endless:  # slide: encode the most recent tokens afresh
-                window[:, :keep] = window[:, n - keep : n].clone()
-                n = keep
+            n, slid = _append(window, n, token, block_size, endless)
+            if slid:  # encode the most recent tokens afresh
                 logits = prefill(model, window[:, :n], cache)
                 slot.fill_(n)
             else:
@@ -117,16 +113,23 @@ def _recompute(
 ) -> Iterator[torch.Tensor]:
     """The reference: a full forward over the tokens in context for every new token, the same windows."""
     block_size, endless = model.config.block_size, model.config.unbounded_context
-    keep = max(1, block_size // 2)
     logits = prefill(model, window[:, :n], None)
     for i in range(max_new_tokens):
         token = sample_next(logits, temperature, top_k, top_p, generator)
         yield token
         if i == max_new_tokens - 1:
             return
-        window[:, n] = token
-        n += 1
-        if n > block_size and not endless:
-            window[:, :keep] = window[:, n - keep : n].clone()
-            n = keep
+        n, _ = _append(window, n, token, block_size, endless)
         logits = prefill(model, window[:, :n], None)
+
+
+def _append(window, n: int, token, block_size: int, endless: bool) -> tuple[int, bool]:
+    """Put `token` after the n tokens in context; past block_size (and not endless) slide the window to its
+    most recent half. Returns the new count and whether it slid."""
+    window[:, n] = token
+    n += 1
+    if n <= block_size or endless:
+        return n, False
+    keep = max(1, block_size // 2)  # tokens kept when the window slides
+    window[:, :keep] = window[:, n - keep : n].clone()
+    return keep, True
