@@ -66,6 +66,7 @@ class Estimate:
     memory: Memory
     other: Memory | None  # the other precision's (fp32 <-> bf16) on a CPU or CUDA
     plain: Memory | None  # with train.activation_checkpointing: the same run's without it
+    recompute: float  # the FLOPs activation checkpointing adds over a step's (0 without it)
     compiled: bool  # torch.compile on
     free: float | None  # bytes of memory free on the device here (None: not this machine's, or unknown)
     disk_free: float | None  # bytes free in train.out_dir, where it exists
@@ -99,10 +100,10 @@ def _estimate(request: Request, plan: PaperPlan) -> Estimate:
     mem = memory(cfg, precision, device, params)
     other = "fp32" if precision in ("bf16", "fp16") else "bf16"
     other_mem = memory(cfg, other, device, params) if device in ("cpu", "cuda") else None
-    plain = None
+    plain, recompute = None, 0.0
     if t.activation_checkpointing:
         unchecked = dataclasses.replace(cfg, train=dataclasses.replace(t, activation_checkpointing=False))
-        plain = memory(unchecked, precision, device, params)
+        plain, recompute = memory(unchecked, precision, device, params), recompute_share(cfg.model, params)
     blocks = block_layout(cfg.model.block_size, cfg.model.window)
     ckpt = checkpoint_bytes(cfg, params), 4 * saved_params(cfg, params)
     final_eval = meta is not None and final_eval_wanted(t.final_eval, meta.val_tokens)
@@ -121,8 +122,8 @@ def _estimate(request: Request, plan: PaperPlan) -> Estimate:
         steps = dataclasses.replace(cfg, train=dataclasses.replace(t, grad_accum=1, save=False))
         timing = time_steps(start_run(Plan(steps, plan.rt, plan.dataset, None, plan.pretrained)))
     return Estimate(
-        request.name, cfg, meta, device, precision, params, blocks, mem, other_mem, plain, plan.compiled,
-        free, disk_free, held_line, ckpt, final_eval, timing, why_not, _unprepared(plan),
+        request.name, cfg, meta, device, precision, params, blocks, mem, other_mem, plain, recompute,
+        plan.compiled, free, disk_free, held_line, ckpt, final_eval, timing, why_not, _unprepared(plan),
     )  # fmt: skip
 
 
@@ -268,7 +269,7 @@ def _memory_lines(e: Estimate) -> list[str]:
 
 def _checkpointing_line(e: Estimate) -> str:
     """With train.activation_checkpointing: what it saves (against the same run without it) and costs."""
-    saved, share = e.plain.peak - e.memory.peak, recompute_share(e.cfg.model, e.params)
+    saved, share = e.plain.peak - e.memory.peak, e.recompute
     return (
         f"            activation checkpointing: {size_text(saved)} less than without it "
         f"({size_text(e.plain.peak)}); backward computes the blocks' forward again: +{share:.0%} FLOPs, "
@@ -302,9 +303,8 @@ def _time_lines(e: Estimate) -> list[str]:
 
 def _gpu_line(e: Estimate) -> str:
     """The run's time on common GPUs, from its FLOPs at PROJECTION_MFU of their bf16 (else fp16) peak."""
-    flops = e.iterations * e.cfg.tokens_per_iter * e.params.flops_per_token
-    if e.cfg.train.activation_checkpointing:  # the blocks' forward again: time the MFU does not count
-        flops *= 1 + recompute_share(e.cfg.model, e.params)
+    # activation checkpointing computes the blocks' forward again: time the MFU does not count
+    flops = e.iterations * e.cfg.tokens_per_iter * e.params.flops_per_token * (1 + e.recompute)
     projected = []
     for gpu, product in PROJECTED_GPUS.items():
         peaks = GPU_PEAKS[product]
