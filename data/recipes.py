@@ -75,12 +75,12 @@ def prepared_dataset(
 
 
 @contextlib.contextmanager
-def dataset_on_paper(name: str, data_dir: str | Path | None = None) -> Iterator[Dataset | None]:
-    """The dry run's dataset `name`, which writes nothing where the user looks: the prepared one; else, when
-    its text is here (seconds), one prepared in a temporary folder deleted when the block ends (`Dataset.
-    folder` then is not `dataset_folder`'s: the caller says so); None when it is not prepared and would
-    stream from the hub (hours: train.py prepares it on first use) or is not known."""
-    folder = dataset_folder(name, data_dir)
+def dataset_on_paper(folder: Path) -> Iterator[Dataset | None]:
+    """The dry run's dataset in `folder` (`dataset_folder`'s), which writes nothing where the user looks: the
+    prepared one; else, when its text is here (seconds), one prepared in a temporary folder deleted when the
+    block ends (`Dataset.folder` then is not `folder`: the caller says so); None when it is not prepared and
+    would stream from the hub (hours: train.py prepares it on first use) or is not known."""
+    name = folder.name
     if (folder / META_FILE).is_file():
         yield Dataset.at(folder)
         return

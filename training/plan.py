@@ -72,7 +72,7 @@ def paper_plan(request: Request) -> Iterator[PaperPlan]:
     cfg, _, pretrained = starting_point(dataclasses.replace(request, cfg=fresh))
     folder = dataset_folder(cfg.data.dataset, cfg.data.dir)
     prepared = (folder / META_FILE).is_file()
-    with dataset_on_paper(cfg.data.dataset, cfg.data.dir) as dataset:
+    with dataset_on_paper(folder) as dataset:
         cfg = _fit_on_paper(cfg, dataset, pretrained)
         t = cfg.train
         rt, present = planned(t.device, t.precision, cfg.model.n_embd, t.threads)
