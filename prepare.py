@@ -21,10 +21,17 @@ import argparse
 import dataclasses
 
 from data.dataset import DATA_DIR, META_FILE, dataset_folder
-from data.prepare import BPE_TRAIN_CHARS, SHARD_TOKENS, Recipe, already_prepared, prepare_dataset
+from data.prepare import (
+    BPE_TRAIN_CHARS,
+    SHARD_TOKENS,
+    Recipe,
+    already_prepared,
+    prepare_dataset,
+    tokenizer_from,
+)
 from data.recipes import RECIPES
 from data.sources import HFText, TextFile
-from data.tokenizers import BPETokenizer, parse_spec, tokenizer_from
+from data.tokenizers import BPETokenizer, parse_spec
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

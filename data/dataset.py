@@ -27,11 +27,11 @@ from common.errors import UserError
 from data import shards
 from data.loader import TokenWindows
 from data.shards import CHECKED_TOKENS, TokenFiles
+from data.sources import SPLITS
 from data.tokenizers import Tokenizer, check_meta, from_meta, same
 
 DATA_DIR = Path(__file__).resolve().parent  # the project's data/ folder: the default data.dir
 META_FILE = "meta.json"
-SPLITS = ("train", "val")
 DTYPES = ("uint16", "uint32")
 LOCK = ".lock"  # in a dataset folder: exclusive while it is prepared, shared while it is read
 

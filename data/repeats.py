@@ -41,7 +41,7 @@ class Repeats:
     seed: int = 0
     separate_documents = False
 
-    def describe(self) -> dict:
+    def to_meta(self) -> dict:
         return {"type": "repeats", **self.__dict__}
 
     def check(self) -> None:
@@ -52,7 +52,7 @@ class Repeats:
             and self.alphabet
             and 0.0 <= self.shakespeare <= 1.0
         ):
-            raise UserError(f"repeats dataset: impossible settings {self.describe()}")
+            raise UserError(f"repeats dataset: impossible settings {self.to_meta()}")
         if self.distinct and self.max_len > len(set(self.alphabet)):
             raise UserError(
                 f"repeats dataset: distinct segments of up to {self.max_len} characters need at "

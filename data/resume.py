@@ -1,15 +1,15 @@
-"""Preparation that survives a stop: a split written shard by shard, and progress.json, what a rerun keeps.
+"""A preparation that survives a stop: its splits written shard by shard, and progress.json, what it keeps.
 
-A preparation writes each split in shards of about `shard_tokens` ids (data/shards.py names them). A shard
-is written to a temporary file, flushed to the disk and renamed into place; then progress.json records it:
-its file, ids, characters, bytes and documents, and `end`, the source's position after its last document
-(a text file's byte offset, a Hugging Face dataset's rows and its iterator's state). However a preparation
-stops (Ctrl-C, SIGKILL, a full disk, a dropped connection, a reboot), the next run of the same command
-keeps the shards progress.json lists whose files are whole and continues the source from the last one's
-`end`: at most one shard's worth of text is read again. progress.json also holds what the command asked
-for (`command`: the source, the tokenizer, the shard size), which a rerun must match to keep anything, and
-the tokenizer made at the start (a char vocabulary, a trained bpe:N), so a rerun does not make it again.
-When the dataset is complete, meta.json lists the shards and progress.json goes.
+The one owner of what a preparation leaves in its folder. A shard (data/shards.py names them) is written to
+a temporary file, flushed to the disk and renamed into place; then progress.json records it: its file, ids,
+characters, bytes and documents, and `end`, the source's position after its last document (a text file's
+byte offset, a Hugging Face dataset's rows and its iterator's state). However a preparation stops (Ctrl-C,
+SIGKILL, a full disk, a dropped connection, a reboot), the next run of the same command keeps the shards
+progress.json lists whose files are whole and continues the source from the last one's `end`: at most one
+shard's worth of text is read again. progress.json also holds what the command asked for (`command`: the
+source, the tokenizer, the shard size), which a rerun must match to keep anything, and the tokenizer made
+at the start (a char vocabulary, a trained bpe:N), so a rerun does not make it again. When the dataset is
+complete, meta.json (data/dataset.py) lists the shards and progress.json goes.
 """
 
 from __future__ import annotations
@@ -19,15 +19,21 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
+from tqdm import tqdm
 
 from common import json_text
+from common.errors import UserError
 from common.files import atomic_write, size_text, write_failed
+from data.dataset import META_FILE, Meta
+from data.encode import Encoded, encode_stream
 from data.shards import SHARD_NAME, shard_name, single_name
+from data.tokenizers import TOKENIZER_JSON, CharTokenizer, Tokenizer, TrainedBPE
 
 PROGRESS_FILE = "progress.json"
 VERSION = 1
@@ -47,14 +53,23 @@ class Shard:
 
 @dataclass
 class Preparation:
-    """An unfinished preparation in `folder`: what it was asked, its tokenizer, the shards it completed."""
+    """A preparation in `folder`: what it was asked, its tokenizer, the shards it completed."""
 
     folder: Path
     command: dict
-    tokenizer_meta: dict | None = None  # to_meta() of the tokenizer, once made
-    dtype: str | None = None  # of the ids, from the tokenizer's vocabulary
+    tokenizer_meta: dict  # to_meta() of the tokenizer, made before the first shard
+    dtype: str  # of the ids, from the tokenizer's vocabulary
     splits: dict[str, list[Shard]] = field(default_factory=dict)
     done: list[str] = field(default_factory=list)  # the splits that are complete
+
+    @classmethod
+    def start(cls, folder: Path, command: dict, tokenizer_meta: dict, dtype: str) -> Preparation:
+        """A fresh preparation of `command`, recorded in progress.json, once every file an earlier one left
+        is gone (meta.json too: with --overwrite, not a dataset until the new one lands)."""
+        clear(folder)
+        progress = cls(folder, command, tokenizer_meta, dtype)
+        progress.save()
+        return progress
 
     def save(self) -> None:
         data = {"version": VERSION, **dataclasses.asdict(self)}
@@ -79,6 +94,34 @@ class Preparation:
             )
         return "; ".join(parts)
 
+    def complete(self, tokenizer: Tokenizer, source: dict) -> Meta:
+        """The dataset this preparation made, in meta.json, written last: its shards listed (a split of one
+        renamed to train.bin, val.bin), after bpe:N's tokenizer.json (as Hugging Face loads it);
+        progress.json goes. Safe to repeat after a stop."""
+        dropped = 0
+        if isinstance(tokenizer, CharTokenizer):  # one token per character, none between documents
+            dropped = sum(s.chars - s.tokens for shards in self.splits.values() for s in shards)
+            if dropped:
+                print(
+                    f"dropped {dropped:,} character(s) the vocabulary lacks (--drop-unknown)", file=sys.stderr
+                )
+        meta = Meta(
+            name=self.folder.name,
+            tokenizer_meta=tokenizer.to_meta(),
+            vocab_size=tokenizer.vocab_size,
+            dtype=self.dtype,
+            train_tokens=sum(s.tokens for s in self.shards("train")),
+            val_tokens=sum(s.tokens for s in self.shards("val")),
+            source=source,
+            dropped_characters=dropped,
+            shards=final_files(self),
+        )
+        if isinstance(tokenizer, TrainedBPE):
+            atomic_write(self.folder / TOKENIZER_JSON, tokenizer.to_json(pretty=True))
+        atomic_write(self.folder / META_FILE, meta.to_json())
+        (self.folder / PROGRESS_FILE).unlink(missing_ok=True)
+        return meta
+
 
 def _again() -> str:
     return (
@@ -87,10 +130,11 @@ def _again() -> str:
     )
 
 
-def resume(folder: Path, command: dict) -> Preparation:
-    """The preparation in `folder` to continue: progress.json's, when it was asked the same `command`, with
-    the shards whose files are whole (a reboot can leave the last one short); else a fresh one, with every
-    file an earlier preparation left removed. Says which, in one line on stderr."""
+def continued(folder: Path, command: dict) -> Optional[Preparation]:
+    """The unfinished preparation in `folder` to continue, when progress.json says it was asked the same
+    `command`: with the shards whose files are whole (a reboot can leave the last one short), what they do
+    not list removed, meta.json too. None otherwise (nothing is removed: `Preparation.start` does that once
+    the tokenizer is made). Says which, in one line on stderr."""
     old = _read(folder)
     if old is not None and old.command != command:
         differs = next(
@@ -100,10 +144,9 @@ def resume(folder: Path, command: dict) -> Preparation:
             f"the unfinished preparation in {folder} was asked for another {differs}: starting afresh",
             file=sys.stderr,
         )
-        old = None
+        return None
     if old is None:
-        clear(folder)
-        return Preparation(folder, command)
+        return None
     for split, shards in old.splits.items():
         whole = 0
         while whole < len(shards) and _whole(folder / shards[whole].file, shards[whole].tokens, old):
@@ -112,18 +155,19 @@ def resume(folder: Path, command: dict) -> Preparation:
             old.done.remove(split)
         del shards[whole:]
     _remove_leftovers(folder, old)
+    (folder / META_FILE).unlink(missing_ok=True)  # --overwrite: not a dataset until the new one lands
     if any(old.splits.values()):
         print(f"continuing the preparation in {folder}: kept {old.kept()}", file=sys.stderr)
     return old
 
 
-def unfinished(folder: Path, command: dict) -> bool:
-    """Whether `folder` holds an unfinished preparation of `command` that `resume` would continue."""
+def kept_shards(folder: Path) -> bool:
+    """Whether a stopped preparation in `folder` completed a shard the same command would continue from."""
     old = _read(folder)
-    return old is not None and old.command == command
+    return old is not None and bool(old.splits.get("train"))
 
 
-def _read(folder: Path) -> Preparation | None:
+def _read(folder: Path) -> Optional[Preparation]:
     """progress.json, or None when there is none or it is not one this version wrote."""
     try:
         data = json.loads((folder / PROGRESS_FILE).read_text(encoding="utf-8"))
@@ -149,9 +193,10 @@ def _ours(name: str) -> bool:
 
 
 def clear(folder: Path) -> None:
-    """Remove what an earlier preparation left: the splits' files and shards, temporary files, progress."""
+    """Remove what an earlier preparation left: the splits' files and shards, temporary files, progress,
+    and meta.json."""
     for path in folder.iterdir():
-        if _ours(path.name) or path.name == PROGRESS_FILE:
+        if _ours(path.name) or path.name in (PROGRESS_FILE, META_FILE):
             with contextlib.suppress(OSError):
                 path.unlink()
 
@@ -260,3 +305,83 @@ class ShardWriter:
         """A stop (Ctrl-C, an error): the shard in progress goes; the complete ones stay for the next run."""
         if self.file is not None:
             self._discard()
+
+
+# --- writing a split, shard by shard ---
+
+
+def write_split(progress: Preparation, split: str, source, tokenizer: Tokenizer, workers: int) -> None:
+    """Encode the split (data/encode.py) into shards from where progress.json says it stopped; a split done
+    already is passed over. A failed write is one line: the space the split needs is extrapolated from what
+    was written, when the split's size is known; so is a source that fails (a dropped connection). A split
+    with no ids is one line too."""
+    if split not in progress.done:
+        _write(progress, split, source, tokenizer, workers)
+    if not sum(s.tokens for s in progress.shards(split)):
+        raise UserError(
+            f"dataset {progress.folder.name}: the {split} split is empty; give the source more text "
+            "(or a val split / val fraction that selects some of it)"
+        )
+
+
+def _write(progress: Preparation, split: str, source, tokenizer: Tokenizer, workers: int) -> None:
+    dtype, kept = np.dtype(progress.dtype), progress.shards(split)
+    eot = tokenizer.eot_token if source.separate_documents else None
+    docs = source.documents(split, kept[-1].end if kept else None)
+    unit = {"B": "bytes", "doc": "documents", "char": "chars"}[source.unit]
+    done = {k: sum(getattr(s, k) for s in kept) for k in ("tokens", "chars", "bytes", "documents")}
+
+    def need() -> Optional[int]:  # the whole split's bytes, from what was encoded so far
+        return int(done["tokens"] * dtype.itemsize * docs.size / done[unit]) if docs.size else None
+
+    writer = ShardWriter(progress, split, dtype, progress.command["shard_tokens"], need)
+    bar = tqdm(
+        desc=f"{progress.folder.name} {split}",
+        unit=source.unit,
+        unit_scale=True,
+        total=docs.size,
+        initial=done[unit],
+        dynamic_ncols=True,
+    )
+    try:
+        with bar:
+            for encoded in _reading(encode_stream(docs, tokenizer, eot, dtype, workers), source, progress):
+                for k in done:
+                    done[k] += len(encoded.ids) if k == "tokens" else getattr(encoded, k)
+                writer.add(encoded.ids, encoded.chars, encoded.bytes, encoded.documents, encoded.end)
+                bar.update(getattr(encoded, unit))
+                text = "" if unit == "bytes" else f", text={size_text(done['bytes'])}"
+                bar.set_postfix_str(f"tokens={done['tokens']:,}{text}", refresh=False)
+            writer.finish()
+    except BaseException:
+        writer.abandon()
+        raise
+
+
+def _reading(encoded: Iterator[Encoded], source, progress: Preparation) -> Iterator[Encoded]:
+    """`encoded`, with a source that fails on the way (a dropped connection, an unreadable file) turned into
+    one line that says what is kept."""
+    try:
+        yield from encoded
+    except Exception as e:
+        library = type(e).__module__.split(".")[0]
+        if not isinstance(e, OSError) and library not in SOURCE_ERRORS:
+            raise
+        kept = progress.kept() or "nothing yet"
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"reading {source.to_meta().get('path')} failed ({reason}); kept {kept}: run the same command "
+            "again to continue from there"
+        ) from None
+
+
+SOURCE_ERRORS = {
+    "datasets",
+    "huggingface_hub",
+    "fsspec",
+    "aiohttp",
+    "requests",
+    "httpx",
+    "urllib3",
+    "pyarrow",
+}

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from common.errors import UserError, first_line
-from data.tokenizers import last_lossless_cut
+from data.byte_level import last_lossless_cut
 
-BLOCK = 1 << 18  # bytes read at a time: one encoding task each (see data/prepare.py: TASK_CHARS)
+SPLITS = ("train", "val")  # every dataset's, in this order
+BLOCK = 1 << 18  # bytes read at a time: one encoding task each (see data/encode.py: TASK_CHARS)
 
 
 class Documents:
@@ -63,7 +64,7 @@ class TextFile:
     val_fraction: float = 0.1
     separate_documents = False  # its pieces are consecutive parts of one text: no end-of-text between them
 
-    def describe(self) -> dict:
+    def to_meta(self) -> dict:
         return {"type": "text_file", "path": self.path, "val_fraction": self.val_fraction}
 
     def check(self) -> None:
@@ -100,7 +101,7 @@ class TextFile:
     def documents(self, split: str, start: Optional[int] = None) -> Documents:
         """The split as consecutive pieces of about BLOCK bytes, each ending at a newline where there is one:
         one between two characters that are not whitespace where there is one, so that BPE gives the ids of
-        the whole text (see data.tokenizers.split_losslessly). Each piece is read from where the one before
+        the whole text (see data.byte_level.split_losslessly). Each piece is read from where the one before
         it ended, so the pieces from a position are the same however the reading got there."""
         size = self._size()
         cut = self._split_offset(size)
@@ -145,7 +146,7 @@ class HFText:
     max_docs: Optional[int] = None  # stop after this many documents (to try a large corpus quickly)
     separate_documents = True  # rows are separate documents: <|endoftext|> after each (BPE)
 
-    def describe(self) -> dict:
+    def to_meta(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if v is not None}
         if self.data_files:
             d["data_files"] = list(self.data_files)

@@ -4,17 +4,19 @@ BPE of your own size trained with Hugging Face `tokenizers`.
 A tokenizer is described by a JSON-able dict, its metadata (`to_meta()`; called `tokenizer_meta` wherever it
 is passed), stored in a dataset's meta.json and beside every checkpoint, rebuilt with `from_meta()`, named
 for messages by `describe()` and compared by `same()`; `parse_spec()` turns a `--tokenizer` argument into a
-kind. The kinds: "char", "bpe" (a tiktoken encoding: GPT-2's) and "trained_bpe" (bpe:N).
+kind, and `make_tokenizer()` makes it from a text (data/prepare.py; bpe:N's trainer, Rust, never looks for
+signals: it runs in a thread while the main thread waits in short joins, so Ctrl-C stops it at once). The
+kinds: "char", "bpe" (a tiktoken encoding: GPT-2's) and "trained_bpe" (bpe:N).
 `byte_lengths()` gives the UTF-8 bytes of each id (0 for <|endoftext|>), so the bytes behind any run of ids
 are one vectorised sum: the denominator of bits per byte, which compares models whatever their tokenizer.
 - `gpt2` resolves to tiktoken's `r50k_base`: the same 50,257 tokens, split pattern and <|endoftext|> (50256),
   kept in one ranks file (tiktoken's own `gpt2` needs two other files), so one cached file makes it work
   offline.
 - `bpe:N` (`TrainedBPE`) is GPT-2's recipe at another size: the same split pattern over bytes shown as
-  printable characters, N tokens in all (256 bytes, <|endoftext|> = id 0, N - 257 merges). Every UTF-8
-  text round-trips exactly. Training is deterministic (merge ties break by token id), so the same text and
-  N give the same tokenizer byte for byte. Its metadata holds the whole tokenizer in the `tokenizers`
-  library's own JSON format (`tokenizer_json`): what Hugging Face loads as a model's tokenizer.json.
+  printable characters (data/byte_level.py), N tokens in all (256 bytes, <|endoftext|> = id 0, N - 257
+  merges). Every UTF-8 text round-trips exactly. Training is deterministic (merge ties break by token id),
+  so the same text and N give the same tokenizer byte for byte. Its metadata holds the whole tokenizer in
+  the `tokenizers` library's own JSON format (`tokenizer_json`): Hugging Face's tokenizer.json.
 All kinds encode text as ordinary text: a literal "<|endoftext|>" in a document stays characters.
 Metadata read from a file (a dataset's meta.json, a checkpoint's tinygpt_tokenizer.json) is checked by
 `check_meta` before it is used: only what tinygpt writes is accepted (char, GPT-2's BPE, bpe:N), so a file
@@ -27,19 +29,23 @@ from __future__ import annotations
 import codecs
 import json
 import math
-from collections.abc import Callable, Iterable
-from pathlib import Path
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 import numpy as np
+from tqdm import tqdm
 
 from common import json_text
 from common.errors import UserError
+from data.byte_level import byte_alphabet, split_losslessly
+from data.sources import SPLITS
 
 BPE_ALIASES = {"gpt2": "r50k_base"}
 BPE_ENCODINGS = ("gpt2", "r50k_base")  # the tiktoken encodings tinygpt prepares data with: GPT-2's BPE
 EOT = "<|endoftext|>"
-PIECE_CHARS = 1 << 16  # tokenizers needs ~150 bytes per byte of a text it encodes: long texts go in pieces
 
 
 # our tokenizer metadata (to_meta) as a file: in checkpoint folders and in exported model folders
@@ -209,41 +215,6 @@ class BPETokenizer:
 
     def to_meta(self) -> dict:
         return {"kind": "bpe", "vocab_size": self.vocab_size, "encoding": self.name}
-
-
-def byte_alphabet() -> dict[str, int]:
-    """The byte-level alphabet of GPT-2: the printable Latin-1 bytes stand for themselves, the other bytes
-    (controls, space, 0x7f-0xa0, 0xad) for U+0100, U+0101, ... in byte order."""
-    kept = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
-    moved = iter(range(256, 512))
-    return {chr(b if b in kept else next(moved)): b for b in range(256)}
-
-
-def _lossless_newline(text: str, j: int) -> bool:
-    """Whether text can be cut after the newline at j without changing any id: between two characters that
-    are not whitespace, GPT-2's split pattern makes the newline a pre-token of its own, cut or not."""
-    return 0 < j < len(text) - 1 and not text[j - 1].isspace() and not text[j + 1].isspace()
-
-
-def last_lossless_cut(text: str) -> int:
-    """The offset just after the last newline where text can be cut losslessly; 0 if there is none."""
-    j = text.rfind("\n", 0, len(text) - 1)
-    while j > 0 and not _lossless_newline(text, j):
-        j = text.rfind("\n", 0, j)
-    return j + 1 if j > 0 else 0
-
-
-def split_losslessly(text: str, size: int = PIECE_CHARS) -> list[str]:
-    """text cut into pieces of about `size` characters that encode to the ids of the whole text (a text
-    with no newline to cut at stays whole)."""
-    pieces, start, pos = [], 0, size
-    while (j := text.find("\n", pos, len(text) - 1)) >= 0:
-        if _lossless_newline(text, j):
-            pieces.append(text[start : j + 1])
-            start, j = j + 1, j + size
-        pos = j + 1
-    pieces.append(text[start:])
-    return pieces
 
 
 class TrainedBPE:
@@ -444,57 +415,86 @@ def bits_per_byte(total_nats: float, n_bytes: float) -> float | None:
     return total_nats / math.log(2) / n_bytes if n_bytes else None
 
 
-# --- a tokenizer taken from elsewhere (prepare.py --tokenizer-from) ---
+# --- making a tokenizer from a text (data/prepare.py) ---
 
 
-def _tokenizer_meta_at(path: Path | str) -> dict:
-    """The tokenizer metadata of a prepared dataset folder (its meta.json), a checkpoint folder or a model
-    folder exported by tinygpt (its tinygpt_tokenizer.json), a training run's folder (its best/ or last/
-    checkpoint), or one of those JSON files; a Hugging Face tokenizer.json made by bpe:N (a dataset folder's)
-    works too."""
-    p = Path(path)
-    if p.is_dir():
-        names = ("meta.json", METADATA_FILE, TOKENIZER_JSON)
-        found = [folder / n for folder in (p, p / "best", p / "last") for n in names]
-        file = next((f for f in found if f.is_file()), None)
-        if file is None:
-            raise UserError(
-                f"--tokenizer-from {path}: the folder holds no meta.json, {METADATA_FILE} or "
-                f"{TOKENIZER_JSON}; give a prepared dataset folder (data/NAME) or a checkpoint or run "
-                "folder (out/NAME)"
-            )
-    elif p.is_file():
-        file = p
-    else:
-        raise UserError(
-            f"--tokenizer-from {path}: no such file or folder; give a prepared dataset folder "
-            "(data/NAME) or a checkpoint or run folder (out/NAME)"
-        )
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--tokenizer-from {path}: cannot read {file} ({e})") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"--tokenizer-from {path}: {file} is not a tokenizer file (not JSON: {e})") from None
-    if isinstance(data, dict) and isinstance(data.get("tokenizer"), dict):  # a dataset's meta.json
-        return data["tokenizer"]
-    if isinstance(data, dict) and "kind" in data:  # a checkpoint's tokenizer metadata
-        return data
-    if isinstance(data, dict) and "model" in data:  # a Hugging Face tokenizer.json
-        return TrainedBPE(json_text.dumps(data)).to_meta()
-    raise UserError(
-        f"--tokenizer-from {path}: {file} holds no tokenizer (expected a dataset's meta.json, a "
-        f"checkpoint's {METADATA_FILE} or a Hugging Face {TOKENIZER_JSON})"
+def first_chars(docs: Iterable[str], limit: int) -> Iterator[str]:
+    """The documents up to `limit` characters in all (the last one cut)."""
+    left = limit
+    for doc in docs:
+        if left <= 0:
+            return
+        yield doc[:left]
+        left -= len(doc)
+
+
+def train_bpe(source, vocab_size: int, max_chars: int, desc: str) -> TrainedBPE:
+    """bpe:N: learn the tokenizer from (the first max_chars characters of) the train split, streamed."""
+    start = time.perf_counter()
+    with tqdm(desc=desc, unit="char", unit_scale=True, dynamic_ncols=True) as bar:
+
+        def docs() -> Iterator[str]:
+            for doc in first_chars(source.documents("train"), max_chars):
+                bar.update(len(doc))
+                yield doc
+
+        tokenizer = interruptible(lambda: TrainedBPE.train(docs(), vocab_size))
+        chars = bar.n
+    short = (
+        f" (the text has too few distinct pairs for {vocab_size})"
+        if tokenizer.vocab_size < vocab_size
+        else ""
     )
-
-
-def tokenizer_from(path: Path | str, drop_unknown: bool = False) -> Tokenizer:
-    """The tokenizer of --tokenizer-from PATH; a char tokenizer drops unknown characters when asked."""
-    tokenizer_meta = _tokenizer_meta_at(path)
-    try:
-        tokenizer = from_meta(tokenizer_meta)
-    except UserError as e:
-        raise UserError(f"--tokenizer-from {path}: {e}") from None
-    if isinstance(tokenizer, CharTokenizer) and drop_unknown:
-        tokenizer = CharTokenizer(tokenizer.chars, drop_unknown=True)
+    print(
+        f"trained {tokenizer.name}{short} on {chars:,} characters in {time.perf_counter() - start:.1f} s",
+        file=sys.stderr,
+    )
     return tokenizer
+
+
+def interruptible(work):
+    """work() in a daemon thread while this one waits in joins of 0.1 s, where Python handles signals: a
+    Ctrl-C raises KeyboardInterrupt here within 0.1 s even while `work` runs native code that never checks
+    for signals, and the process then exits without waiting for it."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = work()
+        except BaseException as e:  # handed to the waiting thread
+            result["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def make_tokenizer(spec: str, source, bpe_train_chars: int, name: str) -> Tokenizer:
+    """The tokenizer a --tokenizer spec makes from a source's text: char's vocabulary is every character of
+    both splits (one pass to find them), bpe:N is trained on the train split, gpt2 is taken as it is."""
+    kind, size = parse_spec(spec)
+    if kind == "char":
+        return CharTokenizer.from_texts(doc for split in SPLITS for doc in source.documents(split))
+    if kind == "trained_bpe":
+        return train_bpe(source, size, bpe_train_chars, f"{name} training bpe:{size}")
+    return BPETokenizer(kind)
+
+
+def unknown_characters(tokenizer: CharTokenizer, source) -> UserError:
+    """The error for text holding characters a char vocabulary lacks: all of them, from a pass over it."""
+    vocab, missing, count = set(tokenizer.chars), set(), 0
+    for split in SPLITS:
+        for doc in source.documents(split):
+            new = set(doc) - vocab
+            if new:
+                missing |= new
+                count += sum(doc.count(c) for c in new)
+    shown = ", ".join(repr(c) for c in sorted(missing)[:20]) + (" ..." if len(missing) > 20 else "")
+    return UserError(
+        f"the text has {len(missing)} character(s) the char vocabulary lacks: {shown} "
+        f"({count:,} in all); add --drop-unknown to leave them out"
+    )

@@ -27,10 +27,10 @@ Vocabulary rows past the tokenizer's (a padded embedding) are "[PADn]" tokens, u
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from common.errors import UserError
-from data.tokenizers import BPE_ENCODINGS, EOT, byte_alphabet, describe
+from data.byte_level import byte_chars
+from data.tokenizers import BPE_ENCODINGS, EOT, describe
 from hf import tokenizer_files
 
 NORMAL, CONTROL, UNUSED = 1, 3, 5  # llama.cpp's token types (gguf.TokenType)
@@ -47,13 +47,8 @@ class Vocabulary:
     added_eot: bool  # the eot is past our ids (a char vocabulary): the model needs one more row
 
 
-@lru_cache(maxsize=1)
-def _alphabet() -> dict[int, str]:
-    return {b: c for c, b in byte_alphabet().items()}
-
-
 def _byte_text(data: bytes) -> str:
-    return "".join(_alphabet()[b] for b in data)
+    return "".join(byte_chars()[b] for b in data)
 
 
 def _char_vocabulary(chars: list[str]) -> Vocabulary:

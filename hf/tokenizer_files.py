@@ -4,7 +4,7 @@ Export writes `tokenizer.json` (the `tokenizers` library's format, which AutoTok
 PreTrainedTokenizerFast) and `tokenizer_config.json`, plus `tinygpt_tokenizer.json`, our own metadata, so
 that tinygpt reads an exported folder back exactly:
 - GPT-2 BPE, derived offline from the tiktoken ranks we already use. A token's vocabulary entry is its
-  bytes written in GPT-2's alphabet of 256 printable characters (`byte_alphabet`); the merges are rebuilt
+  bytes written in GPT-2's alphabet of 256 printable characters (data/byte_level.py); the merges are rebuilt
   from the ranks: running BPE on a token's bytes with only lower-ranked merges allowed stops at exactly the
   two pieces it is merged from. Merges listed in rank order make the `tokenizers` BPE choose as tiktoken
   does, and its ByteLevel pre-tokenizer splits text with GPT-2's pattern, so the ids are tiktoken's on any
@@ -32,23 +32,18 @@ from pathlib import Path
 
 from common import json_text
 from common.errors import UserError
+from data.byte_level import byte_chars
 from data.tokenizers import (
     BPE_ENCODINGS,
     EOT,
     METADATA_FILE,
     BPETokenizer,
-    byte_alphabet,
     check_meta,
     describe,
     from_meta,
 )
 
 # --- GPT-2 BPE from tiktoken's ranks ---
-
-
-def _byte_text() -> dict[int, str]:
-    """Byte -> its character in GPT-2's byte alphabet (data.tokenizers.byte_alphabet, inverted)."""
-    return {b: c for c, b in byte_alphabet().items()}
 
 
 @lru_cache(maxsize=1)
@@ -59,7 +54,7 @@ def _gpt2_ranks() -> dict[bytes, int]:
 
 def gpt2_vocab() -> dict[str, int]:
     """GPT-2's vocab.json: each token in GPT-2's byte alphabet -> its id, and <|endoftext|>."""
-    alphabet = _byte_text()
+    alphabet = byte_chars()
     vocab = {"".join(alphabet[b] for b in token): rank for token, rank in _gpt2_ranks().items()}
     vocab[EOT] = BPETokenizer("gpt2").eot_token
     return vocab
@@ -81,7 +76,7 @@ def _merged_from(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[byte
 
 def gpt2_merges() -> list[tuple[str, str]]:
     """GPT-2's merges.txt, rebuilt from the ranks (about a second): one pair per multi-byte token, by rank."""
-    ranks, alphabet = _gpt2_ranks(), _byte_text()
+    ranks, alphabet = _gpt2_ranks(), byte_chars()
 
     def text(b: bytes) -> str:
         return "".join(alphabet[x] for x in b)

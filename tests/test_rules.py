@@ -156,7 +156,7 @@ class FailingSource:
 
         return counted(docs(), start)
 
-    def describe(self) -> dict:
+    def to_meta(self) -> dict:
         return {}
 
 

@@ -312,8 +312,8 @@ class Failing:
     def __init__(self, source: HFText, after: int):
         self.source, self.after, self.failing = source, after, True
 
-    def describe(self) -> dict:
-        return self.source.describe()
+    def to_meta(self) -> dict:
+        return self.source.to_meta()
 
     def check(self) -> None:
         self.source.check()
@@ -382,8 +382,9 @@ def test_another_command_starts_afresh_and_says_so(tmp_path: Path, capsys):
     text.write_text(Path(SHAKESPEARE).read_text(encoding="utf-8"), encoding="utf-8")
     folder = tmp_path / "x"
     folder.mkdir()
+    command = {"source": TextFile(str(text)).to_meta(), "shard_tokens": 1, "tokenizer": "char"}
     progress = resume.Preparation(
-        folder, {"source": TextFile(str(text)).describe(), "shard_tokens": 1, "tokenizer": "char"}
+        folder, command, {"kind": "char", "vocab_size": 1, "chars": ["a"]}, "uint16"
     )
     progress.save()
     (folder / "train-00000.bin").write_bytes(b"\0\0")

@@ -15,7 +15,8 @@ import pytest
 import torch
 from conftest import ROOT, TINY, run_script
 
-from data.prepare import Recipe, prepare_dataset
+from data.byte_level import byte_alphabet, split_losslessly
+from data.prepare import Recipe, prepare_dataset, tokenizer_from
 from data.recipes import RECIPES, SHAKESPEARE
 from data.sources import TextFile
 from data.tokenizers import (
@@ -24,10 +25,7 @@ from data.tokenizers import (
     CharTokenizer,
     TrainedBPE,
     bits_per_byte,
-    byte_alphabet,
     from_meta,
-    split_losslessly,
-    tokenizer_from,
 )
 
 # code, CRLF, tabs, runs of spaces, many scripts, combining marks, emoji (ZWJ, skin tones, flags),

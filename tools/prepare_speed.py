@@ -31,9 +31,10 @@ from pathlib import Path
 
 import data.prepare as prep
 from common import json_text
+from data import encode, resume
 from data.recipes import SHAKESPEARE
 from data.sources import TextFile
-from data.tokenizers import BPETokenizer, CharTokenizer, TrainedBPE, from_meta, parse_spec
+from data.tokenizers import BPETokenizer, CharTokenizer, TrainedBPE, first_chars, from_meta, parse_spec
 
 MB = 1e6
 BATCH = 16  # pieces (of ~1 MiB) per call of a batch encoder in the ceiling
@@ -70,7 +71,7 @@ def build_vocabulary(spec: str, text: str, meta_out: str) -> dict:
     if kind == "char":
         tok = CharTokenizer.from_texts(d for split in ("train", "val") for d in source.documents(split))
     elif kind == "trained_bpe":
-        tok = TrainedBPE.train(prep._first_chars(source.documents("train"), prep.BPE_TRAIN_CHARS), size)
+        tok = TrainedBPE.train(first_chars(source.documents("train"), prep.BPE_TRAIN_CHARS), size)
     else:
         tok = BPETokenizer(kind)
     seconds = time.perf_counter() - start
@@ -86,14 +87,14 @@ def _init_worker(meta: dict) -> None:
     _worker_tok = from_meta(meta)
 
 
-def _encode_in_worker(args) -> prep.Encoded:
-    return prep._encode(_worker_tok, *args)
+def _encode_in_worker(args) -> encode.Encoded:
+    return encode._encode(_worker_tok, *args)
 
 
 def process_stream(docs, tokenizer, eot, dtype, workers):
-    """prepare's encode_stream with a process pool instead of threads: each worker rebuilds the tokenizer
-    from its metadata once, and tasks go out in windows of workers * 4 (bounded memory)."""
-    tasks = prep._tasks(docs)
+    """data/encode.py's encode_stream with a process pool instead of threads: each worker rebuilds the
+    tokenizer from its metadata once, and tasks go out in windows of workers * 4 (bounded memory)."""
+    tasks = encode._tasks(docs)
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_meta(),)) as pool:
         while window := list(islice(tasks, workers * 4)):
@@ -104,7 +105,7 @@ def prepare_once(pool: str, text: str, meta_file: str, workers: int) -> dict:
     """prepare() of the text with a built tokenizer, encoding in threads or processes, timed."""
     tokenizer = from_meta(json.loads(Path(meta_file).read_text()))
     if pool == "processes":
-        prep.encode_stream = process_stream  # the one difference between the two runs
+        resume.encode_stream = process_stream  # the one difference between the two runs
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         recipe = prep.Recipe(TextFile(text), "given")

@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 
 from common.threads import ThreadTuner
-from data.dataset import SPLITS, Dataset
+from data.dataset import Dataset
 from data.loader import TokenWindows
+from data.sources import SPLITS
 from data.tokenizers import bits_per_byte
 from model import GPT
 from model.lora import add_lora
