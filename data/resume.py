@@ -22,7 +22,6 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 from tqdm import tqdm
@@ -130,7 +129,7 @@ def _again() -> str:
     )
 
 
-def continued(folder: Path, command: dict) -> Optional[Preparation]:
+def continued(folder: Path, command: dict) -> Preparation | None:
     """The unfinished preparation in `folder` to continue, when progress.json says it was asked the same
     `command`: with the shards whose files are whole (a reboot can leave the last one short), what they do
     not list removed, meta.json too. None otherwise (nothing is removed: `Preparation.start` does that once
@@ -167,7 +166,7 @@ def kept_shards(folder: Path) -> bool:
     return old is not None and bool(old.splits.get("train"))
 
 
-def _read(folder: Path) -> Optional[Preparation]:
+def _read(folder: Path) -> Preparation | None:
     """progress.json, or None when there is none or it is not one this version wrote."""
     try:
         data = json.loads((folder / PROGRESS_FILE).read_text(encoding="utf-8"))
@@ -331,7 +330,7 @@ def _write(progress: Preparation, split: str, source, tokenizer: Tokenizer, work
     unit = {"B": "bytes", "doc": "documents", "char": "chars"}[source.unit]
     done = {k: sum(getattr(s, k) for s in kept) for k in ("tokens", "chars", "bytes", "documents")}
 
-    def need() -> Optional[int]:  # the whole split's bytes, from what was encoded so far
+    def need() -> int | None:  # the whole split's bytes, from what was encoded so far
         return int(done["tokens"] * dtype.itemsize * docs.size / done[unit]) if docs.size else None
 
     writer = ShardWriter(progress, split, dtype, progress.command["shard_tokens"], need)
