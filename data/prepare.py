@@ -108,7 +108,7 @@ def prepare_dataset(
         with locks.holding(out / LOCK, what, exclusive=True, advice=wait):
             if (out / META_FILE).is_file() and not overwrite:  # prepared meanwhile
                 raise already_prepared(out)
-            return _prepare(out.name, recipe, out, workers, tokenizer, shard_tokens)
+            return _prepare(out, recipe, workers, tokenizer, shard_tokens)
     except BaseException:
         if not kept_shards(out):  # nothing to continue from: a folder made here goes
             if len(made) > 1:
@@ -119,12 +119,7 @@ def prepare_dataset(
 
 
 def _prepare(
-    name: str,
-    recipe: Recipe,
-    out: Path,
-    workers: Optional[int],
-    tokenizer: Optional[Tokenizer],
-    shard_tokens: int,
+    out: Path, recipe: Recipe, workers: Optional[int], tokenizer: Optional[Tokenizer], shard_tokens: int
 ) -> Meta:
     """The preparation proper: shard by shard from where an unfinished one of the same command stopped
     (data/resume.py). A fresh one reads the text for its tokenizer before anything in `out` changes, so a
@@ -138,7 +133,9 @@ def _prepare(
     if progress is not None:  # its tokenizer, made once, is kept in progress.json for a rerun
         tokenizer = tokenizer or from_meta(progress.tokenizer_meta)
     else:  # a fresh one: the tokenizer is made before anything in `out` changes
-        tokenizer = tokenizer or make_tokenizer(recipe.tokenizer, recipe.source, recipe.bpe_train_chars, name)
+        tokenizer = tokenizer or make_tokenizer(
+            recipe.tokenizer, recipe.source, recipe.bpe_train_chars, out.name
+        )
         progress = Preparation.start(
             out, command, tokenizer.to_meta(), token_dtype(tokenizer.vocab_size).name
         )
