@@ -33,6 +33,17 @@ OPTIONS = {  # every option a hook point must work with, a few at a time
 }
 
 
+def noisy(model, scale: float):
+    """The model with noise of `scale` standard deviations added to every parameter (norms and biases too),
+    so that every tensor matters; from torch's random state as the caller seeded it."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return model
+
+
 def model_with(options: dict, seed: int = 0):
     """A small GPT (2 x 4 heads, n_embd 32, vocabulary 40) with the options, its weights perturbed so that
     every tensor matters."""
@@ -42,11 +53,7 @@ def model_with(options: dict, seed: int = 0):
 
     torch.manual_seed(seed)
     cfg = GPTConfig(vocab_size=40, block_size=24, n_layer=2, n_head=4, n_embd=32, **options)
-    model = GPT(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return model.eval()
+    return noisy(GPT(cfg), 0.1).eval()
 
 
 def replay(cache: dict):
@@ -247,10 +254,7 @@ def exportable(tmp_path_factory) -> dict[tuple[str, str], Path]:
                      "model.n_head=4", "model.n_embd=64"]  # fmt: skip
             cfg = load_config(None, [*shape, *extra]).cfg
             torch.manual_seed(0)
-            model = GPT(cfg.model)
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.add_(0.3 * torch.randn_like(p))
+            model = noisy(GPT(cfg.model), 0.3)
             runs[kind, family] = out / f"{kind.replace(':', '')}-{family}"
             checkpoint.write_checkpoint(
                 runs[kind, family], "last", checkpoint.model_weights(model), cfg, meta

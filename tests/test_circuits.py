@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import LLAMA, OPTIONS, model_with, run_script, script_error
+from conftest import LLAMA, OPTIONS, model_with, noisy, run_script, script_error
 
 from data.tokenizers import CharTokenizer, from_meta
 from hf import folders
@@ -156,10 +156,7 @@ def exported(folder: Path, overrides: list[str]) -> GPT:
     ]
     cfg = load_config(None, [*shape, *overrides]).cfg
     torch.manual_seed(0)
-    model = GPT(cfg.model)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
+    model = noisy(GPT(cfg.model), 0.3)
     tokenizer = CharTokenizer.from_texts(["abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN"]).to_meta()
     folder.mkdir()
     folders.write_model(folder, cfg.model, checkpoint.model_weights(model), tokenizer)
@@ -449,7 +446,7 @@ def test_heads_command_on_hugging_face_folders(data_dir: Path, tmp_path: Path, c
         ]
         cfg = load_config(None, [*shape, *extra]).cfg
         torch.manual_seed(0)
-        model = model_with_noise(GPT(cfg.model))
+        model = noisy(GPT(cfg.model), 0.3).eval()
         folder, heads = tmp_path / family, tmp_path / f"{family}-heads"
         folder.mkdir()
         folders.write_model(folder, cfg.model, checkpoint.model_weights(model), chars)
@@ -465,10 +462,3 @@ def test_heads_command_on_hugging_face_folders(data_dir: Path, tmp_path: Path, c
     fresh.mkdir()
     folders.write_model(fresh, cfg.model, checkpoint.model_weights(GPT(cfg.model)), chars)
     script_error(capsys, command.main, [str(fresh), "--circuit", *sizes], "no better on the clean input")
-
-
-def model_with_noise(model: GPT) -> GPT:
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return model.eval()

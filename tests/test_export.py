@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import script, script_error, tiny_checkpoint
+from conftest import noisy, script, script_error, tiny_checkpoint
 from transformers import GPT2LMHeadModel
 
 import export as export_script
@@ -49,10 +49,7 @@ def gqa_gpt2(data_dir: Path, tmp_path_factory) -> Path:
              "model.n_embd=32", "model.n_kv_head=2"]  # fmt: skip
     cfg = load_config(None, shape).cfg
     torch.manual_seed(0)
-    model = GPT(cfg.model)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
+    model = noisy(GPT(cfg.model), 0.3)
     chars = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"]
     folder = tmp_path_factory.mktemp("gqa") / "run"
     checkpoint.write_checkpoint(folder, "last", checkpoint.model_weights(model), cfg, chars)

@@ -16,7 +16,7 @@ import pytest
 import tiktoken
 import torch
 import transformers
-from conftest import LLAMA, TINY, run_script, script, script_error, tiny_checkpoint, train_here
+from conftest import LLAMA, TINY, noisy, run_script, script, script_error, tiny_checkpoint, train_here
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForCausalLM,
@@ -56,9 +56,7 @@ PROBE = (
 def perturbed(model: torch.nn.Module) -> torch.nn.Module:
     """The model with noise on every parameter (norm weights and biases too), so every tensor matters."""
     torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    noisy(model, 0.05)
     model.generation_config.eos_token_id = None  # greedy generation runs its full length, as ours does
     return model.eval()
 

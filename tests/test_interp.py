@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import OPTIONS, model_with, replay, run_script
+from conftest import OPTIONS, model_with, noisy, replay, run_script
 
 from common.errors import run_cli
 from data.dataset import Dataset
@@ -265,9 +265,7 @@ def exported_gpt2(run: Path, dest: Path) -> GPT:
     model = GPT(source.model)
     pretrained.load_into(model, source.weights, run)
     torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    noisy(model, 0.05)
     dest.mkdir()
     folders.write_model(dest, source.model, checkpoint.model_weights(model), source.tokenizer_meta)
     return model.eval()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_script, script
+from conftest import noisy, run_script, script
 
 import heads as heads_script
 import sample as sample_script
@@ -134,10 +134,7 @@ def test_a_windowed_rotary_model_reads_a_prompt_longer_than_its_context(
     ]
     cfg = load_config(None, [*shape, "model.pos_emb=rope", "model.window=4"]).cfg
     torch.manual_seed(0)
-    model = GPT(cfg.model)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))  # logits far apart: greedy choices without near ties
+    model = noisy(GPT(cfg.model), 0.3)  # logits far apart: greedy choices without near ties
     chars = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"]
     ckpt = checkpoint.write_checkpoint(tmp_path / "run", "last", checkpoint.model_weights(model), cfg, chars)
     prompt = "First Citizen: Before we proceed"  # 32 tokens, 4 contexts
