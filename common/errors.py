@@ -6,7 +6,8 @@ command line or TINYGPT_DEBUG=1 is set. Under torchrun every rank reads the same
 is printed by rank 0 alone, the job failing with its exit code; other errors by every rank that meets them.
 Ctrl-C outside a training loop is one line too, exit 130: in `main` through `run_cli`, and during the
 seconds of imports before it through the hook this module installs when it is imported, which is why every
-script imports it first. A reader of stdout that goes away (`| head`) ends a script quietly with exit 141,
+script imports it first; it loads torch itself, holding a Ctrl-C back until torch is in, since torch's
+start drops one. A reader of stdout that goes away (`| head`) ends a script quietly with exit 141,
 or, for training (`keep_going`), costs only the output (common/streams.py).
 A message names a setting by its config key (`train.device=cuda`), which is how train.py's user gives it;
 a script that takes the setting as a flag declares which (`named_as_flags`), and the errors raised under its
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable
 
@@ -91,6 +94,22 @@ def _interrupt_hook(kind, value, tb, previous=sys.excepthook) -> None:
 
 
 sys.excepthook = _interrupt_hook
+
+
+def _load_torch_holding_ctrl_c() -> None:
+    """Import torch with Ctrl-C held back, then let it through (the hook's one line). torch's C start loads
+    numpy and drops a KeyboardInterrupt that lands meanwhile: the script went on with numpy half-loaded and
+    failed later with a RecursionError, or aborted."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        importlib.import_module("torch")
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a Ctrl-C held meanwhile raises here
+
+
+_load_torch_holding_ctrl_c()
 
 
 def run_cli(

@@ -522,6 +522,35 @@ def test_ctrl_c_while_train_starts(data_dir: Path, tmp_path: Path):
     assert not (tmp_path / "out" / "last").exists()
 
 
+# Python that sends itself Ctrl-C the moment numpy is first asked for (in a script, torch's C start asks),
+# then runs the script named by its first argument
+CTRL_C_WHEN_NUMPY_LOADS = """
+import os, runpy, signal, sys
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "numpy":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_ctrl_c_while_torch_loads_numpy(data_dir: Path, tmp_path: Path):
+    """torch's C start dropped a Ctrl-C that landed while it loaded numpy: training went on with numpy
+    half-loaded and failed minutes later with a RecursionError (a CI run of the test above)."""
+    out = tmp_path / "out"
+    args = ("configs/shakespeare_char.yaml", f"data.dir={data_dir}", f"train.out_dir={out}", *TINY)
+    proc = popen("-c", CTRL_C_WHEN_NUMPY_LOADS, "train.py", *args)
+    err = proc.communicate(timeout=120)[1].decode()
+    assert proc.returncode in (130, -signal.SIGINT), err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted"), err
+    assert not out.exists()
+
+
 def test_ctrl_c_while_train_prepares_its_dataset(tmp_path: Path):
     """A first-use preparation that trains a BPE (native code that never looks for signals)."""
     proc = start_training(tmp_path / "data", tmp_path / "out", "data.dataset=shakespeare_bpe1024")
