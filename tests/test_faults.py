@@ -35,13 +35,15 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def popen(*args: str, **kw) -> subprocess.Popen:
-    """A script of the project started as a user would, its output piped."""
+    """A script of the project started as a user would, its output piped, and Ctrl-C reaching it as from a
+    terminal: a suite started in the background has SIGINT ignored, which would stay ignored across exec."""
     return subprocess.Popen(
         [sys.executable, *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=ENV,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         **kw,
     )
 
