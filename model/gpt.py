@@ -24,7 +24,7 @@ Notable:
   (`input_pos`), so the step's shapes never change. A model with a window and rotary positions depends only
   on the last `window` tokens of each layer at relative positions: its positions go on past block_size
   (rotary angles computed for them as needed), so it can read and generate sequences of any length.
-- `activation_checkpointing` (a training choice, set by training/trainer.py, not part of the shape): each
+- `activation_checkpointing` (a training choice, set by training/run.py, not part of the shape): each
   block keeps only its input for backward and computes its activations again there (torch.utils.checkpoint,
   non-reentrant: dropout draws the same masks again), so the activations held are one block's, not n_layer's.
 """

@@ -1,18 +1,12 @@
 """Checkpoints you can trust: the format, written atomically and read back without unpickling, in one place.
 
-OUT_DIR/last/ and OUT_DIR/best/ each hold model.safetensors (the weights, whole; a tied LM head left out),
-config.yaml (the run's final config), tinygpt_tokenizer.json (data/tokenizers.py's metadata) and state.pt
-(what resuming needs besides the weights: runs/train_state.py).
-- LoRA runs (model/lora.py) hold adapters.safetensors instead of model.safetensors: the adapters alone, and in
-  its metadata the base they adapt (runs/pretrained.py reads the base again, checked).
-- Atomic: common/files.py's `atomic_folder` writes a temporary folder, flushes it, and swaps it in by renames
-  (the old one moves to .NAME.old first): a crash at any moment leaves NAME or .NAME.old complete, and `find`
-  takes either. best/ shares last/'s files by hard links (files are replaced, never modified in place).
-- One format for one process, DDP and FSDP: under FSDP every rank helps gather the full state and rank 0
-  writes it, so a run saved on 8 GPUs resumes on 1 (torch.distributed.checkpoint's metadata is a pickle).
-- Reading: `find` gives a `Checkpoint`, whose files are read on demand, each checked before it is used
-  (runs/verify.py: the weights' shapes against the config before any model is built; config.yaml is data,
-  never interpolated).
+OUT_DIR/last/ and OUT_DIR/best/ each hold model.safetensors (the weights, whole; a tied LM head left out), or
+for a LoRA run adapters.safetensors (the adapters, their base in its metadata), config.yaml, the tokenizer's
+tinygpt_tokenizer.json and state.pt (runs/train_state.py). Written whole: common/files.py's `atomic_folder`
+swaps a flushed temporary folder in by renames, so a crash leaves NAME or .NAME.old complete, and `find`
+takes either; best/ shares last/'s files by hard links. One format for one process, DDP and FSDP (gathered
+whole; rank 0 writes), so a run saved on 8 GPUs resumes on 1. Reading: `find` gives a `Checkpoint` whose
+files are read on demand, each checked first (runs/verify.py: the weights' shapes before any model is built).
 """
 
 from __future__ import annotations

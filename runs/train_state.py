@@ -1,19 +1,12 @@
 """state.pt: what a run needs to continue besides its weights; one type builds, checks and restores it.
 
-`TrainState.capture` takes it from a live run (every rank calls it: under FSDP the optimizer state is
-gathered whole, as the weights are), `save` writes it, `load` reads it back without unpickling code
-(torch.load(weights_only=True) refuses anything but tensors and plain numbers) and checks all that needs no
-live object: its keys, the progress numbers, the random generators' and GradScaler's state. `restore` puts
-it back into a run's optimizers (each tensor checked against its parameter first), GradScaler and
-generators, and gives its progress.
-On disk state.pt is one dict: the `Progress` fields, `tokens` (for people), `rng` (`rng_state`), `scaler`
-(GradScaler's numbers, or None) and `optimizer` (torch.distributed.checkpoint's optimizer state dict, keyed
-by parameter name, whole): tests/fixtures/format_v1 holds one written before this module existed.
-Every tensor is checked before a kernel sees it: a tensor of the wrong shape does worse than fail (an AdamW
-moment shorter than its parameter makes the fused or for-loop kernel write past its end, a segfault; the
-foreach one corrupts the heap). Of the saved param_groups only the finite numbers (learning rate, betas,
-eps, weight decay, momentum) are taken; every flag and count (fused, foreach, ns_steps, the parameters'
-names) is the live optimizer's own. A failure is one line naming the file and the entry.
+On disk one dict: the `Progress` fields, `tokens` (for people), `rng`, `scaler` and `optimizer` (torch's
+optimizer state dict keyed by parameter name, whole); tests/fixtures/format_v1 holds one from before this
+module. `load` reads it with torch.load(weights_only=True) and checks what needs no live object; `restore`
+checks each optimizer tensor against its parameter before putting it back: a tensor of the wrong shape does
+worse than fail (a short AdamW moment makes the fused kernel write past its end). Of the saved param_groups
+only the finite numbers (lr, betas, eps, weight decay, momentum) are taken; every flag and count is the live
+optimizer's own. A failure is one line naming the file and the entry.
 """
 
 from __future__ import annotations
@@ -87,9 +80,8 @@ class TrainState:
         optimizers: list[torch.optim.Optimizer],
         scaler: torch.amp.GradScaler,
     ) -> TrainState:
-        """The state of a run now (a copy of its progress). Every rank calls it, after gathering the weights
-        (runs/checkpoint.py's `model_weights`): under FSDP the optimizer state is gathered whole to rank 0,
-        which needs the parameters resharded as gathering the weights leaves them."""
+        """The state of a run now (a copy of its progress). Every rank calls it (training/run.py's
+        `save_checkpoint` says in which order under FSDP)."""
         return cls(
             dataclasses.replace(progress),
             rng_state(),

@@ -15,7 +15,7 @@ from conftest import TINY, train
 from model import GPT, GPTConfig, generate
 from runs.config import load_config
 from training.plan import plan_run
-from training.trainer import start_run, train_step
+from training.run import start_run, train_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

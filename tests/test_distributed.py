@@ -23,8 +23,9 @@ from conftest import ROOT, TINY, run_script, train
 
 from runs import checkpoint
 from runs.config import load_config
+from training.evaluation import estimate_loss
 from training.plan import plan_run
-from training.trainer import estimate_loss, start_run
+from training.run import start_run
 
 pytestmark = pytest.mark.slow
 # a constant learning rate after warmup, so that extending max_iters does not change the earlier steps

@@ -134,7 +134,7 @@ def test_every_tensor_and_number_of_state_pt_is_checked_before_use(
     data_dir: Path, copy: Path, change, message
 ):
     from training.plan import plan_run
-    from training.trainer import start_run
+    from training.run import start_run
 
     crafted_state(copy / "last", change)
     request = load_config("shakespeare_char", [f"data.dir={data_dir}", f"train.out_dir={copy}", *TINY])
@@ -147,7 +147,7 @@ def test_every_tensor_and_number_of_state_pt_is_checked_before_use(
 def test_flags_in_param_groups_are_the_live_optimizers(data_dir: Path, copy: Path):
     """Only the numbers of a saved param group are taken: its kernel flags and parameter lists are ours."""
     from training.plan import plan_run
-    from training.trainer import start_run
+    from training.run import start_run
 
     crafted_state(
         copy / "last", lambda s: s["optimizer"]["param_groups"][0].update(fused=False, foreach=True)
@@ -226,7 +226,7 @@ def test_ids_past_a_tokenizer_decode_to_nothing():
 
 
 def test_scheduler_and_terminal_signals_ask_for_a_stop():
-    from training.control import StopRequest
+    from training.run import StopRequest
 
     stop = StopRequest(verbose=False)
     try:

@@ -18,9 +18,8 @@ from runs import runtime, train_state
 from runs.config import load_config
 from runs.runtime import Runtime
 from training import distributed
-from training.control import Agreement, Clock, StopRequest
 from training.plan import open_dataset, plan_run
-from training.trainer import start_run, train_step
+from training.run import Agreement, Clock, StopRequest, start_run, train_step
 
 
 def test_several_machines_need_the_dataset_prepared_first(monkeypatch, tmp_path: Path):

@@ -42,7 +42,7 @@ from runs import pretrained
 from runs.config import from_arguments, load_config
 from training.evaluation import evaluate_tokens
 from training.plan import plan_run
-from training.trainer import start_run, train_step
+from training.run import start_run, train_step
 
 transformers.logging.set_verbosity_error()
 HAMLET = "To be, or not to be, that is the question:\n" * 1000  # new to a model of Shakespeare's plays

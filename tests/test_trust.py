@@ -59,7 +59,7 @@ def test_a_signal_writes_a_checkpoint_and_says_how_to_resume(data_dir: Path, tmp
 
 
 def test_a_second_interrupt_exits_at_once(monkeypatch, capsys):
-    from training.control import StopRequest
+    from training.run import StopRequest
 
     exits = []
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))

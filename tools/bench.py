@@ -6,7 +6,7 @@
     python -m tools.bench --only attention [--window W] [--contexts 256,512,...] [--plot PATH]  # its cost
     python -m tools.bench CONFIG --only positions      # decoding speed against the position reached
 
-Training: the real train step (training/trainer.py) on the config's dataset: median ms/iteration and tokens/s
+Training: the real train step (training/run.py) on the config's dataset: median ms/iteration and tokens/s
 over rounds x steps after warm-up, MFU against the machine's peak (a GPU table, or this CPU's measured matmul
 peak at the precision in use), and peak memory: CUDA, what the setup holds (weights, optimizer state) plus
 the allocator's peak above that during its own rounds, so two setups in one process are told apart; CPU,
@@ -58,7 +58,7 @@ from runs.runtime import Runtime, setup
 from training.hardware import peak_flops
 from training.measure import measure_training_memory
 from training.plan import plan_run
-from training.trainer import Run, start_run, train_step
+from training.run import Run, start_run, train_step
 
 CONTEXTS = (512, 1024, 2048, 4096)
 ATTENTION_CONTEXTS = tuple(256 * 2**i for i in range(7))  # 256 ... 16,384

@@ -85,7 +85,7 @@ def join(rt, timeout_minutes: float) -> None:
 def _follow_launcher() -> None:
     """When the torchrun that started this process dies without stopping it (kill -9, an OOM kill), send this
     process SIGTERM, as torchrun itself would have: the run stops at its next log step with a checkpoint
-    (training/control.py), on every rank, instead of training on as an orphan nobody can stop."""
+    (training/run.py), on every rank, instead of training on as an orphan nobody can stop."""
     launcher = os.getppid()
 
     def watch() -> None:
@@ -131,6 +131,13 @@ def on_every_rank(flag: torch.Tensor, rt) -> torch.Tensor:
 PEER_GONE = ("connection reset by peer", "connection closed by peer", "broken pipe", "remote process exited")
 
 
+def all_finite(tensors, rt) -> bool:
+    """Whether every tensor (parameters, FSDP shards too) is finite, on every rank (one read-back)."""
+    local = [w.to_local() if hasattr(w, "to_local") else w for w in tensors]
+    flag = torch.stack([w.detach().isfinite().all() for w in local]).all()
+    return bool(on_every_rank(flag, rt).item())
+
+
 def explain_hangs(main: Callable) -> Callable:
     """Wrap a script's main: a collective that timed out, or whose peer went away (a rank's process or its
     machine killed), becomes a UserError naming it (gloo raises a RuntimeError in the waiting rank; NCCL's
@@ -161,7 +168,7 @@ def explain_hangs(main: Callable) -> Callable:
 
 
 def _failed_collective(e: RuntimeError) -> tuple[str, bool] | None:
-    """For a collective that timed out or lost its peer: ('all_reduce (called from training/trainer.py:201 in
+    """For a collective that timed out or lost its peer: ('all_reduce (called from training/run.py in
     evaluate)', whether the peer is gone): the collective (else the torch.distributed function entered) and
     the code of ours that led there. DDP's gradient all-reduce runs in autograd's hooks, so a rank stalled
     in backward fails in backward()."""

@@ -36,7 +36,7 @@ from training.memory import (
     saved_params,
 )
 from training.plan import PaperPlan, Plan, paper_plan
-from training.trainer import start_run
+from training.run import start_run
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 SMALLER_BATCH = "lower train.batch_size (raise train.grad_accum)"  # memory that does not fit

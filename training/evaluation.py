@@ -1,20 +1,12 @@
-"""Exact evaluation: the loss over every token of a text, bits per byte, and multiple-choice accuracy.
+"""Evaluation: a training run's loss estimate; the exact loss over every token of a text, bits per byte, and
+multiple-choice accuracy.
 
-- `evaluate_tokens` predicts every token of a sequence (a split's bin file, or any token array) exactly once,
-  in windows of block_size tokens; the first token has no context and is not predicted. Non-overlapping
-  windows (the default) give the first prediction of each window one token of context; with `stride` S <
-  block_size the windows slide by S and only the last S predictions of each window count (the scheme of the
-  transformers perplexity guide), so every prediction after the first window sees at least block_size - S
-  tokens. Windows are batched; the last one is padded and its padding ignored.
-- Bits per byte: the total loss in nats / ln 2 / the UTF-8 bytes of the predicted tokens (`byte_lengths` of
-  data/tokenizers.py), which does not depend on the tokenizer: a character model and a BPE model compare.
-  Special tokens (<|endoftext|> between documents) have no bytes; their loss counts like any other.
-- `score_choices`: multiple choice (HellaSwag's format, data/evalsets.py). Each ending is scored by the total
-  loss of its tokens given the context (`acc`), and normalised for its length: per token (`acc_per_token`,
-  the acc_norm of nanoGPT's and llm.c's HellaSwag scripts), per character of the ending as written
-  (`acc_per_char`, lm-evaluation-harness's acc_norm) and per UTF-8 byte (`acc_per_byte`, its acc_bytes);
-  the lowest loss is the model's answer. The two acc_norms differ (a token is several characters), hence
-  the names. The total loss of an ending is minus lm-eval's loglikelihood of it (`choice_losses`).
+- `evaluate_tokens` predicts every token exactly once, in windows of block_size (with `stride` S the windows
+  slide by S and only their last S predictions count, as in the transformers perplexity guide).
+- Bits per byte: the total loss in nats / ln 2 / the UTF-8 bytes of the predicted tokens, the same for any
+  tokenizer; special tokens have no bytes.
+- `score_choices`: multiple choice (HellaSwag's format); acc, and acc normalised per token, per character
+  (lm-eval's acc_norm) and per byte (docs/evaluation.md says which is whose).
 - Under torchrun the batches are dealt out to the ranks and the sums all-reduced; every rank runs the same
   number of forward passes, as FSDP needs.
 """
@@ -68,6 +60,35 @@ class TokenLoss:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / max(self.seconds, 1e-9)
+
+
+@torch.no_grad()
+def estimate_loss(run) -> dict[str, float]:
+    """A training run's (training/run.py) mean loss over the same train.eval_iters batches of each split at
+    every eval, shared across ranks: {"train": loss, "val": loss, "train_bpb": bits per byte, "val_bpb": ...}
+    (bpb: where byte_lengths is known). Every rank runs the same number of forward passes (under FSDP each is
+    a collective): where eval_iters is not a multiple of the number of ranks, the ranks short of a batch run
+    one more that counts for nothing."""
+    cfg, rt = run.cfg, run.rt
+    run.forward.eval()
+    out, tuner = {}, rt.thread_tuner()
+    per_rank = -(-cfg.train.eval_iters // rt.world_size)
+    for name, data in run.splits.items():
+        total = torch.zeros(3, device=rt.device)  # sum of batch losses, batches, sum of bytes per token
+        for key in range(rt.rank, per_rank * rt.world_size, rt.world_size):
+            x, y = data.batch(key, cfg.train.batch_size, stream=1)
+            with tuner.timed(), rt.autocast():
+                _, loss = run.forward(x, y)
+            if key < cfg.train.eval_iters:  # past it, a forward only keeps FSDP's collectives in step
+                one = torch.ones((), device=rt.device)
+                n_bytes = run.byte_lengths[y].sum().float() if run.byte_lengths is not None else 0 * one
+                total += torch.stack([loss.float(), one, n_bytes / y.numel()])
+        loss_sum, count, bytes_per_token = distributed.all_sum(total, rt).tolist()
+        out[name] = loss_sum / count
+        if bytes_per_token:  # every batch has the same number of tokens
+            out[f"{name}_bpb"] = bits_per_byte(loss_sum, bytes_per_token)
+    run.forward.train()
+    return out
 
 
 def final_eval_wanted(setting: str, val_tokens: int) -> bool:

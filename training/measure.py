@@ -19,7 +19,7 @@ import torch
 from common.errors import UserError
 from runs.config import from_arguments
 from training.plan import plan_run
-from training.trainer import Run, start_run, train_step
+from training.run import Run, start_run, train_step
 
 
 def _status_mb(fields: tuple[str, ...]) -> list[float]:

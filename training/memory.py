@@ -1,20 +1,12 @@
 """The memory of training, predicted: what autograd keeps, tensor by tensor, and what trains.
 
-`memory` counts per token of a micro-batch: for each block the inputs of the norms and matrix products, the
-attention inputs and output (flash attention keeps no T x T matrix; with attention dropout the math path
-does), the MLP's hidden activations, dropout masks; with a window or documents, what model/attention.py's
-blocks keep (`local_attention`: the outputs of their two calls, padded copies, the block-sized score tensors
-of the math path, one document mask for all layers); for the head the log-softmax output over the
-vocabulary. Under autocast the copies cast for matrix products are 2 bytes a value and the cast weights are
-kept for backward; on a CPU attention runs in fp32 (model/gpt.py). On top: fp32 weights, the gradients and
-optimizer state (AdamW 8 bytes a parameter, Muon's momentum 4) of what trains (with LoRA, the adapters
-alone), and the working set of the backward pass (about one block's activations, or the gradient of the
-logits when the vocabulary is large). The per-tensor counts were read off autograd's saved tensors
-(torch.autograd.graph.saved_tensors_hooks; tests/test_estimate.py keeps checking them against
-training/measure.py's measurement); the GPU variant and torch.compile's savings are the same reasoning, not
-measured here. A LoRA run's activations are counted as full fine-tuning's (the adapters' own are a rank's
-worth per token). With activation checkpointing (`checkpointed`) the blocks keep only their inputs and
-backward holds one block's activations, computed again.
+`memory` counts per token of a micro-batch what each block keeps for backward (norm and matmul inputs,
+attention inputs and output, the MLP's hidden activations, dropout masks; a window's or documents' blocks,
+model/attention.py) and the head's log-softmax; under autocast the 2-byte copies and cast weights. On top:
+fp32 weights, the gradients and optimizer state of what trains, and the backward pass's working set.
+The counts were read off autograd's saved tensors (saved_tensors_hooks); tests/test_estimate.py keeps
+checking them against training/measure.py's measurement. What is counted, and what is not measured (the
+GPU, torch.compile's savings, LoRA), is in docs/training.md, "What a run will cost".
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Muon, batched: the update of torch.optim.Muon, computed for many matrices at once.
 
-Muon (Jordan et al. 2024) replaces each 2-D weight's momentum update by its nearest semi-orthogonal matrix,
-found with five Newton-Schulz iterations in bf16 (fp32 on a CPU without bf16 matrix instructions, where
-PyTorch's bf16 matrix products are emulated and many times slower). torch.optim.Muon (torch >= 2.9) runs
-them matrix by matrix; for the small matrices of a small GPT that is a long chain of tiny matrix products,
-about half a whole training step on a CPU. Batched, it takes about half as long (BENCHMARKS.md, "Muon").
-
-This version computes the same update (same coefficients, Nesterov momentum, learning rate scaled by
-sqrt(max(1, rows / cols)), decoupled weight decay) but orthogonalises all matrices that share their short
-side in one batched chain: each is turned so its short side comes first and zero-padded on its long side to
-the longest in the batch. Zero columns change nothing: X X^T is the same, and the iteration maps them to zero.
-
-Like torch's fused AdamW, it reads a `found_inf` attribute (a 0-d tensor) when set: where it is 1 the step
-changes nothing (no momentum, no update, no weight decay), decided on the device without reading it back.
+Muon (Jordan et al. 2024) replaces each 2-D weight's momentum update by its nearest semi-orthogonal matrix
+(five Newton-Schulz iterations; bf16, or fp32 on a CPU without bf16 matrix instructions). torch.optim.Muon
+runs them matrix by matrix, a long chain of tiny products for a small GPT; this one orthogonalises all the
+matrices that share their short side in one batched chain (each turned short side first and zero-padded on
+its long side: zero columns change nothing), the same update, in about half the time (BENCHMARKS.md, "Muon").
+Like torch's fused AdamW it reads a `found_inf` 0-d tensor when set: where it is 1 the step changes nothing,
+decided on the device without reading it back.
 """
 
 from __future__ import annotations
@@ -44,7 +38,7 @@ def iteration_dtype(device: torch.device) -> torch.dtype:
 
 
 class Muon(torch.optim.Optimizer):
-    _step_supports_amp_scaling = True  # reads self.found_inf (training/optim.py step_unless)
+    _step_supports_amp_scaling = True  # reads self.found_inf (training/run.py step_unless)
 
     def __init__(
         self,

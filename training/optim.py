@@ -3,8 +3,6 @@
 - AdamW, weight decay on 2-D weights only; fused where torch has it for the device (CPU included), else
   foreach (`forloop`: nanoGPT's plain loop, for comparisons). Muon (`optim.name: muon`, training/muon.py) for
   the hidden matrices of the blocks, AdamW for embeddings, the LM head, biases and norms.
-- `step_unless` skips a step on the device when its loss or gradient is not finite, without reading the flag
-  back: fused AdamW and Muon take it as `found_inf`, as from torch's GradScaler (the other kernels read it).
 - The schedule: lr x warmup(iter) x decay(progress), progress the larger of iter / max_iters and elapsed /
   max_time (a run with a time budget still ends decayed); cosine, warmup-stable-decay (wsd) or constant.
 """
@@ -16,7 +14,6 @@ import math
 import torch
 
 from runs.config import OptimConfig, TrainConfig
-from training.muon import Muon
 
 
 def _adamw(groups: list[dict], cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
@@ -40,6 +37,8 @@ def make_optimizers(
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     optimizers: list[torch.optim.Optimizer] = [_adamw([g for g in groups if g["params"]], cfg, device)]
     if muon_names:
+        from training.muon import Muon  # Muon runs only
+
         muon = Muon(
             [params[n] for n in sorted(muon_names)],
             lr=cfg.muon_lr,
@@ -51,19 +50,6 @@ def make_optimizers(
         for group in opt.param_groups:
             group["base_lr"] = group["lr"]
     return optimizers
-
-
-def step_unless(opt: torch.optim.Optimizer, skip: torch.Tensor) -> None:
-    """opt.step(), or nothing at all (parameters, moments and step counts unchanged) where the 0-d tensor
-    `skip` is true."""
-    if getattr(opt, "_step_supports_amp_scaling", False):  # fused AdamW (torch), Muon (ours)
-        opt.grad_scale, opt.found_inf = None, skip.float()  # gradients already unscaled
-        try:
-            opt.step()
-        finally:
-            del opt.grad_scale, opt.found_inf
-    elif not skip.item():
-        opt.step()
 
 
 def schedule_progress(it: int, elapsed: float, train: TrainConfig) -> float:

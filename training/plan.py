@@ -5,7 +5,7 @@ the order the code reads: the checkpoint to resume or the pretrained model to st
 model section follows), the runtime, the dataset (prepared on first use, once per machine, before the
 process group starts), the vocabulary, and the checks that a resumed or pretrained model fits the data.
 A LoRA run (the lora section) resumed reads its base again, from where its checkpoint says it was trained
-(checked against the fingerprint it recorded), not from train.init_from. training/trainer.py builds the run
+(checked against the fingerprint it recorded), not from train.init_from. training/run.py builds the run
 from the `Plan` in one pass.
 """
 

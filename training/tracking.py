@@ -4,8 +4,8 @@
 - metrics.jsonl: one JSON line per eval (iter, train_loss, val_loss, lr, tokens, elapsed_s: training seconds,
   evals excluded), for plot.py and scripts. loss.png is redrawn at evals within 1% of the run's wall time.
 - wandb is imported only when enabled, follows WANDB_MODE, and a resumed run continues the same wandb run.
-- Losses, gradient norms and finite flags stay on the device, read back every log.interval iterations (and
-  before evals and stops), so the GPU never waits for the host in between.
+- It shows what the run reads back (training/run.py: losses every log.interval iterations) and decides
+  nothing: the run counts non-finite steps and stops.
 - metrics.jsonl stays valid JSON: a loss that is not finite is written as null. A resumed run repairs it
   first: a last line torn by a crash is dropped, and so are the rows past the checkpoint it resumes from (a
   kill after an eval's row, before its checkpoint). A row that cannot be appended (a full disk) is one
@@ -33,22 +33,20 @@ from common.errors import UserError
 from common.files import append_line, atomic_write
 from runs.config import to_dict
 from runs.out_dir import METRICS
-from training import distributed
-from training.trainer import Run
+from training.evaluation import final_eval_wanted
 
 PLOT_SHARE = 0.01  # the most of a run's wall time that redrawing loss.png may take
 
 
 class Tracker:
-    def __init__(self, run: Run):
+    def __init__(self, run):  # training/run.py's Run (which imports this module)
         self.run, self.main = run, run.rt.is_main
         self.metrics_path = run.out_dir / METRICS
         self.wandb = None
         self.last_record: dict[str, Any] = {}
         self.samples: list[list] = []  # [iteration, text] of each sample, for a wandb table
         self.started, self.plot_seconds, self.plot_cost = time.perf_counter(), 0.0, 0.0
-        self.loss_sum = torch.zeros((), device=run.rt.device)
-        self.steps: list[tuple[int, torch.Tensor]] = []  # (iteration, [loss, gradient norm, finite]) not read
+        self.loss_sum, self.loss_steps = 0.0, 0  # the losses read back since the last log step
         self.last_log = (run.progress.iter, run.progress.elapsed_s)  # (iteration, training seconds)
         self.first = self.last_log  # where this process started (a resumed run: where it resumed)
         self.bar = tqdm(
@@ -90,19 +88,18 @@ class Tracker:
         if self.main:
             self.bar.write(line, file=file)
 
-    def step(
-        self, it: int, loss: torch.Tensor, grad_norm: torch.Tensor, finite: torch.Tensor, elapsed: float
-    ) -> None:
-        """After iteration it - 1 (`it` done): keep its results; every log.interval iterations (and at
-        max_iters) show and log the mean loss."""
-        self.loss_sum += loss
-        self.steps.append((it - 1, torch.stack([loss.float(), grad_norm.float(), finite.float()])))
+    def step(self) -> None:
+        """One more iteration done."""
         self.bar.update(1)
+
+    def losses(self, it: int, loss_sum: float, steps: int, elapsed: float) -> None:
+        """The summed mean losses of `steps` more iterations, up to iteration `it` (read back by the run, all
+        ranks summed); every log.interval iterations (and at max_iters) show and log their mean."""
+        self.loss_sum, self.loss_steps = self.loss_sum + loss_sum, self.loss_steps + steps
         if it % self.run.cfg.log.interval and it != self.run.cfg.train.max_iters:
             return
         last_it, last_elapsed = self.last_log
-        world = self.run.rt.world_size
-        mean_loss = distributed.all_sum(self.loss_sum, self.run.rt).item() / (world * (it - last_it))
+        mean_loss = self.loss_sum / (self.run.rt.world_size * self.loss_steps)
         lr = self.run.optimizers[0].param_groups[0]["lr"]
         tok_s = self.run.cfg.tokens_per_iter * (it - last_it) / max(elapsed - last_elapsed, 1e-9)
         self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
@@ -111,18 +108,8 @@ class Tracker:
             self.write(f"iteration {it}/{total}: loss {mean_loss:.4f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s")
         tokens = it * self.run.cfg.tokens_per_iter
         self.log(it, {"train/loss": mean_loss, "lr": lr, "tokens_per_s": tok_s, "tokens": tokens})
-        self.loss_sum.zero_()
+        self.loss_sum, self.loss_steps = 0.0, 0
         self.last_log = (it, elapsed)
-
-    def nonfinite_steps(self) -> list[tuple[int, float, float]]:
-        """(iteration, loss, gradient norm) of each step since the last call whose loss or gradient was not
-        finite (the same on every rank); one read-back."""
-        if not self.steps:
-            return []
-        its, values = zip(*self.steps)
-        self.steps = []
-        rows = torch.stack(values).tolist()
-        return [(it, loss, norm) for it, (loss, norm, finite) in zip(its, rows) if not finite]
 
     def log(self, it: int, values: dict[str, Any]) -> None:
         if self.wandb is not None:
@@ -170,10 +157,74 @@ class Tracker:
         self.plot_cost = time.perf_counter() - start
         self.plot_seconds += self.plot_cost
 
+    def finish(self) -> None:
+        """The curves of the head scores (log.head_scores) and the line that says how the run ended."""
+        run, last = self.run, self.last_record
+        p, out_dir = run.progress, run.out_dir
+        if not self.main:
+            return
+        if run.cfg.log.head_scores:
+            from interp.plots import plot_training_curves  # matplotlib only when plotting
+
+            plot_training_curves(read_metrics(self.metrics_path), out_dir / "heads_training.png")
+        exact, n_val = "", run.dataset.meta.val_tokens
+        if "final_val_loss" in last:
+            bpb = f"; {last['final_val_bpb']:.3f} bits per byte" if "final_val_bpb" in last else ""
+            n = last["final_val_tokens"]
+            exact = f", final val loss {last['final_val_loss']:.4f} (exact: all {n:,} tokens{bpb})"
+        elif str(run.cfg.train.final_eval).lower() == "auto" and not final_eval_wanted("auto", n_val):
+            self.write(
+                f"the val split has {n_val:,} tokens, too many for an exact eval at the end "
+                f"(train.final_eval=auto); measure it with: python eval.py {out_dir}"
+            )
+        where = f"; checkpoints in {out_dir}" if run.cfg.train.save else ""
+        here, wall = p.iter - self.first[0], f"{self.wall():.1f}s wall"
+        if run.cfg.train.resume:  # the totals are the run's; what this process did is its part since then
+            since = p.elapsed_s - self.first[1]
+            wall = f"resumed at iteration {self.first[0]}: {here} here in {since:.1f}s, {wall}"
+        self.write(
+            f"done: {p.iter} iterations in {p.elapsed_s:.1f}s of training ({wall}), best val "
+            f"loss {p.best_val_loss:.4f} (estimated){exact}{where}"
+        )
+
     def close(self) -> None:
         self.bar.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def describe_run(run) -> None:
+    """What is about to train: the model, the dataset, the device, the batch; a resumed or LoRA run."""
+    cfg, rt, model = run.cfg, run.rt, run.model
+    if not rt.is_main:
+        return
+    mc, meta = cfg.model, run.dataset.meta
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    print(
+        f"model: {model.num_params() / 1e6:.2f}M parameters ({mc.describe()}); dataset {cfg.data.dataset}: "
+        f"{meta.train_tokens:,} train / {meta.val_tokens:,} val tokens"
+    )
+    print(
+        f"device {rt.device}, precision {rt.precision}, compile {'on' if run.compiled else 'off'}, "
+        f"{torch.get_num_threads()} threads; batch {cfg.train.batch_size} x {mc.block_size} tokens x "
+        f"{run.micro_steps} micro-step(s) x {rt.world_size} process(es) = {cfg.tokens_per_iter:,} "
+        "tokens/iteration"
+    )
+    if cfg.train.init_from and not cfg.train.resume:
+        print(f"starting from the weights of {cfg.train.init_from} (fresh optimizer, iteration 0)")
+    if cfg.train.resume:
+        p = run.progress
+        print(
+            f"resuming at iteration {p.iter:,} of {cfg.train.max_iters:,} from {run.out_dir / 'last'} "
+            f"({p.elapsed_s:.1f}s of training so far, best val loss {p.best_val_loss:.4f})"
+        )
+    if cfg.lora is not None:
+        total, lc = model.num_params(non_embedding=False), cfg.lora
+        print(
+            f"LoRA: rank {lc.rank}, alpha {lc.alpha:g} on {', '.join(lc.targets)}: {trained / 1e6:.3f}M "
+            f"parameters train ({100 * trained / total:.2f}% of {total / 1e6:.2f}M); the base is frozen, "
+            "checkpoints hold the adapters alone"
+        )
 
 
 def check_wandb_login() -> None:
