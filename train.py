@@ -39,7 +39,7 @@ from training import distributed, estimate
 from training.control import Agreement, Clock, StopRequest
 from training.evaluation import default_batch_size, evaluate_tokens, final_eval_wanted
 from training.optim import lr_factor, schedule_progress, set_lr
-from training.plan import plan_run
+from training.plan import plan_run, run_dataset
 from training.tracking import Tracker, check_wandb_login, read_metrics
 from training.trainer import Run, estimate_loss, save_checkpoint, start_run, train_step
 
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     request = parse_command_line(argv)
     if request is None:
         return 0
-    run = start_run(plan_run(request))
+    run = start_run(plan_run(request, run_dataset(request)))
     cfg, t, p = run.cfg, run.cfg.train, run.progress
     check_and_describe(run)
     log, stop, clock = Tracker(run), StopRequest(verbose=run.rt.is_main), Clock(p.elapsed_s)
