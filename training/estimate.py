@@ -4,9 +4,9 @@
 per token, tokens per iteration and in all, epochs, tokens per parameter against Chinchilla's ~20, predicted
 peak training memory (training/memory.py), checkpoint size, and the time of a few real steps on this machine
 (training/measure.py) projected over the run (or, for a CUDA config on a machine without one, the time on
-common GPUs from FLOPs at a stated MFU). The run is planned as training does it, on the device and in the
-precision runs/runtime.py chooses (training/plan.py's `paper_plan`); `_estimate` works the figures out,
-`_report` writes them.
+common GPUs from FLOPs at a stated MFU). The run is planned as training does it, on the dataset
+data/recipes.py's `dataset_on_paper` gives and on the device and in the precision runs/runtime.py chooses
+(training/plan.py's `paper_plan`); `_estimate` works the figures out, `_report` writes them.
 """
 
 from __future__ import annotations
