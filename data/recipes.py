@@ -62,7 +62,7 @@ def recipe_vocab_size(name: str) -> int | None:
 
 
 # how a first use prepares: called with the dataset's folder and the preparation, it runs the preparation
-# (training: once per machine under torchrun, training/plan.py's `first_use_per_machine`)
+# (training: once per machine under torchrun, training/plan.py's `run_dataset`)
 FirstUse = Callable[[Path, Callable[[], object]], None]
 
 
