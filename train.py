@@ -19,7 +19,7 @@ import textwrap
 
 from runs.config import CONFIG_DIR, Request, from_arguments, shipped_configs, to_yaml
 from training import distributed
-from training.plan import plan_run
+from training.plan import plan_run, run_dataset
 from training.run import start_run, train
 
 
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     request = parse_command_line(argv)
     if request is None:
         return 0
-    run = start_run(plan_run(request))
+    run = start_run(plan_run(request, run_dataset(request)))
     try:
         return train(run, argv)
     finally:

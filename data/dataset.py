@@ -185,12 +185,9 @@ class Dataset:
 
     @classmethod
     def open(cls, name: str, data_dir: str | Path | None = None) -> Dataset:
-        """The prepared dataset `name` in data_dir (None: data/); not prepared is one line saying how."""
-        return cls.at(dataset_folder(name, data_dir))
-
-    @classmethod
-    def at(cls, folder: Path) -> Dataset:
-        """The prepared dataset in `folder` (`dataset_folder`'s); not prepared is one line saying how."""
+        """The prepared dataset `name` in data_dir (None: data/); not prepared is one line saying how. The one
+        way to open one (data/recipes.py's `ready_dataset` prepares it first where needed)."""
+        folder = dataset_folder(name, data_dir)
         if not (folder / META_FILE).is_file():
             raise UserError(
                 f"dataset {folder.name!r} is not prepared in {folder}; prepare it with: "

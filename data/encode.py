@@ -4,7 +4,7 @@ Every tokenizer here releases the GIL while it encodes, so the threads run at on
 as a process pool or faster (BENCHMARKS.md, "Data preparation against the tokenizer's own speed"), with no
 fork or spawn to hang on macOS or Windows. At most 2 * workers tasks are held at a time, so memory stays
 bounded however large the corpus; each task carries the source's position after it, which is what a
-stopped preparation continues from (data/resume.py).
+stopped preparation continues from (data/shard_writer.py).
 """
 
 from __future__ import annotations

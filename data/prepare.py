@@ -1,24 +1,12 @@
-"""Prepare a dataset: raw text -> tokens -> shards of ids, and meta.json. The one preparation path.
+"""Prepare a dataset: text -> tokenizer -> shards of ids -> meta.json. The one preparation path.
 
-`prepare.py` is its command line; train.py runs it itself for a known dataset that is not prepared yet
-(data/recipes.py). Each split's ids go back to back (uint16 when the vocabulary fits, else uint32) into
-shards of about `shard_tokens` (data/shards.py: train.bin when one is enough); meta.json (data/dataset.py)
-holds the tokenizer, the dtype, the token counts and the shards, and is written last: a folder without it
-is not prepared. Text streams through in bounded windows, encoded in threads (data/encode.py), so a corpus
-larger than memory never sits in RAM. A preparation that stops, however it stops, keeps its complete shards,
-and the same command continues after the last one (data/resume.py writes them and owns what is kept).
-
-The tokenizer is made from the text (`char`: its characters; `bpe:N`: N tokens of byte-level BPE trained on
-the train split, also written as tokenizer.json; data/tokenizers.py's `make_tokenizer`), taken as it is
-(`gpt2`), or given: an existing dataset's or checkpoint's (`--tokenizer-from`: `tokenizer_from` here), which
-is what fine-tuning on new text needs.
-
-A preparation holds the dataset folder's lock exclusive (data/dataset.py): a second one of the same name,
-or one under a run that reads the dataset, is one line naming the process. A dataset already prepared is
-replaced only when asked (`overwrite`, prepare.py's --overwrite). Each file goes to a temporary file of its
-own and is renamed into place (common/files.py, data/resume.py), so a failure (a full disk, Ctrl-C) leaves no
-half-written file: the complete shards stay for the same command to continue from, and a failure before the
-first one takes away a folder it made.
+prepare.py is its command line; data/recipes.py runs it for a known dataset on first use. `prepare_dataset`
+holds the folder's lock exclusive (data/dataset.py: no preparation under a run that reads the dataset, nor
+beside another), makes or continues the preparation, and takes away a folder it made when it fails before a
+shard is complete; data/shard_writer.py writes the shards, progress.json and meta.json (last: a folder
+without it is not prepared). The tokenizer is made from the text (`char`, `bpe:N`: data/tokenizers.py's
+`make_tokenizer`), taken as it is (`gpt2`), or given: an existing dataset's or checkpoint's
+(`tokenizer_from`, prepare.py's --tokenizer-from). What a user sees of it is in docs/datasets.md.
 """
 
 from __future__ import annotations
@@ -35,7 +23,7 @@ from common.errors import UserError
 from common.files import write_failed
 from data.dataset import LOCK, META_FILE, Meta, token_dtype
 from data.repeats import Repeats
-from data.resume import Preparation, continued, kept_shards, write_split
+from data.shard_writer import Preparation, continued, kept_shards, write_split
 from data.sources import SPLITS, HFText, TextFile
 from data.tokenizers import (
     METADATA_FILE,
@@ -122,8 +110,8 @@ def _prepare(
     out: Path, recipe: Recipe, workers: Optional[int], tokenizer: Optional[Tokenizer], shard_tokens: int
 ) -> Meta:
     """The preparation proper: shard by shard from where an unfinished one of the same command stopped
-    (data/resume.py). A fresh one reads the text for its tokenizer before anything in `out` changes, so a
-    text that cannot be read leaves a dataset that was there whole."""
+    (data/shard_writer.py). A fresh one reads the text for its tokenizer before anything in `out` changes,
+    so a text that cannot be read leaves a dataset that was there whole."""
     recipe.source.check()
     command = {"source": recipe.source.to_meta(), "shard_tokens": shard_tokens}
     command["tokenizer"] = tokenizer.to_meta() if tokenizer is not None else recipe.tokenizer

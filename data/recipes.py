@@ -1,9 +1,10 @@
-"""The known datasets, by name, and preparing one on first use.
+"""The known datasets, by name, and getting a dataset ready to read: the one way a run or a script does it.
 
 `RECIPES` names each dataset train.py and prepare.py know: where its text comes from and which tokenizer
-makes its ids. `prepared_dataset(name)` is how training and the scripts open a dataset: a known one not
-prepared yet is prepared first (seconds for Shakespeare; TinyStories and FineWeb-Edu stream from the hub,
-minutes to hours); `dataset_on_paper` is the dry run's, which writes nothing: a dataset not prepared yet is
+makes its ids. `ready_dataset` opens a dataset (data/dataset.py's `Dataset.open`), preparing a known one
+first when it is not prepared yet (seconds for Shakespeare; TinyStories and FineWeb-Edu stream from the
+hub, minutes to hours); training says how a first use prepares (once per machine under torchrun). Its
+dry-run twin, `dataset_on_paper`, writes nothing where the user looks: a dataset not prepared yet is
 prepared in a temporary folder (where that takes seconds) and deleted after.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from common import locks
@@ -60,52 +61,60 @@ def recipe_vocab_size(name: str) -> int | None:
     return size if kind == "trained_bpe" else BPETokenizer(kind).vocab_size
 
 
-def prepared_dataset(
-    name: str, data_dir: str | Path | None = None, tokenizer_meta: dict | None = None
+# how a first use prepares: called with the dataset's folder and the preparation, it runs the preparation
+# (training: once per machine under torchrun, training/plan.py's `run_dataset`)
+FirstUse = Callable[[Path, Callable[[], object]], None]
+
+
+def ready_dataset(
+    name: str,
+    data_dir: str | Path | None = None,
+    tokenizer_meta: dict | None = None,
+    first_use: FirstUse | None = None,
 ) -> Dataset:
-    """Dataset `name` in data_dir (None: data/), prepared first when it is a known dataset not prepared yet;
-    with `tokenizer_meta` (a checkpoint's), refused when it was tokenised otherwise."""
+    """Dataset `name` in data_dir (None: data/), opened; a known dataset not prepared yet is prepared first
+    (by `first_use`, where given). With `tokenizer_meta` (a checkpoint's), refused when it was tokenised
+    otherwise."""
     folder = dataset_folder(name, data_dir)
     if not (folder / META_FILE).is_file():
-        prepare_known(folder)
-    dataset = Dataset.at(folder)
+        if name not in RECIPES:
+            raise UserError(
+                f"dataset {name!r} is not prepared in {folder} and is not a known dataset "
+                f"({', '.join(sorted(RECIPES))}); prepare it with: {prepare_command(folder)}"
+            )
+        recipe = RECIPES[name]
+
+        def prepare() -> None:
+            print(f"preparing dataset {name} in {folder} (first use)", file=sys.stderr)
+            prepare_dataset(folder, recipe)
+
+        if first_use is None:
+            prepare()
+        else:
+            first_use(folder, prepare)
+    dataset = Dataset.open(name, data_dir)
     if tokenizer_meta is not None:
         dataset.check_tokenizer(tokenizer_meta, "the checkpoint")
     return dataset
 
 
 @contextlib.contextmanager
-def dataset_on_paper(folder: Path) -> Iterator[Dataset | None]:
-    """The dry run's dataset in `folder` (`dataset_folder`'s), which writes nothing where the user looks: the
-    prepared one; else, when its text is here (seconds), one prepared in a temporary folder deleted when the
-    block ends (`Dataset.folder` then is not `folder`: the caller says so); None when it is not prepared and
+def dataset_on_paper(name: str, data_dir: str | Path | None = None) -> Iterator[Dataset | None]:
+    """The dry run's `ready_dataset`, which writes nothing where the user looks: the prepared dataset; else,
+    when its text is here (seconds), one prepared in a temporary folder deleted when the block ends (its
+    `Dataset.folder` is then not `dataset_folder`'s: the caller says so); None when it is not prepared and
     would stream from the hub (hours: train.py prepares it on first use) or is not known."""
-    name = folder.name
-    if (folder / META_FILE).is_file():
-        yield Dataset.at(folder)
+    if (dataset_folder(name, data_dir) / META_FILE).is_file():
+        yield Dataset.open(name, data_dir)
         return
     recipe = RECIPES.get(name)
     if recipe is None or isinstance(recipe.source, HFText):
         yield None
         return
     with tempfile.TemporaryDirectory(prefix="tinygpt-dry-run-") as temporary:
-        copy = Path(temporary) / name
         print(f"preparing dataset {name} in a temporary folder for the dry run", file=sys.stderr)
-        prepare_dataset(copy, recipe)
+        prepare_dataset(Path(temporary) / name, recipe)
         try:
-            yield Dataset.at(copy)
+            yield Dataset.open(name, temporary)
         finally:
-            locks.release(copy / LOCK)  # the reader's lock, held for the process otherwise
-
-
-def prepare_known(folder: Path) -> None:
-    """Prepare the known dataset whose folder (`dataset_folder`'s) is not prepared yet; one line for a name
-    that is not known."""
-    name = folder.name
-    if name not in RECIPES:
-        raise UserError(
-            f"dataset {name!r} is not prepared in {folder} and is not a known dataset "
-            f"({', '.join(sorted(RECIPES))}); prepare it with: {prepare_command(folder)}"
-        )
-    print(f"preparing dataset {name} in {folder} (first use)", file=sys.stderr)
-    prepare_dataset(folder, RECIPES[name])
+            locks.release(Path(temporary) / name / LOCK)  # the reader's lock, held for the process otherwise

@@ -5,7 +5,7 @@ streams through. `separate_documents` says whether the strings are separate docu
 token goes after each, when the tokenizer has one) or consecutive pieces of one text. `documents(split,
 start)` returns them as `Documents`, which also says where the source stands after the last one yielded
 (`position()`, JSON-able), and starts from such a position when given one: what lets a stopped preparation
-continue (data/resume.py); and the split's size in the source's `unit`, when it is known (the progress
+continue (data/shard_writer.py); and the split's size in the source's `unit`, when it is known (the progress
 bar's ETA).
 - `TextFile`: one UTF-8 file; the first (1 - val_fraction) of its bytes (moved to a character boundary) are
   the train split, the rest val, as nanoGPT splits Shakespeare. Read in 256 KiB blocks; its position is a

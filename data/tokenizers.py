@@ -4,24 +4,10 @@ BPE of your own size trained with Hugging Face `tokenizers`.
 A tokenizer is described by a JSON-able dict, its metadata (`to_meta()`; called `tokenizer_meta` wherever it
 is passed), stored in a dataset's meta.json and beside every checkpoint, rebuilt with `from_meta()`, named
 for messages by `describe()` and compared by `same()`; `parse_spec()` turns a `--tokenizer` argument into a
-kind, and `make_tokenizer()` makes it from a text (data/prepare.py; bpe:N's trainer, Rust, never looks for
-signals: it runs in a thread while the main thread waits in short joins, so Ctrl-C stops it at once). The
-kinds: "char", "bpe" (a tiktoken encoding: GPT-2's) and "trained_bpe" (bpe:N).
-`byte_lengths()` gives the UTF-8 bytes of each id (0 for <|endoftext|>), so the bytes behind any run of ids
-are one vectorised sum: the denominator of bits per byte, which compares models whatever their tokenizer.
-- `gpt2` resolves to tiktoken's `r50k_base`: the same 50,257 tokens, split pattern and <|endoftext|> (50256),
-  kept in one ranks file (tiktoken's own `gpt2` needs two other files), so one cached file makes it work
-  offline.
-- `bpe:N` (`TrainedBPE`) is GPT-2's recipe at another size: the same split pattern over bytes shown as
-  printable characters (data/byte_level.py), N tokens in all (256 bytes, <|endoftext|> = id 0, N - 257
-  merges). Every UTF-8 text round-trips exactly. Training is deterministic (merge ties break by token id),
-  so the same text and N give the same tokenizer byte for byte. Its metadata holds the whole tokenizer in
-  the `tokenizers` library's own JSON format (`tokenizer_json`): Hugging Face's tokenizer.json.
-All kinds encode text as ordinary text: a literal "<|endoftext|>" in a document stays characters.
-Metadata read from a file (a dataset's meta.json, a checkpoint's tinygpt_tokenizer.json) is checked by
-`check_meta` before it is used: only what tinygpt writes is accepted (char, GPT-2's BPE, bpe:N), so a file
-never makes tiktoken download another encoding. Decoding skips ids past the vocabulary (a model's padded
-embedding has more rows than the tokenizer has tokens).
+kind ("char", "bpe": a tiktoken encoding, "trained_bpe": bpe:N), and `make_tokenizer()` makes it from a
+text. Metadata read from a file is checked by `check_meta` first: only what tinygpt writes is accepted, so a
+file never makes tiktoken download another encoding. `byte_lengths()` gives the UTF-8 bytes of each id, the
+denominator of bits per byte. What each kind is and does: docs/datasets.md, "How the tokenizers work".
 """
 
 from __future__ import annotations

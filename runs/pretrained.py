@@ -22,7 +22,7 @@ import torch
 
 from common.errors import UserError
 from data.dataset import META_FILE, Dataset, dataset_folder, prepare_command
-from data.recipes import RECIPES, prepared_dataset
+from data.recipes import RECIPES, ready_dataset
 from data.tokenizers import Tokenizer, describe, from_meta
 from hf import folders
 from model import GPT, GPTConfig, lora
@@ -89,7 +89,7 @@ class Loaded:
                 "give --data-dir with the folder it was prepared in (prepare.py's --data-dir), or prepare it "
                 f"again: {prepare_command(folder)}"
             )
-        return prepared_dataset(name, data_dir or recorded, tokenizer_meta=self.tokenizer_meta)
+        return ready_dataset(name, data_dir or recorded, tokenizer_meta=self.tokenizer_meta)
 
 
 def load_pretrained(name: Path | str, hub: bool = False, merge: bool = True) -> Pretrained:

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -132,11 +132,23 @@ def planned(
     return setup(device_setting, precision_setting, n_embd, threads), True
 
 
-def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int = 0) -> Runtime:
-    """This process's rank under torchrun (rank 0 of 1 without it), its device and precision."""
+class Ranks(NamedTuple):
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int  # processes on this machine
+
+
+def torchrun_ranks() -> Ranks:
+    """This process's rank under torchrun, read from its environment (rank 0 of 1 without it)."""
     env = os.environ
     rank, world = int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
-    local_rank, local_world = int(env.get("LOCAL_RANK", rank)), int(env.get("LOCAL_WORLD_SIZE", world))
+    return Ranks(rank, int(env.get("LOCAL_RANK", rank)), world, int(env.get("LOCAL_WORLD_SIZE", world)))
+
+
+def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int = 0) -> Runtime:
+    """This process's rank under torchrun (`torchrun_ranks`), its device and precision."""
+    rank, local_rank, world, local_world = torchrun_ranks()
     device = pick_device(device_setting, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)

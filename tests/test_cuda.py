@@ -14,7 +14,7 @@ from conftest import TINY, train
 
 from model import GPT, GPTConfig, generate
 from runs.config import load_config
-from training.plan import plan_run
+from training.plan import plan_run, run_dataset
 from training.run import start_run, train_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def _run(data_dir: Path, *overrides: str):
     args = [f"data.dir={data_dir}", *TINY, "train.device=cuda", *overrides]
-    return start_run(plan_run(load_config("shakespeare_char", args)))
+    request = load_config("shakespeare_char", args)
+    return start_run(plan_run(request, run_dataset(request)))
 
 
 @pytest.mark.parametrize(

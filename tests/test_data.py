@@ -16,7 +16,7 @@ from common.errors import UserError
 from data.dataset import token_dtype
 from data.loader import TokenWindows
 from data.prepare import Recipe, prepare_dataset
-from data.recipes import RECIPES
+from data.recipes import RECIPES, ready_dataset
 from data.shards import TokenFiles
 from data.sources import HFText, TextFile
 from data.tokenizers import BPETokenizer, CharTokenizer, UnknownCharacters, from_meta
@@ -46,6 +46,26 @@ def test_text_file_round_trip(tmp_path: Path, tokenizer: str):
     assert os.path.getsize(out / "train.bin") == 2 * meta.train_tokens
     if tokenizer == "char":
         assert meta.vocab_size == len(set(TEXT))
+
+
+def test_ready_dataset_opens_prepares_on_first_use_or_refuses_in_one_line(data_dir: Path, tmp_path: Path):
+    """The one way a run or a script gets its dataset: a prepared one opened, a known one handed to
+    `first_use` to prepare, an unknown one or one of another tokenizer refused."""
+    dataset = ready_dataset("shakespeare_char", data_dir)
+    assert dataset.folder == data_dir / "shakespeare_char" and dataset.meta.vocab_size == 65
+    with pytest.raises(UserError, match="has another tokenizer than the checkpoint"):
+        ready_dataset("shakespeare_char", data_dir, tokenizer_meta=CharTokenizer("ab").to_meta())
+    with pytest.raises(UserError, match=r"'mine' is not prepared in .* and is not a known dataset"):
+        ready_dataset("mine", tmp_path)
+    handed = []
+
+    def first_use(folder: Path, prepare) -> None:  # what training does under torchrun, stopped here
+        handed.append(folder)
+        raise UserError("stopped before preparing")
+
+    with pytest.raises(UserError, match="stopped before preparing"):
+        ready_dataset("shakespeare_char", tmp_path, first_use=first_use)
+    assert handed == [tmp_path / "shakespeare_char"] and not handed[0].exists()
 
 
 def test_shakespeare_matches_nanogpt_token_counts(tmp_path: Path):

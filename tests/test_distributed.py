@@ -24,7 +24,7 @@ from conftest import ROOT, TINY, run_script, train
 from runs import checkpoint
 from runs.config import load_config
 from training.evaluation import estimate_loss
-from training.plan import plan_run
+from training.plan import plan_run, run_dataset
 from training.run import start_run
 
 pytestmark = pytest.mark.slow
@@ -252,7 +252,8 @@ def test_slow_preparation_uneven_fsdp_evaluation_and_a_stopped_rank(data_dir: Pa
     assert launcher.returncode != 0
 
     request = load_config("shakespeare_char", [f"data.dir={data_dir}", *overrides])
-    reference = estimate_loss(start_run(plan_run(request)))  # one process, the same 3 batches
+    # one process, the same 3 batches
+    reference = estimate_loss(start_run(plan_run(request, run_dataset(request))))
     first = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["iter"] == 0
     assert (

@@ -133,20 +133,20 @@ F64, U8, I64 = torch.float64, torch.uint8, torch.int64
 def test_every_tensor_and_number_of_state_pt_is_checked_before_use(
     data_dir: Path, copy: Path, change, message
 ):
-    from training.plan import plan_run
+    from training.plan import plan_run, run_dataset
     from training.run import start_run
 
     crafted_state(copy / "last", change)
     request = load_config("shakespeare_char", [f"data.dir={data_dir}", f"train.out_dir={copy}", *TINY])
     request.cfg.train.resume = True
     with pytest.raises(UserError, match=r"damaged|does not fit") as e:
-        start_run(plan_run(request))
+        start_run(plan_run(request, run_dataset(request)))
     assert message in str(e.value)
 
 
 def test_flags_in_param_groups_are_the_live_optimizers(data_dir: Path, copy: Path):
     """Only the numbers of a saved param group are taken: its kernel flags and parameter lists are ours."""
-    from training.plan import plan_run
+    from training.plan import plan_run, run_dataset
     from training.run import start_run
 
     crafted_state(
@@ -154,7 +154,7 @@ def test_flags_in_param_groups_are_the_live_optimizers(data_dir: Path, copy: Pat
     )
     request = load_config("shakespeare_char", [f"data.dir={data_dir}", f"train.out_dir={copy}", *TINY])
     request.cfg.train.resume = True
-    group = start_run(plan_run(request)).optimizers[0].param_groups[0]
+    group = start_run(plan_run(request, run_dataset(request))).optimizers[0].param_groups[0]
     assert group["fused"] is True and group["foreach"] is None and tuple(group["betas"]) == (0.9, 0.99)
 
 

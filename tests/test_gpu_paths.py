@@ -18,19 +18,21 @@ from runs import runtime, train_state
 from runs.config import load_config
 from runs.runtime import Runtime
 from training import distributed
-from training.plan import open_dataset, plan_run
+from training.plan import plan_run, run_dataset
 from training.run import Agreement, Clock, StopRequest, start_run, train_step
 
 
 def test_several_machines_need_the_dataset_prepared_first(monkeypatch, tmp_path: Path):
-    rt = Runtime(torch.device("cpu"), "fp32", rank=2, local_rank=0, world_size=4, local_world_size=2)
-    cfg = load_config("shakespeare_char", [f"data.dir={tmp_path}"]).cfg
+    request = load_config("shakespeare_char", [f"data.dir={tmp_path}"])
+    ranks = {"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    for name, value in ranks.items():  # rank 2 of 4, on the second of two machines
+        monkeypatch.setenv(name, value)
     with pytest.raises(
         UserError,
         match=r"dataset shakespeare_char is not prepared in .*; with several machines, "
         r"prepare it before starting torchrun, .*: python prepare\.py shakespeare_char",
     ):
-        open_dataset(cfg, rt)
+        run_dataset(request)
 
 
 def test_other_local_ranks_wait_for_the_files_while_local_rank_0_works(monkeypatch, tmp_path: Path):
@@ -61,7 +63,8 @@ def test_other_local_ranks_wait_for_the_files_while_local_rank_0_works(monkeypat
 
 def tiny_run(data_dir: Path, *overrides: str):
     args = [f"data.dir={data_dir}", *TINY, "train.device=cpu", *overrides]
-    return start_run(plan_run(load_config("shakespeare_char", args)))
+    request = load_config("shakespeare_char", args)
+    return start_run(plan_run(request, run_dataset(request)))
 
 
 def poison(run, value: float = float("nan")) -> torch.Tensor:

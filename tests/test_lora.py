@@ -41,7 +41,7 @@ from model.lora import TARGETS, LoRAConfig, LoRALinear, adapter_weights, add_lor
 from runs import pretrained
 from runs.config import from_arguments, load_config
 from training.evaluation import evaluate_tokens
-from training.plan import plan_run
+from training.plan import plan_run, run_dataset
 from training.run import start_run, train_step
 
 transformers.logging.set_verbosity_error()
@@ -170,7 +170,8 @@ def test_the_layer_is_the_low_rank_update_it_stands_for():
 
 
 def test_only_the_adapters_train(bases, hamlet: Path, config: Path, tmp_path: Path):
-    run = start_run(plan_run(from_arguments(lora_args(config, bases["gpt2"], hamlet, tmp_path / "out", ALL))))
+    request = from_arguments(lora_args(config, bases["gpt2"], hamlet, tmp_path / "out", ALL))
+    run = start_run(plan_run(request, run_dataset(request)))
     frozen = {n: p.detach().clone() for n, p in run.model.named_parameters() if not p.requires_grad}
     adapters = {n: p.detach().clone() for n, p in run.model.named_parameters() if p.requires_grad}
     assert set(adapters) == set(adapter_weights(adapters)) and len(adapters) == 2 * 4 * 2

@@ -22,7 +22,7 @@ from conftest import ROOT, TINY, run_script, train_here
 
 from common.errors import UserError
 from common.files import size_text
-from data import resume
+from data import shard_writer
 from data.dataset import Dataset
 from data.prepare import Recipe, prepare_dataset
 from data.recipes import SHAKESPEARE
@@ -222,7 +222,7 @@ def read_offset(pid: int, path: Path) -> int:
 
 def complete_shards(folder: Path) -> list[dict]:
     with contextlib.suppress(OSError, ValueError, KeyError):
-        return json.loads((folder / resume.PROGRESS_FILE).read_text())["splits"]["train"]
+        return json.loads((folder / shard_writer.PROGRESS_FILE).read_text())["splits"]["train"]
     return []
 
 
@@ -358,7 +358,7 @@ def test_a_dropped_connection_and_a_full_disk_keep_the_complete_shards(tmp_path:
             return getattr(self.f, name)
 
     source.failing = False
-    monkeypatch.setattr(resume, "open", Filling, raising=False)
+    monkeypatch.setattr(shard_writer, "open", Filling, raising=False)
     with pytest.raises(
         UserError, match=r"could not write .*train-\d{5}\.bin \(No space left on device\)"
     ) as e:
@@ -372,7 +372,7 @@ def test_a_dropped_connection_and_a_full_disk_keep_the_complete_shards(tmp_path:
     straight = prepare_dataset(
         tmp_path / "straight", Recipe(source.source, "gpt2"), workers=1, shard_tokens=50_000
     )
-    assert meta.shards == straight.shards and not (tmp_path / "web" / resume.PROGRESS_FILE).exists()
+    assert meta.shards == straight.shards and not (tmp_path / "web" / shard_writer.PROGRESS_FILE).exists()
     ours, theirs = bins(tmp_path / "web"), bins(tmp_path / "straight")
     assert ours.keys() == theirs.keys() and all(ours[k] == theirs[k] for k in ours if k != "meta.json")
 
@@ -383,7 +383,7 @@ def test_another_command_starts_afresh_and_says_so(tmp_path: Path, capsys):
     folder = tmp_path / "x"
     folder.mkdir()
     command = {"source": TextFile(str(text)).to_meta(), "shard_tokens": 1, "tokenizer": "char"}
-    progress = resume.Preparation(
+    progress = shard_writer.Preparation(
         folder, command, {"kind": "char", "vocab_size": 1, "chars": ["a"]}, "uint16"
     )
     progress.save()

@@ -57,7 +57,7 @@ from runs.config import Config, from_arguments
 from runs.runtime import Runtime, setup
 from training.hardware import peak_flops
 from training.measure import measure_training_memory
-from training.plan import plan_run
+from training.plan import plan_run, run_dataset
 from training.run import Run, start_run, train_step
 
 CONTEXTS = (512, 1024, 2048, 4096)
@@ -139,7 +139,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[list[str]]]:
 
 
 def build(args: list[str]) -> Run:
-    return start_run(plan_run(from_arguments(args)))
+    request = from_arguments(args)
+    return start_run(plan_run(request, run_dataset(request)))
 
 
 def cuda_allocated() -> int:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import data.prepare as prep
 from common import json_text
-from data import encode, resume
+from data import encode, shard_writer
 from data.recipes import SHAKESPEARE
 from data.sources import TextFile
 from data.tokenizers import BPETokenizer, CharTokenizer, TrainedBPE, first_chars, from_meta, parse_spec
@@ -105,7 +105,7 @@ def prepare_once(pool: str, text: str, meta_file: str, workers: int) -> dict:
     """prepare() of the text with a built tokenizer, encoding in threads or processes, timed."""
     tokenizer = from_meta(json.loads(Path(meta_file).read_text()))
     if pool == "processes":
-        resume.encode_stream = process_stream  # the one difference between the two runs
+        shard_writer.encode_stream = process_stream  # the one difference between the two runs
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         recipe = prep.Recipe(TextFile(text), "given")

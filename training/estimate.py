@@ -4,9 +4,9 @@
 per token, tokens per iteration and in all, epochs, tokens per parameter against Chinchilla's ~20, predicted
 peak training memory (training/memory.py), checkpoint size, and the time of a few real steps on this machine
 (training/measure.py) projected over the run (or, for a CUDA config on a machine without one, the time on
-common GPUs from FLOPs at a stated MFU). The run is planned as training does it, on the device and in the
-precision runs/runtime.py chooses (training/plan.py's `paper_plan`); `_estimate` works the figures out,
-`_report` writes them.
+common GPUs from FLOPs at a stated MFU). The run is planned as training does it, on the dataset
+data/recipes.py's `dataset_on_paper` gives and on the device and in the precision runs/runtime.py chooses
+(training/plan.py's `paper_plan`); `_estimate` works the figures out, `_report` writes them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from common.files import size_text
-from data.dataset import Meta
+from data.dataset import Meta, dataset_folder
+from data.recipes import dataset_on_paper
 from model.attention import block_layout
 from runs.config import Config, Request
 from runs.out_dir import held, held_advice, holds_run
@@ -87,8 +88,11 @@ class Estimate:
 
 
 def dry_run(request: Request) -> str:
-    """The dry run's report: nothing is trained or written (training/plan.py's `paper_plan`)."""
-    with paper_plan(request) as plan:
+    """The dry run's report: nothing is trained or written (data/recipes.py's `dataset_on_paper`, then
+    training/plan.py's `paper_plan`)."""
+    data = request.cfg.data
+    with dataset_on_paper(data.dataset, data.dir) as dataset:
+        plan = paper_plan(request, dataset)
         return "\n".join(_report(_estimate(request, plan)))
 
 
@@ -142,11 +146,13 @@ def _held_run(out_dir: Path, resume: bool, overwrite: bool) -> str | None:
 
 
 def _unprepared(plan: PaperPlan) -> str:
-    """What the report says of a dataset that is not prepared yet ('' when it is)."""
-    if plan.prepared:
+    """What the report says of a dataset that is not prepared yet ('' when it is): `dataset_on_paper` gave
+    none (from the hub), or a copy in a temporary folder."""
+    folder = dataset_folder(plan.cfg.data.dataset, plan.cfg.data.dir)
+    if plan.dataset is not None and plan.dataset.folder == folder:
         return ""
     how = "streamed from the hub" if plan.dataset is None else "measured here on a temporary copy, deleted"
-    return f"not prepared yet: train.py prepares it in {plan.folder} on first use ({how})"
+    return f"not prepared yet: train.py prepares it in {folder} on first use ({how})"
 
 
 def _available_bytes(device: str) -> float | None:

@@ -18,7 +18,7 @@ import torch
 
 from common.errors import UserError
 from runs.config import from_arguments
-from training.plan import plan_run
+from training.plan import plan_run, run_dataset
 from training.run import Run, start_run, train_step
 
 
@@ -41,7 +41,8 @@ def _memory_probe(args: list[str]) -> tuple[float, float] | None:
     """In a fresh process: (memory added by the first training steps, in MB; the part of it that is PyTorch's
     code paged in on first use). CPU: resident memory, where Linux's /proc lets it be measured (else None:
     macOS, Windows, some sandboxes); MPS: what the Metal driver allocated."""
-    run = start_run(plan_run(from_arguments(args)))
+    request = from_arguments(args)
+    run = start_run(plan_run(request, run_dataset(request)))
     if run.rt.device.type == "mps":
         before = torch.mps.driver_allocated_memory()
         for it in range(2):

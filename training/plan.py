@@ -1,9 +1,10 @@
 """The plan of a run: its final config, where it runs and what it starts from, settled in one place.
 
-`plan_run` takes the config the command line asked for (runs/config.py) and settles what it leaves open, in
-the order the code reads: the checkpoint to resume or the pretrained model to start from (whose shape the
-model section follows), the runtime, the dataset (prepared on first use, once per machine, before the
-process group starts), the vocabulary, and the checks that a resumed or pretrained model fits the data.
+`run_dataset` gets the run's dataset ready first (data/recipes.py's `ready_dataset`: prepared on first use,
+once per machine under torchrun). `plan_run` takes it with the config the command line asked for
+(runs/config.py) and settles what that leaves open, in the order the code reads: the checkpoint to resume or
+the pretrained model to start from (whose shape the model section follows), the runtime and the process
+group, the vocabulary, and the checks that a resumed or pretrained model fits the data.
 A LoRA run (the lora section) resumed reads its base again, from where its checkpoint says it was trained
 (checked against the fingerprint it recorded), not from train.init_from. training/run.py builds the run
 from the `Plan` in one pass.
@@ -11,22 +12,21 @@ from the `Plan` in one pass.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import ConfigError, UserError
-from data.dataset import META_FILE, Dataset, dataset_folder
-from data.recipes import dataset_on_paper, prepare_known, recipe_vocab_size
+from data.dataset import META_FILE, Dataset
+from data.recipes import FirstUse, ready_dataset, recipe_vocab_size
 from data.tokenizers import describe, same
 from model import GPTConfig
 from model.lora import model_problem
 from runs.checkpoint import Checkpoint, find_last
 from runs.config import Config, Request
 from runs.pretrained import Pretrained, base_of, load_pretrained
-from runs.runtime import Runtime, compile_enabled, planned, setup
+from runs.runtime import Ranks, Runtime, compile_enabled, planned, setup, torchrun_ranks
 from training import distributed
 
 
@@ -46,38 +46,39 @@ class PaperPlan:
 
     cfg: Config  # final where the dataset is prepared (else model.vocab_size must be set)
     rt: Runtime  # the device and precision runs/runtime.py chooses (`planned`: taken where it is here)
-    dataset: Dataset | None  # None: not prepared, and from the hub (data/recipes.py's `dataset_on_paper`)
+    dataset: Dataset | None  # data/recipes.py's `dataset_on_paper`: None when not prepared and from the hub
     pretrained: Pretrained | None  # train.init_from's model, read
     present: bool  # the device is here (a CUDA config on a machine without a GPU: False)
     compiled: bool  # torch.compile on (train.compile on this device)
-    folder: Path  # where the run's dataset is (or will be) prepared
-    prepared: bool  # it is there (else `dataset`, if any, is a copy in a temporary folder)
 
 
-def plan_run(request: Request) -> Plan:
-    """The final config of a run and what it needs before anything is built (see the module docstring)."""
+def run_dataset(request: Request) -> Dataset:
+    """The dataset of the run `request` asks for, ready before the run is planned (`_first_use_per_machine`
+    says how a first use prepares it)."""
+    data = request.cfg.data
+    return ready_dataset(data.dataset, data.dir, first_use=_first_use_per_machine(torchrun_ranks()))
+
+
+def plan_run(request: Request, dataset: Dataset) -> Plan:
+    """The final config of a run on `dataset` (`run_dataset`'s) and what it needs before anything is built
+    (see the module docstring)."""
     t = request.cfg.train
     cfg, resume, pretrained = starting_point(request)
     rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
-    dataset = open_dataset(cfg, rt)  # and the process group joined, once the dataset is there
+    distributed.join(rt, t.dist_timeout)  # once the dataset is there: its preparation outlasts any collective
     return Plan(fit_to_data(cfg, dataset, resume, pretrained), rt, dataset, resume, pretrained)
 
 
-@contextlib.contextmanager
-def paper_plan(request: Request) -> Iterator[PaperPlan]:
-    """The run `request` asks for, planned from its start (train.resume aside) on the device runs/runtime.py
-    chooses for it, where it is here, for the block: nothing is written (a dataset not prepared yet is
-    prepared in a temporary folder deleted after it; one from the hub not at all: see `PaperPlan`)."""
+def paper_plan(request: Request, dataset: Dataset | None) -> PaperPlan:
+    """The run `request` asks for, on `dataset` (data/recipes.py's `dataset_on_paper`), planned from its
+    start (train.resume aside) on the device runs/runtime.py chooses for it, where it is here: nothing is
+    written."""
     fresh = dataclasses.replace(request.cfg, train=dataclasses.replace(request.cfg.train, resume=False))
     cfg, _, pretrained = starting_point(dataclasses.replace(request, cfg=fresh))
-    folder = dataset_folder(cfg.data.dataset, cfg.data.dir)
-    prepared = (folder / META_FILE).is_file()
-    with dataset_on_paper(folder) as dataset:
-        cfg = _fit_on_paper(cfg, dataset, pretrained)
-        t = cfg.train
-        rt, present = planned(t.device, t.precision, cfg.model.n_embd, t.threads)
-        compiled = compile_enabled(t.compile, rt.device)
-        yield PaperPlan(cfg, rt, dataset, pretrained, present, compiled, folder, prepared)
+    cfg = _fit_on_paper(cfg, dataset, pretrained)
+    t = cfg.train
+    rt, present = planned(t.device, t.precision, cfg.model.n_embd, t.threads)
+    return PaperPlan(cfg, rt, dataset, pretrained, present, compile_enabled(t.compile, rt.device))
 
 
 def _fit_on_paper(cfg: Config, dataset: Dataset | None, pretrained: Pretrained | None) -> Config:
@@ -174,28 +175,24 @@ def with_vocabulary(cfg: Config, vocab_size: int) -> Config:
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab or vocab_size))
 
 
-def open_dataset(cfg: Config, rt: Runtime) -> Dataset:
-    """The run's dataset, opened once. A known dataset is prepared on first use: under torchrun by local
-    rank 0 of the machine while its other ranks wait for the files, and only then does this process join the
-    process group (preparing FineWeb-Edu takes hours, longer than any collective should wait). With several
-    machines it must be prepared beforehand: two machines sharing a filesystem would write the same files
-    at once."""
-    name, data_dir = cfg.data.dataset, cfg.data.dir
-    folder = dataset_folder(name, data_dir)
+def _first_use_per_machine(ranks: Ranks) -> FirstUse:
+    """How a run prepares a known dataset on first use (data/recipes.py's `ready_dataset`): under torchrun
+    by local rank 0 of the machine while its other ranks wait for the files, before the process group starts
+    (preparing FineWeb-Edu takes hours, longer than any collective should wait). With several machines it
+    must be prepared beforehand: two machines sharing a filesystem would write the same files at once."""
 
-    def prepare() -> None:
-        if rt.world_size > rt.local_world_size:
+    def first_use(folder: Path, prepare: Callable[[], object]) -> None:
+        name = folder.name
+        if ranks.world_size > ranks.local_world_size:
             raise UserError(
                 f"dataset {name} is not prepared in {folder}; with several machines, prepare it before "
                 "starting torchrun, on each machine (or once on a shared filesystem): python prepare.py "
                 f"{name}"
             )
-        prepare_known(folder)
+        beat = folder.parent / f".{name}.preparing"  # local rank 0 touches it while it prepares
+        distributed.once_per_machine(ranks, folder / META_FILE, prepare, f"dataset {name}", beat)
 
-    beat = folder.parent / f".{name}.preparing"  # local rank 0 touches it while it prepares
-    distributed.once_per_machine(rt, folder / META_FILE, prepare, f"dataset {name}", beat)
-    distributed.join(rt, cfg.train.dist_timeout)
-    return Dataset.at(folder)
+    return first_use
 
 
 def document_token(dataset: Dataset) -> int:

@@ -1,15 +1,12 @@
-"""A preparation that survives a stop: its splits written shard by shard, and progress.json, what it keeps.
+"""A preparation's files: its shards written whole, progress.json to continue from, meta.json at the end.
 
-The one owner of what a preparation leaves in its folder. A shard (data/shards.py names them) is written to
-a temporary file, flushed to the disk and renamed into place; then progress.json records it: its file, ids,
-characters, bytes and documents, and `end`, the source's position after its last document (a text file's
-byte offset, a Hugging Face dataset's rows and its iterator's state). However a preparation stops (Ctrl-C,
-SIGKILL, a full disk, a dropped connection, a reboot), the next run of the same command keeps the shards
-progress.json lists whose files are whole and continues the source from the last one's `end`: at most one
-shard's worth of text is read again. progress.json also holds what the command asked for (`command`: the
-source, the tokenizer, the shard size), which a rerun must match to keep anything, and the tokenizer made
-at the start (a char vocabulary, a trained bpe:N), so a rerun does not make it again. When the dataset is
-complete, meta.json (data/dataset.py) lists the shards and progress.json goes.
+The one owner of what a preparation leaves in its folder. A shard (data/shards.py names it) is written to a
+temporary file, flushed to the disk and renamed into place; only then does progress.json record it, with
+the source's position after its last document (`end`). A rerun of the same command (progress.json's
+`command` must match) keeps the listed shards whose files are whole, takes the tokenizer made at the start
+from progress.json, and continues the source from the last `end`: at most one shard's worth of text is read
+again. When the dataset is complete, meta.json (data/dataset.py) lists the shards and progress.json goes.
+What a user sees of it: docs/datasets.md, "A preparation that stops".
 """
 
 from __future__ import annotations
