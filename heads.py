@@ -59,6 +59,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.arguments import ScriptParser
 from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
 from interp.ablation import KINDS, ablate_heads, format_ablation
@@ -92,7 +93,7 @@ DEFAULT_PROMPT_TOKENS = 40  # without --prompt: this many tokens from the start 
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python heads.py", description=__doc__.split("\n\n")[0])
+    p = ScriptParser(prog="python heads.py", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "out_dir",
         help="a training run's out_dir, one checkpoint folder in it, or a Hugging Face model folder",

@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from common.arguments import ScriptParser
 from data.prompts import encode_prompt, read_prompt
 from model import generate, quantize_int8
 from runs.config import seed_problem
@@ -34,7 +35,7 @@ SEPARATOR = "\n---------------\n"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python sample.py", description=__doc__.split("\n\n")[0])
+    p = ScriptParser(prog="python sample.py", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "out_dir",
         help="a training run's out_dir, one checkpoint folder in it, or a Hugging Face model folder",
