@@ -60,6 +60,7 @@ import numpy as np
 import torch
 
 from common.arguments import ScriptParser
+from common.user_text import user_text
 from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
 from interp.ablation import KINDS, ablate_heads, format_ablation
@@ -335,6 +336,7 @@ def ablation(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt
 def patch_prompts(model, tokenizer, texts: list[str], option: str = "--patch") -> tuple[list[int], list[int]]:
     """A prompt pair's token ids (--patch, --attribute, --circuit), refused unless they have the same length
     and the model predicts different next tokens after them."""
+    texts = [user_text(t, f"a prompt of {option}", "give it in UTF-8") for t in texts]  # as --prompt is read
     clean, corrupted = (encode_prompt(text, tokenizer, model.config.context_limit) for text in texts)
     if len(clean) != len(corrupted):
         raise UserError(
