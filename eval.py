@@ -29,6 +29,7 @@ import torch
 from tqdm import tqdm
 
 from common import json_text
+from common.arguments import ScriptParser
 from data.evalsets import encode_text_file, read_choices
 from runs.pretrained import load_model
 from runs.runtime import Runtime, pick_device, pick_precision
@@ -36,7 +37,7 @@ from training.evaluation import TokenLoss, evaluate_tokens, score_choices
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python eval.py", description=__doc__.split("\n\n")[0])
+    p = ScriptParser(prog="python eval.py", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "checkpoints",
         nargs="+",

@@ -43,6 +43,7 @@ import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
+from common.arguments import ScriptParser
 from common.files import atomic_folder
 from gguf_export.writer import DTYPES, write_gguf
 from hf import folders
@@ -50,7 +51,7 @@ from runs.pretrained import Pretrained, load_pretrained
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python export.py", description=__doc__.split("\n\n")[0])
+    p = ScriptParser(prog="python export.py", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", help="a training run's out_dir, or one checkpoint folder in it")
     p.add_argument(
         "dest", help="the folder to write (a Hugging Face model folder), or a .gguf file for llama.cpp"

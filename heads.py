@@ -59,6 +59,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.arguments import ScriptParser
+from common.user_text import user_text
 from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
 from interp.ablation import KINDS, ablate_heads, format_ablation
@@ -92,7 +94,7 @@ DEFAULT_PROMPT_TOKENS = 40  # without --prompt: this many tokens from the start 
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python heads.py", description=__doc__.split("\n\n")[0])
+    p = ScriptParser(prog="python heads.py", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "out_dir",
         help="a training run's out_dir, one checkpoint folder in it, or a Hugging Face model folder",
@@ -334,6 +336,7 @@ def ablation(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt
 def patch_prompts(model, tokenizer, texts: list[str], option: str = "--patch") -> tuple[list[int], list[int]]:
     """A prompt pair's token ids (--patch, --attribute, --circuit), refused unless they have the same length
     and the model predicts different next tokens after them."""
+    texts = [user_text(t, f"a prompt of {option}", "give it in UTF-8") for t in texts]  # as --prompt is read
     clean, corrupted = (encode_prompt(text, tokenizer, model.config.context_limit) for text in texts)
     if len(clean) != len(corrupted):
         raise UserError(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from common import json_text
+from common.arguments import ScriptParser
 from interp.curves import X_AXES, evals, numbers, plot_runs, points
 from runs import checkpoint
 from runs.config import to_dict
@@ -28,7 +29,7 @@ MAX_KEYS = 5  # config differences written into a label
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python plot.py", description=__doc__.split("\n\n")[0])
+    p = ScriptParser(prog="python plot.py", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", metavar="RUN", help="training runs' out_dirs")
     p.add_argument("--x", choices=list(X_AXES), default="tokens", help="the x axis (default: %(default)s)")
     p.add_argument("--metric", default="val_loss", help="a key of metrics.jsonl (default: %(default)s)")

@@ -20,6 +20,7 @@ from common.errors import UserError, run_cli  # first: a Ctrl-C while torch load
 import argparse
 import dataclasses
 
+from common.arguments import ScriptParser
 from data.dataset import DATA_DIR, META_FILE, dataset_folder
 from data.prepare import (
     BPE_TRAIN_CHARS,
@@ -35,7 +36,7 @@ from data.tokenizers import BPETokenizer, parse_spec
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python prepare.py", description=__doc__.split("\n\n")[0])
+    p = ScriptParser(prog="python prepare.py", description=__doc__.split("\n\n")[0])
     p.add_argument("name", help=f"dataset name: a known one ({', '.join(RECIPES)}) or a new folder name")
     p.add_argument(
         "--data-dir", default=str(DATA_DIR), help="where prepared datasets live (default: %(default)s)"

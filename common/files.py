@@ -1,15 +1,14 @@
-"""Files written whole or not at all, and one line when the disk says no.
+"""Files written whole or not at all, with a plain file's mode, and one line when the disk says no.
 
-`atomic_file(path)` yields a temporary path beside `path` (unique to the process and the call, so two
-writers never share one) for any writer to fill (savefig, numpy's tofile, safetensors), and renames it over
-`path` when the block ends; `atomic_write` does that for text or bytes. A write that fails (a full disk,
-a read-only folder, a file-size limit) deletes the temporary file, leaves `path` as it was, and raises
-`write_failed`'s UserError: the path, the reason, and the space it needs against the space free there.
-`atomic_folder(parent, name)` does it for a folder (a checkpoint, an export): filled under a temporary
-name, flushed, swapped in by renames (the old one moves to .NAME.old first), so a crash at any moment leaves
-NAME or .NAME.old complete. `append_line` appends a line whole or cuts the file back. `save_tensors` writes
-a safetensors file whose failures are OSErrors like any other write's (safetensors raises its own error
-type, with the errno only in its text).
+`atomic_file(path)` yields a temporary path beside `path` (unique to the process and the call) for any writer
+to fill (savefig, numpy's tofile, safetensors, gguf), and renames it over `path` when the block ends;
+`atomic_write` does that for text or bytes. A write that fails (a full disk, a read-only folder, a file-size
+limit) deletes the temporary file, leaves `path` as it was, and raises `write_failed`'s UserError: the path,
+the reason, and the space it needs against the space free there. `atomic_folder(parent, name)` does it for a
+folder (a checkpoint, an export): filled under a temporary name, flushed, swapped in by renames (the old one
+moves to .NAME.old first), so a crash at any moment leaves NAME or .NAME.old complete. `append_line` appends
+a line whole or cuts the file back. `save_tensors` is safetensors' writer with OSErrors like any other's.
+Every file gets `plain_mode`, what open(path, "w") gives under the umask: safetensors and mkstemp make 0600.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import contextlib
 import os
 import re
 import shutil
+import threading
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -71,6 +71,31 @@ def write_failed(path: Path | str, error: OSError, need: int | None = None, advi
     )
 
 
+def user_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc/self/status, kernel 4.7+);
+    elsewhere set and put back at once under a lock (os.umask has no read-only form)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    with _umask_lock:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+_umask_lock = threading.Lock()
+
+
+def plain_mode(path: Path | str) -> None:
+    """Give a file tinygpt wrote the mode a plain open(path, "w") gives (0o666 less the umask): a temporary
+    file (mkstemp) or safetensors' writer makes it 0600, which no one else can read; folders and links are
+    left as they are."""
+    path = Path(path)
+    if path.is_file() and not path.is_symlink():
+        os.chmod(path, 0o666 & ~user_umask())
+
+
 def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.stem}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}{path.suffix}")
 
@@ -83,6 +108,7 @@ def atomic_file(path: Path | str, need: int | None = None, advice: str = "") -> 
     tmp = _temporary(path)
     try:
         yield tmp
+        plain_mode(tmp)
         os.replace(tmp, path)
     except OSError as e:
         with contextlib.suppress(OSError):
@@ -158,6 +184,7 @@ def atomic_folder(
     try:
         yield tmp
         for f in tmp.iterdir():
+            plain_mode(f)
             _fsync(f)
         _fsync(tmp)
         if final.exists():
@@ -207,6 +234,7 @@ def save_tensors(tensors: dict, path: Path | str, metadata: dict | None = None) 
 
     try:
         save_file(tensors, str(path), metadata=metadata)
+        plain_mode(path)  # safetensors creates it 0600
     except SafetensorError as e:  # "... I/O error: No space left on device (os error 28)"
         found = re.search(r"os error (\d+)", str(e))
         if found is None:

@@ -1,14 +1,15 @@
 """Evaluation data besides the prepared splits: any text file, and multiple-choice files in HellaSwag's
 format.
 
-- `encode_text_file`: a UTF-8 file tokenised with a model's tokenizer, as one sequence (the errors of
-  data/sources.py's TextFile for a missing, empty or non-UTF-8 file; characters a character vocabulary lacks
-  are named).
-- `read_choices`: JSON lines with `ctx` (the context), `endings` (the candidate continuations) and `label`
-  (the index of the right one), the fields of the published HellaSwag files (others are ignored). A mistake
-  in the file names its line. `encode_choice` joins context and ending as nanoGPT's and llm.c's HellaSwag
-  scripts do: the ending follows after a space (unless either side already has whitespace there) and is
-  tokenised on its own, so its tokens are the same whatever the context.
+- `encode_text_file`: a UTF-8 file tokenised with a model's tokenizer, as one sequence, read as prepare.py
+  reads it (data/sources.py's TextFile: no byte-order mark, CRLF read as LF, and its errors for a missing,
+  empty or non-UTF-8 file; characters a character vocabulary lacks are named).
+- `read_choices`: JSON lines (read by common/user_text.py's rule) with `ctx` (the context), `endings` (the
+  candidate continuations) and `label` (the index of the right one), the fields of the published HellaSwag
+  files (others are ignored). A mistake in the file names its line. `encode_choice` joins context and ending
+  as nanoGPT's and llm.c's HellaSwag scripts do: the ending follows after a space (unless either side
+  already has whitespace there) and is tokenised on its own, so its tokens are the same whatever the
+  context.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import UserError
+from common.user_text import read_user_text
 from data.sources import TextFile
 from data.tokenizers import Tokenizer, encode_text
 
@@ -43,12 +45,7 @@ class Choice:
 def read_choices(path: str | Path) -> list[Choice]:
     """The items of a multiple-choice JSONL file; a malformed line is one error naming it."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise UserError(f"choices file {path} not found; check the path (--choices)") from None
-    except (IsADirectoryError, UnicodeDecodeError) as e:
-        raise UserError(f"choices file {path} cannot be read as UTF-8 text ({type(e).__name__})") from None
+    lines = read_user_text(path, "choices file", "check the path (--choices)").splitlines()
     items = []
     for n, line in enumerate(lines, start=1):
         if line.strip():

@@ -4,33 +4,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from common.errors import UserError
+from common.user_text import read_user_text, user_text
 from data.tokenizers import Tokenizer, encode_text
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None, tokenizer: Tokenizer) -> str:
-    """The text of --prompt, or of the file --prompt-file names; with neither, the default prompt."""
+    """The text of --prompt, or of the file --prompt-file names, read as every text a person gives is
+    (common/user_text.py: a byte-order mark removed, CRLF read as LF); with neither, the default prompt."""
     if prompt_file is not None:
-        try:
-            return Path(prompt_file).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise UserError(f"prompt file {prompt_file} not found") from None
-        except UnicodeDecodeError:
-            raise UserError(f"prompt file {prompt_file} is not UTF-8 text") from None
-        except OSError as e:  # a folder, no permission
-            raise UserError(f"prompt file {prompt_file} cannot be read ({e.strerror or e})") from None
+        return read_user_text(prompt_file, "prompt file")
     if prompt is None:
         return default_prompt(tokenizer)
-    try:  # bytes that are not UTF-8 reach argv as lone surrogates, which no tokenizer can encode
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UserError(
-            "the prompt is not valid UTF-8 text (the terminal or the script that passed it uses another "
-            "encoding); give it in UTF-8, or with --prompt-file"
-        ) from None
-    return prompt
+    return user_text(prompt, "the prompt", "give it in UTF-8, or with --prompt-file")
 
 
 def default_prompt(tokenizer: Tokenizer) -> str:

@@ -7,9 +7,10 @@ start)` returns them as `Documents`, which also says where the source stands aft
 (`position()`, JSON-able), and starts from such a position when given one: what lets a stopped preparation
 continue (data/shard_writer.py); and the split's size in the source's `unit`, when it is known (the progress
 bar's ETA).
-- `TextFile`: one UTF-8 file; the first (1 - val_fraction) of its bytes (moved to a character boundary) are
-  the train split, the rest val, as nanoGPT splits Shakespeare. Read in 256 KiB blocks; its position is a
-  byte offset.
+- `TextFile`: one UTF-8 file, read as common/user_text.py reads every text a person gives (no byte-order
+  mark, CRLF read as LF); the first (1 - val_fraction) of its bytes (moved to a character boundary) are the
+  train split, the rest val, as nanoGPT splits Shakespeare. Read in 256 KiB blocks; its position is a byte
+  offset.
 - `HFText`: `datasets.load_dataset(path, name, split=..., data_files=..., streaming=...)`, one document per
   row of `text_column`; every `val_every`-th document goes to val (or all of `val_split` when given). Its
   position is the rows read and, streaming, the datasets iterator's own state (`state_dict()`), which
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from common.errors import UserError, first_line
+from common.user_text import BOM, as_read, not_utf8
 from data.byte_level import last_lossless_cut
 
 SPLITS = ("train", "val")  # every dataset's, in this order
@@ -86,14 +88,18 @@ class TextFile:
         return size
 
     def _split_offset(self, size: int) -> int:
-        """Byte offset where val starts: (1 - val_fraction) of the file, moved to a UTF-8 character start."""
+        """Byte offset where val starts: (1 - val_fraction) of the file, moved to a UTF-8 character start
+        (and past the LF of a CRLF, which is one line end)."""
         offset = int(size * (1.0 - self.val_fraction))
         with open(self.path, "rb") as f:
-            f.seek(offset)
+            f.seek(max(offset - 1, 0))
+            before = f.read(1) if offset > 0 else b""
             tail = f.read(4)
         step = 0
         while step < len(tail) and (tail[step] & 0xC0) == 0x80:  # continuation byte: not a character start
             step += 1
+        if before == b"\r" and tail[:1] == b"\n":
+            step = 1
         return offset + step
 
     unit = "B"  # the progress bar counts bytes
@@ -120,17 +126,17 @@ class TextFile:
                 try:  # the bytes of a character cut at the block's end wait for the next piece
                     text = decoder.decode(raw, final=last)
                 except UnicodeDecodeError as e:
-                    raise UserError(
-                        f"{self.path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset "
-                        f"{pos + e.start}); convert it, e.g. iconv -f latin1 -t utf-8 "
-                        f"{self.path} > fixed.txt"
-                    ) from None
+                    raise not_utf8(self.path, raw, e, pos) from None
                 cut = 0 if last else last_lossless_cut(text) or text.rfind("\n") + 1
                 piece, rest = (text[:cut], text[cut:]) if cut > 0 else (text, "")
+                if not last and piece.endswith("\r"):  # a \r\n cut in two would read as two line ends
+                    piece, rest = piece[:-1], "\r" + rest
                 held = len(decoder.getstate()[0])  # bytes of a character the block cut
                 state["at"] = end if last else pos + len(raw) - held - len(rest.encode("utf-8"))
+                if pos == 0:  # a byte-order mark is not text (common/user_text.py)
+                    piece = piece.removeprefix(BOM)
                 if piece:
-                    yield piece
+                    yield as_read(piece)
 
 
 @dataclass(frozen=True)
@@ -161,9 +167,12 @@ class HFText:
             ) from None
 
         files = list(self.data_files) if self.data_files else None
+        # text files are read as common/user_text.py reads any (datasets opens them in text mode: \r\n is
+        # \n already), their byte-order mark removed too
+        text = {"encoding": "utf-8-sig"} if self.path == "text" else {}
         try:
             return datasets.load_dataset(
-                self.path, self.name, split=split, data_files=files, streaming=self.streaming
+                self.path, self.name, split=split, data_files=files, streaming=self.streaming, **text
             )
         except (FileNotFoundError, ConnectionError, ValueError, OSError) as e:
             what = f"{self.path}" + (f" ({self.name})" if self.name else "")
@@ -173,6 +182,11 @@ class HFText:
                 "and your network (or HF_HUB_OFFLINE with a local copy)"
             ) from None
         except Exception as e:  # datasets raises its own classes (DatasetNotFoundError, ...)
+            if isinstance(e.__cause__, UnicodeDecodeError):  # a data file in another encoding
+                raise UserError(
+                    f"a file of Hugging Face dataset {self.path} is not UTF-8 text ({e.__cause__}); convert "
+                    "it, e.g. iconv -f latin1 -t utf-8 FILE > fixed.txt"
+                ) from None
             if type(e).__module__.startswith(("datasets", "huggingface_hub", "fsspec")):
                 raise UserError(
                     f"could not load Hugging Face dataset {self.path}: {str(e).splitlines()[0]}"

@@ -21,9 +21,6 @@ The file is written beside DEST and renamed into place.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +28,7 @@ import numpy as np
 import torch
 
 from common.errors import UserError
+from common.files import atomic_file, write_failed
 from gguf_export.vocab import Vocabulary, vocabulary
 from hf import convert
 from model import GPTConfig
@@ -156,9 +154,11 @@ def write_gguf(
     gguf = _gguf()
     vocab = vocabulary(tokenizer_meta, cfg.vocab_size)
     architecture = convert.family(cfg)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)  # as a folder export creates its parent
+    except OSError as e:
+        raise write_failed(path, e, advice="choose another DEST") from None
+    with atomic_file(path, advice="choose another DEST") as tmp:  # whole, with a plain file's mode
         writer = gguf.GGUFWriter(tmp, architecture)
         _metadata(writer, gguf, cfg, vocab, dtype, name)
         for tensor_name, tensor in gguf_tensors(cfg, weights, vocab.added_eot):
@@ -168,12 +168,4 @@ def write_gguf(
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.replace(tmp, path)
-    except OSError as e:
-        raise UserError(
-            f"could not write {path} ({e.strerror or e}); free disk space or choose another DEST"
-        ) from None
-    finally:
-        with contextlib.suppress(OSError):  # where the folder could not be made, there is nothing to remove
-            tmp.unlink(missing_ok=True)
     return architecture

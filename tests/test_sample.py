@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,11 @@ def test_compile_with_several_samples_compiles_their_batch(run: Path):
     assert "with the decoding step compiled" in compiled.stderr
     # on a CPU the step is built ahead of time for batch 2 (CUDA compiles in the process, without a word)
     assert torch.cuda.is_available() or "compiling the decoding step at batch 2" in compiled.stderr
+    # the compile has its own line, and is no part of the prompt's time (it was: "1 tokens in 37,356.9 ms")
+    ready = r"^decoding step ready in [\d,.]+ s \(compiled or loaded, batch 2;"
+    assert re.search(ready, compiled.stderr, re.M), compiled.stderr
+    prompt_ms = re.search(r"^prompt: [\d,]+ tokens in ([\d,.]+) ms", compiled.stderr, re.M)[1]
+    assert float(prompt_ms.replace(",", "")) < 5000, compiled.stderr
 
 
 def test_a_windowed_rotary_model_reads_a_prompt_longer_than_its_context(
