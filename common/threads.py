@@ -10,11 +10,10 @@ they slow down, it runs a few iterations at the next count of its ladder (N, N/2
 default, the physical cores) and keeps that count if it was faster by a margin.
 
 Notable:
-- The scheduled tries fall on fixed iterations (a run's own step numbers for training), so a quiet machine
-  makes the same choices in run after run and a resumed run the same as one never stopped. The choices are
-  timed, though: a try whose first step lands near ABORT's line may go on for its other steps in one run
-  and not in another. A forward pass gives the same bits at any thread count here; a training step does
-  not (its gradients sum in another order), so runs that must be equal bit for bit set train.threads.
+- A forward pass gives the same bits at any thread count; a training step does not (its gradients sum in
+  another order). So a tuner made with `steady_when_quiet` (training's) never leaves the full count unless
+  other processes are using the CPU (`OtherLoad`: /proc/stat less our own CPU time, not a timing): two
+  runs on a quiet machine, or one resumed, compute every step alike. Elsewhere than Linux it tunes always.
 - A count the user chose is never changed: `OMP_NUM_THREADS` in the environment, or train.threads (whose
   runtime makes its tuners no-ops, runs/runtime.py).
 - The tuner only ever calls `torch.set_num_threads` from the loop's own thread, which is what OpenMP needs.
@@ -77,8 +76,10 @@ class ThreadTuner:
         tries: int = 4,
         start: int = 0,
         clock: Callable[[], float] = time.perf_counter,
+        steady_when_quiet: bool = False,
     ):
         self.counts = ladder(DEFAULT_THREADS)
+        self.others = OtherLoad() if steady_when_quiet else None  # None: tune on timing alone
         self.enabled = enabled and not PINNED and len(self.counts) > 1
         self.tries, self.clock = max(2, tries), clock
         start = start or torch.get_num_threads()  # or where the last tuner left it: a busy machine stays busy
@@ -121,7 +122,9 @@ class ThreadTuner:
         now = statistics.median(self.recent)
         if self.settled is None:
             self.settled = now
-        if scheduled(self.step):
+        if self._steady():  # the full count on a quiet machine: the same steps, bit for bit, every run
+            self.settled = now
+        elif scheduled(self.step):
             upward, self.upward = self.upward, not self.upward
             upward = upward and not self._waiting(upward=True)  # too soon for more threads: fewer instead
             if not self._waiting(upward):
@@ -131,6 +134,14 @@ class ThreadTuner:
                 self._start(upward=False)
             else:  # already one: more threads would only wait for the busy core
                 self.settled = now
+
+    def _steady(self) -> bool:
+        """Whether to stay at the full count: asked for, there, and no other process is using the CPU."""
+        if self.others is None or self.count != self.counts[0]:
+            return False
+        if not (scheduled(self.step) or statistics.median(self.recent) > SLOWDOWN * self.settled):
+            return False  # only read where a try could start
+        return not self.others.busy()
 
     def _other(self, upward: bool) -> int:
         i = self.counts.index(self.count)
@@ -166,6 +177,44 @@ class ThreadTuner:
             self.recent.clear()
         self.settled, self.trial, self.trying = median, None, self.count
         torch.set_num_threads(self.count)
+
+
+class OtherLoad:
+    """The CPU other processes used since the last look, in cores, on the cores this process may run on: their
+    busy time in /proc/stat less this process's own (os.times). Linux only; elsewhere always busy."""
+
+    BUSY = 0.25  # cores: a busy neighbour takes a whole one; a quiet machine's daemons, a few hundredths
+
+    def __init__(self):
+        self.last = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float, float] | None:
+        """(seconds since boot of the cores' busy time, of their total time, of this process's CPU time)."""
+        try:
+            cores = {f"cpu{i}" for i in os.sched_getaffinity(0)}
+            with open("/proc/stat", encoding="ascii") as f:
+                rows = [line.split() for line in f if line.split()[0] in cores]
+            tick = os.sysconf("SC_CLK_TCK")
+        except (OSError, AttributeError, ValueError):
+            return None
+        busy = total = 0
+        for row in rows:  # user nice system idle iowait irq softirq steal ...
+            values = [int(v) for v in row[1:9]]
+            busy += sum(values) - values[3] - values[4]
+            total += sum(values)
+        ours = os.times()
+        return busy / tick, total / tick, ours.user + ours.system
+
+    def busy(self) -> bool:
+        now = self._read()
+        if now is None or self.last is None:
+            return True
+        (busy0, total0, ours0), (busy1, total1, ours1) = self.last, now
+        self.last = now
+        cores = max(1, len(os.sched_getaffinity(0)))
+        elapsed = (total1 - total0) / cores
+        return elapsed > 0 and (busy1 - busy0 - (ours1 - ours0)) / elapsed > self.BUSY
 
 
 @contextlib.contextmanager

@@ -5,6 +5,8 @@ tests/test_train.py's busy run."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -143,3 +145,26 @@ def test_a_slowdown_on_one_thread_tries_no_more_threads(cores):
     machine = Machine({2: 3.0, 1: 1.4}, busy={2: 5.0, 1: 2.0}, load=lambda step: step >= 100)
     used = machine.run(threads.ThreadTuner(start=1, clock=machine.clock), range(400))
     assert [s for s, n in enumerate(used) if n == 2] == [17, 129]
+
+
+@pytest.mark.parametrize("neighbour", [False, True])
+def test_training_keeps_every_core_unless_another_process_uses_the_cpu(cores, monkeypatch, neighbour):
+    """training's tuner (steady_when_quiet): on a quiet machine no try ever runs, even where one thread would
+    be faster, so every step is computed alike in every run; with a busy neighbour it tunes as before."""
+    cores(2)
+    monkeypatch.setattr(threads.OtherLoad, "busy", lambda self: neighbour)
+    machine = Machine({2: 1.0, 1: 0.7}, busy={2: 2.5, 1: 1.1}, load=lambda s: neighbour)
+    used = machine.run(threads.ThreadTuner(clock=machine.clock, steady_when_quiet=True), range(400))
+    assert set(used) == ({1, 2} if neighbour else {2})
+    assert used[-1] == (1 if neighbour else 2)
+
+
+@pytest.mark.slow
+def test_another_process_using_a_core_is_seen_without_timing():
+    load = threads.OtherLoad()
+    with threads.busy_neighbour():
+        load.busy()  # from here: the neighbour's second alone
+        start = time.perf_counter()
+        while time.perf_counter() - start < 1.0:
+            time.sleep(0.05)  # this process idles, so what is busy is the neighbour
+        assert load.busy()

@@ -148,7 +148,7 @@ def start_run(plan: Plan) -> Run:
     if plan.resume is not None:  # optimizer and scaler state, progress and random generators (state.pt)
         where = plan.resume.folder / STATE
         run.progress = plan.resume.train_state().restore(model, optimizers, scaler, where)
-    run.tuner = rt.thread_tuner(start=run.progress.threads)
+    run.tuner = rt.thread_tuner(start=run.progress.threads, steady_when_quiet=True)  # same bits each run
     run.unread = []
     return run
 
