@@ -179,7 +179,8 @@ def test_a_config_elsewhere_can_build_on_a_shipped_one_by_name(tmp_path: Path):
 
 def test_train_help_lists_the_configs_and_how_to_override():
     result = run_script("train.py", "--help", check=True, timeout=60)
-    for expected in ("usage: python train.py", "shakespeare_char", "runs/config.py", "model.n_layer=6"):
+    shown = ("usage: python train.py", "shakespeare_char", "runs/config_schema.py", "model.n_layer=6")
+    for expected in shown:
         assert expected in result.stdout
     line = next(line for line in result.stdout.splitlines() if line.strip().startswith("induction "))
     assert "Induction heads" in line  # each config with the first sentence of its opening comment
