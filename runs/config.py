@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import re
@@ -309,6 +310,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Request:
         except OmegaConfBaseException as e:
             raise _explain(e, source) from None
         origins.update(dict.fromkeys(_flatten(data), source))
+    _check_required(sources)
     cfg: Config = resolve_paths(OmegaConf.to_object(merged))
     found = problems(cfg)
     if found:
@@ -316,6 +318,24 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Request:
         origin = origins.get(key) or next((v for k, v in origins.items() if k.startswith(f"{key}.")), None)
         raise ConfigError(f"{key}: {msg} (in {origin or 'the defaults'})")
     return Request(cfg, origins, name)
+
+
+REQUIRED_EXAMPLES = {"train.init_from": "gpt2 (a hub name; or a Hugging Face model folder, a run of ours)"}
+
+
+def _check_required(sources: list[tuple[str, dict]]) -> None:
+    """A key a config file leaves for the command line (`???`, as finetune_shakespeare's weights) must be
+    given by a later file or override: merging `???` keeps the schema's default, so OmegaConf cannot tell."""
+    left: dict[str, str] = {}  # key -> the file that left it
+    for source, data in sources:
+        for key in _flatten(data):
+            if functools.reduce(lambda d, k: d[k], key.split("."), data) == "???":
+                left[key] = source
+            else:
+                left.pop(key, None)
+    for key, source in left.items():
+        example = REQUIRED_EXAMPLES.get(key, "VALUE")
+        raise ConfigError(f"{key} is required by {source} (it holds ???); add {key}={example}")
 
 
 def resolve_paths(cfg: Config) -> Config:

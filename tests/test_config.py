@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_script
+from conftest import run_script, script_error
 
 from common.errors import ConfigError, UserError
 from runs.config import CONFIG_DIR, load_config, to_yaml
@@ -33,13 +33,29 @@ REQUIRED = [
 
 def test_every_shipped_config_loads_and_has_the_cli_contract_keys():
     for path in sorted(CONFIG_DIR.glob("*.yaml")):
-        cfg = load_config(path).cfg
+        needs = ["train.init_from=gpt2"] if "init_from: ???" in path.read_text() else []  # fine-tuning
+        cfg = load_config(path, needs).cfg
         resolved = yaml.safe_load(to_yaml(cfg))
         for key in REQUIRED:
             section, name = key.split(".")
             assert name in resolved[section], f"{path.name} lacks {key}"
     cfg = load_config(None).cfg
     assert cfg.data.dataset == "shakespeare_char" and cfg.log.wandb is False
+
+
+def test_a_finetune_config_refuses_to_start_without_pretrained_weights(capsys, tmp_path: Path):
+    import train as train_script
+
+    out = f"train.out_dir={tmp_path}"
+    script_error(capsys, train_script.main, ["finetune_shakespeare", out], "train.init_from is required by")
+    with pytest.raises(ConfigError, match=r"add train.init_from=gpt2 \(a hub name"):
+        load_config("finetune_shakespeare", ["train.max_iters=10"])
+    assert load_config("finetune_shakespeare", ["train.init_from=null"]).cfg.train.init_from is None  # asked
+    assert load_config("finetune_shakespeare_lora").cfg.train.init_from == "gpt2"  # its own, after ???
+    assert load_config("finetune_shakespeare", ["train.init_from=gpt2"]).cfg.train.init_from == "gpt2"
+    (tmp_path / "mine.yaml").write_text("base: finetune_shakespeare\ntrain:\n  init_from: /models/gpt2\n")
+    assert load_config(tmp_path / "mine.yaml").cfg.train.init_from == "/models/gpt2"
+    assert not (tmp_path / "last").exists()
 
 
 def test_base_chain_then_file_then_overrides(tmp_path: Path):
