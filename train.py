@@ -38,7 +38,7 @@ from runs.out_dir import check_out_dir
 from training import distributed, estimate
 from training.control import Agreement, Clock, StopRequest
 from training.evaluation import default_batch_size, evaluate_tokens, final_eval_wanted
-from training.optim import lr_factor, schedule_progress, set_lr
+from training.optim import lr_factor, schedule_progress, schedule_warning, set_lr
 from training.plan import plan_run
 from training.tracking import Tracker, check_wandb_login, read_metrics
 from training.trainer import Run, estimate_loss, save_checkpoint, start_run, train_step
@@ -183,6 +183,8 @@ def check_and_describe(run: Run) -> None:
         f"{run.micro_steps} micro-step(s) x {rt.world_size} process(es) = {cfg.tokens_per_iter:,} "
         "tokens/iteration"
     )
+    if schedule_warning(cfg.optim, cfg.train):
+        print(f"warning: {schedule_warning(cfg.optim, cfg.train)}", file=sys.stderr)
     if cfg.train.init_from and not cfg.train.resume:
         print(f"starting from the weights of {cfg.train.init_from} (fresh optimizer, iteration 0)")
     if cfg.train.resume:
