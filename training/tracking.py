@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import configparser
 import importlib.util
-import json
 import netrc
 import os
 import sys
@@ -31,6 +30,7 @@ from tqdm import tqdm
 from common import json_text
 from common.errors import UserError
 from common.files import append_line, atomic_write
+from common.json_text import metrics_rows, read_metrics  # plot.py reads them without training/
 from runs.config import to_dict
 from runs.out_dir import METRICS
 from training import distributed
@@ -205,29 +205,10 @@ def check_wandb_login() -> None:
         )
 
 
-def _rows(metrics_path: Path) -> list[tuple[str, dict | None]]:
-    """(line, its record, or None where it is not a JSON object) for each line of metrics.jsonl."""
-    rows = []
-    for line in Path(metrics_path).read_text(encoding="utf-8", errors="replace").splitlines():
-        if line.strip():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                record = None
-            rows.append((line, record if isinstance(record, dict) else None))
-    return rows
-
-
-def read_metrics(metrics_path: Path) -> list[dict]:
-    """The records of OUT_DIR/metrics.jsonl, one per eval; a torn line (a crash while it was written, or a
-    run writing it now) is left out."""
-    return [record for _, record in _rows(metrics_path) if record is not None]
-
-
 def repair_metrics(metrics_path: Path, upto: int) -> str:
     """Rewrite metrics.jsonl without torn lines and without the rows past iteration `upto` (the checkpoint
     a run resumes from); '' when it is whole, else a line saying what was dropped."""
-    rows = _rows(metrics_path)
+    rows = metrics_rows(metrics_path)
     kept = [
         line
         for line, r in rows
