@@ -172,9 +172,13 @@ def check_and_describe(run: Run) -> None:
         sample_prompt(run)
     if not rt.is_main:
         return
-    mc, meta = cfg.model, run.dataset.meta
+    mc, meta, every = (
+        cfg.model,
+        run.dataset.meta,
+        model.num_params(non_embedding=False),
+    )  # as --dry-run counts
     print(
-        f"model: {model.num_params() / 1e6:.2f}M parameters ({mc.describe()}); dataset {cfg.data.dataset}: "
+        f"model: {every / 1e6:.2f}M parameters ({mc.describe()}); dataset {cfg.data.dataset}: "
         f"{meta.train_tokens:,} train / {meta.val_tokens:,} val tokens"
     )
     print(

@@ -110,12 +110,30 @@ def _read_yaml(path: Path) -> dict:
         raise ConfigError(f"cannot read config {path}: {e}") from None
     if data is None:
         return {}
+    _check_layout(path, data)
     if not isinstance(data, dict):
         raise ConfigError(
             f"{path} must hold a mapping of sections (model:, data:, train:, ...), "
             f"not a {type(data).__name__}"
         )
     return data
+
+
+def _check_layout(path: Path, data: Any) -> None:
+    """Indentation mistakes said as such: a section's key at the top of the file (`train:` then its keys not
+    indented), a section with nothing under it. OmegaConf would say "field 'train' is not Optional"."""
+    if not isinstance(data, dict):
+        return
+    sections = typing.get_type_hints(Config)
+    for key in data:
+        home = next((s for s in sections if key in _keys_under(Config, f"{s}.{key}")), None)
+        if key not in sections and home:
+            raise ConfigError(
+                f"{path}: {key} is a key of the {home} section; indent it under {home}: (two spaces)"
+            )
+    for key, value in data.items():
+        if key in sections and value is None and key != "lora":  # lora: null is the section off
+            raise ConfigError(f"{path}: section {key}: holds nothing; indent its keys under it (two spaces)")
 
 
 def _file_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, dict]]:
@@ -140,7 +158,8 @@ def _file_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, dict
 
 def _integral(data: Any, schema: type = Config) -> Any:
     """`data` with integral numbers written as floats (1e3, 5.0e3, '5e3') made ints where the schema wants
-    an int, as people write iteration counts; 1.5 stays a float, for the type check to refuse."""
+    an int, as people write iteration counts (1.5 stays a float, for the type check to refuse), and true and
+    false as that text where it wants text (train.compile)."""
     if not isinstance(data, dict) or not is_dataclass(schema):
         return data
     hints = typing.get_type_hints(schema)
@@ -156,6 +175,8 @@ def _integral(data: Any, schema: type = Config) -> Any:
                 number = None
             if number is not None and number.is_integer():
                 value = int(number)
+        elif kind is str and isinstance(value, bool):  # `compile: true` is the text true, not 'True'
+            value = str(value).lower()
         out[key] = value
     return out
 
@@ -164,9 +185,22 @@ def parse_override(item: str) -> dict:
     if "=" not in item or item.startswith("=") or "." not in item.split("=", 1)[0]:
         raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.max_iters=100)")
     try:
-        return _integral(OmegaConf.to_container(OmegaConf.from_dotlist([item])))
+        data = _integral(OmegaConf.to_container(OmegaConf.from_dotlist([item])))
     except OmegaConfBaseException as e:
         raise ConfigError(f"override {item!r} cannot be parsed: {str(e).splitlines()[0]}") from None
+    key, text = item.split("=", 1)
+    value = functools.reduce(lambda d, k: d.get(k) if isinstance(d, dict) else None, key.split("."), data)
+    if isinstance(value, (dict, list)) and _kind(key) is str:  # log.sample_prompt=ROMEO: is text, not YAML
+        data = functools.reduce(lambda inner, k: {k: inner}, reversed(key.split(".")), text)
+    return data
+
+
+def _kind(dotted: str) -> Any:
+    """The schema's type of a dotted key (X for Optional[X]); None for a key it does not have."""
+    node: Any = Config
+    for part in dotted.split("."):
+        node = _unwrap(typing.get_type_hints(node).get(part)) if is_dataclass(node) else None
+    return node
 
 
 SEEDS = 2**63  # seeds are 0 .. SEEDS - 1 (torch.manual_seed takes 64-bit integers)
@@ -263,11 +297,12 @@ def _lora_problems(cfg: Config) -> list[tuple[str, str]]:
 
 
 def _setup_problems(cfg: Config) -> list[tuple[str, str]]:
-    """Combinations that cannot run: an optimizer with a kind of parallelism, a batch split, CUDA graphs."""
-    t, out = cfg.train, []
-    if cfg.optim.name == "muon" and t.parallel == "fsdp":
-        msg = "muon needs whole matrices and cannot run on FSDP shards"
-        out.append(("optim.name", f"{msg}; use train.parallel=ddp or optim.name=adamw"))
+    """Combinations that cannot run: an optimizer with a kind of parallelism, a batch split, CUDA graphs; a
+    window wider than training's inputs (a checkpoint may hold one: a rotary model generates with it)."""
+    t, out, m = cfg.train, [], cfg.model
+    if m.window and m.block_size and m.window > m.block_size:  # it would cut nothing in training
+        msg = f"{m.window} is more than block_size={m.block_size}, the longest input training reads"
+        out.append(("model.window", f"{msg}; set at most {m.block_size}, or null (no window)"))
     world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun
     if t.grad_accum % world:
         fix = world * max(1, round(t.grad_accum / world))
@@ -315,9 +350,20 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Request:
     found = problems(cfg)
     if found:
         key, msg = found[0]
-        origin = origins.get(key) or next((v for k, v in origins.items() if k.startswith(f"{key}.")), None)
-        raise ConfigError(f"{key}: {msg} (in {origin or 'the defaults'})")
+        raise ConfigError(f"{key}: {msg} (in {_blame(key, msg, origins, sources) or 'the defaults'})")
     return Request(cfg, origins, name)
+
+
+def _blame(key: str, msg: str, origins: dict[str, str], sources: list[tuple[str, dict]]) -> str | None:
+    """Where a problem came from: of the keys it names (its own, and the key=value ones its message holds:
+    n_embd and n_head=3), the one set last, so that an override is blamed rather than the file it changed."""
+    section = key.rsplit(".", 1)[0]
+    named = [key] + [k if "." in k else f"{section}.{k}" for k in re.findall(r"\b([a-z_][a-z_.]*)=", msg)]
+    order = [source for source, _ in sources]
+    found = [origins[k] for k in named if k in origins]
+    if not found:  # a whole section's problem (lora): whatever set a key in it
+        found = [v for k, v in origins.items() if k.startswith(f"{key}.")][:1]
+    return max(found, key=order.index) if found else None
 
 
 REQUIRED_EXAMPLES = {"train.init_from": "gpt2 (a hub name; or a Hugging Face model folder, a run of ours)"}
