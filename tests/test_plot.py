@@ -3,6 +3,7 @@ and says in one line what cannot, never a traceback."""
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -74,7 +75,7 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in {OURS}))
 
 def test_plot_loads_a_few_of_our_modules():
     # it draws metrics.jsonl: no model, no training code (it loaded 50 of our modules through training/)
-    loaded = eval(run_script("-c", COUNT, check=True).stdout)
+    loaded = ast.literal_eval(run_script("-c", COUNT, check=True).stdout)
     assert len(loaded) <= 12 and not [m for m in loaded if m.split(".")[0] in ("training", "runs", "model")]
 
 
