@@ -2,10 +2,12 @@
 
     python plot.py RUN [RUN ...] [--x tokens|time|iter] [--metric val_loss|val_bpb|train_loss|...] [--out F]
 
-Each RUN is a training run's out_dir. A line's label is its out_dir and the config keys whose values differ
-between the runs (read from the config.yaml of each run's checkpoint). A star marks the exact value over the
-whole val split that train.py measures at the end (final_val_loss, final_val_bpb). --x time is training
-seconds (evals excluded).
+Each RUN is a training run's out_dir. A line's label is its out_dir and every config key whose value differs
+between the runs, wrapped, as each run last ran (its last/config.yaml: a run resumed with more iterations
+shows them). A star marks the exact value over the whole val split that train.py measures at the end
+(final_val_loss, final_val_bpb). --x time is training seconds (evals excluded). The picture goes beside the
+first run (out/runs.png for out/a) unless --out names one. It reads the files as plain JSON and YAML: plot.py
+loads neither torch's model nor the training code.
 """
 
 from __future__ import annotations
@@ -14,18 +16,19 @@ from common.errors import UserError, run_cli  # first: a Ctrl-C while torch load
 
 # isort: split
 import argparse
+import textwrap
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from common import json_text
 from common.arguments import ScriptParser
+from common.json_text import read_metrics
 from interp.curves import X_AXES, evals, numbers, plot_runs, points
-from runs import checkpoint
-from runs.config import to_dict
-from training.tracking import read_metrics
 
 IGNORED = {"train.out_dir", "train.resume", "train.overwrite", "data.dir", "log.interval"}  # bookkeeping
-MAX_KEYS = 5  # config differences written into a label
+WRAP = 72  # characters per line of a label: every differing key is shown, over as many lines as it takes
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -33,7 +36,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("runs", nargs="+", metavar="RUN", help="training runs' out_dirs")
     p.add_argument("--x", choices=list(X_AXES), default="tokens", help="the x axis (default: %(default)s)")
     p.add_argument("--metric", default="val_loss", help="a key of metrics.jsonl (default: %(default)s)")
-    p.add_argument("--out", default="runs.png", help="the PNG to write (default: %(default)s)")
+    p.add_argument(
+        "--out", help="the PNG to write (default: runs.png beside the first RUN: out/runs.png for out/a)"
+    )
     return p.parse_args(argv)
 
 
@@ -56,34 +61,40 @@ def read_run(run: str) -> list[dict]:
 
 
 def flat_config(run: str) -> dict[str, Any]:
-    """The run's config as dotted keys (empty when it wrote no checkpoint)."""
-    try:
-        cfg = checkpoint.find(run).config()
-    except UserError:
-        return {}
-    out = {}
-    for section, values in to_dict(cfg).items():
-        if values is None:  # an optional section that is off (lora)
-            out[section] = None
+    """The config the run last ran with (last/config.yaml, else best/) as dotted keys; empty when it wrote no
+    checkpoint or the file cannot be read (the line is drawn without its keys)."""
+    for name in ("last", "best"):
+        try:
+            data = yaml.safe_load((Path(run) / name / "config.yaml").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue
-        out.update({f"{section}.{k}": v for k, v in values.items() if f"{section}.{k}" not in IGNORED})
+        if isinstance(data, dict):
+            return {k: v for k, v in dotted(data).items() if k not in IGNORED}
+    return {}
+
+
+def dotted(data: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as dotted keys: {"train": {"max_iters": 5}} -> {"train.max_iters": 5}."""
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(dotted(value, f"{prefix}{key}."))
+        else:  # a value, or an optional section that is off (lora: null)
+            out[f"{prefix}{key}"] = value
     return out
 
 
 def labels(runs: list[str]) -> list[str]:
-    """Each run's out_dir and the config values in which the runs differ."""
+    """Each run's out_dir and every config value in which the runs differ, wrapped to WRAP characters."""
     configs = [flat_config(r) for r in runs]
-    keys = (
-        [k for k in configs[0] if len({json_text.dumps(c.get(k)) for c in configs}) > 1]
-        if len(runs) > 1
-        else []
-    )
-    keys += [k for c in configs[1:] for k in c if k not in configs[0] and k not in keys]
+    keys = list(dict.fromkeys(k for c in configs for k in c)) if len(runs) > 1 else []
+    keys = [k for k in keys if len({json_text.dumps(c.get(k)) for c in configs}) > 1]
     out = []
     for run, cfg in zip(runs, configs):
-        shown = [f"{k}={cfg.get(k)}" for k in keys[:MAX_KEYS]]
-        more = f" +{len(keys) - MAX_KEYS} more" if len(keys) > MAX_KEYS else ""
-        out.append(run + (": " + ", ".join(shown) + more if shown else ""))
+        shown = textwrap.fill(
+            ", ".join(f"{k}={cfg.get(k)}" for k in keys), WRAP, break_long_words=False, break_on_hyphens=False
+        )
+        out.append(f"{run}\n{shown}" if shown else run)
     return out
 
 
@@ -91,7 +102,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     records = [read_run(r) for r in args.runs]
     check_metric(records, args.metric, args.x)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else Path(args.runs[0]).parent / "runs.png"
     if out.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise UserError(f"--out {out}: give a .png (or .pdf, .svg) file name")
     try:

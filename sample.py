@@ -85,8 +85,10 @@ def check_args(args: argparse.Namespace, vocab_size: int) -> None:
         raise UserError(f"--temperature must be 0 (greedy) or positive, got {args.temperature}")
     if seed_problem(args.seed):
         raise UserError(f"--seed {seed_problem(args.seed)}")
-    if args.top_k is not None and not 1 <= args.top_k <= vocab_size:
-        raise UserError(f"--top-k must be between 1 and the vocabulary size {vocab_size}, got {args.top_k}")
+    if args.top_k is not None and args.top_k < 1:
+        raise UserError(
+            f"--top-k must be at least 1 (the vocabulary has {vocab_size} tokens), got {args.top_k}"
+        )
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
 
@@ -101,6 +103,13 @@ def main(argv: list[str]) -> int:
     ids = encode_prompt(
         read_prompt(args.prompt, args.prompt_file, tokenizer), tokenizer, model.config.context_limit
     )
+    vocab = model.config.vocab_size
+    if args.top_k is not None and args.top_k > vocab:  # every token: as without --top-k
+        print(
+            f"note: --top-k {args.top_k} is more than the vocabulary's {vocab} tokens: capped",
+            file=sys.stderr,
+        )
+        args.top_k = vocab
     if args.quantize == "int8":
         model = quantize_int8(model)
     compiled = " with the decoding step compiled" if args.compile else ""

@@ -79,7 +79,7 @@ CONFIG is a YAML file, or the name of one shipped in {CONFIG_DIR.name}/ (default
 {configs}
 
 A config has the sections model, data, train, optim and log (and lora, for LoRA fine-tuning). Every key,
-its type and its default is documented in runs/config.py (model keys in model/config.py, lora keys in
+its type and its default is documented in runs/config_schema.py (model keys in model/config.py, lora keys in
 model/lora.py); --print-config shows them resolved.
 Any key can be overridden as section.key=value (YAML syntax):
 

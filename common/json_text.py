@@ -6,13 +6,15 @@ not finite becomes null ("no value": a diverged loss in metrics.jsonl), numpy sc
 numbers and lists, and anything else that JSON cannot hold is a TypeError (a bug, not a file to read back).
 A figure reported as a result is checked where it is made (an evaluation of no tokens is an error there),
 so null never stands in for a number that should have been one. tests/test_rules.py keeps every json.dumps
-of the code in this module.
+of the code in this module. `read_metrics` reads a run's metrics.jsonl back (training, plot.py), a torn line
+left out.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,3 +38,22 @@ def strict(value: Any) -> Any:
 def dumps(value: Any, **options) -> str:
     """`value` as strict JSON text (json.dumps' `options`: indent, ensure_ascii, separators, sort_keys)."""
     return json.dumps(strict(value), allow_nan=False, **options)
+
+
+def metrics_rows(metrics_path: Path) -> list[tuple[str, dict | None]]:
+    """(line, its record, or None where it is not a JSON object) for each line of metrics.jsonl."""
+    rows = []
+    for line in Path(metrics_path).read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.strip():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            rows.append((line, record if isinstance(record, dict) else None))
+    return rows
+
+
+def read_metrics(metrics_path: Path) -> list[dict]:
+    """The records of OUT_DIR/metrics.jsonl, one per eval; a torn line (a crash while it was written, or a
+    run writing it now) is left out."""
+    return [record for _, record in metrics_rows(metrics_path) if record is not None]

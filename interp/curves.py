@@ -84,7 +84,8 @@ def plot_run(records: list[dict], path: Path, title: str = "") -> None:
 def plot_runs(runs: list[tuple[str, list[dict]]], metric: str, x: str, path: Path) -> None:
     """One line per run: `metric` against `x` (tokens | time | iter); a star for the exact final value."""
     key, label = X_AXES[x]
-    fig = Figure(figsize=(9, 5.2), dpi=110, layout="constrained")
+    lines = sum(name.count("\n") + 1 for name, _ in runs)  # labels with every differing key, wrapped
+    fig = Figure(figsize=(9, 4.6 + 0.16 * lines), dpi=110, layout="constrained")
     ax = fig.subplots()
     for name, records in runs:
         xs, ys = points(records, metric, key)
@@ -96,7 +97,7 @@ def plot_runs(runs: list[tuple[str, list[dict]]], metric: str, x: str, path: Pat
     if x == "tokens":
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    fig.legend(loc="outside lower center", fontsize=8)  # below the axes: a long label hides no curve
     if any(f"final_{metric}" in r for _, records in runs for r in records):
         ax.text(
             0.99, 0.01, "★ exact, over the whole val split", transform=ax.transAxes, ha="right", fontsize=8

@@ -94,8 +94,12 @@ class GPTConfig:
             return out
         if self.n_embd % self.n_head:
             fix = self.n_head * max(1, round(self.n_embd / self.n_head))
+            heads = min(
+                (d for d in range(1, self.n_embd + 1) if self.n_embd % d == 0),
+                key=lambda d: (abs(d - self.n_head), -d),
+            )
             msg = f"{self.n_embd} is not divisible by n_head={self.n_head}; heads have size n_embd/n_head"
-            out.append(("n_embd", f"{msg} (try n_embd={fix})"))
+            out.append(("n_embd", f"{msg} (try n_head={heads}, or n_embd={fix})"))
         elif self.pos_emb == "rope" and self.head_dim % 2:
             msg = f"rotary embeddings need an even head size, got n_embd/n_head={self.head_dim}"
             out.append(("n_embd", msg))

@@ -1,9 +1,9 @@
 """Training configs: typed YAML with sections, `base:` inheritance and `section.key=value` overrides.
 
-The schema is a tree of dataclasses (OmegaConf structured configs): an unknown key or a value of the wrong
-type is caught when a file or override is merged in (defaults <- the `base:` chain <- the file <- overrides),
-and the error names the key, the closest valid one, and where it came from. `load_config` returns a
-`Request`; training/plan.py settles it into the final config that checkpoints keep as config.yaml.
+The schema (runs/config_schema.py) is a tree of dataclasses (OmegaConf structured configs): an unknown key
+or a value of the wrong type is caught when a file or override is merged in (defaults <- the `base:` chain
+<- the file <- overrides), and the error names the key, the closest valid one, and where it came from.
+`load_config` returns a `Request`; training/plan.py settles it into the final config that checkpoints keep.
 A checkpoint's config.yaml is data, not a config file: `config_from_data` builds it field by field from the
 parsed YAML, with the schema's types and no OmegaConf, so `${...}` in it stays text (OmegaConf would
 interpolate it, `${oc.env:HOME}` reading the environment).
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import re
@@ -27,102 +28,14 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from common.errors import ConfigError
 from data.dataset import DATA_DIR
-from model.config import GPTConfig
-from model.lora import LoRAConfig
+from runs.config_schema import Config as Config  # the schema's classes, imported from here as before
+from runs.config_schema import DataConfig as DataConfig
+from runs.config_schema import LogConfig as LogConfig
+from runs.config_schema import OptimConfig as OptimConfig
+from runs.config_schema import TrainConfig as TrainConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "shakespeare_char.yaml"
-
-
-@dataclass
-class DataConfig:
-    dataset: str = "shakespeare_char"  # a folder under data.dir holding train.bin, val.bin and meta.json
-    # where prepared datasets live (default: the project's data/ folder); a relative path is taken from the
-    # folder train.py runs in, and the run records the absolute path it resolved to
-    dir: Optional[str] = str(DATA_DIR)
-
-
-@dataclass
-class TrainConfig:
-    out_dir: str = "out"
-    max_iters: int = 5000
-    max_time: Optional[float] = None  # seconds of training (evals excluded); the LR schedule follows it too
-    eval_interval: int = 250
-    eval_iters: int = 20  # batches per split at each eval
-    batch_size: int = 12  # sequences per micro-batch, per process
-    grad_accum: int = 1  # micro-batches per optimizer step, across all processes
-    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    compile: str = "auto"  # auto | true | false (auto: on for CUDA)
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = (
-        "default"  # reduce-overhead: CUDA graphs
-    )
-    seed: int = 1337
-    resume: bool = False  # continue from out_dir's last checkpoint
-    overwrite: bool = False  # start afresh even if out_dir holds a checkpoint (deleting it)
-    save: bool = True  # write checkpoints (best and last) at each eval
-    threads: int = 0  # CPU threads for torch; 0 = one per physical core
-    parallel: Literal["ddp", "fsdp"] = "ddp"  # under torchrun
-    # torchrun: minutes a rank waits in a collective before it fails (a hang becomes an error)
-    dist_timeout: float = 10.0
-    skip_nonfinite: int = 0  # steps with a non-finite loss to skip before stopping
-    # keep only each block's input for backward and compute its activations again there: less memory for
-    # about a third more compute (docs/training.md)
-    activation_checkpointing: bool = False
-    final_eval: str = "auto"  # exact loss over the whole val split at the end: auto | true | false
-    # start from these weights (fresh optimizer, iteration 0): a checkpoint or run folder of ours, a Hugging
-    # Face model folder (GPT-2 or Llama), or a hub name (gpt2); the model's shape comes from it
-    init_from: Optional[str] = None
-
-
-@dataclass
-class OptimConfig:
-    name: Literal["adamw", "muon"] = "adamw"  # muon: Muon for 2-D hidden weights, AdamW for the rest
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1  # the schedule's floor, as a fraction of lr
-    warmup_iters: int = 100
-    schedule: Literal["cosine", "wsd", "constant"] = "cosine"
-    decay_frac: float = 0.2  # wsd: final fraction of the run spent decaying
-    weight_decay: float = 0.1  # on 2-D weights only
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # max global gradient norm; 0 = off
-    impl: Literal["auto", "fused", "foreach", "forloop"] = "auto"  # AdamW kernel
-    muon_lr: float = 0.02
-    muon_momentum: float = 0.95
-    muon_weight_decay: float = 0.0
-
-
-@dataclass
-class LogConfig:
-    interval: int = 10  # iterations between progress updates
-    wandb: bool = False
-    wandb_project: str = "tinygpt"
-    wandb_run_name: Optional[str] = None
-    head_scores: bool = False  # score attention heads at each eval (heads.py)
-    plot: bool = True  # keep OUT_DIR/loss.png up to date (at evals, within 1% of the run's time; at the end)
-    sample_every: int = 0  # print (and log) a sample every N iterations (a multiple of train.eval_interval,
-    # since samples are drawn at evals) and at the end; 0 = off
-    sample_prompt: Optional[str] = None  # null: a newline (or <|endoftext|> for BPE), as sample.py
-    sample_tokens: int = 200  # tokens per sample
-
-
-@dataclass
-class Config:
-    model: GPTConfig = field(default_factory=GPTConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    log: LogConfig = field(default_factory=LogConfig)
-    # LoRA fine-tuning of train.init_from's model (model/lora.py): null = train every weight; set any key
-    # (lora.rank=8) to freeze the base and train adapters alone
-    lora: Optional[LoRAConfig] = None
-
-    @property
-    def tokens_per_iter(self) -> int:
-        """Tokens one optimizer step trains on, over all processes together."""
-        return self.train.batch_size * self.model.block_size * self.train.grad_accum
 
 
 @dataclass
@@ -197,12 +110,30 @@ def _read_yaml(path: Path) -> dict:
         raise ConfigError(f"cannot read config {path}: {e}") from None
     if data is None:
         return {}
+    _check_layout(path, data)
     if not isinstance(data, dict):
         raise ConfigError(
             f"{path} must hold a mapping of sections (model:, data:, train:, ...), "
             f"not a {type(data).__name__}"
         )
     return data
+
+
+def _check_layout(path: Path, data: Any) -> None:
+    """Indentation mistakes said as such: a section's key at the top of the file (`train:` then its keys not
+    indented), a section with nothing under it. OmegaConf would say "field 'train' is not Optional"."""
+    if not isinstance(data, dict):
+        return
+    sections = typing.get_type_hints(Config)
+    for key in data:
+        home = next((s for s in sections if key in _keys_under(Config, f"{s}.{key}")), None)
+        if key not in sections and home:
+            raise ConfigError(
+                f"{path}: {key} is a key of the {home} section; indent it under {home}: (two spaces)"
+            )
+    for key, value in data.items():
+        if key in sections and value is None and key != "lora":  # lora: null is the section off
+            raise ConfigError(f"{path}: section {key}: holds nothing; indent its keys under it (two spaces)")
 
 
 def _file_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, dict]]:
@@ -227,7 +158,8 @@ def _file_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, dict
 
 def _integral(data: Any, schema: type = Config) -> Any:
     """`data` with integral numbers written as floats (1e3, 5.0e3, '5e3') made ints where the schema wants
-    an int, as people write iteration counts; 1.5 stays a float, for the type check to refuse."""
+    an int, as people write iteration counts (1.5 stays a float, for the type check to refuse), and true and
+    false as that text where it wants text (train.compile)."""
     if not isinstance(data, dict) or not is_dataclass(schema):
         return data
     hints = typing.get_type_hints(schema)
@@ -243,6 +175,8 @@ def _integral(data: Any, schema: type = Config) -> Any:
                 number = None
             if number is not None and number.is_integer():
                 value = int(number)
+        elif kind is str and isinstance(value, bool):  # `compile: true` is the text true, not 'True'
+            value = str(value).lower()
         out[key] = value
     return out
 
@@ -251,9 +185,22 @@ def parse_override(item: str) -> dict:
     if "=" not in item or item.startswith("=") or "." not in item.split("=", 1)[0]:
         raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.max_iters=100)")
     try:
-        return _integral(OmegaConf.to_container(OmegaConf.from_dotlist([item])))
+        data = _integral(OmegaConf.to_container(OmegaConf.from_dotlist([item])))
     except OmegaConfBaseException as e:
         raise ConfigError(f"override {item!r} cannot be parsed: {str(e).splitlines()[0]}") from None
+    key, text = item.split("=", 1)
+    value = functools.reduce(lambda d, k: d.get(k) if isinstance(d, dict) else None, key.split("."), data)
+    if isinstance(value, (dict, list)) and _kind(key) is str:  # log.sample_prompt=ROMEO: is text, not YAML
+        data = functools.reduce(lambda inner, k: {k: inner}, reversed(key.split(".")), text)
+    return data
+
+
+def _kind(dotted: str) -> Any:
+    """The schema's type of a dotted key (X for Optional[X]); None for a key it does not have."""
+    node: Any = Config
+    for part in dotted.split("."):
+        node = _unwrap(typing.get_type_hints(node).get(part)) if is_dataclass(node) else None
+    return node
 
 
 SEEDS = 2**63  # seeds are 0 .. SEEDS - 1 (torch.manual_seed takes 64-bit integers)
@@ -350,11 +297,15 @@ def _lora_problems(cfg: Config) -> list[tuple[str, str]]:
 
 
 def _setup_problems(cfg: Config) -> list[tuple[str, str]]:
-    """Combinations that cannot run: an optimizer with a kind of parallelism, a batch split, CUDA graphs."""
-    t, out = cfg.train, []
+    """Combinations that cannot run: an optimizer with a kind of parallelism, a batch split, CUDA graphs; a
+    window wider than training's inputs (a checkpoint may hold one: a rotary model generates with it)."""
+    t, out, m = cfg.train, [], cfg.model
     if cfg.optim.name == "muon" and t.parallel == "fsdp":
         msg = "muon needs whole matrices and cannot run on FSDP shards"
         out.append(("optim.name", f"{msg}; use train.parallel=ddp or optim.name=adamw"))
+    if m.window and m.block_size and m.window > m.block_size:  # it would cut nothing in training
+        msg = f"{m.window} is more than block_size={m.block_size}, the longest input training reads"
+        out.append(("model.window", f"{msg}; set at most {m.block_size}, or null (no window)"))
     world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun
     if t.grad_accum % world:
         fix = world * max(1, round(t.grad_accum / world))
@@ -397,13 +348,43 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Request:
         except OmegaConfBaseException as e:
             raise _explain(e, source) from None
         origins.update(dict.fromkeys(_flatten(data), source))
+    _check_required(sources)
     cfg: Config = resolve_paths(OmegaConf.to_object(merged))
     found = problems(cfg)
     if found:
         key, msg = found[0]
-        origin = origins.get(key) or next((v for k, v in origins.items() if k.startswith(f"{key}.")), None)
-        raise ConfigError(f"{key}: {msg} (in {origin or 'the defaults'})")
+        raise ConfigError(f"{key}: {msg} (in {_blame(key, msg, origins, sources) or 'the defaults'})")
     return Request(cfg, origins, name)
+
+
+def _blame(key: str, msg: str, origins: dict[str, str], sources: list[tuple[str, dict]]) -> str | None:
+    """Where a problem came from: of the keys it names (its own, and the key=value ones its message holds:
+    n_embd and n_head=3), the one set last, so that an override is blamed rather than the file it changed."""
+    section = key.rsplit(".", 1)[0]
+    named = [key] + [k if "." in k else f"{section}.{k}" for k in re.findall(r"\b([a-z_][a-z_.]*)=", msg)]
+    order = [source for source, _ in sources]
+    found = [origins[k] for k in named if k in origins]
+    if not found:  # a whole section's problem (lora): whatever set a key in it
+        found = [v for k, v in origins.items() if k.startswith(f"{key}.")][:1]
+    return max(found, key=order.index) if found else None
+
+
+REQUIRED_EXAMPLES = {"train.init_from": "gpt2 (a hub name; or a Hugging Face model folder, a run of ours)"}
+
+
+def _check_required(sources: list[tuple[str, dict]]) -> None:
+    """A key a config file leaves for the command line (`???`, as finetune_shakespeare's weights) must be
+    given by a later file or override: merging `???` keeps the schema's default, so OmegaConf cannot tell."""
+    left: dict[str, str] = {}  # key -> the file that left it
+    for source, data in sources:
+        for key in _flatten(data):
+            if functools.reduce(lambda d, k: d[k], key.split("."), data) == "???":
+                left[key] = source
+            else:
+                left.pop(key, None)
+    for key, source in left.items():
+        example = REQUIRED_EXAMPLES.get(key, "VALUE")
+        raise ConfigError(f"{key} is required by {source} (it holds ???); add {key}={example}")
 
 
 def resolve_paths(cfg: Config) -> Config:

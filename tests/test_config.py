@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_script
+from conftest import run_script, script, script_error
 
 from common.errors import ConfigError, UserError
 from runs.config import CONFIG_DIR, load_config, to_yaml
@@ -33,13 +34,29 @@ REQUIRED = [
 
 def test_every_shipped_config_loads_and_has_the_cli_contract_keys():
     for path in sorted(CONFIG_DIR.glob("*.yaml")):
-        cfg = load_config(path).cfg
+        needs = ["train.init_from=gpt2"] if "init_from: ???" in path.read_text() else []  # fine-tuning
+        cfg = load_config(path, needs).cfg
         resolved = yaml.safe_load(to_yaml(cfg))
         for key in REQUIRED:
             section, name = key.split(".")
             assert name in resolved[section], f"{path.name} lacks {key}"
     cfg = load_config(None).cfg
     assert cfg.data.dataset == "shakespeare_char" and cfg.log.wandb is False
+
+
+def test_a_finetune_config_refuses_to_start_without_pretrained_weights(capsys, tmp_path: Path):
+    import train as train_script
+
+    out = f"train.out_dir={tmp_path}"
+    script_error(capsys, train_script.main, ["finetune_shakespeare", out], "train.init_from is required by")
+    with pytest.raises(ConfigError, match=r"add train.init_from=gpt2 \(a hub name"):
+        load_config("finetune_shakespeare", ["train.max_iters=10"])
+    assert load_config("finetune_shakespeare", ["train.init_from=null"]).cfg.train.init_from is None  # asked
+    assert load_config("finetune_shakespeare_lora").cfg.train.init_from == "gpt2"  # its own, after ???
+    assert load_config("finetune_shakespeare", ["train.init_from=gpt2"]).cfg.train.init_from == "gpt2"
+    (tmp_path / "mine.yaml").write_text("base: finetune_shakespeare\ntrain:\n  init_from: /models/gpt2\n")
+    assert load_config(tmp_path / "mine.yaml").cfg.train.init_from == "/models/gpt2"
+    assert not (tmp_path / "last").exists()
 
 
 def test_base_chain_then_file_then_overrides(tmp_path: Path):
@@ -179,7 +196,8 @@ def test_a_config_elsewhere_can_build_on_a_shipped_one_by_name(tmp_path: Path):
 
 def test_train_help_lists_the_configs_and_how_to_override():
     result = run_script("train.py", "--help", check=True, timeout=60)
-    for expected in ("usage: python train.py", "shakespeare_char", "runs/config.py", "model.n_layer=6"):
+    shown = ("usage: python train.py", "shakespeare_char", "runs/config_schema.py", "model.n_layer=6")
+    for expected in shown:
         assert expected in result.stdout
     line = next(line for line in result.stdout.splitlines() if line.strip().startswith("induction "))
     assert "Induction heads" in line  # each config with the first sentence of its opening comment
@@ -209,3 +227,49 @@ def test_samples_are_drawn_at_evals():
     ):
         load_config(None, ["log.sample_every=300"])
     assert load_config(None, ["log.sample_every=500"]).cfg.log.sample_every == 500
+
+
+def test_messages_name_the_source_and_a_fix(tmp_path: Path):
+    # a learner tweaks the default config from the command line: the line names the override, not the file
+    with pytest.raises(ConfigError, match=r"\(try n_head=4, or n_embd=129\) \(in override model.n_head=3\)$"):
+        load_config(None, ["model.n_head=3"])
+    (tmp_path / "mine.yaml").write_text("base: shakespeare_char\nmodel:\n  n_head: 3\n")
+    with pytest.raises(ConfigError, match=r"\(in .*mine.yaml\)$"):  # set in the user's own file
+        load_config(tmp_path / "mine.yaml")
+    with pytest.raises(
+        ConfigError, match=r"^model.window: 100 is more than block_size=64.*; set at most 64, or null"
+    ):
+        load_config(None, ["model.window=100"])
+    assert load_config(None, ["model.window=64"]).cfg.model.window == 64
+    # text keys take the text: a prompt that YAML would read as a mapping, true as true
+    cfg = load_config(None, ["log.sample_prompt=ROMEO:", "train.compile=true"]).cfg
+    assert cfg.log.sample_prompt == "ROMEO:" and cfg.train.compile == "true"
+    assert (
+        load_config(None, ['log.sample_prompt="a: b"']).cfg.log.sample_prompt == "a: b"
+    )  # quoted, as before
+    (tmp_path / "compiled.yaml").write_text("train:\n  compile: true\n  final_eval: false\n")
+    saved = yaml.safe_load(to_yaml(load_config(tmp_path / "compiled.yaml").cfg))["train"]
+    assert (saved["compile"], saved["final_eval"]) == ("true", "false")
+    # a mis-indented file: said as indentation
+    (tmp_path / "flat.yaml").write_text("train:\nmax_iters: 5\n")
+    with pytest.raises(
+        ConfigError, match=r"flat.yaml: max_iters is a key of the train section; indent it under"
+    ):
+        load_config(tmp_path / "flat.yaml")
+    (tmp_path / "empty.yaml").write_text("optim:\n")
+    with pytest.raises(
+        ConfigError, match=r"empty.yaml: section optim: holds nothing; indent its keys under it"
+    ):
+        load_config(tmp_path / "empty.yaml")
+
+
+@pytest.mark.slow
+def test_the_start_line_counts_the_parameters_the_dry_run_counts(capsys, data_dir: Path, tmp_path: Path):
+    import train as train_script
+
+    args = [f"data.dir={data_dir}", f"train.out_dir={tmp_path}", "train.max_iters=0", "train.eval_iters=1"]
+    dry = script(capsys, train_script.main, *args, "--dry-run")
+    count = re.search(r"model +([\d.]+M) parameters", dry).group(1)
+    assert count == "0.81M"  # 0.80M without the position embedding, which the start line counted
+    start = script(capsys, train_script.main, *args, "log.plot=false", "train.final_eval=false")
+    assert f"model: {count} parameters" in start

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_script
+from conftest import run_script, tiny_checkpoint
 from test_model import reference_generate, tiny
 
 from model import generate, quantize_int8, sample_next
@@ -106,6 +106,27 @@ def test_int8_linear_rounds_each_output_channel_and_computes_with_the_rounded_we
     torch.testing.assert_close(q(x), linear(x), rtol=0.0, atol=0.05)
 
 
+ACROSS_WIDTHS = """
+import torch, torch.nn.functional as F
+from model.quantize import Int8Linear
+torch.manual_seed(0)
+for width in [*range(1, 40), 63, 64, 65, 100, 129, 341, 683]:  # n_embd and SwiGLU hidden sizes, odd ones too
+    q = Int8Linear(torch.nn.Linear(width, 24))
+    for rows in (1, 2, 3, 7):  # one decoding step; a prompt or several samples
+        x = torch.randn(rows, width)
+        expected = F.linear(x.bfloat16().float(), q.dequantized(), q.bias)
+        torch.testing.assert_close(q(x), expected, rtol=1e-2, atol=1e-2)
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_int8_linear_takes_every_input_width_and_row_count():
+    # in a process of its own: torch's CPU kernel crashes the process on the widths it does not handle
+    result = run_script("-c", ACROSS_WIDTHS)
+    assert result.returncode == 0 and result.stdout == "ok\n", (result.returncode, result.stderr[-2000:])
+
+
 def test_int8_model_tracks_the_fp32_model(run: Path):
     model = pretrained.load_model(run).model
     prompt = torch.tensor([[0]])
@@ -130,3 +151,31 @@ def test_sample_cli_batches_and_int8(run: Path):
     assert len(set(sampled.stdout.split("\n---------------\n"))) == 3  # each sample of a batch its own
     int8 = run_script(*greedy, "--quantize", "int8", check=True).stdout
     assert len(int8) == len(one) and int8.startswith("\n")
+
+
+SHAPES = {  # model shapes whose matrix products have input widths that are not multiples of 16
+    "swiglu": ["model.activation=swiglu", "model.n_embd=32", "model.norm=rmsnorm"],  # hidden width 85
+    "gqa": ["model.pos_emb=rope", "model.n_head=4", "model.n_kv_head=2", "model.n_embd=24"],
+    "odd_width": ["model.n_embd=100", "model.n_head=4"],
+}
+OPTION_SETS = [  # every sampling option, a few at a time
+    ["--prompt", "ROMEO:", "--num-samples", "3", "--batch-size", "2", "--top-k", "5", "--top-p", "0.9"],
+    ["--prompt", "ROMEO:", "--num-samples", "2", "--quantize", "int8", "--temperature", "0"],
+    ["--prompt-file", "PROMPT", "--quantize", "int8", "--top-k", "3", "--seed", "7", "--device", "cpu"],
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", SHAPES)
+def test_sample_cli_takes_every_option_on_every_shape(shape: str, data_dir: Path, tmp_path: Path):
+    folder = tiny_checkpoint(tmp_path, data_dir, "model.block_size=16", *SHAPES[shape]).parent
+    (tmp_path / "prompt.txt").write_text("First Citizen:\n")
+    runs = [
+        [str(tmp_path / "prompt.txt") if o == "PROMPT" else o for o in options] for options in OPTION_SETS
+    ]
+    for options in runs:
+        result = run_script("sample.py", str(folder), "--max-new-tokens", "20", *options)
+        assert result.returncode == 0, (options, result.returncode, result.stderr[-2000:])
+        samples = result.stdout.split("\n---------------\n")
+        n = int(options[options.index("--num-samples") + 1]) if "--num-samples" in options else 1
+        assert len(samples) == n and all(len(s.rstrip("\n")) >= 20 for s in samples), options

@@ -216,7 +216,7 @@ def test_plot_overlays_runs_and_every_run_draws_its_curves(trained: Path, run: P
     command.main([str(run), str(trained), "--metric", "val_bpb", "--x", "time", "--out", str(png)])
     assert imread(png).shape[0] >= 400
     labels = command.labels([str(run), str(trained)])
-    assert labels[0].startswith(f"{run}: ") and "train.max_iters=60" in labels[0]
+    assert labels[0].startswith(f"{run}\n") and "train.max_iters=60" in labels[0]  # the keys below the run
     assert "optim.lr=0.003" in labels[1] and "train.eval_interval=200" in labels[1]
     for args, message in (
         ([str(tmp_path / "nowhere")], "no run at .*nowhere: the folder does not exist"),

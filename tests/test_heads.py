@@ -13,6 +13,7 @@ import torch
 from conftest import run_script, train_induction
 
 from common.errors import UserError
+from common.json_text import read_metrics
 from data.loader import TokenWindows
 from data.repeats import Repeats
 from data.shards import TokenFiles
@@ -30,7 +31,6 @@ from interp.scores import (
     text_scores,
 )
 from model import GPT, GPTConfig
-from training.tracking import read_metrics
 
 T, N = 10, 6  # real-text windows of T tokens; [R, R] sequences with len(R) = N
 

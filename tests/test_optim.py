@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,8 @@ import torch
 from conftest import train
 
 from model import GPT, GPTConfig
-from runs.config import OptimConfig
-from training.optim import lr_factor, make_optimizers, set_lr
+from runs.config import OptimConfig, TrainConfig
+from training.optim import lr_factor, make_optimizers, schedule_warning, set_lr
 
 
 def tiny_model(**kw) -> GPT:
@@ -100,8 +101,12 @@ def test_schedules():
     cos = OptimConfig(schedule="cosine", warmup_iters=10, min_lr_ratio=0.1)
     assert lr_factor(0, 0.0, cos) == pytest.approx(0.1)  # warmup: (it + 1) / warmup_iters
     assert lr_factor(9, 0.0, cos) == pytest.approx(1.0)
-    assert lr_factor(100, 0.5, cos) == pytest.approx(0.1 + 0.9 * 0.5)
+    # then the decay over the rest of the run (200 iterations: 190 after the warmup), from the peak itself
+    assert lr_factor(10, 10 / 200, cos) == pytest.approx(1.0)
+    assert lr_factor(105, 105 / 200, cos) == pytest.approx(0.1 + 0.9 * 0.5)
     assert lr_factor(100, 1.0, cos) == pytest.approx(0.1)
+    # by time (progress ahead of the iterations): the warmup's share as the pace says, 0.25 * 10 / 50
+    assert lr_factor(50, 0.25, cos) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.2 / 0.95)))
     wsd = OptimConfig(schedule="wsd", warmup_iters=0, min_lr_ratio=0.0, decay_frac=0.2)
     assert [lr_factor(0, p, wsd) for p in (0.0, 0.5, 0.8, 0.9, 1.0)] == pytest.approx([1, 1, 1, 0.5, 0])
     const = OptimConfig(schedule="constant", warmup_iters=0)
@@ -110,6 +115,35 @@ def test_schedules():
     opts = make_optimizers(m, OptimConfig(lr=2e-3), torch.device("cpu"))
     set_lr(opts, 0.25)
     assert all(g["lr"] == pytest.approx(5e-4) for g in opts[0].param_groups)
+
+
+def test_a_warmup_as_long_as_the_run_is_a_warning():
+    t = TrainConfig(max_iters=100)
+    message = schedule_warning(OptimConfig(warmup_iters=100), t)
+    assert "optim.warmup_iters=100 is not below train.max_iters=100" in message
+    assert message.endswith("set optim.warmup_iters=10")
+    assert schedule_warning(OptimConfig(warmup_iters=99), t) is None
+    assert schedule_warning(OptimConfig(warmup_iters=100), TrainConfig(max_iters=0)) is None  # an eval alone
+
+
+@pytest.mark.slow
+def test_a_short_run_reaches_optim_lr_then_decays_to_its_floor(data_dir: Path, tmp_path: Path):
+    # a learner's 40-iteration run: optim.lr at the warmup's end (it was 97% of it, 28% for 100 of 300)
+    out = tmp_path / "out"
+    train(
+        data_dir,
+        out,
+        "train.max_iters=40",
+        "train.eval_interval=5",
+        "optim.lr=2e-3",
+        "optim.min_lr_ratio=0.1",
+    )
+    lrs = {r["iter"]: r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    assert lrs[5] == pytest.approx(2e-3, rel=1e-6)  # TINY's warmup_iters=5
+    assert max(lrs.values()) == lrs[5] and lrs[10] < lrs[5]
+    assert lrs[40] == pytest.approx(2e-4, rel=1e-6)  # the floor at the end
+    warned = train(data_dir, tmp_path / "short", "train.max_iters=4")
+    assert "warning: optim.warmup_iters=5 is not below train.max_iters=4" in warned.stderr
 
 
 @pytest.mark.slow

@@ -3,10 +3,12 @@ and says in one line what cannot, never a traceback."""
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
-from conftest import script, script_error
+import pytest
+from conftest import run_script, script, script_error, train
 from matplotlib.image import imread
 
 import plot as command
@@ -61,3 +63,48 @@ def test_plot_draws_what_it_can_and_refuses_the_rest_in_one_line(tmp_path: Path,
     )
     (tmp_path / "file").write_text("")
     script_error(capsys, command.main, [run, "--out", str(tmp_path / "file" / "x.png")], "cannot create")
+
+
+OURS = ("common", "model", "data", "runs", "training", "interp", "hf", "gguf_export")
+COUNT = f"""
+import sys
+import plot
+print(sorted(m for m in sys.modules if m.split(".")[0] in {OURS}))
+"""
+
+
+def test_plot_loads_a_few_of_our_modules():
+    # it draws metrics.jsonl: no model, no training code (it loaded 50 of our modules through training/)
+    loaded = ast.literal_eval(run_script("-c", COUNT, check=True).stdout)
+    assert len(loaded) <= 12 and not [m for m in loaded if m.split(".")[0] in ("training", "runs", "model")]
+
+
+def test_a_label_is_what_the_run_last_ran(tmp_path: Path):
+    for name, iters in (("a", None), ("b", 200)):
+        run = Path(write_run(tmp_path / name, rows_of_two_versions()))
+        for folder, n in (("best", 300), ("last", iters or 320)):  # a resumed to 320 iterations, best at 300
+            (run / folder).mkdir()
+            (run / folder / "config.yaml").write_text(
+                f"train:\n  max_iters: {n}\n  out_dir: {name}\nlora: null\n"
+            )
+    a, b = command.labels([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert a == f"{tmp_path / 'a'}\ntrain.max_iters=320" and b.endswith("train.max_iters=200")
+    assert command.labels([str(tmp_path / "a")]) == [str(tmp_path / "a")]  # one run: nothing to tell apart
+
+
+@pytest.mark.slow
+def test_runs_that_differ_in_many_keys_are_told_apart(data_dir: Path, tmp_path: Path, capsys):
+    # a learner's session: a run, the same resumed for longer, and one that changes seven keys, Muon last
+    first, other = tmp_path / "out" / "first", tmp_path / "out" / "other"
+    train(data_dir, first, "train.max_iters=10", "train.eval_interval=10")
+    train(data_dir, first, "train.max_iters=20", "train.eval_interval=10", "train.resume=true")
+    changes = ["model.n_layer=1", "train.batch_size=4", "train.seed=7", "optim.lr=3e-3", "optim.beta2=0.9"]
+    train(data_dir, other, "train.max_iters=10", "train.eval_interval=5", *changes, "optim.name=muon")
+    a, b = command.labels([str(first), str(other)])
+    assert "train.max_iters=20" in a and "train.max_iters=10" in b  # as resumed
+    for key in ("model.n_layer=1", "train.batch_size=4", "train.eval_interval=5", "optim.name=muon"):
+        assert key in b  # every key that differs, none hidden behind "+3 more"
+    assert all(len(line) <= command.WRAP for line in b.splitlines()[1:])
+    shown = script(capsys, command.main, str(first), str(other))
+    assert shown == f"wrote {tmp_path / 'out' / 'runs.png'}\n"  # beside the runs, not in the current folder
+    assert imread(tmp_path / "out" / "runs.png").shape[0] >= 500  # taller for the labels below the axes

@@ -66,13 +66,19 @@ def test_sample_cli_is_reproducible_and_streams_the_prompt(run: Path):
     assert a == b.rstrip("\n")  # greedy decoding ignores the seed stream
 
 
+def test_a_top_k_above_the_vocabulary_is_capped_with_a_note(run: Path):
+    args = ("sample.py", str(run), "--max-new-tokens", "30", "--seed", "3")
+    capped = run_script(*args, "--top-k", "1000", check=True)
+    assert "note: --top-k 1000 is more than the vocabulary's 65 tokens: capped" in capped.stderr
+    assert capped.stdout == run_script(*args, check=True).stdout  # all 65 tokens: as without --top-k
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
         (["--prompt", "héllo ☃"], "the prompt has 2 character(s) not in the vocabulary: 'é', '☃'"),
         (["--temperature", "-1"], "--temperature must be 0 (greedy) or positive"),
-        (["--top-k", "0"], "--top-k must be between 1 and the vocabulary size 65"),
-        (["--top-k", "66"], "--top-k must be between 1 and the vocabulary size 65"),
+        (["--top-k", "0"], "--top-k must be at least 1 (the vocabulary has 65 tokens), got 0"),
         (["--top-p", "0"], "--top-p must be in (0, 1]"),
         (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
         (["--prompt", "a" * 33], "the prompt is 33 tokens, longer than the model's context of 32"),

@@ -3,8 +3,9 @@
 - AdamW, weight decay on 2-D weights only; fused where torch has it for the device (CPU included), else
   foreach (`forloop`: nanoGPT's plain loop, for comparisons). Muon (`optim.name: muon`, training/muon.py) for
   the hidden matrices of the blocks, AdamW for embeddings, the LM head, biases and norms.
-- The schedule: lr x warmup(iter) x decay(progress), progress the larger of iter / max_iters and elapsed /
-  max_time (a run with a time budget still ends decayed); cosine, warmup-stable-decay (wsd) or constant.
+- The schedule: a linear warmup to optim.lr (the peak) over warmup_iters, then the decay from it over the rest
+  of the run, progress the larger of iter / max_iters and elapsed / max_time (a run with a time budget still
+  ends decayed); cosine, warmup-stable-decay (wsd) or constant.
 """
 
 from __future__ import annotations
@@ -59,18 +60,36 @@ def schedule_progress(it: int, elapsed: float, train: TrainConfig) -> float:
 
 
 def lr_factor(it: int, progress: float, cfg: OptimConfig) -> float:
-    """Multiplier on each group's base lr at iteration `it` with `progress` in [0, 1] of the run done."""
-    warmup = min(1.0, (it + 1) / cfg.warmup_iters) if cfg.warmup_iters > 0 else 1.0
+    """Multiplier on each group's base lr at iteration `it` with `progress` in [0, 1] of the run done: a
+    linear warmup to 1 (optim.lr, the peak) over optim.warmup_iters, then the schedule's decay over the rest
+    of the run, from 1 at the warmup's end to optim.min_lr_ratio at the run's end."""
+    w = cfg.warmup_iters
+    if it < w and progress < 1.0:  # a time budget spent within the warmup ends at the schedule's end, too
+        return (it + 1) / w
     p = min(max(progress, 0.0), 1.0)
+    # the decay counts from the warmup's end: the share of the run the warmup took is progress * w / it,
+    # exactly w / max_iters by iterations, and by time (train.max_time) as the run's pace says; it needs no
+    # state, so a resumed run follows the same schedule
+    warm = p * w / it if it > 0 else 0.0
+    p = (p - warm) / (1.0 - warm) if warm < 1.0 else 1.0
     floor = cfg.min_lr_ratio
     if cfg.schedule == "cosine":
-        decay = floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * p))
-    elif cfg.schedule == "wsd":
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * p))
+    if cfg.schedule == "wsd":
         start = 1.0 - cfg.decay_frac
-        decay = 1.0 if p <= start else 1.0 - (1.0 - floor) * (p - start) / cfg.decay_frac
-    else:
-        decay = 1.0
-    return warmup * decay
+        return 1.0 if p <= start else 1.0 - (1.0 - floor) * (p - start) / cfg.decay_frac
+    return 1.0
+
+
+def schedule_warning(cfg: OptimConfig, train: TrainConfig) -> str | None:
+    """What is wrong with a schedule that never reaches optim.lr (a warmup as long as the run), or None."""
+    if train.max_iters == 0 or cfg.warmup_iters < train.max_iters:  # 0: an eval alone, no step
+        return None
+    w, n, fix = cfg.warmup_iters, train.max_iters, max(1, train.max_iters // 10)
+    return (
+        f"optim.warmup_iters={w} is not below train.max_iters={n}: the learning rate warms up all run and "
+        f"never decays (it reaches optim.lr={cfg.lr:g} at iteration {w}); set optim.warmup_iters={fix}"
+    )
 
 
 def set_lr(optimizers: list[torch.optim.Optimizer], factor: float) -> None:

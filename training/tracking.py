@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import configparser
 import importlib.util
-import json
 import netrc
 import os
 import sys
@@ -31,9 +30,11 @@ from tqdm import tqdm
 from common import json_text
 from common.errors import UserError
 from common.files import append_line, atomic_write
+from common.json_text import metrics_rows, read_metrics  # plot.py reads them without training/
 from runs.config import to_dict
 from runs.out_dir import METRICS
 from training.evaluation import final_eval_wanted
+from training.optim import schedule_warning
 
 PLOT_SHARE = 0.01  # the most of a run's wall time that redrawing loss.png may take
 
@@ -199,9 +200,10 @@ def describe_run(run) -> None:
     if not rt.is_main:
         return
     mc, meta = cfg.model, run.dataset.meta
+    every = model.num_params(non_embedding=False)  # as --dry-run counts
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(
-        f"model: {model.num_params() / 1e6:.2f}M parameters ({mc.describe()}); dataset {cfg.data.dataset}: "
+        f"model: {every / 1e6:.2f}M parameters ({mc.describe()}); dataset {cfg.data.dataset}: "
         f"{meta.train_tokens:,} train / {meta.val_tokens:,} val tokens"
     )
     print(
@@ -210,6 +212,8 @@ def describe_run(run) -> None:
         f"{run.micro_steps} micro-step(s) x {rt.world_size} process(es) = {cfg.tokens_per_iter:,} "
         "tokens/iteration"
     )
+    if schedule_warning(cfg.optim, cfg.train):
+        print(f"warning: {schedule_warning(cfg.optim, cfg.train)}", file=sys.stderr)
     if cfg.train.init_from and not cfg.train.resume:
         print(f"starting from the weights of {cfg.train.init_from} (fresh optimizer, iteration 0)")
     if cfg.train.resume:
@@ -256,29 +260,10 @@ def check_wandb_login() -> None:
         )
 
 
-def _rows(metrics_path: Path) -> list[tuple[str, dict | None]]:
-    """(line, its record, or None where it is not a JSON object) for each line of metrics.jsonl."""
-    rows = []
-    for line in Path(metrics_path).read_text(encoding="utf-8", errors="replace").splitlines():
-        if line.strip():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                record = None
-            rows.append((line, record if isinstance(record, dict) else None))
-    return rows
-
-
-def read_metrics(metrics_path: Path) -> list[dict]:
-    """The records of OUT_DIR/metrics.jsonl, one per eval; a torn line (a crash while it was written, or a
-    run writing it now) is left out."""
-    return [record for _, record in _rows(metrics_path) if record is not None]
-
-
 def repair_metrics(metrics_path: Path, upto: int) -> str:
     """Rewrite metrics.jsonl without torn lines and without the rows past iteration `upto` (the checkpoint
     a run resumes from); '' when it is whole, else a line saying what was dropped."""
-    rows = _rows(metrics_path)
+    rows = metrics_rows(metrics_path)
     kept = [
         line
         for line, r in rows
