@@ -10,7 +10,7 @@ import torch
 from conftest import OPTIONS, model_with, replay
 
 from model import GPT, generate
-from model.hooks import hooked, point_names, run_with_cache, run_with_hooks, unembed
+from model.hooks import HookPoint, hooked, point_names, run_with_cache, run_with_hooks
 
 
 def tokens(B: int = 2, T: int = 16, seed: int = 1) -> torch.Tensor:
@@ -18,7 +18,7 @@ def tokens(B: int = 2, T: int = 16, seed: int = 1) -> torch.Tensor:
 
 
 def no_hooks_left(model: GPT) -> bool:
-    return all("hook" not in m.__dict__ and getattr(m, "hook", None) is None for m in model.modules())
+    return all(m.fns is None for m in model.modules() if isinstance(m, HookPoint))
 
 
 @pytest.mark.parametrize("name", OPTIONS)
@@ -67,7 +67,7 @@ def test_cached_activations_are_what_the_model_computes(name):
             assert torch.equal(cache[at + "resid_post"], mid)
             if layer + 1 < cfg.n_layer:
                 assert torch.equal(cache[f"blocks.{layer + 1}.resid_pre"], cache[at + "resid_post"])
-        assert torch.equal(unembed(model, cache[f"blocks.{cfg.n_layer - 1}.resid_post"]), logits)
+        assert torch.equal(model.unembed(cache[f"blocks.{cfg.n_layer - 1}.resid_post"]), logits)
         # the fast path's head outputs agree with the explicit path's
         _, fast = run_with_cache(model, idx, [f"blocks.{i}.attn.z" for i in range(cfg.n_layer)])
     for layer in range(cfg.n_layer):
