@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from model.attention import LocalSpan, attend_locally, attention_span, document_starts
 from model.config import GPTConfig
-from model.hooks import HookPoint, run_with_cache
+from model.hooks import HookPoint, run_with_cache, speed_up_hook_points
 from model.kv_cache import KVCache
 
 
@@ -237,6 +237,7 @@ class GPT(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
+        speed_up_hook_points(self)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -45,6 +45,18 @@ class HookPoint(nn.Module):
         return x
 
 
+def speed_up_hook_points(model: nn.Module) -> None:
+    """Put each hook point in its parent's `__dict__` as well as among its submodules, so that reading
+    `self.hook_q` in a forward pass is a plain attribute read: nn.Module finds submodules in its own
+    `__getattr__`, which costs about as much as the rest of an unused point (BENCHMARKS.md, "Interventions:
+    ablation's time and the hooks' cost"). nn.Module's `__setattr__` drops the copy if the attribute is set
+    again."""
+    for module in model.modules():
+        for name, child in module.named_children():
+            if isinstance(child, HookPoint):
+                module.__dict__[name] = child
+
+
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
     """Every hook point of `model` by name, in the order a forward pass reaches them (the order the modules
     are made in)."""
