@@ -5,6 +5,8 @@ are refused."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import OPTIONS, model_with, replay
@@ -193,3 +195,21 @@ def test_bad_point_names_say_what_is_wrong():
             pass
     assert no_hooks_left(model)
     assert "blocks.0.mlp_out" not in point_names(attention_only) and len(point_names(model)) == 2 * 10
+
+
+def test_hook_points_are_plain_attributes_of_their_modules_in_forward_order():
+    """An unused point costs an attribute read and a None check: nn.Module's __getattr__ (where submodules
+    are found) would cost the eager decoding step about 4% (BENCHMARKS.md, "Interventions: ablation's time
+    and the hooks' cost"), so each point also sits in its parent's __dict__, also after a deepcopy."""
+    model = model_with({})
+    for m in (model, copy.deepcopy(model)):
+        for module in m.modules():
+            for name, child in module.named_children():
+                if isinstance(child, HookPoint):
+                    assert module.__dict__.get(name) is child, name
+    assert point_names(model)[:11] == [
+        "blocks.0.resid_pre",
+        *(f"blocks.0.attn.{p}" for p in ("q", "k", "v", "pattern", "z")),
+        *(f"blocks.0.{p}" for p in ("attn_out", "resid_mid", "mlp_out", "resid_post")),
+        "blocks.1.resid_pre",
+    ]
