@@ -218,7 +218,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    activation_checkpointing = False  # a training choice (training/trainer.py): recompute blocks in backward
+    activation_checkpointing = False  # train.activation_checkpointing: recompute blocks in backward
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()

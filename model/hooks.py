@@ -6,7 +6,7 @@
 
 Each point is a `HookPoint` in model/gpt.py, an identity on the line it observes (`x =
 self.hook_resid_pre(x)`), as in TransformerLens; its name is its module path without the "hook_" prefix,
-and those modules are the one list of names (`point_names`). Unused, a point costs one `is None` check.
+and those modules are the one list of names (`point_names`). Unused, a point costs a read and a None check.
 docs/heads.md ("Hooks, for your own experiments") lists the points and their shapes.
 """
 
@@ -48,9 +48,9 @@ class HookPoint(nn.Module):
 def speed_up_hook_points(model: nn.Module) -> None:
     """Put each hook point in its parent's `__dict__` as well as among its submodules, so that reading
     `self.hook_q` in a forward pass is a plain attribute read: nn.Module finds submodules in its own
-    `__getattr__`, which costs about as much as the rest of an unused point (BENCHMARKS.md, "Interventions:
-    ablation's time and the hooks' cost"). nn.Module's `__setattr__` drops the copy if the attribute is set
-    again."""
+    `__getattr__`, several times slower, which cost the eager decoding step 4% (BENCHMARKS.md,
+    "Interventions: ablation's time and the hooks' cost"). nn.Module's `__setattr__` drops the copy if the
+    attribute is set again."""
     for module in model.modules():
         for name, child in module.named_children():
             if isinstance(child, HookPoint):
