@@ -24,7 +24,7 @@ import torch
 
 from interp.scores import evaluating, head_name
 from model import GPT
-from model.hooks import run_with_cache, unembed
+from model.hooks import run_with_cache
 
 
 def stage_names(model: GPT) -> list[str]:
@@ -42,7 +42,7 @@ def logit_lens(model: GPT, ids: list[int], top: int = 5) -> dict:
     names = ["blocks.0.resid_pre"] + [f"blocks.{layer}.resid_post" for layer in range(model.config.n_layer)]
     with evaluating(model):
         _, cache = run_with_cache(model, idx, names)
-        logp = torch.stack([torch.log_softmax(unembed(model, cache[n][0]).float(), dim=-1) for n in names])
+        logp = torch.stack([torch.log_softmax(model.unembed(cache[n][0]).float(), dim=-1) for n in names])
     probs, top_ids = logp.exp().topk(min(top, logp.size(-1)), dim=-1)
     true = logp[:, :-1].gather(-1, idx[0, 1:].expand(len(names), -1)[..., None])[..., 0]
     return {

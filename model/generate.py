@@ -1,26 +1,13 @@
-"""Autoregressive generation: sampling rules and the KV-cached decoding loop.
+"""Autoregressive generation: the sampling rules (`sample_next`) and the KV-cached decoding loop (`generate`).
 
-Context policy past `block_size`: the model never sees more than block_size tokens. When the context is
-full, it slides forward by half a block: the last block_size // 2 tokens are encoded afresh (one prefill)
-and decoding goes on one token per step. Every new token therefore sees between block_size // 2 and
-block_size previous tokens. Re-encoding the last block_size tokens at every step (nanoGPT's crop) would give
-each token a full context but cost a whole forward pass per token, which is what the cache exists to avoid.
-`use_cache=False` follows the same windows with a full forward pass per token: it is the reference the
-cached path is tested against, and the baseline tools/bench.py measures the cache against.
-A model with a sliding window and rotary positions (`GPTConfig.unbounded_context`) never slides: it sees
-its last `window` tokens at relative positions only, so its positions go on past block_size, each step
-costing the same (a rolling cache of `window` slots, model/kv_cache.py); without the cache its reference
-is a full forward over everything so far.
-
-Decoding at batch size B reads every weight once per step for all B samples, so a step costs little more
-than at B = 1 (the weights' bytes, not the arithmetic, bound it). The step has the same shapes every time:
-one token per sample at a position given as a tensor, attending over all the cache's slots under a mask
-(model/kv_cache.py). So `compile=True` compiles it once (model/decoding.py: ahead of time on a CPU, with
-CUDA graphs on CUDA); a compiled step and its cache are kept with the model for its next generation.
-The prompt and each slide are encoded eagerly. Sampling never waits for the device: it draws with the
-exponential race below, and reading the token (to print it) is the one host sync per step, the caller's.
-On a CPU the steps are timed to pick the thread count (common/threads.py); a forward pass gives the same
-bits at one thread as at two (tests/test_threads.py), so the text does not depend on it.
+Past block_size the context slides forward by half a block (one prefill of the last block_size // 2
+tokens), so every token sees between half a context and a whole one at one token's cost per step; a model
+with a window and rotary positions (`unbounded_context`) never slides: its rolling cache goes on past
+block_size. `use_cache=False` follows the same windows with a full forward pass per token: the reference the
+cache is tested against, and the baseline tools/bench.py measures it against. Every step has the same
+shapes, so `compile=True` compiles it once (model/decoding.py). Sampling never waits for the device (the
+exponential race in `sample_next`): reading the token is the step's one host sync, the caller's.
+docs/sampling.md ("How decoding works") says why, and what the batch size and the thread count do.
 """
 
 from __future__ import annotations

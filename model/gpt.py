@@ -1,39 +1,21 @@
-"""A decoder-only transformer (GPT), read top to bottom.
+"""A decoder-only transformer (GPT), read top to bottom as nanoGPT's model.py.
 
 tokens -> token embedding (+ learned positions) -> n_layer x [pre-norm causal multi-head self-attention,
 pre-norm MLP, each added to the residual stream] -> final norm -> LM head (tied to the token embedding).
 
 Notable:
-- Attention runs through `F.scaled_dot_product_attention` (flash kernels on CPU and GPU; see `attend`).
-  `attention_weights()` takes an explicit path instead that materialises softmax(Q K^T / sqrt(d_head) + causal
-  mask) per head, so the weights can be inspected (heads.py) and checked against the fast path (tests).
-- Each head has size d_head = n_embd / n_head. With grouped-query attention (`n_kv_head`), groups of query
-  heads share one key/value head; with a sliding `window`, query i sees keys i-window+1 .. i only, and with
-  `doc_mask` only the keys of its own document (from the last `doc_token`, <|endoftext|>, on). Both go through
-  model/attention.py's blocks, at a cost linear in T (a dense T x T mask would cost more than full attention).
-- Options from `GPTConfig` (rotary positions, RMSNorm, QK-norm, ReLU^2 / SwiGLU MLP, untied head, no biases,
-  zero-init output projections, logit soft-capping) are all off in the GPT-2 compatible defaults. With
-  `activation: gelu_tanh` the network is GPT-2 exactly; with rotary positions, RMSNorm, SwiGLU and no biases
-  it is Llama (hf/ converts the weights both ways).
-- GPT-2 initialisation: N(0, 0.02), the residual projections (W_O, MLP output) scaled by 1/sqrt(2 n_layer).
-- Hook points (model/hooks.py): Block and CausalSelfAttention check a `hook` that is None unless
-  `model.hooks.hooked` sets it, and then let it read or replace the residual stream, each head's query, key,
-  value, pattern and output, and the attention's and the MLP's outputs.
-- `kv_cache` (model/kv_cache.py: one slot per position, or `window` slots used in turn for a windowed model)
-  lets generation encode a prompt once, then run one token per step at a position given as a tensor
-  (`input_pos`), so the step's shapes never change. A model with a window and rotary positions depends only
-  on the last `window` tokens of each layer at relative positions: its positions go on past block_size
-  (rotary angles computed for them as needed), so it can read and generate sequences of any length.
-- `activation_checkpointing` (a training choice, set by training/run.py, not part of the shape): each
-  block keeps only its input for backward and computes its activations again there (torch.utils.checkpoint,
-  non-reentrant: dropout draws the same masks again), so the activations held are one block's, not n_layer's.
+- Attention runs through `F.scaled_dot_product_attention` (flash kernels); a hook on a head's pattern switches
+  that layer to `attend_explicitly`, which writes the weights down (heads.py, `GPT.attention_weights`).
+- Every option of `GPTConfig` (rotary, RMSNorm, QK-norm, GQA, windows, documents, ...) is off in the GPT-2
+  defaults; `attention_inputs` turns the ones that touch attention into the rotary angles and the mask.
+- `self.hook_*` lines are hook points (model/hooks.py): identities unless `hooked` sets them; skip them.
+- `kv_cache` (model/kv_cache.py, docs/sampling.md) and `activation_checkpointing` (docs/training.md).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
 from typing import Optional
 
 import torch
@@ -43,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from model.attention import LocalSpan, attend_locally, attention_span, document_starts
 from model.config import GPTConfig
+from model.hooks import HookPoint, run_with_cache, speed_up_hook_points
 from model.kv_cache import KVCache
 
 
@@ -90,6 +73,7 @@ def causal_mask(
 
 
 Mask = Optional[torch.Tensor | LocalSpan]
+Rotary = tuple[torch.Tensor, torch.Tensor]  # cos and sin of the positions' angles
 
 
 def attend(
@@ -128,10 +112,10 @@ def attend_explicitly(
     values: torch.Tensor,
     mask: Mask,
     dropout: float,
-    edit: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same as `attend`, written out, also returning the attention weights (B, H, T, n_keys) (after
-    `edit`, when given: a hook that reads or replaces them before they weight the values)."""
+    hook_pattern: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+) -> torch.Tensor:
+    """The same as `attend`, written out: the weights (B, H, T, n_keys) go through `hook_pattern`, which may
+    read or replace them, before they weight the values."""
     T = queries.size(2)
     if mask is None:
         mask = causal_mask(torch.arange(T, device=queries.device), T, None)
@@ -143,14 +127,12 @@ def attend_explicitly(
     scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
     weights = weights.type_as(queries)
-    if edit is not None:
-        weights = edit(weights)
-    return F.dropout(weights, dropout) @ values, weights
+    if hook_pattern is not None:
+        weights = hook_pattern(weights)
+    return F.dropout(weights, dropout) @ values
 
 
 class CausalSelfAttention(nn.Module):
-    hook = None  # a model.hooks.HookSite while hooks are set (attn.q/k/v, pattern, z); checked, else unused
-
     def __init__(self, cfg: GPTConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -160,43 +142,32 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm = cfg.qk_norm
         self.attn_dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_pattern, self.hook_z = HookPoint(), HookPoint()
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rotary: Optional[tuple[torch.Tensor, torch.Tensor]],
-        mask: Mask,
-        kv_cache: Optional[KVCache] = None,
-        positions: Optional[torch.Tensor] = None,
-        return_weights: bool = False,
+        self, x, rotary: Optional[Rotary], mask: Mask, kv_cache: Optional[KVCache] = None, positions=None
     ):
         B, T, C = x.shape
         H, H_kv, d = self.n_head, self.n_kv_head, self.head_dim
-        queries, keys, values = self.W_QKV(x).split([H * d, H_kv * d, H_kv * d], dim=-1)
-        queries, keys, values = queries.view(B, T, H, d), keys.view(B, T, H_kv, d), values.view(B, T, H_kv, d)
-        hook = self.hook
-        if hook is not None:  # each head's query, key and value, before QK-norm and rotary
-            queries, keys, values = hook("q", queries), hook("k", keys), hook("v", values)
-        queries = queries.transpose(1, 2)  # (B, H, T, d)
-        keys = keys.transpose(1, 2)  # (B, H_kv, T, d)
-        values = values.transpose(1, 2)
+        q, k, v = self.W_QKV(x).split([H * d, H_kv * d, H_kv * d], dim=-1)
+        q = self.hook_q(q.view(B, T, H, d)).transpose(1, 2)  # (B, H, T, d)
+        k = self.hook_k(k.view(B, T, H_kv, d)).transpose(1, 2)  # (B, H_kv, T, d)
+        v = self.hook_v(v.view(B, T, H_kv, d)).transpose(1, 2)
         if self.qk_norm:
-            queries, keys = F.rms_norm(queries, (d,)), F.rms_norm(keys, (d,))
+            q, k = F.rms_norm(q, (d,)), F.rms_norm(k, (d,))
         if rotary is not None:
-            queries, keys = apply_rotary(queries, *rotary), apply_rotary(keys, *rotary)
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         if kv_cache is not None:  # write this step's keys and values; attend over every slot of the cache
-            keys, values = kv_cache.update(self.layer_idx, positions, keys, values)
+            k, v = kv_cache.update(self.layer_idx, positions, k, v)
         dropout = self.attn_dropout if self.training else 0.0
-        if return_weights or (hook is not None and hook.wants("pattern")):
-            edit = None if hook is None else partial(hook, "pattern")
-            y, weights = attend_explicitly(queries, keys, values, mask, dropout, edit)
+        if self.hook_pattern.fns is None:  # the fast path: the weights are never written down
+            y = attend(q, k, v, mask, dropout)
         else:
-            y, weights = attend(queries, keys, values, mask, dropout), None
-        y = y.transpose(1, 2)  # (B, T, H, d): each head's output
-        if hook is not None:
-            y = hook("z", y)
+            y = attend_explicitly(q, k, v, mask, dropout, self.hook_pattern)
+        y = self.hook_z(y.transpose(1, 2))  # (B, T, H, d): each head's output
         y = y.contiguous().view(B, T, C)  # concatenate the heads
-        return self.resid_dropout(self.W_O(y)), weights
+        return self.resid_dropout(self.W_O(y))
 
 
 class MLP(nn.Module):
@@ -223,29 +194,31 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    hook = None  # a model.hooks.HookSite while hooks are set (resid_pre, attn_out, ...); checked, else unused
-
     def __init__(self, cfg: GPTConfig, layer_idx: int):
         super().__init__()
+        self.hook_resid_pre = HookPoint()
         self.norm1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg, layer_idx)
+        self.hook_attn_out = HookPoint()
         self.norm2 = make_norm(cfg) if cfg.mlp else None
         self.mlp = MLP(cfg) if cfg.mlp else None
+        if cfg.mlp:
+            self.hook_resid_mid, self.hook_mlp_out = HookPoint(), HookPoint()
+        self.hook_resid_post = HookPoint()
 
-    def forward(self, x, rotary, mask, kv_cache=None, positions=None, return_weights=False):
-        hook = self.hook
-        x = x if hook is None else hook("resid_pre", x)
-        a, weights = self.attn(self.norm1(x), rotary, mask, kv_cache, positions, return_weights)
-        x = x + (a if hook is None else hook("attn_out", a))
+    def forward(
+        self, x, rotary: Optional[Rotary], mask: Mask, kv_cache: Optional[KVCache] = None, positions=None
+    ):
+        x = self.hook_resid_pre(x)
+        x = x + self.hook_attn_out(self.attn(self.norm1(x), rotary, mask, kv_cache, positions))
         if self.mlp is not None:
-            x = x if hook is None else hook("resid_mid", x)
-            m = self.mlp(self.norm2(x))
-            x = x + (m if hook is None else hook("mlp_out", m))
-        return (x if hook is None else hook("resid_post", x)), weights
+            x = self.hook_resid_mid(x)
+            x = x + self.hook_mlp_out(self.mlp(self.norm2(x)))
+        return self.hook_resid_post(x)
 
 
 class GPT(nn.Module):
-    activation_checkpointing = False  # recompute each block's activations in backward (see the docstring)
+    activation_checkpointing = False  # train.activation_checkpointing: recompute blocks in backward
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -264,10 +237,12 @@ class GPT(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
+        speed_up_hook_points(self)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation, with residual projections scaled down by depth (or zeroed)."""
+        """GPT-2 initialisation: N(0, 0.02), the residual projections (W_O, the MLP's output) scaled by
+        1 / sqrt(2 n_layer), or zeroed."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -307,62 +282,6 @@ class GPT(nn.Module):
         frozen = sum(p.numel() for p in self.parameters() if not p.requires_grad and id(p) not in lookups)
         return 6 * self.num_params(non_embedding=True) - 2 * frozen + 12 * cfg.n_layer * cfg.n_embd * span
 
-    def _positions(self, idx: torch.Tensor, input_pos: Optional[torch.Tensor]) -> torch.Tensor:
-        T, block_size = idx.size(1), self.config.block_size
-        if block_size < T and not self.config.unbounded_context:
-            raise ValueError(f"sequence of {T} tokens is longer than block_size={block_size}")
-        return torch.arange(T, device=idx.device) if input_pos is None else input_pos
-
-    def _rotary(self, positions: torch.Tensor, input_pos: Optional[torch.Tensor]):
-        if self.pos_emb is not None:
-            return None
-        cfg = self.config
-        if cfg.unbounded_context and (input_pos is not None or positions.size(0) > cfg.block_size):
-            cos, sin = rotary_angles(positions, cfg.head_dim, cfg.rope_base)  # may lie past the tables
-            return cos.to(self.rope_cos.dtype), sin.to(self.rope_sin.dtype)
-        return self.rope_cos[positions], self.rope_sin[positions]
-
-    def _starts(
-        self,
-        idx: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: Optional[KVCache],
-        input_pos: Optional[torch.Tensor],
-    ) -> Optional[torch.Tensor]:
-        """With doc_mask, where each token's document begins (B, T), kept in the cache for the next step."""
-        if not self.config.doc_mask:
-            return None
-        previous = kv_cache.doc_start if kv_cache is not None and input_pos is not None else None
-        starts = document_starts(idx, self.config.doc_token, positions, previous)
-        if kv_cache is not None:
-            kv_cache.doc_start.copy_(starts[:, -1])
-        return starts
-
-    def _mask(
-        self, positions: torch.Tensor, kv_cache: Optional[KVCache], starts: Optional[torch.Tensor]
-    ) -> Mask:
-        """None (plain causal attention), a LocalSpan for a window or documents over the tokens' own keys
-        (training, evaluation, the prefill of a rolling cache), or the boolean mask over a cache's slots."""
-        window = self.config.window
-        if kv_cache is None or (kv_cache.rolling and positions.size(0) > 1):
-            return LocalSpan(window, starts) if window is not None or starts is not None else None
-        key_pos = kv_cache.slot_positions(positions[-1:])
-        mask = causal_mask(positions, kv_cache.slots, window, key_pos)
-        if starts is not None:  # (B, 1, T, slots): the keys of each row's current document
-            mask = (mask & (key_pos >= starts[:, :, None])).unsqueeze(1)
-        return mask
-
-    def _embed(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.token_emb(idx)
-        if self.pos_emb is not None:
-            x = x + self.pos_emb(positions)
-        return self.drop(x)
-
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(self.norm_f(x))
-        cap = self.config.logit_softcap
-        return cap * torch.tanh(logits / cap) if cap else logits
-
     def forward(
         self,
         idx: torch.Tensor,
@@ -379,34 +298,90 @@ class GPT(nn.Module):
         positions up to its own (a rolling cache's prefill attends over its own keys, then keeps the last
         `window`). Targets of -1 are ignored by the loss.
         """
-        positions = self._positions(idx, input_pos)
-        if kv_cache is not None and kv_cache.rolling and input_pos is not None and idx.size(1) > 1:
-            raise ValueError("a rolling KV cache takes its prefill from position 0, then one token at a time")
-        starts = self._starts(idx, positions, kv_cache, input_pos)
-        rotary, mask = self._rotary(positions, input_pos), self._mask(positions, kv_cache, starts)
-        x = self._embed(idx, positions)
-        recompute = self.activation_checkpointing and torch.is_grad_enabled()
+        T = idx.size(1)
+        if self.config.block_size < T and not self.config.unbounded_context:
+            raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
+        pos = torch.arange(T, device=idx.device) if input_pos is None else input_pos
+        rotary, mask = self.attention_inputs(idx, pos, kv_cache, input_pos)  # GPT-2: None, None (causal)
+        x = self.token_emb(idx)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(pos)
+        x = self.drop(x)
         for block in self.blocks:
-            if recompute:  # keep x alone; backward runs the block again
-                x, _ = checkpoint(block, x, rotary, mask, kv_cache, positions, use_reentrant=False)
+            if self.activation_checkpointing and torch.is_grad_enabled():
+                # keep x alone; backward runs the block again (non-reentrant: dropout draws the same masks)
+                x = checkpoint(block, x, rotary, mask, kv_cache, pos, use_reentrant=False)
             else:
-                x, _ = block(x, rotary, mask, kv_cache, positions)
-        logits = self._logits(x[:, -1:] if last_only else x)
+                x = block(x, rotary, mask, kv_cache, pos)
+        logits = self.unembed(x[:, -1:] if last_only else x)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
 
+    def unembed(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits a residual stream (..., C) stands for: the final norm, the LM head and any soft cap (the
+        logit lens applies them to any layer's residual)."""
+        logits = self.lm_head(self.norm_f(x))
+        cap = self.config.logit_softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
+
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Forward through the explicit attention path: (logits (B, T, vocab), one (B, n_head, T, T)
-        tensor of attention weights per layer; row q holds how query q distributes over the keys)."""
-        positions = self._positions(idx, None)
-        starts = self._starts(idx, positions, None, None)
-        rotary, mask = self._rotary(positions, None), self._mask(positions, None, starts)
-        x = self._embed(idx, positions)
-        weights = []
-        for block in self.blocks:
-            x, w = block(x, rotary, mask, return_weights=True)
-            weights.append(w)
-        return self._logits(x), weights
+        """A forward pass that keeps every head's pattern (the explicit attention path): (logits (B, T,
+        vocab), one (B, n_head, T, T) tensor of attention weights per layer; row q holds how query q
+        distributes over the keys)."""
+        names = [f"blocks.{layer}.attn.pattern" for layer in range(len(self.blocks))]
+        logits, cache = run_with_cache(self, idx, names)
+        return logits, [cache[name] for name in names]
+
+    def attention_inputs(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: Optional[KVCache] = None,
+        input_pos: Optional[torch.Tensor] = None,
+    ) -> tuple[Optional[Rotary], Mask]:
+        """What attention needs besides the tokens: the rotary angles of `positions` (None with learned
+        positions), and the mask: None for plain causal attention, a LocalSpan for a window or documents over
+        the tokens' own keys (training, evaluation, a rolling cache's prefill), or a boolean mask over a
+        cache's slots."""
+        if kv_cache is not None and kv_cache.rolling and input_pos is not None and idx.size(1) > 1:
+            raise ValueError("a rolling KV cache takes its prefill from position 0, then one token at a time")
+        starts = self._document_starts(idx, positions, kv_cache, input_pos) if self.config.doc_mask else None
+        return self._rotary(positions, input_pos), self._mask(positions, kv_cache, starts)
+
+    def _rotary(self, positions: torch.Tensor, input_pos: Optional[torch.Tensor]) -> Optional[Rotary]:
+        if self.pos_emb is not None:
+            return None
+        cfg = self.config
+        if cfg.unbounded_context and (input_pos is not None or positions.size(0) > cfg.block_size):
+            cos, sin = rotary_angles(positions, cfg.head_dim, cfg.rope_base)  # may lie past the tables
+            return cos.to(self.rope_cos.dtype), sin.to(self.rope_sin.dtype)
+        return self.rope_cos[positions], self.rope_sin[positions]
+
+    def _document_starts(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: Optional[KVCache],
+        input_pos: Optional[torch.Tensor],
+    ) -> torch.Tensor:
+        """Where each token's document begins (B, T), kept in the cache for the next step."""
+        previous = kv_cache.doc_start if kv_cache is not None and input_pos is not None else None
+        starts = document_starts(idx, self.config.doc_token, positions, previous)
+        if kv_cache is not None:
+            kv_cache.doc_start.copy_(starts[:, -1])
+        return starts
+
+    def _mask(
+        self, positions: torch.Tensor, kv_cache: Optional[KVCache], starts: Optional[torch.Tensor]
+    ) -> Mask:
+        window = self.config.window
+        if kv_cache is None or (kv_cache.rolling and positions.size(0) > 1):
+            return LocalSpan(window, starts) if window is not None or starts is not None else None
+        key_pos = kv_cache.slot_positions(positions[-1:])
+        mask = causal_mask(positions, kv_cache.slots, window, key_pos)
+        if starts is not None:  # (B, 1, T, slots): the keys of each row's current document
+            mask = (mask & (key_pos >= starts[:, :, None])).unsqueeze(1)
+        return mask

@@ -1,16 +1,13 @@
 """A key/value cache for generation: each layer's keys and values, in a fixed number of slots.
 
-Allocated once and never reallocated. Static (models without a window): one slot per position up to the
-model's block_size; `update` writes the keys and values of the tokens at the given positions into their
-slots (in place, with `index_copy_`) and returns the layer's whole cache, and the attention mask
-(`model.gpt.causal_mask`) hides the slots past each query. Rolling (models with a window): `window` slots
-used in turn, position p in slot p mod window, so its memory and a step's work stay the same however far
-generation goes; `slot_positions` says which position each slot holds, for the mask. A rolling cache's
-prefill (several tokens, from position 0) attends over its own keys (model/attention.py's blocks) and keeps
-the last `window`; then it takes one token at a time. Either way the shapes are the same at every decoding
-step, which is what lets `torch.compile` (and CUDA graphs) take the step once and replay it. The cache keeps
-no position of its own: the caller says where the tokens go. With document masking it also keeps, per
-sequence, the position where the current document began (`doc_start`).
+Allocated once and never reallocated. Static (models without a window): one slot per position up to
+block_size, written in place (`index_copy_`); the attention mask (`model.gpt.causal_mask`) hides the slots
+past each query. Rolling (models with a window): `window` slots used in turn, position p in slot p mod
+window, so memory and a step's work stay the same however far generation goes (`slot_positions` says which
+position each slot holds). A rolling cache's prefill attends over its own keys and keeps the last `window`.
+Either way a decoding step has the same shapes every time, which lets `torch.compile` (and CUDA graphs) take
+it once. The caller says where the tokens go; with document masking the cache keeps where each sequence's
+current document began (`doc_start`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """LoRA: low-rank adapters on a frozen GPT's projections (Hu et al. 2021, as PEFT implements them).
 
 A targeted projection y = x W^T + b becomes y = x W^T + b + (alpha / rank) * dropout(x) A^T B^T, with A
-(rank x in) random and B (out x rank) zero at the start, so training begins from the base model exactly;
-W, b and every other weight of the base stay frozen (requires_grad False), so they get no gradient and no
-optimizer state. `add_lora` swaps the targeted nn.Linear modules for `LoRALinear` in place: the base weights
-keep their names (blocks.0.attn.W_QKV.weight), the adapters sit beside them (blocks.0.attn.W_QKV.lora_A,
-.lora_B), so a checkpoint can hold the adapters alone and load them onto the base.
-
-Notable: our W_QKV fuses the query, key and value projections, and with SwiGLU W_in fuses gate and up. A
-LoRA on a fused matrix is one rank-r update of the whole of it; separate LoRAs on its parts are a block
-structure (A stacks one A_i per part, B is block-diagonal: each part's rows use its own A_i). GPT-2 itself
-fuses c_attn, and PEFT adapts it whole; Llama keeps q_proj, k_proj, v_proj (and gate_proj, up_proj) apart,
-and PEFT adapts each. `parts` follows the family, so an adapter trained here is the one PEFT would train on
-the same base, and hf/ writes it as a PEFT adapter with nothing approximated: learned positions (GPT-2) one
-adapter per matrix, rotary positions (Llama) one per projection. `merge` folds adapters into the weights
-(W + scale * B A), for sampling and export.
+random and B zero at the start, so training begins from the base model exactly; every base weight stays
+frozen. `add_lora` swaps the targeted nn.Linear modules for `LoRALinear` in place: the base weights keep
+their names (blocks.0.attn.W_QKV.weight), the adapters sit beside them (.lora_A, .lora_B), so a checkpoint
+can hold the adapters alone. Notable: a fused matrix (W_QKV; W_in with SwiGLU) gets one adapter whole
+(GPT-2's c_attn, as PEFT adapts it) or one per part, a block structure (Llama's q/k/v_proj): `parts` follows
+the family, so hf/ writes a PEFT adapter with nothing approximated (docs/hugging-face.md, "LoRA:
+fine-tuning the adapters alone"). `merge` folds adapters into the weights (W + scale * B A).
 """
 
 from __future__ import annotations

@@ -5,12 +5,14 @@ are refused."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import OPTIONS, model_with, replay
 
 from model import GPT, generate
-from model.hooks import hooked, point_names, run_with_cache, run_with_hooks, unembed
+from model.hooks import HookPoint, hooked, point_names, run_with_cache, run_with_hooks
 
 
 def tokens(B: int = 2, T: int = 16, seed: int = 1) -> torch.Tensor:
@@ -18,7 +20,7 @@ def tokens(B: int = 2, T: int = 16, seed: int = 1) -> torch.Tensor:
 
 
 def no_hooks_left(model: GPT) -> bool:
-    return all("hook" not in m.__dict__ and getattr(m, "hook", None) is None for m in model.modules())
+    return all(m.fns is None for m in model.modules() if isinstance(m, HookPoint))
 
 
 @pytest.mark.parametrize("name", OPTIONS)
@@ -67,7 +69,7 @@ def test_cached_activations_are_what_the_model_computes(name):
             assert torch.equal(cache[at + "resid_post"], mid)
             if layer + 1 < cfg.n_layer:
                 assert torch.equal(cache[f"blocks.{layer + 1}.resid_pre"], cache[at + "resid_post"])
-        assert torch.equal(unembed(model, cache[f"blocks.{cfg.n_layer - 1}.resid_post"]), logits)
+        assert torch.equal(model.unembed(cache[f"blocks.{cfg.n_layer - 1}.resid_post"]), logits)
         # the fast path's head outputs agree with the explicit path's
         _, fast = run_with_cache(model, idx, [f"blocks.{i}.attn.z" for i in range(cfg.n_layer)])
     for layer in range(cfg.n_layer):
@@ -193,3 +195,21 @@ def test_bad_point_names_say_what_is_wrong():
             pass
     assert no_hooks_left(model)
     assert "blocks.0.mlp_out" not in point_names(attention_only) and len(point_names(model)) == 2 * 10
+
+
+def test_hook_points_are_plain_attributes_of_their_modules_in_forward_order():
+    """An unused point costs an attribute read and a None check: nn.Module's __getattr__ (where submodules
+    are found) would cost the eager decoding step about 4% (BENCHMARKS.md, "Interventions: ablation's time
+    and the hooks' cost"), so each point also sits in its parent's __dict__, also after a deepcopy."""
+    model = model_with({})
+    for m in (model, copy.deepcopy(model)):
+        for module in m.modules():
+            for name, child in module.named_children():
+                if isinstance(child, HookPoint):
+                    assert module.__dict__.get(name) is child, name
+    assert point_names(model)[:11] == [
+        "blocks.0.resid_pre",
+        *(f"blocks.0.attn.{p}" for p in ("q", "k", "v", "pattern", "z")),
+        *(f"blocks.0.{p}" for p in ("attn_out", "resid_mid", "mlp_out", "resid_post")),
+        "blocks.1.resid_pre",
+    ]
