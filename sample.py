@@ -26,8 +26,9 @@ import torch
 
 from common.arguments import ScriptParser
 from data.prompts import encode_prompt, read_prompt
-from model import generate, quantize_int8
 from model.decoding import decoder
+from model.generate import generate
+from model.quantize import quantize_int8
 from runs.config import seed_problem
 from runs.pretrained import load_model
 from runs.runtime import pick_device

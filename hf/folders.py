@@ -21,9 +21,8 @@ from common import json_text
 from common.errors import UserError, first_line
 from common.files import save_tensors
 from data.tokenizers import METADATA_FILE
-from hf import convert, tokenizer_files
 from model import GPTConfig
-from model.lora import LoRAConfig
+from model.config import LoRAConfig
 
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # PEFT's
@@ -93,6 +92,8 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 def read_model(folder: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], dict | None, str]:
     """(our config, our weights, our tokenizer metadata or None, what the tokenizer is) of a model folder."""
+    from hf import convert, tokenizer_files  # converting: only where a folder is read or written
+
     config = read_config(folder)
     cfg = convert.from_hf_config(config, str(folder))
     weights = convert.from_hf_weights(read_weights(folder), cfg, str(folder))
@@ -131,6 +132,8 @@ TRANSFORMERS = "transformers' GPT-2 or Llama models"  # what an export must matc
 def write_model(folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer_meta: dict) -> str:
     """Write a transformers model folder for our model into the empty `folder`; returns its architecture.
     `weights` are ours by name (a tied LM head may be absent)."""
+    from hf import convert, tokenizer_files  # converting: only where a folder is read or written
+
     convert.check_exportable(cfg, TRANSFORMERS)
     cfg, weights = convert.with_every_head(cfg, weights)
     eot = tokenizer_files.write_tokenizer(folder, tokenizer_meta, cfg.block_size)
@@ -148,6 +151,8 @@ def write_adapter(
     """Write a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) for the LoRA `adapters`
     (ours, by name) of a model `cfg` into the empty `folder`, `base` naming the model it adapts; returns
     the target modules. `PeftModel.from_pretrained(base model, folder)` loads it."""
+    from hf import convert  # converting: only where a folder is read or written
+
     convert.check_exportable(cfg, TRANSFORMERS, adapters=True)
     tensors, targets = convert.to_peft_weights(adapters, cfg)
     save_tensors(tensors, folder / ADAPTER_WEIGHTS, metadata={"format": "pt"})

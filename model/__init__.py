@@ -1,9 +1,7 @@
-"""The network: a GPT of causal multi-head self-attention blocks, its config, and generation."""
+"""The network: a GPT of causal multi-head self-attention blocks, and its config. Generation, the KV cache and
+int8 weights are imported from their own modules by what uses them (a training run needs none of them)."""
 
 from model.config import GPTConfig
-from model.generate import generate, sample_next
 from model.gpt import GPT
-from model.kv_cache import KVCache
-from model.quantize import quantize_int8
 
-__all__ = ["GPT", "GPTConfig", "KVCache", "generate", "quantize_int8", "sample_next"]
+__all__ = ["GPT", "GPTConfig"]

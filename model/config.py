@@ -7,7 +7,7 @@ LayerNorm, GELU MLP, tied LM head); every other option is off unless a config tu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 
@@ -137,3 +137,48 @@ class GPTConfig:
         if problems:
             name, msg = problems[0]
             raise ValueError(f"model.{name}: {msg}")
+
+
+# --- LoRA's adapters (model/lora.py): a config section of their own, checked with the model's ---
+
+# the projections an adapter may target, in the order adapters are made, and the module holding each
+TARGETS = {"W_QKV": "attn", "W_O": "attn", "W_in": "mlp", "W_out": "mlp"}
+
+
+@dataclass
+class LoRAConfig:
+    """The lora section: rank-r adapters beside the frozen projections `targets` names."""
+
+    rank: int = 8  # r: the rank of each adapter (per projection part)
+    alpha: float = 8.0  # the update is scaled by alpha / rank (PEFT's lora_alpha; PEFT's defaults: 8 and 8)
+    dropout: float = 0.0  # on the adapter's input, while training (PEFT's lora_dropout)
+    targets: list[str] = field(default_factory=lambda: ["W_QKV", "W_O"])  # of W_QKV, W_O, W_in, W_out
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, message) for every impossible value."""
+        out = []
+        if self.rank < 1:
+            out.append(("rank", f"must be at least 1, got {self.rank}"))
+        if self.alpha <= 0:
+            out.append(("alpha", f"must be positive, got {self.alpha}"))
+        if not 0.0 <= self.dropout < 1.0:
+            out.append(("dropout", f"must be in [0, 1), got {self.dropout}"))
+        unknown = [t for t in self.targets if t not in TARGETS]
+        if unknown:
+            out.append(("targets", f"unknown projection {unknown[0]}; choose from {', '.join(TARGETS)}"))
+        elif not self.targets:
+            out.append(("targets", f"is empty; choose from {', '.join(TARGETS)}"))
+        elif len(set(self.targets)) < len(self.targets):
+            out.append(("targets", f"names a projection twice: {self.targets}"))
+        return out
+
+
+def model_problem(model: GPTConfig, cfg: LoRAConfig) -> str | None:
+    """Why these adapters do not fit this model, said for a person; None when they do."""
+    if not model.mlp and {"W_in", "W_out"} & set(cfg.targets):
+        return "lora.targets names the MLP's W_in or W_out, but the model has no MLP (model.mlp=false)"
+    return None

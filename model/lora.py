@@ -13,54 +13,14 @@ fine-tuning the adapters alone"). `merge` folds adapters into the weights (W + s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.config import GPTConfig
+from model.config import TARGETS, GPTConfig, LoRAConfig
 
-# the projections an adapter may target, in the order adapters are made, and the module holding each
-TARGETS = {"W_QKV": "attn", "W_O": "attn", "W_in": "mlp", "W_out": "mlp"}
 ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
-
-
-@dataclass
-class LoRAConfig:
-    rank: int = 8  # r: the rank of each adapter (per projection part)
-    alpha: float = 8.0  # the update is scaled by alpha / rank (PEFT's lora_alpha; PEFT's defaults: 8 and 8)
-    dropout: float = 0.0  # on the adapter's input, while training (PEFT's lora_dropout)
-    targets: list[str] = field(default_factory=lambda: ["W_QKV", "W_O"])  # of W_QKV, W_O, W_in, W_out
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
-
-    def problems(self) -> list[tuple[str, str]]:
-        """(field, message) for every impossible value."""
-        out = []
-        if self.rank < 1:
-            out.append(("rank", f"must be at least 1, got {self.rank}"))
-        if self.alpha <= 0:
-            out.append(("alpha", f"must be positive, got {self.alpha}"))
-        if not 0.0 <= self.dropout < 1.0:
-            out.append(("dropout", f"must be in [0, 1), got {self.dropout}"))
-        unknown = [t for t in self.targets if t not in TARGETS]
-        if unknown:
-            out.append(("targets", f"unknown projection {unknown[0]}; choose from {', '.join(TARGETS)}"))
-        elif not self.targets:
-            out.append(("targets", f"is empty; choose from {', '.join(TARGETS)}"))
-        elif len(set(self.targets)) < len(self.targets):
-            out.append(("targets", f"names a projection twice: {self.targets}"))
-        return out
-
-
-def model_problem(model: GPTConfig, cfg: LoRAConfig) -> str | None:
-    """Why these adapters do not fit this model, said for a person; None when they do."""
-    if not model.mlp and {"W_in", "W_out"} & set(cfg.targets):
-        return "lora.targets names the MLP's W_in or W_out, but the model has no MLP (model.mlp=false)"
-    return None
 
 
 def parts(model: GPTConfig, target: str) -> list[int]:

@@ -27,8 +27,6 @@ from common import json_text
 from common.errors import UserError, first_line
 from common.files import atomic_folder, save_tensors
 from data.tokenizers import METADATA_FILE, check_meta
-from model import lora
-from runs import verify
 from runs.config import Config, config_from_data, problems, to_yaml
 from runs.train_state import STATE, TrainState, whole_state_options
 
@@ -65,7 +63,11 @@ def write_checkpoint(
     the adapters alone, with their base recorded. Under torchrun rank 0 alone calls it, once every rank has
     helped gather the weights and the train state."""
     out_dir = Path(out_dir)
-    saved = lora.adapter_weights(weights) if base is not None else weights
+    saved = weights
+    if base is not None:  # a LoRA run: its adapters alone
+        from model.lora import adapter_weights
+
+        saved = adapter_weights(weights)
     need = _tensor_bytes([saved, train_state.to_dict() if train_state is not None else None])
     with atomic_folder(out_dir, name, "checkpoint", OUT_DIR_ADVICE, need) as tmp:
         tmp.mkdir()
@@ -129,7 +131,9 @@ class Checkpoint:
         """The weights, their shapes checked against config.yaml's model (from the header) first."""
         model = self.config().model
         if (self.folder / WEIGHTS).is_file():
-            verify.check_weights_file(self.folder / WEIGHTS, model)
+            from runs.verify import check_weights_file  # reading a model only
+
+            check_weights_file(self.folder / WEIGHTS, model)
         return self._read(WEIGHTS, lambda path: load_file(str(path)), *_DAMAGED_WEIGHTS)
 
     def adapters(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -149,7 +153,9 @@ class Checkpoint:
                 return {k: f.get_tensor(k) for k in f.keys()}, base  # noqa: SIM118 (not a dict)
 
         adapters, base = self._read(ADAPTERS, read, *_DAMAGED_WEIGHTS)
-        verify.check_adapter_shapes(adapters, cfg.model, cfg.lora, self.folder / ADAPTERS)
+        from runs.verify import check_adapter_shapes
+
+        check_adapter_shapes(adapters, cfg.model, cfg.lora, self.folder / ADAPTERS)
         return adapters, base
 
     def config(self) -> Config:

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from data.dataset import DATA_DIR
-from model.config import GPTConfig
-from model.lora import LoRAConfig
+from model.config import GPTConfig, LoRAConfig
 
 
 @dataclass

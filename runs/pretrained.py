@@ -29,6 +29,7 @@ from model import GPT, GPTConfig, lora
 from runs import verify
 from runs.checkpoint import CONFIG, WEIGHTS, Checkpoint, find
 from runs.config import Config, DataConfig
+from runs.verify import load_into
 
 
 @dataclass
@@ -183,22 +184,3 @@ def load_model(path: Path | str, device: torch.device | str = "cpu", merge: bool
         weights = {**weights, **source.adapters}
     load_into(model, weights, source.where)
     return Loaded(model.to(device).eval(), cfg, tokenizer, tokenizer_meta, source.where)
-
-
-def load_into(model: GPT, weights: dict[str, torch.Tensor], where: Path, adapters: bool = False) -> None:
-    """Load whole weights into a model that is not sharded yet (FSDP shards it afterwards); with `adapters`,
-    a LoRA model's adapters alone (its base already loaded)."""
-    try:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-    except RuntimeError as e:  # shape mismatch
-        last = str(e).splitlines()[-1].strip()
-        raise UserError(f"the weights in {where} do not fit its config: {last}") from None
-    if adapters:
-        missing = [k for k in missing if lora.is_adapter(k)]
-    elif model.config.tie_embeddings:
-        missing = [k for k in missing if k != "lm_head.weight"]
-    if missing or unexpected:
-        raise UserError(
-            f"the weights in {where} do not match its config (missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]}); the checkpoint is inconsistent"
-        )

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError, first_line
-from model import GPT, GPTConfig, lora
+from model import GPT, GPTConfig
+from model.config import LoRAConfig
 
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}  # safetensors' names
 
@@ -78,15 +79,38 @@ def check_weights_file(path: Path, cfg: GPTConfig) -> None:
 
 
 def check_adapter_shapes(
-    adapters: dict[str, torch.Tensor], cfg: GPTConfig, lora_cfg: lora.LoRAConfig, where: Path
+    adapters: dict[str, torch.Tensor], cfg: GPTConfig, lora_cfg: LoRAConfig, where: Path
 ) -> None:
     """Refuse LoRA adapters that are not those its config implies (built on the meta device: no memory)."""
+    from model.lora import adapter_weights, add_lora  # LoRA checkpoints only
+
     with torch.device("meta"):
         model = GPT(cfg)
-        lora.add_lora(model, lora_cfg)
-    expected = {k: tuple(v.shape) for k, v in lora.adapter_weights(model.state_dict()).items()}
+        add_lora(model, lora_cfg)
+    expected = {k: tuple(v.shape) for k, v in adapter_weights(model.state_dict()).items()}
     if {k: tuple(v.shape) for k, v in adapters.items()} != expected:
         raise UserError(
             f"the adapters in {where} do not match its config ({len(adapters)} tensors; its lora section "
             f"implies {len(expected)}, of other names or shapes); the checkpoint is inconsistent"
+        )
+
+
+def load_into(model: GPT, weights: dict[str, torch.Tensor], where: Path, adapters: bool = False) -> None:
+    """Load whole weights into a model that is not sharded yet (FSDP shards it afterwards); with `adapters`,
+    a LoRA model's adapters alone (its base already loaded)."""
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # shape mismatch
+        last = str(e).splitlines()[-1].strip()
+        raise UserError(f"the weights in {where} do not fit its config: {last}") from None
+    if adapters:
+        from model.lora import is_adapter
+
+        missing = [k for k in missing if is_adapter(k)]
+    elif model.config.tie_embeddings:
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise UserError(
+            f"the weights in {where} do not match its config (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}); the checkpoint is inconsistent"
         )

@@ -12,7 +12,8 @@ import pytest
 import torch
 from conftest import TINY, train
 
-from model import GPT, GPTConfig, generate
+from model import GPT, GPTConfig
+from model.generate import generate
 from runs.config import load_config
 from training.plan import plan_run, run_dataset
 from training.run import start_run, train_step

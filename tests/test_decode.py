@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from conftest import run_script, tiny_checkpoint
 from test_model import reference_generate, tiny
 
-from model import generate, quantize_int8, sample_next
+from model.generate import generate, sample_next
 from model.kv_cache import KVCache
-from model.quantize import Int8Linear
+from model.quantize import Int8Linear, quantize_int8
 from runs import pretrained
 
 

@@ -22,7 +22,7 @@ from conftest import MIXED, run_script, script
 
 import sample as sample_script
 from data.tokenizers import from_meta
-from model import generate
+from model.generate import generate
 from runs import pretrained
 
 llama_cpp = pytest.importorskip(

@@ -34,7 +34,8 @@ import train as train_script
 from data.prepare import prepare_dataset
 from data.recipes import RECIPES, SHAKESPEARE
 from data.tokenizers import from_meta
-from model import GPT, generate
+from model import GPT
+from model.generate import generate
 from runs import checkpoint, pretrained
 from runs.config import load_config
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 from conftest import OPTIONS, model_with, replay
 
-from model import GPT, generate
+from model import GPT
+from model.generate import generate
 from model.hooks import HookPoint, hooked, point_names, run_with_cache, run_with_hooks
 
 

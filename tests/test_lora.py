@@ -36,8 +36,10 @@ import train as train_script
 from common.files import size_text
 from data.dataset import Dataset
 from data.tokenizers import from_meta
-from model import GPT, GPTConfig, generate
-from model.lora import TARGETS, LoRAConfig, LoRALinear, adapter_weights, add_lora, merge, parts
+from model import GPT, GPTConfig
+from model.config import TARGETS, LoRAConfig
+from model.generate import generate
+from model.lora import LoRALinear, adapter_weights, add_lora, merge, parts
 from runs import pretrained
 from runs.config import from_arguments, load_config
 from training.evaluation import evaluate_tokens

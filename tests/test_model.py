@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, generate
+from model import GPT, GPTConfig
+from model.generate import generate
 from model.kv_cache import KVCache
 
 OPTIONS = {

@@ -12,7 +12,8 @@ from conftest import noisy, run_script, script
 
 import heads as heads_script
 import sample as sample_script
-from model import GPT, sample_next
+from model import GPT
+from model.generate import sample_next
 from runs import checkpoint, pretrained
 from runs.config import load_config
 

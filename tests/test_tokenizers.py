@@ -189,7 +189,7 @@ def test_a_model_on_a_trained_bpe_dataset_trains_samples_and_resumes(tmp_path: P
     """Prepare bpe:300 Shakespeare, train for real, resume from the checkpoint, sample (the stream of tokens
     decodes to the text of the generated ids), take the run's tokenizer for new text, export it."""
     from data.prompts import encode_prompt
-    from model import generate
+    from model.generate import generate
     from runs import pretrained
 
     text = write(tmp_path / "text.txt", SHAKESPEARE_TEXT[:300_000])

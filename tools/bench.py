@@ -50,9 +50,10 @@ import torch
 from common import json_text
 from common.errors import UserError, run_cli
 from common.threads import busy_neighbour
-from model import generate, quantize_int8, sample_next
 from model.attention import LocalSpan
+from model.generate import generate, sample_next
 from model.gpt import attend, causal_mask
+from model.quantize import quantize_int8
 from runs.config import Config, from_arguments
 from runs.runtime import Runtime, setup
 from training.hardware import peak_flops

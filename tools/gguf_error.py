@@ -28,7 +28,7 @@ import torch
 
 from common.errors import UserError
 from common.threads import busy_neighbour
-from model import generate
+from model.generate import generate
 from runs.pretrained import load_model
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,11 +26,13 @@ import torch.nn.functional as F
 
 from common.errors import UserError
 from common.threads import ThreadTuner
-from data.evalsets import Choice, encode_choice
 from data.shards import TokenFiles
 from data.tokenizers import Tokenizer, bits_per_byte
 from runs.runtime import Runtime
 from training import distributed
+
+if TYPE_CHECKING:  # multiple choice: eval.py's --choices imports it where it scores
+    from data.evalsets import Choice
 
 # train.final_eval=auto: the exact eval at the end up to this many val tokens
 FINAL_EVAL_AUTO_TOKENS = 4_000_000
@@ -217,6 +220,8 @@ def ending_losses(
 
 def choice_losses(model: torch.nn.Module, tokenizer: Tokenizer, item: Choice, autocast=None) -> torch.Tensor:
     """The total loss in nats of each ending of `item` given its context (float64, on the CPU)."""
+    from data.evalsets import encode_choice  # multiple choice only
+
     return ending_losses(model, encode_choice(item, tokenizer, model.config.block_size), autocast)[0]
 
 
@@ -229,6 +234,8 @@ def score_choices(
 ) -> ChoiceScore:
     """Accuracy of `model` on multiple-choice items: each ending scored by its loss given the context, in
     total and per token, character and byte."""
+    from data.evalsets import encode_choice
+
     was_training = model.training
     model.eval()
     right = np.zeros(4)

@@ -17,7 +17,8 @@ import torch
 
 from model import GPT, GPTConfig
 from model.attention import attention_span, block_layout
-from model.lora import LoRAConfig, add_lora
+from model.config import LoRAConfig
+from model.lora import add_lora
 from runs.config import Config
 
 

@@ -16,18 +16,21 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.errors import ConfigError, UserError
 from data.dataset import META_FILE, Dataset
 from data.recipes import FirstUse, ready_dataset, recipe_vocab_size
 from data.tokenizers import describe, same
 from model import GPTConfig
-from model.lora import model_problem
+from model.config import model_problem
 from runs.checkpoint import Checkpoint, find_last
 from runs.config import Config, Request
-from runs.pretrained import Pretrained, base_of, load_pretrained
 from runs.runtime import Ranks, Runtime, compile_enabled, planned, setup, torchrun_ranks
 from training import distributed
+
+if TYPE_CHECKING:  # a run from pretrained weights imports it where it reads them
+    from runs.pretrained import Pretrained
 
 
 @dataclass
@@ -107,6 +110,8 @@ def starting_point(request: Request) -> tuple[Config, Checkpoint | None, Pretrai
     resume = find_last(t.out_dir) if t.resume else None
     pretrained = None
     if t.init_from and resume is None:  # a fresh run: shape and weights of a pretrained model
+        from runs.pretrained import load_pretrained  # Hugging Face folders: only runs that start from one
+
         pretrained = load_pretrained(t.init_from, hub=True)
         cfg = follow_model(cfg, pretrained.model, request.origins, f"train.init_from {pretrained.where}")
     elif t.init_from:  # resuming one: the shape it was given, without reading the source again
@@ -118,6 +123,8 @@ def starting_point(request: Request) -> tuple[Config, Checkpoint | None, Pretrai
         if problem:
             raise UserError(f"{problem}; remove them from lora.targets")
         if resume is not None:  # the base of the adapters: from where they were trained, checked
+            from runs.pretrained import base_of
+
             pretrained = base_of(resume)
     return cfg, resume, pretrained
 

@@ -28,9 +28,9 @@ from data.sources import SPLITS
 from model import GPT
 from runs import checkpoint
 from runs.config import Config
-from runs.pretrained import load_into
 from runs.runtime import Runtime, compile_enabled
 from runs.train_state import STATE, Progress, TrainState
+from runs.verify import load_into
 from training import distributed
 from training.evaluation import estimate_loss, final_eval_wanted
 from training.optim import lr_factor, make_optimizers, schedule_progress, set_lr
