@@ -44,7 +44,7 @@ and role scores (with --html, the page is written too, with the role scores and 
                                (interp/circuits.py); positional_qk.png for learned positions
     circuit.json, .png         --circuit: the heads that matter for repeated random sequences (or the
                                CLEAN CORRUPTED pair), the paths between them (path patching, composition
-                               scores) and the heads that write the answer (interp/circuit.py)
+                               scores) and the heads that write the answer (interp/task_circuit.py)
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ import torch
 from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
 from interp.ablation import KINDS, ablate_heads, format_ablation
-from interp.circuit import check_task
 from interp.explorer import write_page
 from interp.patching import predictions
 from interp.plots import (
@@ -82,6 +81,7 @@ from interp.report import (
     write_patching,
 )
 from interp.scores import HEAD_NAME, ROLES, THRESHOLD, head_name, role_name, score_heads
+from interp.task_circuit import check_task
 from interp.tasks import prompt_pair, repeat_task
 from runs.checkpoint import run_of
 from runs.config import seed_problem

@@ -17,7 +17,8 @@ What is notable:
   3 decimals: the page shows a layer x position lens and, for the token in focus, which heads pushed its
   prediction up or down.
 - It also shows how every pair of heads composes (interp/circuits.py, from the weights: hover a cell) and,
-  after heads.py --circuit, the circuit (interp/circuit.py) as a diagram; their script is page/circuits.js.
+  after heads.py --circuit, the circuit (interp/task_circuit.py) as a diagram; their script is
+  page/circuits.js.
 - Prompt text reaches the page only as JSON data and is set as text by the script, never parsed as HTML.
 """
 
@@ -136,7 +137,7 @@ def page_data(
     circuit=None,
 ) -> dict:
     """Everything the page shows, as JSON-ready data (`ablation`: `interp.ablation.ablate_heads`'s result,
-    shown beside the role scores, or None; `circuit`: `interp.circuit.find_circuit`'s, or None). The
+    shown beside the role scores, or None; `circuit`: `interp.task_circuit.find_circuit`'s, or None). The
     composition scores of every pair of heads are always there: they come from the weights alone."""
     cfg = model.config
     viridis = matplotlib.colormaps["viridis"].resampled(256)

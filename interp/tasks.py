@@ -1,5 +1,6 @@
 """What a patching experiment measures: a clean and a corrupted input of the same shape, a metric of the
-model's logits, and the direction of the patches (interp/patching.py, attribution.py, paths.py, circuit.py).
+model's logits, and the direction of the patches (interp/patching.py, attribution.py, paths.py,
+task_circuit.py).
 
 Two tasks:
 - a prompt pair (`prompt_pair`, heads.py --patch): two prompts of the same length whose most likely next
