@@ -450,46 +450,51 @@ def decoders(model: torch.nn.Module, compiled: bool) -> dict[str, tuple[torch.nn
     return paths
 
 
-def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[dict, list[dict]]:
-    """Decoding speed against the memory-bandwidth floor, generating n_tokens at temperature 1 from a
-    one-token prompt, in fp32 as sample.py generates, in int8, 8 samples at once, and compiled when the setup
-    compiles: the paths alternate over `rounds`, each timed on the whole n_tokens (medians), between
-    measurements of the read bandwidth. Then, once each, full recompute over the same windows and nanoGPT's
-    generator. Returns (the floor, one row per path)."""
-    model = s.run.model.eval()
-    torch.set_num_threads(s.threads)
-    paths = decoders(model, compiled=s.run.compiled)
-    gen = torch.Generator(device=s.rt.device)
+def timed_seconds(rt: Runtime, gen: torch.Generator, fn) -> float:
+    """Seconds fn() takes to finish, the generator reseeded first so every path draws the same tokens."""
+    gen.manual_seed(0)
+    start = time.perf_counter()
+    fn()
+    rt.synchronize()
+    return time.perf_counter() - start
 
-    def seconds(fn) -> float:
-        gen.manual_seed(0)
-        start = time.perf_counter()
-        fn()
-        s.rt.synchronize()
-        return time.perf_counter() - start
 
-    def decode(m: torch.nn.Module, batch: int, compile: bool, n: int = n_tokens, use_cache: bool = True):
-        prompt = decode_prompt(s.rt, batch)
-        return lambda: deque(generate(m, prompt, n, 1.0, None, None, gen, use_cache, compile), 0)
+def decode_call(
+    rt: Runtime, gen: torch.Generator, m, batch: int, compile: bool, n: int, use_cache: bool = True
+):
+    """A call that generates n tokens from a one-token prompt at temperature 1, as sample.py's loop does."""
+    prompt = decode_prompt(rt, batch)
+    return lambda: deque(generate(m, prompt, n, 1.0, None, None, gen, use_cache, compile), 0)
 
-    compile_s = {name: seconds(decode(*p, n=8)) for name, p in paths.items()}  # warm-up (and compile)
-    weights, bandwidth, times = weight_bytes_per_token(model), [], {name: [] for name in paths}
-    busy_times = {name: [] for name in paths}
+
+def sampling_times(s: Setup, paths: dict, n_tokens: int, rounds: int, busy: bool) -> tuple[dict, ...]:
+    """The decoding paths timed: (compile seconds, times, times beside a busy process, read bandwidths), the
+    times per path in seconds for the whole n_tokens, one per round."""
+    model, rt, gen = paths["fp32"][0], s.rt, torch.Generator(device=s.rt.device)
+    compile_s = {name: timed_seconds(rt, gen, decode_call(rt, gen, *p, n=8)) for name, p in paths.items()}
+    times, busy_times, bandwidth = {name: [] for name in paths}, {name: [] for name in paths}, []
     for _ in range(rounds):  # alternate, so slow spells of a shared machine hit every path
         torch.set_num_threads(s.threads)  # every core reads, whatever count the last decoding settled on
-        bandwidth.append(read_bandwidth(model, s.rt))
+        bandwidth.append(read_bandwidth(model, rt))
         for name, p in paths.items():
-            times[name].append(seconds(decode(*p)))
+            times[name].append(timed_seconds(rt, gen, decode_call(rt, gen, *p, n=n_tokens)))
             if busy:
                 with busy_neighbour():
-                    busy_times[name].append(seconds(decode(*p)))
-    times["full recompute"] = [seconds(decode(model, 1, False, use_cache=False))]
+                    busy_times[name].append(timed_seconds(rt, gen, decode_call(rt, gen, *p, n=n_tokens)))
+    full = decode_call(rt, gen, model, 1, False, n=n_tokens, use_cache=False)
+    times["full recompute"] = [timed_seconds(rt, gen, full)]
     times["nanoGPT generator"] = [
-        seconds(lambda: nanogpt_generate(model, decode_prompt(s.rt), n_tokens, gen))
+        timed_seconds(rt, gen, lambda: nanogpt_generate(model, decode_prompt(rt), n_tokens, gen))
     ]
-    torch.set_num_threads(s.threads)
-    floor = floor_row(s, weights, weight_bytes_per_token(paths["int8"][0]), statistics.median(bandwidth))
-    floor_s = weights / statistics.median(bandwidth)  # per step
+    return compile_s, times, busy_times, bandwidth
+
+
+def sampling_rows(
+    s: Setup, paths: dict, timed: tuple[dict, ...], floor_s: float, n_tokens: int
+) -> list[dict]:
+    """One row per decoding path from sampling_times' `timed`: tokens/s, against the floor (`floor_s`
+    seconds a step) and against nanoGPT's generator."""
+    compile_s, times, busy_times, _ = timed
     nanogpt_step = statistics.median(times["nanoGPT generator"]) / n_tokens
     rows = []
     for name, t in times.items():
@@ -509,6 +514,23 @@ def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[
                 [x / n_tokens for x in t], [x / n_tokens for x in busy_times.get(name, [])]
             )  # per step
         )
+    return rows
+
+
+def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[dict, list[dict]]:
+    """Decoding speed against the memory-bandwidth floor, generating n_tokens at temperature 1 from a
+    one-token prompt, in fp32 as sample.py generates, in int8, 8 samples at once, and compiled when the setup
+    compiles: the paths alternate over `rounds`, each timed on the whole n_tokens (medians), between
+    measurements of the read bandwidth. Then, once each, full recompute over the same windows and nanoGPT's
+    generator. Returns (the floor, one row per path)."""
+    model = s.run.model.eval()
+    torch.set_num_threads(s.threads)
+    paths = decoders(model, compiled=s.run.compiled)
+    timed = sampling_times(s, paths, n_tokens, rounds, busy)
+    torch.set_num_threads(s.threads)
+    weights, read = weight_bytes_per_token(model), statistics.median(timed[3])
+    floor = floor_row(s, weights, weight_bytes_per_token(paths["int8"][0]), read)
+    rows = sampling_rows(s, paths, timed, weights / read, n_tokens)  # the floor's seconds per step
     model.train()
     return floor, rows
 
