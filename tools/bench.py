@@ -6,30 +6,10 @@
     python -m tools.bench --only attention [--window W] [--contexts 256,512,...] [--plot PATH]  # its cost
     python -m tools.bench CONFIG --only positions      # decoding speed against the position reached
 
-Training: the real train step (training/trainer.py) on the config's dataset: median ms/iteration and tokens/s
-over rounds x steps after warm-up, MFU against the machine's peak (a GPU table, or this CPU's measured matmul
-peak at the precision in use), and peak memory: CUDA, what the setup holds (weights, optimizer state) plus
-the allocator's peak above that during its own rounds, so two setups in one process are told apart; CPU,
-resident memory a fresh process adds during its first steps (Linux only: /proc/self/clear_refs; elsewhere
-not measured); MPS, the Metal driver's allocation a fresh process adds. --compare runs the two setups in one
-process, alternating rounds, so their ratio holds on a noisy machine; B defaults to A's config plus B's
-overrides.
-Sampling: tokens/s generating --sample-tokens tokens against the floor that memory bandwidth sets (the bytes
-of weights a step reads, over the fastest read of the model's own matrices; and over the memory's own
-bandwidth), in fp32 as sample.py generates, compiled, int8, 8 samples at once, with a full forward per
-token over the same windows, and with nanoGPT's generator
-(a full forward over the last block_size tokens per token).
-Memory: peak training memory at batch size 1 as the context grows (T = 512 ... 4096).
-Attention (`--only attention`, no config needed): forward + backward of attention alone (model/gpt.py's
-`attend`: B=1, H=4, d=32, fp32, as the issue measured it) at T = 256 ... 16,384, full causal against a
-sliding window in blocks (model/attention.py) and the same window as a dense T x T mask (how tinygpt ran it
-before; up to T = 8,192: past it the mask alone is 1 GB of floats): the median time of the rounds (the paths
-and lengths alternate within each round, short ones repeated to about 50 ms) and the peak memory allocated
-above the inputs (on a CPU counted from the allocator's events by torch.profiler, so memory held before does
-not hide it), drawn on log-log axes with T and T^2 guide lines into --plot.
-Positions (`--only positions`): the setup's model generating (eagerly, batch 1, temperature 1) from one
-token to past position 4,000, the median time of the steps around positions 100, 1,000 and 4,000 over the
-rounds: flat for a windowed model with rotary positions (a rolling cache of `window` slots).
+Training runs the real train step (medians over rounds x steps after warm-up, MFU, peak memory); sampling
+times each decoding path against the floor memory bandwidth sets; memory is training's at batch 1 as the
+context grows. --compare alternates the two setups' rounds in one process, so their ratio holds on a noisy
+machine (B defaults to A's config plus B's overrides). How each is measured: docs/development.md, "Tools".
 """
 
 from __future__ import annotations
