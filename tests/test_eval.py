@@ -64,6 +64,7 @@ def test_windows_predict_every_token_once_with_the_promised_context():
         assert context[later].min() >= block - (stride or block) + 1
 
 
+@pytest.mark.slow
 def test_exact_val_loss_matches_a_plain_computation(trained: Path, data_dir: Path, capsys):
     """eval.py's loss over every val token against a plain loop over the same tokens, and the final eval of
     train.py (metrics.jsonl, the done line) against eval.py on the same (last) checkpoint."""
