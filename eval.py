@@ -7,15 +7,8 @@
     python eval.py out/char out/bpe1024 out/gpt2       # several: one row each (compare bits per byte)
     options: --batch-size N --device D --precision P --data-dir DIR --json
 
-CHECKPOINT is a training run's folder (its best checkpoint is used, else its last) or a checkpoint folder;
-with several, each is evaluated the same way and the results are one table, a row each (--json: one JSON
-object per line).
-Every token is predicted once, in windows of the model's context (non-overlapping, or sliding by --stride for
-more context per prediction); bits per byte divide the loss by the UTF-8 bytes of the text, so models with
-different tokenizers compare. Multiple choice reads HellaSwag's JSONL format (ctx, endings, label) and scores
-each ending by the loss of its tokens given the context: in total (acc), per token (acc_per_token, llm.c's
-and nanoGPT's acc_norm), per character (acc_per_char, lm-evaluation-harness's acc_norm) and per byte
-(acc_per_byte, its acc_bytes). See training/evaluation.py.
+CHECKPOINT is a run's folder (its best checkpoint, else its last) or a checkpoint folder. The windows, bits
+per byte and the four multiple-choice accuracies: docs/evaluation.md; the computation: training/evaluation.py.
 """
 
 from __future__ import annotations

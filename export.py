@@ -5,31 +5,9 @@ GGUF file (llama.cpp runs it as it is).
     python export.py CHECKPOINT model.gguf [--dtype f32|f16|q8_0] [--overwrite]
     python export.py LORA_CHECKPOINT DEST --adapter     # a PEFT adapter folder instead
 
-CHECKPOINT is a training run's folder (its best checkpoint is used, else its last) or one checkpoint folder.
-DEST receives config.json (model_type gpt2 for learned positions, llama for rotary ones), model.safetensors,
-generation_config.json and the tokenizer: tokenizer.json and tokenizer_config.json (and GPT-2's vocab.json
-and merges.txt), giving our ids on any text, and tinygpt_tokenizer.json, so tinygpt reads DEST back exactly
-(train.init_from=DEST, sample.py DEST). Then, in Python:
-
-    AutoModelForCausalLM.from_pretrained(DEST), AutoTokenizer.from_pretrained(DEST)
-    pipeline("text-generation", model=DEST)
-
-A DEST ending in .gguf is one file for llama.cpp (architecture gpt2 or llama, the tokenizer inside, weights
-in --dtype: f32 by default, f16, or q8_0), written by gguf_export/:
-
-    llama_cpp.Llama("model.gguf", n_ctx=CONTEXT)   # or llama.cpp's llama-cli -m model.gguf
-
-A LoRA run's checkpoint (model/lora.py) exports with its adapters merged into its base's weights: one whole
-model, in either format. With --adapter, DEST gets the adapters alone as PEFT writes them
-(adapter_config.json, adapter_model.safetensors), which `PeftModel.from_pretrained(base, DEST)` loads onto
-the base exported as it was (the Hugging Face folder it came from, or `python export.py BASE BASE_DEST`).
-
-A model option with no exact equivalent in GPT-2 or Llama (QK-norm, ReLU^2, a sliding window, logit
-soft-capping, attention only) is refused, naming every one at once; grouped-query attention with learned
-positions exports as GPT-2 with each key/value head repeated for its query heads (the same computation).
-A non-empty DEST is refused unless --overwrite; the folder or file is written beside DEST and renamed into
-place, so a failed export leaves DEST as it was. The folder DEST goes into is created where it is missing,
-for a folder and a .gguf file alike.
+CHECKPOINT is a training run's folder (its best checkpoint, else its last) or one checkpoint folder; a LoRA
+run exports with its adapters merged, unless --adapter. What DEST holds, what is refused and how the files
+are written: docs/hugging-face.md.
 """
 
 from __future__ import annotations

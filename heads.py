@@ -7,44 +7,9 @@ interventions that test what a head does: ablation, activation patching, the log
                     [--sequences N] [--windows N] [--seed S] [--data-dir DIR] [--device D]
                     [--precision auto|fp32|bf16|fp16]
 
-OUT_DIR is a training run's folder (its best checkpoint is used, else its last), a checkpoint folder, or a
-Hugging Face GPT-2 or Llama model folder (whose real-text scores read the `shakespeare` dataset). The
-pictures and scores go to the run's heads/ folder (a checkpoint or model folder outside a run: its own
-heads/; or --out):
-    attention_layer{L}.png   every head's attention weights on the prompt, one grid per layer (rows: queries,
-                             columns: keys; the masked future is white; token labels for short prompts)
-    attention_L{L}H{H}.png   one head enlarged, with --layer L --head H
-    head_scores.json, .png   every head's previous-token, duplicate-token, induction, first-token and
-                             current-token score, the in-context learning score and the repeated-sequence loss
-    attention.html           with --html: one self-contained page to explore every head on the prompt and on
-                             a repeated random sequence in a browser (interp/explorer.py)
-and the role tables are printed. The scores are defined in interp/scores.py; the real-text ones use the
-validation split of the dataset the model was trained on. Without a prompt, the start of that split is used.
-
---ablate, --patch, --lens, --attribute, --composition and --circuit run their analysis instead of the maps
-and role scores (with --html, the page is written too, with the role scores and what the analyses found):
-    head_ablation.json, .png   --ablate: every head removed alone (zero: its output set to 0; mean: to its
-                               mean on reference windows), the change of val loss, of the [R, R] losses and
-                               of the ICL score (interp/ablation.py); --windows/--sequences set its inputs;
-                               --group L1H0,L1H2 removes those heads together as well; it runs in
-                               --precision (auto: as training would, bf16 where it pays: BENCHMARKS.md,
-                               "Interventions: ablation's time and the hooks' cost"), the other analyses
-                               in float32 (their sums are exact)
-    patching.json, .png        --patch CLEAN CORRUPTED: two prompts of the same length; how much of the
-                               clean prediction each head's and each layer's output restores, patched into
-                               the corrupted run, per head and per layer and position (interp/patching.py)
-    lens.json, .png            --lens: the prompt's logit lens (each layer's prediction) and each head's
-                               direct attribution to the true next token (interp/lens.py)
-    attribution.json, .png     --attribute CLEAN CORRUPTED: attribution patching, every head at every
-                               position and the residual stream at each layer and position estimated from
-                               one backward pass; --compare: the real patches beside it, and their
-                               correlation (interp/attribution.py)
-    composition.json, .png     --composition: the Q-, K- and V-composition of every pair of heads from the
-                               weights, against random heads, and each head's copying score
-                               (interp/circuits.py); positional_qk.png for learned positions
-    circuit.json, .png         --circuit: the heads that matter for repeated random sequences (or the
-                               CLEAN CORRUPTED pair), the paths between them (path patching, composition
-                               scores) and the heads that write the answer (interp/circuit.py)
+OUT_DIR is a run's folder, a checkpoint folder or a Hugging Face GPT-2 or Llama folder; the pictures and
+JSON go to its heads/ folder (or --out). The analysis flags run instead of the maps and role scores. Every
+file each writes, and what it means: docs/heads.md. The analyses themselves live in interp/.
 """
 
 from __future__ import annotations
@@ -64,7 +29,6 @@ from common.user_text import user_text
 from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
 from interp.ablation import KINDS, ablate_heads, format_ablation
-from interp.circuit import check_task
 from interp.explorer import write_page
 from interp.patching import predictions
 from interp.plots import (
@@ -84,6 +48,7 @@ from interp.report import (
     write_patching,
 )
 from interp.scores import HEAD_NAME, ROLES, THRESHOLD, head_name, role_name, score_heads
+from interp.task_circuit import check_task
 from interp.tasks import prompt_pair, repeat_task
 from runs.checkpoint import run_of
 from runs.config import seed_problem

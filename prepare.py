@@ -7,9 +7,8 @@
                            [--data-files F ...] [--streaming] [--max-docs N]
 
 train.py prepares a known dataset itself on first use; this is for your own text, another tokenizer, or a
-corpus prepared once before a long run. A preparation that stops (Ctrl-C, a kill, a full disk, a dropped
-connection) keeps its complete shards: run the same command again to continue. The pipeline is
-data/prepare.py.
+corpus prepared once before a long run. A stopped preparation keeps its complete shards: the same command
+continues it (docs/datasets.md). The pipeline is data/prepare.py.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Errors meant for people: one line that says what is wrong and how to fix it, exit code 2.
 
 Code anywhere raises `UserError("what is wrong; how to fix it")`; an entry point wraps its `main` in
-`run_cli`, which prints `error: ...` on stderr and exits 2, or shows the traceback when `--debug` is on the
-command line or TINYGPT_DEBUG=1 is set. Under torchrun every rank reads the same config, so a `ConfigError`
-is printed by rank 0 alone, the job failing with its exit code; other errors by every rank that meets them.
-Ctrl-C outside a training loop is one line too, exit 130: in `main` through `run_cli`, and during the
-seconds of imports before it through the hook this module installs when it is imported, which is why every
-script imports it first; it loads torch itself, holding a Ctrl-C back until torch is in, since torch's
-start drops one. A reader of stdout that goes away (`| head`) ends a script quietly with exit 141,
-or, for training (`keep_going`), costs only the output (common/streams.py).
-A message names a setting by its config key (`train.device=cuda`), which is how train.py's user gives it;
-a script that takes the setting as a flag declares which (`named_as_flags`), and the errors raised under its
-`main`, however deep, name the flag instead (`--device cuda`).
+`run_cli`, which prints `error: ...` on stderr and exits 2 (`--debug` or TINYGPT_DEBUG=1: the traceback).
+Notable: importing this module installs a Ctrl-C hook (exit 130, one line) for the seconds of imports
+before `main`, which is why every script imports it first; under torchrun a `ConfigError` is printed by
+rank 0 alone; a closed stdout ends a script quietly with 141 (common/streams.py); and a script that takes a
+setting as a flag declares it (`named_as_flags`), so errors under its `main` say `--device cuda`, not
+`train.device=cuda`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
-"""Files written whole or not at all, with a plain file's mode, and one line when the disk says no.
+"""Files and folders written whole or not at all, with a plain file's mode; one line when the disk says no.
 
-`atomic_file(path)` yields a temporary path beside `path` (unique to the process and the call) for any writer
-to fill (savefig, numpy's tofile, safetensors, gguf), and renames it over `path` when the block ends;
-`atomic_write` does that for text or bytes. A write that fails (a full disk, a read-only folder, a file-size
-limit) deletes the temporary file, leaves `path` as it was, and raises `write_failed`'s UserError: the path,
-the reason, and the space it needs against the space free there. `atomic_folder(parent, name)` does it for a
-folder (a checkpoint, an export): filled under a temporary name, flushed, swapped in by renames (the old one
-moves to .NAME.old first), so a crash at any moment leaves NAME or .NAME.old complete. `append_line` appends
-a line whole or cuts the file back. `save_tensors` is safetensors' writer with OSErrors like any other's.
-Every file gets `plain_mode`, what open(path, "w") gives under the umask: safetensors and mkstemp make 0600.
+`atomic_file(path)` yields a temporary path beside `path`, unique to the process and the call, for any
+writer to fill, and renames it over `path` when the block ends (`atomic_write`: text or bytes).
+`atomic_folder(parent, name)` fills a folder under a temporary name and swaps it in by renames (the old one
+moves to .NAME.old first), so a crash at any moment leaves NAME or .NAME.old complete. `append_line`
+appends a line whole or cuts the file back. A failed write (a full disk, a read-only folder) leaves the
+target as it was and raises `write_failed`'s UserError: the path, the reason, the space needed and free.
+`save_tensors` turns safetensors' own error type into an OSError like any other write's. Every file gets
+`plain_mode`, what open(path, "w") gives under the umask (safetensors and mkstemp make 0600).
 """
 
 from __future__ import annotations

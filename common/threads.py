@@ -1,22 +1,15 @@
 """The CPU thread count, chosen by timing the work, so that a busy machine does not stall every operator.
 
-PyTorch splits each CPU operator over its OpenMP threads, which wait for each other at the operator's end.
-On a quiet machine every core pays. When another process is busy, one of our threads shares a core with it
-and each operator waits for that thread's next time slice: steps run 2-3x slower, with stalls, while one
-thread fewer would have run at nearly the quiet speed. No OpenMP wait policy keeps both speeds (BENCHMARKS.md,
-"CPU speed on a busy machine"); the thread count does. A `ThreadTuner` times the iterations of one loop whose
-iterations do the same work (training steps, eval batches, decoded tokens). Now and then, and at once when
-they slow down, it runs a few iterations at the next count of its ladder (N, N/2, ..., 1; N is torch's
-default, the physical cores) and keeps that count if it was faster by a margin.
-
-Notable:
-- A forward pass gives the same bits at any thread count; a training step does not (its gradients sum in
-  another order). So a tuner made with `steady_when_quiet` (training's) never leaves the full count unless
-  other processes are using the CPU (`OtherLoad`: /proc/stat less our own CPU time, not a timing): two
-  runs on a quiet machine, or one resumed, compute every step alike. Elsewhere than Linux it tunes always.
-- A count the user chose is never changed: `OMP_NUM_THREADS` in the environment, or train.threads (whose
-  runtime makes its tuners no-ops, runs/runtime.py).
-- The tuner only ever calls `torch.set_num_threads` from the loop's own thread, which is what OpenMP needs.
+A `ThreadTuner` times the iterations of one loop that repeats the same work (training steps, eval batches,
+decoded tokens). Now and then, and at once when they slow down, it tries a few iterations at the next count
+of its ladder (N, N/2, ..., 1; N is torch's default, the physical cores) and keeps it if it was faster by a
+margin. Why: an OpenMP thread that shares a core with a busy process makes every operator wait
+(docs/training.md, "Speed on a CPU"; BENCHMARKS.md, "CPU speed on a busy machine").
+Notable: a training step's bits depend on the thread count (its gradients sum in another order), so
+training's tuner (`steady_when_quiet`) never leaves the full count unless other processes use the CPU
+(`OtherLoad`: /proc/stat less our own CPU time, not a timing): quiet runs and resumed ones match bit for
+bit. A count the user chose (`OMP_NUM_THREADS`, train.threads) is never changed; `torch.set_num_threads` is
+only called from the loop's own thread, as OpenMP needs.
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """The tokenizer inside a GGUF: every kind tinygpt trains, as llama.cpp's byte-level BPE (model "gpt2").
 
-llama.cpp reads a token list, token types and merges; its BPE turns text into bytes shown in GPT-2's
-alphabet of 256 printable characters, splits it with a pre-tokenizer named in the file, merges by rank and
-looks the pieces up. For each kind the ids are exactly ours:
-- GPT-2 BPE: GPT-2's vocabulary and merges (rebuilt from tiktoken's ranks by hf/tokenizer_files.py) with
-  pre-tokenizer "gpt-2", llama.cpp's name for GPT-2's split pattern; <|endoftext|> (50256) is a control
-  token, so a literal "<|endoftext|>" in text stays text, as in ours.
-- bpe:N: its own vocabulary and merges, from the `tokenizers` JSON it carries, with the same split pattern;
-  <|endoftext|> is id 0.
-- char: each character is one token, written as its UTF-8 bytes in GPT-2's alphabet; the merges only join
-  the bytes of one character (a two-byte character takes one merge, a four-byte emoji three), so every
-  character of the vocabulary comes out whole with our id, whatever the split pattern. A character outside
-  the vocabulary is left out (llama.cpp drops bytes it has no token for), as the exported tokenizer.json
-  does. Other llama.cpp tokenizers were tried and refused: "llama" (SentencePiece) and "t5" (Unigram) give
-  our ids too but write spaces as U+2581 (a vocabulary holding that character breaks), and "llama" aborts
-  on an unknown character; "rwkv" (longest byte match) loops forever on an unknown character that shares
-  its first bytes with a known one; "plamo2" needs 256 byte tokens; and llama.cpp refuses a BPE
-  with no merges ("cannot find tokenizer merges"), so the list always ends with one that never applies
-  (two 0xFF bytes: 0xFF never occurs in UTF-8).
-  A character vocabulary has no end-of-text token, and llama.cpp needs one (without it token 11 would end
-  every generation), so the GGUF adds <|endoftext|> after our ids; `write_gguf` gives the model the row it
-  needs (see gguf_export/writer.py).
-Vocabulary rows past the tokenizer's (a padded embedding) are "[PADn]" tokens, unused.
+llama.cpp's BPE turns text into bytes in GPT-2's alphabet, splits it with the pre-tokenizer the file names,
+merges by rank and looks the pieces up. For each kind the ids are exactly ours:
+- GPT-2 BPE: GPT-2's vocabulary and merges (hf/tokenizer_files.py), pre-tokenizer "gpt-2"; <|endoftext|>
+  (50256) is a control token, so a literal "<|endoftext|>" in text stays text, as in ours.
+- bpe:N: its own vocabulary and merges, from the `tokenizers` JSON it carries; <|endoftext|> is id 0.
+- char: each character one token, its UTF-8 bytes joined by merges; the list ends with a merge that never
+  applies (two 0xFF bytes), since llama.cpp refuses a BPE with no merges. The GGUF adds <|endoftext|> after
+  our ids, as llama.cpp needs an end-of-text token (gguf_export/writer.py gives it a row).
+Rows past the tokenizer's (a padded embedding) are unused "[PADn]" tokens. The others: docs/hugging-face.md.
 """
 
 from __future__ import annotations

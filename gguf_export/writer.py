@@ -1,22 +1,14 @@
 """Write our GPT as a GGUF file that llama.cpp runs as it is: weights, hyperparameters and tokenizer.
 
-- Architecture: llama.cpp's `gpt2` for learned positions (LayerNorm, GELU, biases: a model without biases
-  gets zeros, which compute the same), `llama` for rotary ones (RMSNorm, SwiGLU), tensors named by the
-  `gguf` package's table for that architecture, as llama.cpp's own converter writes them. Our fused
-  matrices are cut along their output rows (Q, K, V; the gate before the up projection). llama.cpp's
-  `llama` rotates adjacent pairs (x_2i, x_2i+1) of a head where we rotate (x_i, x_i+d/2), so the rows of
-  Q and K are reordered within each head; the attention scores are unchanged.
-- Metadata: context length, widths, heads and key/value heads, the norm epsilon (ours when set, else
-  torch's default), the rope base and rotary dimensions, and the tokenizer (gguf_export/vocab.py) with
-  <|endoftext|> as BOS and EOS; no BOS is added to prompts, so llama.cpp's ids are ours.
-- A character vocabulary gets <|endoftext|> as one more token (llama.cpp needs an end-of-text token); its
-  row of the embedding and of the LM head is the mean of the others, so its logit is the mean of the real
-  tokens' logits: never the greedy choice, so greedy text is ours, and sampled rarely (BENCHMARKS.md,
-  "GGUF export"). A GPT's logits have no bias, so no row can make a token impossible.
-- --dtype: f32 (exact), f16, or q8_0 (llama.cpp's 8-bit blocks of 32 with one scale each) for the
-  matrices; norms, biases and the position table stay f32, and a matrix whose rows are not a multiple of
-  32 long falls back from q8_0 to f16, as llama.cpp's converter does.
-The file is written beside DEST and renamed into place.
+Architecture `gpt2` for learned positions (a model without biases gets zeros), `llama` for rotary ones,
+tensors named by the `gguf` package's table, as llama.cpp's own converter writes them. Notable:
+- our fused matrices are cut along their output rows (Q, K, V; the gate before the up projection); llama.cpp's
+  `llama` rotates adjacent pairs (x_2i, x_2i+1) where we rotate (x_i, x_i+d/2), so the rows of Q and K are
+  reordered within each head (the attention scores are unchanged);
+- a char vocabulary's added <|endoftext|> gets the mean of the other rows of the embedding and the LM head:
+  its logit is the mean of the real tokens', never the greedy choice;
+- with --dtype q8_0 a matrix whose rows are not a multiple of 32 long falls back to f16, as llama.cpp's
+  converter does. The metadata, the dtypes and what is refused: docs/hugging-face.md.
 """
 
 from __future__ import annotations

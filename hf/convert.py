@@ -1,20 +1,13 @@
 """Our GPT <-> transformers' GPT2LMHeadModel and LlamaForCausalLM: configs and weights, both ways.
 
 With the GPT-2 options (learned positions, LayerNorm, GELU, biases) our network is GPT-2; with rotary
-positions, RMSNorm and SwiGLU it is Llama. The computation is the same; only the names and cuts differ:
-- GPT-2 fuses Q, K and V into one `c_attn` as we do, but stores the four matrices of a block transposed
-  (its Conv1D computes x @ W + b, our Linear x @ W^T + b).
-- Llama keeps q_proj, k_proj, v_proj apart, and the MLP's gate_proj and up_proj; we fuse each set into one
-  matrix (W_QKV, W_in: gate rows first), so import stacks them and export cuts them along the output rows.
-  Both rotate the pairs (x_i, x_{i+d/2}) of a head (transformers' rotate_half), so Q and K need no permuting.
-- A tied LM head (GPT-2 always, Llama by `tie_word_embeddings`) is not stored, as save_pretrained does.
-- GPT-2 always has biases: a GPT-2 style model without them exports zeros, which compute the same.
-Options with no exact equivalent in these two families are refused, all named at once (`check_exportable`);
-grouped-query attention with learned positions exports as GPT-2 with its key/value heads repeated. Names are
-written without transformers' module prefix ("transformer.", "model."), which folders may or may not have.
-LoRA adapters (model/lora.py) become PEFT's: one per transformers module, as model/lora.py's `parts` already
-cuts them (GPT-2's c_attn whole, Llama's q_proj, k_proj, v_proj apart), so nothing is approximated; their
-A (rank x in) and B (out x rank) are stored as they are, even for GPT-2's transposed Conv1D (PEFT's layout).
+positions, RMSNorm and SwiGLU it is Llama. Only the names and cuts differ: GPT-2 stores a block's matrices
+transposed (Conv1D); Llama keeps q/k/v and gate/up apart where we fuse them (gate rows first), so import
+stacks and export cuts along the output rows; both rotate the pairs (x_i, x_{i+d/2}), so Q and K need no
+permuting. A tied LM head is not stored; names are written without transformers' module prefix, which
+folders may or may not have. Options with no exact equivalent are refused, all named at once
+(`check_exportable`). LoRA adapters become PEFT's, one per transformers module as model/lora.py's `parts`
+already cuts them, their A and B stored as they are even for GPT-2's Conv1D (PEFT's layout).
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
 """Tokenizers across the border: the files transformers reads for ours, and which of ours a folder uses.
 
-Export writes `tokenizer.json` (the `tokenizers` library's format, which AutoTokenizer loads as a
-PreTrainedTokenizerFast) and `tokenizer_config.json`, plus `tinygpt_tokenizer.json`, our own metadata, so
-that tinygpt reads an exported folder back exactly:
-- GPT-2 BPE, derived offline from the tiktoken ranks we already use. A token's vocabulary entry is its
-  bytes written in GPT-2's alphabet of 256 printable characters (data/byte_level.py); the merges are rebuilt
-  from the ranks: running BPE on a token's bytes with only lower-ranked merges allowed stops at exactly the
-  two pieces it is merged from. Merges listed in rank order make the `tokenizers` BPE choose as tiktoken
-  does, and its ByteLevel pre-tokenizer splits text with GPT-2's pattern, so the ids are tiktoken's on any
-  text; `<|endoftext|>` is the special token 50256, as in GPT-2's own files (and tiktoken's
-  `encode(text, allowed_special="all")`). GPT-2's `vocab.json` and `merges.txt` are written too.
-- char: a BPE model whose vocabulary is our characters, with no merges, no normaliser and no pre-tokenizer,
-  so every character is one token with our id; the Fuse decoder joins them back without spaces. Characters
-  outside the vocabulary are dropped (ours refuses them). Tools want an end-of-text token (lm-eval fails
-  without one), and a character named so would be a special token, which `decode(skip_special_tokens=True)`,
-  as pipeline() decodes, deletes from the text. So the tokenizer (not the model) gets <|endoftext|> at the
-  id after the characters, as EOS, with `split_special_tokens`: text is never encoded to it (a literal
-  "<|endoftext|>" stays characters, as in ours), so no tool feeds it to the model, whose logits, and every
-  tool's numbers, stay exactly ours. No BOS: TransformerLens would prepend it (an id the model lacks);
-  without one it falls back to the EOS, which it finds is not one token of text, and prepends nothing.
-- a tokenizer whose metadata carries the `tokenizers` JSON itself (`tokenizer_json`) is written as it is.
-`tokenizer_of` answers the other way: which of our tokenizers a Hugging Face folder uses, if any.
+Export writes `tokenizer.json` (AutoTokenizer's PreTrainedTokenizerFast), `tokenizer_config.json` and
+`tinygpt_tokenizer.json` (our own metadata, so tinygpt reads the folder back exactly). Notable:
+- GPT-2 BPE is derived offline from the tiktoken ranks: the merges are rebuilt by running BPE on each
+  token's bytes with only lower-ranked merges allowed, which stops at exactly the two pieces it is merged
+  from; listed in rank order, they make the `tokenizers` BPE give tiktoken's ids on any text.
+- char is a BPE with no merges, normaliser or pre-tokenizer; the tokenizer alone (not the model) gets
+  <|endoftext|> after the characters, as an EOS that text never encodes to (`split_special_tokens`).
+- a tokenizer whose metadata carries the `tokenizers` JSON (`tokenizer_json`) is written as it is.
+Why (lm-eval, pipeline(), TransformerLens): docs/hugging-face.md. `tokenizer_of`: which of ours a folder uses.
 """
 
 from __future__ import annotations

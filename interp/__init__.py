@@ -6,5 +6,5 @@ build on; lens.py reads each layer's prediction (logit lens) and each head's dir
 the attention explorer, one HTML page (its template, script and styles are in page/). How heads work
 together: tasks.py (a clean and a corrupted input and a metric), attribution.py (attribution patching),
 paths.py (path patching), weights.py, factored.py and circuits.py (circuits and composition scores from the
-weights), circuit.py (the circuit behind a task) and diagram.py (its picture). The hook points they use are
-model/hooks.py's."""
+weights), task_circuit.py (the circuit behind a task) and diagram.py (its picture). The hook points they use
+are model/hooks.py's."""

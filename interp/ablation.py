@@ -1,20 +1,13 @@
 """Head ablation: remove heads and measure what breaks (heads.py --ablate).
 
-Zero ablation sets a head's output z (its weights @ values, before W_O mixes the heads) to 0, so the layer
-adds only W_O's bias; mean ablation sets it to its mean over reference validation windows, position by
-position (`head_means`: what the head writes on typical text, without what it read in this input).
-`ablate_heads` removes every head alone, `ablate` any sets of heads together; both batch the edited forward
-passes (interp/interventions.py): removing each of a 6 x 6 model's heads costs about 21 forward passes'
-worth of layers over the inputs, in one growing batch, not 36 forward passes per window.
-
-Each ablation is measured as the change (ablated minus intact) of:
-    val_loss                 mean next-token loss on validation windows (every position)
-    repeat_loss_first_half   the repeated-sequence losses of interp/scores.py on [R, R]: the first half
-    repeat_loss_second_half  (nothing to copy) and the second (the copy: a head it needs raises this)
-    icl_score                the in-context learning score of interp/scores.py, on the same windows
-Inputs are those of `score_heads`: validation windows from stream 2 (the reference windows of the means
-from stream 3) and [R, R] sequences from `seed`, but fewer by default (TEXT_TOKENS, REPEAT_TOKENS): every
-head costs about one forward pass over them.
+Zero ablation sets a head's output z (before W_O mixes the heads) to 0; mean ablation sets it to its mean
+over reference validation windows, position by position (`head_means`: what the head writes on typical
+text, without what it read in this input). `ablate_heads` removes every head alone, `ablate` any sets of
+heads together; both batch the edited passes (interp/interventions.py). Each ablation is measured as the
+change (ablated minus intact) of val_loss, repeat_loss_first_half, repeat_loss_second_half (the copy: a
+head it needs raises this) and icl_score, as interp/scores.py defines them. Inputs are `score_heads`'s
+(validation windows from stream 2, the means' reference windows from stream 3, [R, R] from `seed`) but
+fewer by default (TEXT_TOKENS, REPEAT_TOKENS): every head costs about one forward pass over them.
 """
 
 from __future__ import annotations

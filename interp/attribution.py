@@ -1,15 +1,12 @@
 """Attribution patching (Nanda, 2023): every patch of activation patching estimated at once, from one forward
 pass on each input and one backward pass.
 
-Patching an activation a from the source run into the base run changes the metric m by about its first-order
-term, (a_source - a_base) . dm/da, the gradient taken on the base run. So one forward on the source input
-(caching a), one forward on the base input (keeping a and the graph) and one backward from m give every
-table of interp/patching.py at once: each head's output at all positions ("heads") and at each position
-("head_positions"), and the residual stream entering each layer, the attention's and the MLP's outputs at
-each position, as the same effect, divided by m(source) - m(base). The estimate is exact where m is linear
-in the patched activation (a last layer's heads, read through a linear head) and goes wrong where the patch
-moves an attention pattern or a softmax far (the embeddings of a changed token, say): `compare` runs the
-real patching beside it and gives their correlation per table.
+Patching a from the source run into the base run changes the metric m by about (a_source - a_base) . dm/da,
+the gradient taken on the base run; divided by m(source) - m(base), that gives every table of
+interp/patching.py at once (heads, head_positions, the residual stream, attention and MLP outputs per
+position). It is exact where m is linear in the patched activation and drifts where a patch moves an
+attention pattern or a softmax far: `compare` runs the real patching beside it and gives their correlation
+per table.
 """
 
 from __future__ import annotations

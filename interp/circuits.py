@@ -2,32 +2,12 @@
 Framework for Transformer Circuits"), on weights processed as TransformerLens processes them
 (interp/weights.py), every matrix kept factored (interp/factored.py).
 
-Per head, with x a residual-stream vector (row) and TransformerLens's shapes:
-    OV circuit   W_V W_O            (C x C, rank d): what the head writes, given what it attends to
-    QK circuit   W_Q W_K^T          (C x C, rank d): x_query W_Q W_K^T x_key^T is the attention score
-    full OV      W_E W_V W_O W_U    (vocab x vocab): attending to token s raises token t's logit by [s, t]
-    token QK     W_E W_Q W_K^T W_E^T (vocab x vocab): a query token's score for a key token
-    position QK  W_pos W_Q W_K^T W_pos^T (T x T, learned positions only): a query position's score for a
-                 key position, from the position embeddings alone
-The full OV and token QK circuits describe a layer-0 head exactly (up to the norm's division) and a later
-head's direct path from the embeddings only. The copying score (Elhage et al.) is sum(lambda) /
-sum(|lambda|) over the eigenvalues of the full OV circuit (real parts): near 1 when attending to a token
-raises that same token's logit (a copying head), near -1 when it lowers it.
-
-With rotary positions there is no position embedding in the residual stream: a query at i and a key at j
-score q R(j - i) k^T, with R a rotation by their distance, so the QK circuits above are the score at
-distance 0. The weights fix every R, but what a head prefers at each distance depends on the tokens too, so
-a rotary model's position pattern must be measured on activations (the role scores do). QK-norm divides each
-query and key by its own RMS, which the weights alone cannot show either; it rescales, it does not turn.
-
-Composition: head A (an earlier layer) composes with head B when B reads what A wrote, through B's queries
-(Q), keys (K) or values (V). The score is ||left right||_F / (||left||_F ||right||_F) with left A's OV
-circuit and right B's QK circuit (Q), its transpose (K) or B's OV circuit (V): TransformerLens's
-all_composition_scores, which tests/test_circuits.py checks ours against. It is the share of what A writes
-that lands where B reads, in [0, 1]; random matrices of the same shapes score `baseline` (its mean over
-draws, with their spread), so a score means composition only well above it. An MLP between the two layers
-can carry what A wrote to B by another route that these scores, which follow the residual stream's direct
-path, do not see: path patching (interp/paths.py) measures both.
+Per head: the OV circuit W_V W_O, the QK circuit W_Q W_K^T, the full OV W_E W_V W_O W_U and token QK
+W_E W_Q W_K^T W_E^T (vocab x vocab), and the position QK of learned positions; the copying score from the
+full OV circuit's eigenvalues. Composition of an earlier head A with a later B through B's queries, keys or
+values: ||left right||_F / (||left||_F ||right||_F), TransformerLens's all_composition_scores, against
+`baseline`, what random matrices of the same shapes score. What each means, and what the weights cannot
+show (rotary positions, QK-norm, a route through an MLP: interp/paths.py measures it): docs/heads.md.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def legend_text(circuit: dict, rows: int = 16) -> str:
 
 
 def plot_circuit(circuit: dict, n_layer: int, n_head: int, path: Path) -> None:
-    """circuit.png: `circuit` as interp/circuit.py's find_circuit returns it."""
+    """circuit.png: `circuit` as interp/task_circuit.py's find_circuit returns it."""
     spread = 1.0 if n_head <= 8 else 12.0 / n_head
     width = max(5.0, 1.2 * n_head * spread + 1.5)
     fig = Figure(figsize=(width + 4.6, 2.4 + 1.8 * (n_layer + 1)), layout="constrained")

@@ -1,24 +1,14 @@
 """The attention explorer: one self-contained HTML page to click through every head's attention on a prompt.
 
-`write_page` runs the model once on the prompt and once on a repeated random sequence [R, R], and writes a
-single file that opens from disk in any browser: the page's markup, styles and script (interp/page/, read
-here and inlined) and the data as one JSON block. Nothing is fetched; a Content-Security-Policy forbids it.
-
-What is notable:
-- Weights are stored with 8 bits: round(255 * w), only the lower triangle (key <= query) of each head,
-  base64-encoded. The page shows them to 3 decimals; they are within half a step (1/510) of the model's.
-- The page is bounded: all heads are kept, and the prompt is cut to the first tokens whose weights fit in
-  MAX_WEIGHTS (the page says so). In a causal model the weights of a prefix do not depend on what follows,
-  so the rows shown are exactly those of the whole prompt. A 6 x 6 model on 256 tokens is about 1.9 MB.
-- Every role score comes from `interp.scores.score_heads`; each head is labelled with its strongest role.
-  With `heads.py --ablate`, each head's ablation effects (interp/ablation.py) sit beside its role score.
-- Each view also carries its logit lens (top LENS_TOP tokens per layer and position, the loss of the true
-  next token) and the direct attribution of every head to each true next token (interp/lens.py), rounded to
-  3 decimals: the page shows a layer x position lens and, for the token in focus, which heads pushed its
-  prediction up or down.
-- It also shows how every pair of heads composes (interp/circuits.py, from the weights: hover a cell) and,
-  after heads.py --circuit, the circuit (interp/circuit.py) as a diagram; their script is page/circuits.js.
-- Prompt text reaches the page only as JSON data and is set as text by the script, never parsed as HTML.
+`write_page` runs the model on the prompt and on [R, R], and writes one file that opens from disk: the
+markup, styles and script of interp/page/, inlined, and the data as one JSON block. Notable:
+- nothing is fetched (a Content-Security-Policy forbids it); prompt text reaches the page only as JSON
+  data, set as text by the script, never parsed as HTML;
+- weights are stored with 8 bits (round(255 * w), lower triangles only, base64), and the prompt is cut to
+  the tokens whose weights fit in MAX_WEIGHTS: in a causal model a prefix's rows are the whole prompt's;
+- the role scores are `interp.scores.score_heads`'s; the page also carries the logit lens and direct
+  attributions (interp/lens.py), any ablation effects, the composition scores and, after --circuit, the
+  circuit (drawn by page/circuits.js).
 """
 
 from __future__ import annotations
@@ -136,7 +126,7 @@ def page_data(
     circuit=None,
 ) -> dict:
     """Everything the page shows, as JSON-ready data (`ablation`: `interp.ablation.ablate_heads`'s result,
-    shown beside the role scores, or None; `circuit`: `interp.circuit.find_circuit`'s, or None). The
+    shown beside the role scores, or None; `circuit`: `interp.task_circuit.find_circuit`'s, or None). The
     composition scores of every pair of heads are always there: they come from the weights alone."""
     cfg = model.config
     viridis = matplotlib.colormaps["viridis"].resampled(256)

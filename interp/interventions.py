@@ -1,16 +1,13 @@
 """Batched interventions: many edited forward passes of one input, run as one pass over a bigger batch.
 
-An `Edit` sets one slice of one hook point (model/hooks.py) to a value: a head's query, key, value or
-output z, the residual stream entering a layer, the attention's or the MLP's output, at every position or
-at one, the same value for every row of the input or one per row. An intervention
-is a list of edits applied together (ablating a head is one edit; ablating three heads, three). `intervene`
-runs B rows unedited and under G interventions in one forward pass whose batch grows layer by layer: the
-unedited rows go first, and at each layer's resid_pre a copy of them joins for every intervention that
-starts changing things there. A layer before an intervention's first runs for it once, shared with the
-unedited rows, so removing each of a 6 x 6 model's 36 heads costs about 21 forward passes' worth of layers
-(6 x (6 + 5 + ... + 1) / 6), not 36 forward passes per window.
-
-`passes` cuts the work into passes that fit ACTIVATION_BYTES (the logits of a big vocabulary dominate).
+An `Edit` sets one slice of one hook point (model/hooks.py) to a value: a head's query, key, value or output
+z, the residual stream entering a layer, the attention's or the MLP's output, at every position or at one.
+An intervention is a list of edits applied together. `intervene` runs B rows unedited and under G
+interventions in one forward pass whose batch grows layer by layer: at each layer a copy of the unedited
+rows joins for every intervention that starts changing things there, so the layers before its first edit
+run once, shared. Removing each of a 6 x 6 model's 36 heads costs about 21 forward passes' worth of layers,
+not 36 per window. `passes` cuts the work into passes that fit ACTIVATION_BYTES (the logits of a big
+vocabulary dominate).
 """
 
 from __future__ import annotations

@@ -2,17 +2,12 @@
 attribution on one prompt (heads.py --lens, and the explorer page).
 
 Logit lens (nostalgebraist, 2020): the residual stream after the embeddings and after each block, put
-through the final norm and the LM head as if it were the last layer's output; per position, the top
-tokens and the loss of the true next token. Its last row is the model's own prediction.
-
-Direct logit attribution: the final residual at a position is the sum of what every part wrote into it:
-the embeddings (token and position), each head (its z through its slice of W_O), each W_O bias, each MLP.
-The final norm's scale is frozen at that position, as TransformerLens's decompose_resid / logit_attrs do:
-with LayerNorm, norm(x) = (x - mean(x)) / sigma * gamma + beta with sigma = sqrt(var(x) + eps) of the
-whole residual x, so a part v contributes (v - mean(v)) / sigma * gamma . W_U[token], and beta . W_U[token]
-is one more term; with RMSNorm, v / rms(x) * gamma . W_U[token]. The terms sum to the token's logit
-(before a soft cap, which is not linear). A head's term is how much it pushed the token up (positive) or
-down directly; what it does through later layers is not in it (ablation and patching see that).
+through the final norm and the LM head; per position, the top tokens and the loss of the true next token.
+Direct logit attribution: the final residual is the sum of what every part wrote (embeddings, each head's z
+through its slice of W_O, each W_O bias, each MLP); with the final norm's scale frozen at that position, as
+TransformerLens's logit_attrs, LayerNorm gives a part v the term (v - mean(v)) / sigma * gamma . W_U[token]
+(beta one more term), RMSNorm v / rms(x) * gamma . W_U[token]. The terms sum to the logit (before a soft
+cap). A head's term is its direct push only; what it does through later layers is ablation's and patching's.
 """
 
 from __future__ import annotations

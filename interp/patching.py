@@ -1,28 +1,14 @@
 """Activation patching: which activations carry the difference between two prompts (heads.py --patch).
 
-Two prompts of the same number of tokens, clean and corrupted, that the model continues differently: at the
-last position the clean run's most likely next token is the answer a, the corrupted run's is b (they must
-differ). The logit difference LD = logit(a) - logit(b) there is positive on the clean run and negative or
-zero on the corrupted one. A patch runs the corrupted prompt with some activations taken from the clean
-run, and scores
-
-    restored = (LD_patched - LD_corrupted) / (LD_clean - LD_corrupted)
-
-the fraction of the clean logit difference it brings back: 1 = all of it, 0 = none (it can fall outside
-[0, 1]). Patched, each its own run:
-    heads       each head's output z at every position              n_layer x n_head
-    resid_pre   the residual stream entering a layer at a position  n_layer x T   (layer 0: the embeddings,
-                                                                                   so a row shows where
-                                                                                   the prompts differ)
-    attn_out    the attention's output at a position                n_layer x T
-    mlp_out     the MLP's output at a position                      n_layer x T   (models with an MLP)
-A patched activation is the clean run's whole tensor there (all positions, or one position's vector), so a
-head's patch restores what it wrote and the layers after it see the difference that makes. Every patch of
-one prompt pair runs in batched passes (interp/interventions.py).
-
-`patch_task` does the same for any task of interp/tasks.py (the prompt pair above is one; repeated random
-sequences another; several rows; either direction), with one more table, each head at each position
-(head_positions, n_layer x n_head x T), which interp/attribution.py estimates from one backward pass.
+Two prompts of the same number of tokens, clean and corrupted, whose most likely next tokens a and b differ.
+A patch runs the corrupted prompt with some activations taken from the clean run, and scores
+    restored = (LD_patched - LD_corrupted) / (LD_clean - LD_corrupted),  LD = logit(a) - logit(b),
+1 = all of the clean prediction, 0 = none (it can fall outside [0, 1]). The tables, each patch its own run:
+heads (n_layer x n_head), resid_pre, attn_out and mlp_out (n_layer x T; resid_pre at layer 0 is the
+embeddings, so a row shows where the prompts differ). A patched activation is the clean run's whole tensor
+there, so the layers after it see the difference it makes; every patch of a pair runs in batched passes
+(interp/interventions.py). `patch_task` does the same for any task of interp/tasks.py, with one more table,
+each head at each position (head_positions), which interp/attribution.py estimates from one backward pass.
 """
 
 from __future__ import annotations

@@ -2,21 +2,13 @@
 head on a receiver through one input of the receiver alone (its queries, its keys or its values), every
 other path held at the base run's values.
 
-For senders S and receivers R, on a task of interp/tasks.py (base and source inputs, a metric):
-1. the sender run: the base input with the senders' outputs z taken from the source run and every other
-   head's output frozen at the base run's, so that what changes downstream is only what S wrote (the MLPs
-   are recomputed: a path through an MLP counts as direct, as in Wang et al.);
-2. the receiver run: the base input with only R's inputs taken from the sender run: a head's query, key or
-   value (hook points q, k, v; with grouped-query attention a key or value is its group's, shared by the
-   query heads of the group), an MLP's output (`mlp`: the MLP run on the sender run's input), or the final
-   residual (`logits`: the senders' direct effect). Everything after R is recomputed.
-The effect is (metric(receiver run) - metric(base)) / (metric(source) - metric(base)), as activation
-patching's. No sender leaves the base run as it is; the embeddings and every head as senders into every
-head's q, k and v, every MLP and the logits give the source run (tests/test_circuits.py checks both).
-`EMBEDDINGS` as a sender stands for the token (and position) embeddings.
-
-Each sender set costs one forward pass (the sender runs of many sets share a batch), and each receiver set
-a forward from its first layer on, all of them batched (interp/interventions.py).
+1. the sender run: the base input with the senders' outputs z from the source run and every other head's
+   output frozen at the base run's (the MLPs are recomputed: a path through an MLP counts as direct);
+2. the receiver run: the base input with only R's inputs from the sender run: a head's q, k or v (with
+   grouped-query attention its group's), an MLP's output (`mlp`) or the final residual (`logits`: the
+   direct effect); everything after R is recomputed.
+The effect is scored as activation patching's; `EMBEDDINGS` as a sender stands for the embeddings. Each
+sender set costs one forward pass and each receiver set a forward from its first layer on, all batched.
 """
 
 from __future__ import annotations

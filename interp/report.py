@@ -9,7 +9,6 @@ from pathlib import Path
 from common import json_text
 from common.files import atomic_write
 from interp.attribution import attribute, compare, format_attribution
-from interp.circuit import find_circuit, format_circuit
 from interp.circuits import composition_table, format_composition, positional_patterns
 from interp.diagram import plot_circuit
 from interp.lens import direct_attribution, format_lens, head_attributions, logit_lens
@@ -22,6 +21,7 @@ from interp.plots import (
     plot_patching,
     token_labels,
 )
+from interp.task_circuit import find_circuit, format_circuit
 from interp.tasks import prompt_pair
 from interp.weights import head_weights
 

@@ -1,22 +1,14 @@
 """What a patching experiment measures: a clean and a corrupted input of the same shape, a metric of the
-model's logits, and the direction of the patches (interp/patching.py, attribution.py, paths.py, circuit.py).
+model's logits, and the direction of the patches (interp/patching.py, attribution.py, paths.py,
+task_circuit.py).
 
-Two tasks:
-- a prompt pair (`prompt_pair`, heads.py --patch): two prompts of the same length whose most likely next
-  tokens differ, a after the clean one, b after the corrupted one; the metric is the logit difference
-  logit(a) - logit(b) at the last position;
-- repeated random sequences (`repeat_task`, the induction experiment's): clean rows [R, R] (R of n distinct
-  random tokens, as the role scores draw them), corrupted rows [R', R] with R' another random sequence, so
-  that nothing in the first half predicts the second; the metric is the mean log-probability of the true
-  next token over the second copy's predictions (minus its loss), which copying lifts from about
-  -ln(vocab) to near 0.
-
-A patch runs one input (the base) with some activations taken from the other (the source) and scores
-    effect = (metric(patched) - metric(base)) / (metric(source) - metric(base))
-the fraction of the way from the base run to the source run that the patch goes. Denoising (the default:
-base corrupted, source clean) asks what restores the clean behaviour; noising (`noised()`: base clean,
-source corrupted, as Wang et al. 2022 path-patch) asks what breaks it when it alone is corrupted. A metric
-is computed per row and averaged, so rows may be split across passes.
+Two tasks: a prompt pair (`prompt_pair`, heads.py --patch: the logit difference logit(a) - logit(b) at the
+last position) and repeated random sequences (`repeat_task`: clean [R, R], corrupted [R', R]; the mean
+log-probability of the second copy's true next tokens, which copying lifts from about -ln(vocab) to near 0).
+A patch runs one input (the base) with activations from the other (the source) and scores the fraction of
+the way it goes, (metric(patched) - metric(base)) / (metric(source) - metric(base)). Denoising (the default:
+base corrupted) asks what restores the clean behaviour; noising (`noised()`, as Wang et al. 2022
+path-patch) what breaks when it alone is corrupted. A metric is averaged over rows, so rows may be split.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """A GPT's weights per head, processed as TransformerLens processes a model by default, for reading circuits
-from the weights alone (interp/circuits.py).
+from the weights alone (interp/circuits.py): our circuits are its circuits only on the same weights.
 
-TransformerLens (HookedTransformer.from_pretrained, or a TransformerBridge in compatibility mode) folds and
-centres before it computes a circuit, and our circuits are its circuits only on the same weights:
-- each norm's scale is folded into what reads from it: norm1's into W_Q, W_K, W_V, the final norm's into
-  W_U (x / sigma * gamma . W = x / sigma . (gamma * W));
-- with LayerNorm, whose output has mean 0 over d_model, what reads from it is centred over d_model (W_Q,
-  W_K, W_V, W_U: the all-ones direction is never read), and what writes to the residual stream is centred
-  too (W_E, W_pos, W_O: LayerNorm removes that direction before anything reads it); RMSNorm keeps both;
+- each norm's scale is folded into what reads from it (norm1's into W_Q, W_K, W_V; the final norm's into W_U);
+- with LayerNorm, what reads from it and what writes to the residual stream (W_E, W_pos, W_O) are centred
+  over d_model, since LayerNorm removes that direction before anything reads it; RMSNorm keeps both;
 - W_U is centred over the vocabulary (a logit added to every token changes no probability).
-Biases are left out: the circuits are the weights' bilinear maps, as in Elhage et al. (2021).
-
-Shapes follow TransformerLens: W_Q, W_K, W_V (n_layer, n_head, C, d), W_O (n_layer, n_head, d, C), W_E
-(vocab, C), W_pos (block_size, C) or None, W_U (C, vocab). With grouped-query attention each query head
-gets its group's W_K and W_V (as TransformerLens expands them), so every table has one row per query head.
+Biases are left out: the circuits are the weights' bilinear maps, as in Elhage et al. (2021). Shapes follow
+TransformerLens: W_Q, W_K, W_V (n_layer, n_head, C, d), W_O (n_layer, n_head, d, C), W_E (vocab, C), W_pos
+(block_size, C) or None, W_U (C, vocab); with grouped-query attention each query head gets its group's W_K
+and W_V, so every table has one row per query head.
 """
 
 from __future__ import annotations

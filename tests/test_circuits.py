@@ -17,7 +17,6 @@ from conftest import LLAMA, OPTIONS, model_with, noisy, run_script, script_error
 from data.tokenizers import CharTokenizer, from_meta
 from hf import folders
 from interp.attribution import attribute, compare
-from interp.circuit import EDGE_THRESHOLD, check_task, find_circuit
 from interp.circuits import (
     all_composition_scores,
     composition_baseline,
@@ -31,6 +30,7 @@ from interp.interventions import Edit, intervene, passes
 from interp.patching import TABLES
 from interp.paths import EMBEDDINGS, Receiver, path_effects, receiver_edits
 from interp.scores import THRESHOLD
+from interp.task_circuit import EDGE_THRESHOLD, check_task, find_circuit
 from interp.tasks import prompt_pair, repeat_task
 from interp.weights import head_weights
 from model import GPT

@@ -226,6 +226,7 @@ def test_batches_are_windows_of_the_split(tmp_path: Path):
         TokenWindows(TokenFiles.of(tmp_path / "train.bin", "uint16"), 5000, torch.device("cpu"), 0, "train")
 
 
+@pytest.mark.slow
 def test_batches_do_not_grow_resident_memory(tmp_path: Path):
     """Random windows over a 256 MB split: touching it all would add ~256 MB of resident pages if one
     memory map were kept open."""

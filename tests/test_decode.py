@@ -142,6 +142,7 @@ def test_int8_model_tracks_the_fp32_model(run: Path):
     assert cached == reference_generate(int8, [0], 100)
 
 
+@pytest.mark.slow
 def test_sample_cli_batches_and_int8(run: Path):
     greedy = ("sample.py", str(run), "--temperature", "0", "--max-new-tokens", "30")
     one = run_script(*greedy, check=True).stdout

@@ -252,6 +252,7 @@ def test_links_and_images_resolve(path):
     assert broken_links(path) == []
 
 
+@pytest.mark.slow
 def test_commands_name_scripts_that_exist_and_their_options_parse():
     texts = {name(p): p.read_text(encoding="utf-8") for p in DOCS}
     assert sum(len(script_calls(t)) for t in texts.values()) > 40, "the commands were not found"
@@ -259,6 +260,7 @@ def test_commands_name_scripts_that_exist_and_their_options_parse():
     assert problems == [], "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_the_checks_catch_mistakes():
     """A misspelt option, a misspelt override, a missing script and a broken link are each reported."""
     text = """

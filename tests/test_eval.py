@@ -64,6 +64,7 @@ def test_windows_predict_every_token_once_with_the_promised_context():
         assert context[later].min() >= block - (stride or block) + 1
 
 
+@pytest.mark.slow
 def test_exact_val_loss_matches_a_plain_computation(trained: Path, data_dir: Path, capsys):
     """eval.py's loss over every val token against a plain loop over the same tokens, and the final eval of
     train.py (metrics.jsonl, the done line) against eval.py on the same (last) checkpoint."""
@@ -143,6 +144,7 @@ def choices_file(path: Path, n: int = 80, ending: int = 14, context: int = 40, s
     return path
 
 
+@pytest.mark.slow
 def test_multiple_choice_far_above_chance_trained_and_at_chance_untrained(
     trained: Path, tmp_path: Path, capsys
 ):
@@ -164,6 +166,7 @@ def test_multiple_choice_far_above_chance_trained_and_at_chance_untrained(
     assert score.acc_per_token <= 0.45  # 25% expected; 80 items
 
 
+@pytest.mark.slow
 def test_eval_refuses_bad_inputs_with_one_line(trained: Path, tmp_path: Path):
     import eval as command
 
@@ -205,6 +208,7 @@ def test_a_sample_prompt_the_vocabulary_lacks_stops_before_training(data_dir: Pa
     assert not (out / "last").exists()
 
 
+@pytest.mark.slow
 def test_plot_overlays_runs_and_every_run_draws_its_curves(trained: Path, run: Path, tmp_path: Path):
     from matplotlib.image import imread
 

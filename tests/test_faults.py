@@ -90,6 +90,7 @@ def copy(resumable: Path, tmp_path: Path) -> Path:
 # --- a file we load must not crash us, read our environment or reach the network ---
 
 
+@pytest.mark.slow
 def test_a_crafted_optimizer_moment_is_one_line_not_a_segfault(data_dir: Path, copy: Path):
     """An exp_avg of 7 numbers for a 65 x 32 embedding: the fused AdamW kernel wrote past it (rc 139)."""
     crafted_state(
@@ -266,6 +267,7 @@ def wait_for(stream, text: bytes, timeout: float = 120) -> bytes:
     return seen
 
 
+@pytest.mark.slow
 def test_a_closed_terminal_ends_training_with_a_checkpoint(data_dir: Path, tmp_path: Path):
     """SIGHUP after the terminal went away (its output closed): finish the step, write last/, exit 129."""
     proc = start_training(data_dir, tmp_path / "out", "train.max_iters=100000", "train.eval_interval=1000")
@@ -278,6 +280,7 @@ def test_a_closed_terminal_ends_training_with_a_checkpoint(data_dir: Path, tmp_p
     assert checkpoint.Checkpoint(tmp_path / "out" / "last").train_state().progress.iter > 0
 
 
+@pytest.mark.slow
 def test_train_piped_into_head_keeps_training(data_dir: Path, tmp_path: Path):
     """`train.py | head -3`: the reader goes after 3 lines; training goes on to its last checkpoint."""
     proc = start_training(data_dir, tmp_path / "out", "train.max_iters=60", "train.eval_interval=30")
@@ -292,6 +295,7 @@ def test_train_piped_into_head_keeps_training(data_dir: Path, tmp_path: Path):
     assert [r["iter"] for r in rows] == [0, 30, 60]
 
 
+@pytest.mark.slow
 def test_sample_piped_into_head_exits_quietly(run: Path):
     """`sample.py | head -c 100`: exit 141 (as a program killed by SIGPIPE), no traceback."""
     proc = popen("sample.py", str(run), "--max-new-tokens", "100000")
@@ -315,6 +319,7 @@ def strict_rows(path: Path) -> list[dict]:
     return [json.loads(line, parse_constant=no_nan) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_diverged_eval_never_replaces_the_last_good_checkpoint(data_dir: Path, tmp_path: Path):
     result = train(data_dir, tmp_path / "a", *EXPLODE, "train.max_iters=5", check=False)
     one_line_error(result, "the eval at iteration 1 is not finite")
@@ -333,6 +338,7 @@ def test_a_diverged_eval_never_replaces_the_last_good_checkpoint(data_dir: Path,
     assert [r["iter"] for r in strict_rows(tmp_path / "b" / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]
 
 
+@pytest.mark.slow
 def test_resume_repairs_a_torn_metrics_file(data_dir: Path, copy: Path):
     """A crash left a row past the checkpoint (iteration 6) and a torn last line: resume drops both, and
     loss.png and plot.py read the file."""
@@ -353,6 +359,7 @@ def test_resume_repairs_a_torn_metrics_file(data_dir: Path, copy: Path):
 # --- a full disk: one line with the path and the space, nothing written half, nothing lost ---
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_training_keeps_last(data_dir: Path, copy: Path):
     before = (copy / "last" / "state.pt").read_bytes()
     picture = (copy / "loss.png").read_bytes() if (copy / "loss.png").exists() else None
@@ -372,6 +379,7 @@ def test_a_full_disk_during_training_keeps_last(data_dir: Path, copy: Path):
     assert ((copy / "loss.png").read_bytes() if (copy / "loss.png").exists() else None) == picture
 
 
+@pytest.mark.slow
 def test_a_picture_that_cannot_be_written_costs_no_checkpoint(data_dir: Path, tmp_path: Path):
     out = tmp_path / "out"
     (out / "loss.png").mkdir(parents=True)  # in the way: the picture cannot be renamed into place
@@ -382,6 +390,7 @@ def test_a_picture_that_cannot_be_written_costs_no_checkpoint(data_dir: Path, tm
     assert checkpoint.Checkpoint(out / "last").train_state().progress.iter == 4 and leftovers(out) == []
 
 
+@pytest.mark.slow
 def test_pictures_and_appended_lines_on_a_full_disk(tmp_path: Path):
     script = f"""
 from pathlib import Path
@@ -421,6 +430,7 @@ def test_prepare_on_a_full_disk(tmp_path: Path):
     assert list(tmp_path.iterdir()) == []  # nothing complete to continue from: the folder it made goes
 
 
+@pytest.mark.slow
 def test_heads_and_export_on_a_full_disk(run: Path, data_dir: Path, tmp_path: Path):
     heads = full_disk(20_000, "heads.py", str(run), "--data-dir", str(data_dir), "--out", str(tmp_path / "h"))
     one_line_error(heads, f"could not write {tmp_path / 'h' / 'attention_layer0.png'} (File too large)")
@@ -433,6 +443,7 @@ def test_heads_and_export_on_a_full_disk(run: Path, data_dir: Path, tmp_path: Pa
 # --- one writer: a lock per out_dir and per dataset, released by the OS however the process ends ---
 
 
+@pytest.mark.slow
 def test_one_writer_per_out_dir_and_dataset(data_dir: Path, tmp_path: Path):
     out = tmp_path / "out"
     first = start_training(data_dir, out, "train.max_iters=100000", "train.eval_interval=1000")
@@ -454,6 +465,7 @@ def test_one_writer_per_out_dir_and_dataset(data_dir: Path, tmp_path: Path):
     assert again.returncode == 0, again.stderr
 
 
+@pytest.mark.slow
 def test_two_preparations_of_one_name(tmp_path: Path):
     text = tmp_path / "text.txt"
     text.write_text((ROOT / "data" / "tinyshakespeare.txt").read_text() * 2)
@@ -553,6 +565,7 @@ def test_ctrl_c_while_torch_loads_numpy(data_dir: Path, tmp_path: Path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_train_prepares_its_dataset(tmp_path: Path):
     """A first-use preparation that trains a BPE (native code that never looks for signals)."""
     proc = start_training(tmp_path / "data", tmp_path / "out", "data.dataset=shakespeare_bpe1024")
@@ -562,6 +575,7 @@ def test_ctrl_c_while_train_prepares_its_dataset(tmp_path: Path):
     assert seconds < 2 and not (tmp_path / "data" / "shakespeare_bpe1024" / "meta.json").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_sample(run: Path):
     proc = popen("sample.py", str(run), "--max-new-tokens", "100000")
     proc.stdout.read(10)  # generating
@@ -610,6 +624,7 @@ def test_a_tampered_split_is_one_line(tampered: Path, damage, message):
     assert message in str(e.value)
 
 
+@pytest.mark.slow
 def test_heads_refuses_ids_past_the_vocabulary(run: Path, tampered: Path, tmp_path: Path):
     val = tampered / "shakespeare_char" / "val.bin"
     val.write_bytes(val.read_bytes()[:10] + (70).to_bytes(2, "little") + val.read_bytes()[12:])
@@ -629,6 +644,7 @@ def test_windows_of_a_split_too_large_to_check_check_each_batch(tmp_path: Path):
             windows.batch(key, 4)
 
 
+@pytest.mark.slow
 def test_a_prompt_that_is_not_utf8_is_one_line(run: Path):
     result = subprocess.run(
         [sys.executable, "sample.py", str(run), "--prompt", b"\xff"], cwd=ROOT, capture_output=True, text=True

@@ -185,6 +185,7 @@ def char_models(data_dir: Path, tmp_path_factory) -> dict[str, Path]:
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_exported_char_models_load_in_transformers(name, char_models, tmp_path: Path, capsys):
     run = char_models[name]
@@ -271,6 +272,7 @@ def finetuned(hf_gpt2, bpe_data: Path, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_finetuning_a_gpt2_folder_trains_and_resumes(finetuned: Path, hf_gpt2, bpe_data: Path):
     rows = [json.loads(line) for line in (finetuned / "metrics.jsonl").read_text().splitlines()]
     assert [r["iter"] for r in rows] == [0, 4, 8] and rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.1
@@ -284,6 +286,7 @@ def test_finetuning_a_gpt2_folder_trains_and_resumes(finetuned: Path, hf_gpt2, b
     assert [r["iter"] for r in rows] == [0, 4, 8, 12]
 
 
+@pytest.mark.slow
 def test_exported_gpt2_tokenizer_is_tiktokens(finetuned: Path, tmp_path: Path):
     dest = tmp_path / "export"
     result = run_script("export.py", str(finetuned), str(dest), check=True)
@@ -354,6 +357,7 @@ def test_bad_inputs_are_one_line(hf_gpt2, char_models, no_model_keys, data_dir: 
     assert not (tmp_path / "out" / "last").exists()
 
 
+@pytest.mark.slow
 def test_hub_name_offline_with_nothing_cached_is_one_line(data_dir: Path, tmp_path: Path):
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
     result = run_script(

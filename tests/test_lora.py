@@ -221,6 +221,7 @@ def test_resuming_a_lora_run_is_exact(tuned, bases, hamlet: Path, config: Path, 
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_sample_eval_and_heads_read_a_lora_checkpoint(tuned, hamlet: Path, tmp_path: Path, capsys):
     run = tuned["llama"]
     loaded = pretrained.load_model(run, merge=False)  # the adapter model, unmerged

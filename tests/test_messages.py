@@ -95,6 +95,7 @@ def test_dry_run_says_what_the_real_run_does_with_out_dir(run: Path, data_dir: P
     )
 
 
+@pytest.mark.slow
 def test_a_resumed_run_says_where_it_resumed(run: Path, data_dir: Path, tmp_path: Path):
     out = tmp_path / "out"
     shutil.copytree(run, out)

@@ -43,6 +43,7 @@ def test_sampling_frequencies_follow_temperature():
     assert abs(sharp[0].item() / 20000 - 2 / 3) < 0.02  # p^2 renormalised: .25/(.25+.0625+.0625)
 
 
+@pytest.mark.slow
 def test_sample_cli_is_reproducible_and_streams_the_prompt(run: Path):
     args = ("sample.py", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "100", "--seed", "1")
     first, second = run_script(*args, check=True), run_script(*args, check=True)
@@ -74,6 +75,7 @@ def test_a_top_k_above_the_vocabulary_is_capped_with_a_note(run: Path):
     assert capped.stdout == run_script(*args, check=True).stdout  # all 65 tokens: as without --top-k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -101,6 +103,7 @@ def test_bad_sampling_input_is_one_line(run: Path, args, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_missing_and_damaged_checkpoints(run: Path, tmp_path: Path):
     result = run_script("sample.py", str(tmp_path / "nowhere"))
     assert result.returncode == 2 and "no checkpoint at" in result.stderr and "Traceback" not in result.stderr

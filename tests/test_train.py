@@ -127,6 +127,7 @@ def test_same_seed_same_losses_and_interrupted_resume_is_exact(data_dir: Path, t
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_not_overwritten_by_accident(run: Path, data_dir: Path):
     before = (run / "last" / "model.safetensors").read_bytes()
     result = train(data_dir, run, "train.max_iters=5", check=False)

@@ -43,6 +43,7 @@ def start(data_dir: Path, out: Path, *args: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_writes_a_checkpoint_and_says_how_to_resume(data_dir: Path, tmp_path: Path, sig, code):
     proc = start(data_dir, tmp_path / "out", "train.max_iters=100000", "train.eval_interval=1000")
@@ -108,6 +109,7 @@ def test_kill_9_at_random_moments_leaves_a_loadable_checkpoint(data_dir: Path, t
     assert last_iter > 0
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_with_the_last_good_checkpoint(data_dir: Path, tmp_path: Path):
     explode = ["optim.lr=1e4", "optim.grad_clip=0", "optim.warmup_iters=0", "train.max_iters=50"]
     result = train(data_dir, tmp_path / "a", *explode, check=False)
@@ -121,6 +123,7 @@ def test_non_finite_loss_stops_with_the_last_good_checkpoint(data_dir: Path, tmp
     one_line_error(skipping, "non-finite loss or gradient at iteration 3")
 
 
+@pytest.mark.slow
 def test_unwritable_out_dir_is_reported_before_training(data_dir: Path, tmp_path: Path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
@@ -174,6 +177,7 @@ class Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
+@pytest.mark.slow
 def test_pickled_code_in_a_checkpoint_never_runs(run: Path, data_dir: Path, tmp_path: Path):
     marker = tmp_path / "payload_ran"
     out = tmp_path / "out"
@@ -191,6 +195,7 @@ def test_pickled_code_in_a_checkpoint_never_runs(run: Path, data_dir: Path, tmp_
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_resuming_a_different_model_or_tokenizer_is_refused(run: Path, data_dir: Path, tmp_path: Path):
     out = tmp_path / "out"
     train(data_dir, out, "train.max_iters=2", "train.eval_interval=2")
@@ -207,6 +212,7 @@ def test_resuming_a_different_model_or_tokenizer_is_refused(run: Path, data_dir:
     one_line_error(result, "was trained with another tokenizer (its chars differs")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,message",
     [

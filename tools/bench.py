@@ -6,30 +6,10 @@
     python -m tools.bench --only attention [--window W] [--contexts 256,512,...] [--plot PATH]  # its cost
     python -m tools.bench CONFIG --only positions      # decoding speed against the position reached
 
-Training: the real train step (training/run.py) on the config's dataset: median ms/iteration and tokens/s
-over rounds x steps after warm-up, MFU against the machine's peak (a GPU table, or this CPU's measured matmul
-peak at the precision in use), and peak memory: CUDA, what the setup holds (weights, optimizer state) plus
-the allocator's peak above that during its own rounds, so two setups in one process are told apart; CPU,
-resident memory a fresh process adds during its first steps (Linux only: /proc/self/clear_refs; elsewhere
-not measured); MPS, the Metal driver's allocation a fresh process adds. --compare runs the two setups in one
-process, alternating rounds, so their ratio holds on a noisy machine; B defaults to A's config plus B's
-overrides.
-Sampling: tokens/s generating --sample-tokens tokens against the floor that memory bandwidth sets (the bytes
-of weights a step reads, over the fastest read of the model's own matrices; and over the memory's own
-bandwidth), in fp32 as sample.py generates, compiled, int8, 8 samples at once, with a full forward per
-token over the same windows, and with nanoGPT's generator
-(a full forward over the last block_size tokens per token).
-Memory: peak training memory at batch size 1 as the context grows (T = 512 ... 4096).
-Attention (`--only attention`, no config needed): forward + backward of attention alone (model/gpt.py's
-`attend`: B=1, H=4, d=32, fp32, as the issue measured it) at T = 256 ... 16,384, full causal against a
-sliding window in blocks (model/attention.py) and the same window as a dense T x T mask (how tinygpt ran it
-before; up to T = 8,192: past it the mask alone is 1 GB of floats): the median time of the rounds (the paths
-and lengths alternate within each round, short ones repeated to about 50 ms) and the peak memory allocated
-above the inputs (on a CPU counted from the allocator's events by torch.profiler, so memory held before does
-not hide it), drawn on log-log axes with T and T^2 guide lines into --plot.
-Positions (`--only positions`): the setup's model generating (eagerly, batch 1, temperature 1) from one
-token to past position 4,000, the median time of the steps around positions 100, 1,000 and 4,000 over the
-rounds: flat for a windowed model with rotary positions (a rolling cache of `window` slots).
+Training runs the real train step (medians over rounds x steps after warm-up, MFU, peak memory); sampling
+times each decoding path against the floor memory bandwidth sets; memory is training's at batch 1 as the
+context grows. --compare alternates the two setups' rounds in one process, so their ratio holds on a noisy
+machine (B defaults to A's config plus B's overrides). How each is measured: docs/development.md, "Tools".
 """
 
 from __future__ import annotations
@@ -452,46 +432,51 @@ def decoders(model: torch.nn.Module, compiled: bool) -> dict[str, tuple[torch.nn
     return paths
 
 
-def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[dict, list[dict]]:
-    """Decoding speed against the memory-bandwidth floor, generating n_tokens at temperature 1 from a
-    one-token prompt, in fp32 as sample.py generates, in int8, 8 samples at once, and compiled when the setup
-    compiles: the paths alternate over `rounds`, each timed on the whole n_tokens (medians), between
-    measurements of the read bandwidth. Then, once each, full recompute over the same windows and nanoGPT's
-    generator. Returns (the floor, one row per path)."""
-    model = s.run.model.eval()
-    torch.set_num_threads(s.threads)
-    paths = decoders(model, compiled=s.run.compiled)
-    gen = torch.Generator(device=s.rt.device)
+def timed_seconds(rt: Runtime, gen: torch.Generator, fn) -> float:
+    """Seconds fn() takes to finish, the generator reseeded first so every path draws the same tokens."""
+    gen.manual_seed(0)
+    start = time.perf_counter()
+    fn()
+    rt.synchronize()
+    return time.perf_counter() - start
 
-    def seconds(fn) -> float:
-        gen.manual_seed(0)
-        start = time.perf_counter()
-        fn()
-        s.rt.synchronize()
-        return time.perf_counter() - start
 
-    def decode(m: torch.nn.Module, batch: int, compile: bool, n: int = n_tokens, use_cache: bool = True):
-        prompt = decode_prompt(s.rt, batch)
-        return lambda: deque(generate(m, prompt, n, 1.0, None, None, gen, use_cache, compile), 0)
+def decode_call(
+    rt: Runtime, gen: torch.Generator, m, batch: int, compile: bool, n: int, use_cache: bool = True
+):
+    """A call that generates n tokens from a one-token prompt at temperature 1, as sample.py's loop does."""
+    prompt = decode_prompt(rt, batch)
+    return lambda: deque(generate(m, prompt, n, 1.0, None, None, gen, use_cache, compile), 0)
 
-    compile_s = {name: seconds(decode(*p, n=8)) for name, p in paths.items()}  # warm-up (and compile)
-    weights, bandwidth, times = weight_bytes_per_token(model), [], {name: [] for name in paths}
-    busy_times = {name: [] for name in paths}
+
+def sampling_times(s: Setup, paths: dict, n_tokens: int, rounds: int, busy: bool) -> tuple[dict, ...]:
+    """The decoding paths timed: (compile seconds, times, times beside a busy process, read bandwidths), the
+    times per path in seconds for the whole n_tokens, one per round."""
+    model, rt, gen = paths["fp32"][0], s.rt, torch.Generator(device=s.rt.device)
+    compile_s = {name: timed_seconds(rt, gen, decode_call(rt, gen, *p, n=8)) for name, p in paths.items()}
+    times, busy_times, bandwidth = {name: [] for name in paths}, {name: [] for name in paths}, []
     for _ in range(rounds):  # alternate, so slow spells of a shared machine hit every path
         torch.set_num_threads(s.threads)  # every core reads, whatever count the last decoding settled on
-        bandwidth.append(read_bandwidth(model, s.rt))
+        bandwidth.append(read_bandwidth(model, rt))
         for name, p in paths.items():
-            times[name].append(seconds(decode(*p)))
+            times[name].append(timed_seconds(rt, gen, decode_call(rt, gen, *p, n=n_tokens)))
             if busy:
                 with busy_neighbour():
-                    busy_times[name].append(seconds(decode(*p)))
-    times["full recompute"] = [seconds(decode(model, 1, False, use_cache=False))]
+                    busy_times[name].append(timed_seconds(rt, gen, decode_call(rt, gen, *p, n=n_tokens)))
+    full = decode_call(rt, gen, model, 1, False, n=n_tokens, use_cache=False)
+    times["full recompute"] = [timed_seconds(rt, gen, full)]
     times["nanoGPT generator"] = [
-        seconds(lambda: nanogpt_generate(model, decode_prompt(s.rt), n_tokens, gen))
+        timed_seconds(rt, gen, lambda: nanogpt_generate(model, decode_prompt(rt), n_tokens, gen))
     ]
-    torch.set_num_threads(s.threads)
-    floor = floor_row(s, weights, weight_bytes_per_token(paths["int8"][0]), statistics.median(bandwidth))
-    floor_s = weights / statistics.median(bandwidth)  # per step
+    return compile_s, times, busy_times, bandwidth
+
+
+def sampling_rows(
+    s: Setup, paths: dict, timed: tuple[dict, ...], floor_s: float, n_tokens: int
+) -> list[dict]:
+    """One row per decoding path from sampling_times' `timed`: tokens/s, against the floor (`floor_s`
+    seconds a step) and against nanoGPT's generator."""
+    compile_s, times, busy_times, _ = timed
     nanogpt_step = statistics.median(times["nanoGPT generator"]) / n_tokens
     rows = []
     for name, t in times.items():
@@ -511,6 +496,23 @@ def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[
                 [x / n_tokens for x in t], [x / n_tokens for x in busy_times.get(name, [])]
             )  # per step
         )
+    return rows
+
+
+def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[dict, list[dict]]:
+    """Decoding speed against the memory-bandwidth floor, generating n_tokens at temperature 1 from a
+    one-token prompt, in fp32 as sample.py generates, in int8, 8 samples at once, and compiled when the setup
+    compiles: the paths alternate over `rounds`, each timed on the whole n_tokens (medians), between
+    measurements of the read bandwidth. Then, once each, full recompute over the same windows and nanoGPT's
+    generator. Returns (the floor, one row per path)."""
+    model = s.run.model.eval()
+    torch.set_num_threads(s.threads)
+    paths = decoders(model, compiled=s.run.compiled)
+    timed = sampling_times(s, paths, n_tokens, rounds, busy)
+    torch.set_num_threads(s.threads)
+    weights, read = weight_bytes_per_token(model), statistics.median(timed[3])
+    floor = floor_row(s, weights, weight_bytes_per_token(paths["int8"][0]), read)
+    rows = sampling_rows(s, paths, timed, weights / read, n_tokens)  # the floor's seconds per step
     model.train()
     return floor, rows
 

@@ -5,11 +5,10 @@ run in llama.cpp (llama-cpp-python) against our own model on the same windows of
                                [--tokens 50] [--prompt ROMEO:] [--rounds 5] [--busy]
 
 Per dtype: the file's size, the largest logit error, the mean error in log probability, the val loss both
-ways, how often the most likely token agrees, and for a char model the probability llama.cpp gives the
-<|endoftext|> the GGUF adds. --speed times --tokens greedy tokens (50) after --prompt in llama.cpp (1 and 2
-threads) and in our decoding loop as sample.py runs it (eager and --compile), alternating in one process, the
-median of --rounds rounds (5); --busy runs each round beside a busy process.
-tests/test_gguf.py holds these errors to their bounds; BENCHMARKS.md, "GGUF export", has the figures.
+ways, argmax agreement, and for a char model the probability of the <|endoftext|> the GGUF adds. --speed
+times greedy tokens after --prompt in llama.cpp (1 and 2 threads) and in our loop (eager and --compile),
+alternating, medians of --rounds; --busy beside a busy process. tests/test_gguf.py holds the errors to
+their bounds; BENCHMARKS.md, "GGUF export", has the figures.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """Data preparation speed against the tokenizer's own ceiling: MB/s and tokens/s of data/prepare.py for each
-tokenizer, next to that tokenizer's own batch encode of the same text already in memory (no reading, no
-writing: the most preparation could reach), with encoding in threads (what prepare does) and in a process
-pool (the alternative), and the time and memory to build each vocabulary (char: a pass over the text;
-bpe:N: training it).
+tokenizer, next to its own batch encode of the same text in memory (the most preparation could reach),
+encoding in threads (what prepare does) and in a process pool, and the time and memory to build each
+vocabulary.
 
     python -m tools.prepare_speed --text /tmp/shakespeare200.txt --mb 200 --tokenizers char gpt2 bpe:1024
 
-The text is made (tiny Shakespeare repeated to --mb MB) when the file does not exist yet. Each vocabulary
-build, each ceiling and each preparation runs in a fresh process, so its peak memory (VmHWM) is its own and
-the ceiling meets the same cold start as a preparation (a warm process encodes the first megabytes faster:
-a tokenizer's first calls in new threads, fresh pages for the ids); rounds alternate ceilings, threads and
-processes, and the tables give medians. Results go to --json.
+The text is made (tiny Shakespeare repeated to --mb MB) when the file does not exist. Each build, ceiling
+and preparation runs in a fresh process, so its peak memory (VmHWM) is its own and the ceiling meets the
+same cold start as a preparation; rounds alternate, the tables give medians; results go to --json.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-/* The explorer's composition matrix and circuit diagram (interp/circuits.py, interp/circuit.py). This file is
+/* The explorer's composition matrix and circuit diagram (interp/circuits.py, interp/task_circuit.py). This file is
    inlined after explorer.js, in the same script: it uses its DATA, $, element, COLOURS and selectHead, and
    explorer.js's start() calls buildComposition and buildCircuit. */
 

@@ -2,18 +2,13 @@
 what the weights say (its composition score) and what running the model says (its path-patching effect),
 and the heads that write the answer.
 
-On a task of interp/tasks.py (by default repeated random sequences, [R, R] against [R', R]), in the noising
-direction (Wang et al. 2022: one thing corrupted, everything else clean, what breaks):
-1. nodes: every head's output patched from the corrupted run into the clean one (interp/patching.py); the
-   heads whose patch moves the metric at least NODE_THRESHOLD of the way to the corrupted run's (at most
-   MAX_NODES, the strongest);
-2. edges: for every pair of nodes in different layers and each input of the later one (q, k, v), the path
-   patching effect of the earlier through that input alone (interp/paths.py), and the composition score of
-   the pair (interp/circuits.py) against its random baseline; an edge is in the circuit when its effect
-   reaches EDGE_THRESHOLD;
-3. the answer: each node's direct effect (path patching into the final residual alone) and its direct logit
-   attribution on the clean run (interp/lens.py: what it adds to the logits the metric reads).
-Each number is a fraction of the clean-to-corrupted change of the metric, except the attribution (logits).
+On a task of interp/tasks.py (by default [R, R] against [R', R]), in the noising direction (what breaks
+when one thing alone is corrupted): nodes are the heads whose patch (interp/patching.py) moves the metric at
+least NODE_THRESHOLD of the way (at most MAX_NODES); edges are the paths between nodes in different layers,
+through q, k or v, whose path-patching effect (interp/paths.py) reaches EDGE_THRESHOLD, each with its
+composition score (interp/circuits.py); the answer is each node's direct effect and its direct logit
+attribution (interp/lens.py). Each number is a fraction of the clean-to-corrupted change of the metric,
+except the attribution (logits). The induction model's circuit: docs/heads.md.
 """
 
 from __future__ import annotations
