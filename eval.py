@@ -26,7 +26,8 @@ from common.arguments import ScriptParser
 from data.evalsets import encode_text_file, read_choices
 from runs.pretrained import load_model
 from runs.runtime import Runtime, pick_device, pick_precision
-from training.evaluation import TokenLoss, evaluate_tokens, score_choices
+from training.choices import score_choices
+from training.evaluation import TokenLoss, evaluate_tokens
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -29,14 +29,14 @@ from data.prepare import (
     prepare_dataset,
     tokenizer_from,
 )
-from data.recipes import RECIPES
+from data.recipes import recipes
 from data.sources import HFText, TextFile
 from data.tokenizers import BPETokenizer, parse_spec
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = ScriptParser(prog="python prepare.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("name", help=f"dataset name: a known one ({', '.join(RECIPES)}) or a new folder name")
+    p.add_argument("name", help=f"dataset name: a known one ({', '.join(recipes())}) or a new folder name")
     p.add_argument(
         "--data-dir", default=str(DATA_DIR), help="where prepared datasets live (default: %(default)s)"
     )
@@ -131,11 +131,11 @@ def recipe_from_args(args: argparse.Namespace) -> Recipe:
             args.max_docs,
         )
         recipe = Recipe(source, "gpt2")
-    elif args.name in RECIPES:
-        recipe = RECIPES[args.name]
+    elif args.name in recipes():
+        recipe = recipes()[args.name]
     else:
         raise UserError(
-            f"{args.name!r} is not a known dataset ({', '.join(RECIPES)}); "
+            f"{args.name!r} is not a known dataset ({', '.join(recipes())}); "
             "give its text with --text-file FILE or --hf-dataset NAME"
         )
     return dataclasses.replace(

@@ -28,7 +28,6 @@ from common.arguments import ScriptParser
 from data.prompts import encode_prompt, read_prompt
 from model.decoding import decoder
 from model.generate import generate
-from model.quantize import quantize_int8
 from runs.config import seed_problem
 from runs.pretrained import load_model
 from runs.runtime import pick_device
@@ -112,6 +111,8 @@ def main(argv: list[str]) -> int:
         )
         args.top_k = vocab
     if args.quantize == "int8":
+        from model.quantize import quantize_int8  # --quantize only
+
         model = quantize_int8(model)
     compiled = " with the decoding step compiled" if args.compile else ""
     print(f"sampling from {ckpt}{compiled}", file=sys.stderr)

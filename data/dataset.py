@@ -26,8 +26,7 @@ from common import json_text, locks
 from common.errors import UserError
 from data import shards
 from data.loader import TokenWindows
-from data.shards import CHECKED_TOKENS, TokenFiles
-from data.sources import SPLITS
+from data.shards import CHECKED_TOKENS, SPLITS, TokenFiles
 from data.tokenizers import Tokenizer, check_meta, from_meta, same
 
 DATA_DIR = Path(__file__).resolve().parent  # the project's data/ folder: the default data.dir

@@ -24,7 +24,8 @@ from common.files import write_failed
 from data.dataset import LOCK, META_FILE, Meta, token_dtype
 from data.repeats import Repeats
 from data.shard_writer import Preparation, continued, kept_shards, write_split
-from data.sources import SPLITS, HFText, TextFile
+from data.shards import SPLITS
+from data.sources import HFText, TextFile
 from data.tokenizers import (
     METADATA_FILE,
     TOKENIZER_JSON,

@@ -1,6 +1,6 @@
 """The known datasets, by name, and getting a dataset ready to read: the one way a run or a script does it.
 
-`RECIPES` names each dataset train.py and prepare.py know: where its text comes from and which tokenizer
+`recipes()` names each dataset train.py and prepare.py know: where its text comes from and which tokenizer
 makes its ids. `ready_dataset` opens a dataset (data/dataset.py's `Dataset.open`), preparing a known one
 first when it is not prepared yet (seconds for Shakespeare; TinyStories and FineWeb-Edu stream from the
 hub, minutes to hours); training says how a first use prepares (once per machine under torchrun). Its
@@ -11,48 +11,59 @@ prepared in a temporary folder (where that takes seconds) and deleted after.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common import locks
 from common.errors import UserError
 from data.dataset import DATA_DIR, LOCK, META_FILE, Dataset, dataset_folder, prepare_command
-from data.prepare import Recipe, prepare_dataset
-from data.repeats import Repeats
-from data.sources import HFText, TextFile
 from data.tokenizers import BPETokenizer, parse_spec
+
+if TYPE_CHECKING:
+    from data.prepare import Recipe
 
 SHAKESPEARE = str(DATA_DIR / "tinyshakespeare.txt")  # shipped, so the default run needs no download
 
-RECIPES: dict[str, Recipe] = {
-    "shakespeare_char": Recipe(
-        TextFile(SHAKESPEARE), "char", "tiny Shakespeare (1.1M chars), one token per character"
-    ),
-    "shakespeare": Recipe(TextFile(SHAKESPEARE), "gpt2", "tiny Shakespeare with the GPT-2 BPE"),
-    "shakespeare_bpe1024": Recipe(
-        TextFile(SHAKESPEARE), "bpe:1024", "tiny Shakespeare with its own 1,024-token BPE"
-    ),
-    "tinystories": Recipe(
-        HFText("roneneldan/TinyStories", val_split="validation", streaming=True),
-        "bpe:4096",
-        "TinyStories (Eldan & Li 2023, ~2.1M short stories), streamed from the hub, own 4,096-token BPE",
-    ),
-    "fineweb_edu": Recipe(
-        HFText("HuggingFaceFW/fineweb-edu", name="sample-10BT", streaming=True, val_every=2000),
-        "gpt2",
-        "FineWeb-Edu sample-10BT (~10B GPT-2 tokens, ~20 GB of bins), streamed from the hub",
-    ),
-    "repeats": Recipe(Repeats(), "char", "synthetic random segments that repeat (induction-head study)"),
-}
+
+@functools.cache
+def recipes() -> dict[str, Recipe]:
+    """The known datasets by name: each one's text and tokenizer. Made on first call, so that opening a
+    prepared dataset imports nothing of the preparation."""
+    from data.prepare import Recipe
+    from data.repeats import Repeats
+    from data.sources import HFText, TextFile
+
+    return {
+        "shakespeare_char": Recipe(
+            TextFile(SHAKESPEARE), "char", "tiny Shakespeare (1.1M chars), one token per character"
+        ),
+        "shakespeare": Recipe(TextFile(SHAKESPEARE), "gpt2", "tiny Shakespeare with the GPT-2 BPE"),
+        "shakespeare_bpe1024": Recipe(
+            TextFile(SHAKESPEARE), "bpe:1024", "tiny Shakespeare with its own 1,024-token BPE"
+        ),
+        "tinystories": Recipe(
+            HFText("roneneldan/TinyStories", val_split="validation", streaming=True),
+            "bpe:4096",
+            "TinyStories (Eldan & Li 2023, ~2.1M short stories), streamed from the hub, own 4,096-token BPE",
+        ),
+        "fineweb_edu": Recipe(
+            HFText("HuggingFaceFW/fineweb-edu", name="sample-10BT", streaming=True, val_every=2000),
+            "gpt2",
+            "FineWeb-Edu sample-10BT (~10B GPT-2 tokens, ~20 GB of bins), streamed from the hub",
+        ),
+        "repeats": Recipe(Repeats(), "char", "synthetic random segments that repeat (induction-head study)"),
+    }
 
 
 def recipe_vocab_size(name: str) -> int | None:
     """The vocabulary known dataset `name` will have before it is prepared: its bpe:N's N (at most: a text
     that runs out of pairs to merge gives fewer), GPT-2's; None for char (the text's characters) or a name
     that is not known."""
-    recipe = RECIPES.get(name)
+    recipe = recipes().get(name)
     if recipe is None:
         return None
     kind, size = parse_spec(recipe.tokenizer)
@@ -77,14 +88,16 @@ def ready_dataset(
     otherwise."""
     folder = dataset_folder(name, data_dir)
     if not (folder / META_FILE).is_file():
-        if name not in RECIPES:
+        if name not in recipes():
             raise UserError(
                 f"dataset {name!r} is not prepared in {folder} and is not a known dataset "
-                f"({', '.join(sorted(RECIPES))}); prepare it with: {prepare_command(folder)}"
+                f"({', '.join(sorted(recipes()))}); prepare it with: {prepare_command(folder)}"
             )
-        recipe = RECIPES[name]
+        recipe = recipes()[name]
 
         def prepare() -> None:
+            from data.prepare import prepare_dataset  # the preparation: only when there is one
+
             print(f"preparing dataset {name} in {folder} (first use)", file=sys.stderr)
             prepare_dataset(folder, recipe)
 
@@ -107,7 +120,10 @@ def dataset_on_paper(name: str, data_dir: str | Path | None = None) -> Iterator[
     if (dataset_folder(name, data_dir) / META_FILE).is_file():
         yield Dataset.open(name, data_dir)
         return
-    recipe = RECIPES.get(name)
+    from data.prepare import prepare_dataset
+    from data.sources import HFText
+
+    recipe = recipes().get(name)
     if recipe is None or isinstance(recipe.source, HFText):
         yield None
         return

@@ -23,6 +23,8 @@ import numpy as np
 
 from common.errors import UserError
 
+SPLITS = ("train", "val")  # every dataset's, in this order
+
 CHECKED_TOKENS = 1 << 30  # splits up to this many ids have all of them checked when opened (~0.1 s per GB)
 SHARD_NAME = re.compile(r"^(train|val)(-\d{5})?\.bin$")
 

@@ -31,7 +31,6 @@ from common.errors import UserError, first_line
 from common.user_text import BOM, as_read, not_utf8
 from data.byte_level import last_lossless_cut
 
-SPLITS = ("train", "val")  # every dataset's, in this order
 BLOCK = 1 << 18  # bytes read at a time: one encoding task each (see data/encode.py: TASK_CHARS)
 
 

@@ -26,8 +26,7 @@ from tqdm import tqdm
 
 from common import json_text
 from common.errors import UserError
-from data.byte_level import byte_alphabet, split_losslessly
-from data.sources import SPLITS
+from data.shards import SPLITS
 
 BPE_ALIASES = {"gpt2": "r50k_base"}
 BPE_ENCODINGS = ("gpt2", "r50k_base")  # the tiktoken encodings tinygpt prepares data with: GPT-2's BPE
@@ -241,6 +240,8 @@ class TrainedBPE:
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         )
+        from data.byte_level import split_losslessly  # byte-level BPEs only
+
         tok.train_from_iterator((p for t in texts for p in split_losslessly(t)), trainer)
         return cls(tok.to_str())
 
@@ -254,6 +255,8 @@ class TrainedBPE:
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         """The texts' ids, each text encoded in pieces of PIECE_CHARS (bounded memory, the same ids), all
         pieces in one parallel call."""
+        from data.byte_level import split_losslessly
+
         split = [split_losslessly(t) for t in texts]
         encodings = iter(
             self._tok.encode_batch_fast([p for ps in split for p in ps], add_special_tokens=False)
@@ -264,6 +267,8 @@ class TrainedBPE:
     def token_bytes(self) -> list[bytes]:
         """The bytes each id stands for."""
         if self._bytes is None:
+            from data.byte_level import byte_alphabet
+
             alphabet = byte_alphabet()
             special = {t.content for t in self._tok.get_added_tokens_decoder().values()}
             table = [b""] * self.vocab_size

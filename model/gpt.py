@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.nn as nn
@@ -26,7 +26,9 @@ from torch.utils.checkpoint import checkpoint
 from model.attention import LocalSpan, attend_locally, attention_span, document_starts
 from model.config import GPTConfig
 from model.hooks import HookPoint, run_with_cache, speed_up_hook_points
-from model.kv_cache import KVCache
+
+if TYPE_CHECKING:  # generation's cache: a training run never makes one
+    from model.kv_cache import KVCache
 
 
 def make_norm(cfg: GPTConfig) -> nn.Module:

@@ -16,7 +16,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
@@ -28,7 +28,9 @@ from common.errors import UserError, first_line
 from common.files import atomic_folder, save_tensors
 from data.tokenizers import METADATA_FILE, check_meta
 from runs.config import Config, config_from_data, problems, to_yaml
-from runs.train_state import STATE, TrainState, whole_state_options
+
+if TYPE_CHECKING:  # state.pt: training writes and resumes it; reading a model to run needs none of it
+    from runs.train_state import TrainState
 
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.yaml", METADATA_FILE
 ADAPTERS = "adapters.safetensors"  # a LoRA run's checkpoint: the adapters alone, and where its base is
@@ -42,6 +44,8 @@ def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights to save, whole, as contiguous CPU tensors named as in GPT (no wrapper prefixes), without
     the tied copy of the embedding. Under FSDP every rank must call it; only rank 0 gets the tensors."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from runs.train_state import whole_state_options
 
     state = get_model_state_dict(model, options=whole_state_options())
     if getattr(getattr(model, "config", None), "tie_embeddings", True):
@@ -78,6 +82,8 @@ def write_checkpoint(
         (tmp / CONFIG).write_text(to_yaml(cfg))
         (tmp / TOKENIZER).write_text(json_text.dumps(tokenizer_meta, indent=1))
         if train_state is not None:
+            from runs.train_state import STATE
+
             train_state.save(tmp / STATE)
     return out_dir / name
 
@@ -184,6 +190,8 @@ class Checkpoint:
 
     def train_state(self) -> TrainState:
         """state.pt, read without unpickling code and checked (runs/train_state.py)."""
+        from runs.train_state import STATE, TrainState
+
         path = self.folder / STATE
         if not path.is_file():
             raise UserError(

@@ -17,19 +17,20 @@ import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from common.errors import UserError
-from data.dataset import META_FILE, Dataset, dataset_folder, prepare_command
-from data.recipes import RECIPES, ready_dataset
 from data.tokenizers import Tokenizer, describe, from_meta
-from hf import folders
-from model import GPT, GPTConfig, lora
+from model import GPT, GPTConfig
 from runs import verify
 from runs.checkpoint import CONFIG, WEIGHTS, Checkpoint, find
 from runs.config import Config, DataConfig
 from runs.verify import load_into
+
+if TYPE_CHECKING:  # the dataset a model was trained on: eval.py and heads.py open it, sample.py does not
+    from data.dataset import Dataset
 
 
 @dataclass
@@ -76,9 +77,12 @@ class Loaded:
         """The dataset the model was trained on, checked against its tokenizer: in `data_dir` (--data-dir),
         else where its run recorded it (data.dir: absolute; an older version's relative one is taken from
         the folder the command runs in, as it was then). A known dataset not prepared is prepared there."""
+        from data.dataset import META_FILE, dataset_folder, prepare_command
+        from data.recipes import ready_dataset, recipes
+
         name, recorded = self.config.data.dataset, self.config.data.dir
         folder = dataset_folder(name, data_dir or recorded)
-        if not (folder / META_FILE).is_file() and name not in RECIPES:
+        if not (folder / META_FILE).is_file() and name not in recipes():
             older = (
                 f" (the run recorded data.dir {recorded!r}, relative: an older version's, read from the "
                 "folder you run in)"
@@ -98,12 +102,15 @@ def load_pretrained(name: Path | str, hub: bool = False, merge: bool = True) -> 
     folder, a Hugging Face model folder (config.json), or with `hub` a Hugging Face hub name (gpt2). A LoRA
     checkpoint gives its base's weights with the adapters merged in, or with `merge` False, apart."""
     path = Path(name)
-    if hub and not path.exists() and folders.is_hub_name(str(name)):
-        path = folders.download(str(name))
-    if folders.is_model_folder(path):  # converted by hf/, its tokenizer metadata checked there
-        model, weights, tokenizer_meta, about = folders.read_model(path)
-        verify.check_weight_shapes({k: tuple(v.shape) for k, v in weights.items()}, model, path)
-        return Pretrained(path, model, weights, tokenizer_meta, about)
+    if not is_ours(path):  # a Hugging Face model folder or hub name: only then is hf/ imported
+        from hf import folders
+
+        if hub and not path.exists() and folders.is_hub_name(str(name)):
+            path = folders.download(str(name))
+        if folders.is_model_folder(path):  # converted by hf/, its tokenizer metadata checked there
+            model, weights, tokenizer_meta, about = folders.read_model(path)
+            verify.check_weight_shapes({k: tuple(v.shape) for k, v in weights.items()}, model, path)
+            return Pretrained(path, model, weights, tokenizer_meta, about)
     try:
         ckpt = find(path)
     except UserError:
@@ -111,7 +118,7 @@ def load_pretrained(name: Path | str, hub: bool = False, merge: bool = True) -> 
             raise
         raise UserError(
             f"{path} holds no checkpoint ({WEIGHTS} with {CONFIG}, or a run's best/ or last/) and no Hugging "
-            f"Face model (it has no {folders.CONFIG}); give a run's folder, a checkpoint or a model folder"
+            "Face model (it has no config.json); give a run's folder, a checkpoint or a model folder"
         ) from None
     cfg, tokenizer_meta = ckpt.config(), ckpt.tokenizer_meta()
     about = describe(tokenizer_meta)
@@ -120,8 +127,17 @@ def load_pretrained(name: Path | str, hub: bool = False, merge: bool = True) -> 
     adapters, recorded = ckpt.adapters()
     weights = _base(recorded, ckpt).weights_for(cfg.model)
     if merge:
-        weights, adapters = lora.merge(weights, adapters, cfg.model, cfg.lora), None
+        from model.lora import merge
+
+        weights, adapters = merge(weights, adapters, cfg.model, cfg.lora), None
     return Pretrained(ckpt.folder, cfg.model, weights, tokenizer_meta, about, cfg, adapters)
+
+
+def is_ours(path: Path) -> bool:
+    """Whether `path` is a checkpoint of ours (its config.yaml) or a training run's folder (best/ or last/),
+    not a Hugging Face model folder, whose model.safetensors beside config.json looks like a checkpoint's."""
+    places = [path] + [path / name for name in ("best", "last", ".best.old", ".last.old")]
+    return any((place / CONFIG).is_file() for place in places)
 
 
 def lora_base(base: Pretrained) -> dict[str, str]:
@@ -180,7 +196,9 @@ def load_model(path: Path | str, device: torch.device | str = "cpu", merge: bool
         cfg = Config(model=source.model, data=DataConfig(dataset=dataset))
     model, weights = GPT(source.model), source.weights
     if source.adapters is not None:  # kept apart (merge False): adapters beside the base's weights
-        lora.add_lora(model, cfg.lora)
+        from model.lora import add_lora
+
+        add_lora(model, cfg.lora)
         weights = {**weights, **source.adapters}
     load_into(model, weights, source.where)
     return Loaded(model.to(device).eval(), cfg, tokenizer, tokenizer_meta, source.where)

@@ -90,10 +90,10 @@ def one_line_error(result: subprocess.CompletedProcess, message: str) -> None:
 def data_dir(tmp_path_factory) -> Path:
     """A data folder with shakespeare_char prepared (shared by the tests that train)."""
     from data.prepare import prepare_dataset
-    from data.recipes import RECIPES
+    from data.recipes import recipes
 
     d = tmp_path_factory.mktemp("data")
-    prepare_dataset(d / "shakespeare_char", RECIPES["shakespeare_char"], workers=1)
+    prepare_dataset(d / "shakespeare_char", recipes()["shakespeare_char"], workers=1)
     return d
 
 

@@ -16,7 +16,7 @@ from common.errors import UserError
 from data.dataset import token_dtype
 from data.loader import TokenWindows
 from data.prepare import Recipe, prepare_dataset
-from data.recipes import RECIPES, ready_dataset
+from data.recipes import ready_dataset, recipes
 from data.shards import TokenFiles
 from data.sources import HFText, TextFile
 from data.tokenizers import BPETokenizer, CharTokenizer, UnknownCharacters, from_meta
@@ -69,8 +69,8 @@ def test_ready_dataset_opens_prepares_on_first_use_or_refuses_in_one_line(data_d
 
 
 def test_shakespeare_matches_nanogpt_token_counts(tmp_path: Path):
-    char = prepare_dataset(tmp_path / "shakespeare_char", RECIPES["shakespeare_char"], workers=2)
-    bpe = prepare_dataset(tmp_path / "shakespeare", RECIPES["shakespeare"], workers=2)
+    char = prepare_dataset(tmp_path / "shakespeare_char", recipes()["shakespeare_char"], workers=2)
+    bpe = prepare_dataset(tmp_path / "shakespeare", recipes()["shakespeare"], workers=2)
     assert (char.train_tokens, char.val_tokens, char.vocab_size) == (1_003_854, 111_540, 65)
     assert (bpe.train_tokens, bpe.val_tokens, bpe.vocab_size) == (301_966, 36_059, 50_257)
 
@@ -132,8 +132,8 @@ import resource, sys, dataclasses
 from pathlib import Path
 sys.path.insert(0, {str(ROOT)!r})
 from data.prepare import prepare_dataset
-from data.recipes import RECIPES
-recipe = RECIPES["fineweb_edu"]
+from data.recipes import recipes
+recipe = recipes()["fineweb_edu"]
 def peak_after(name, files):
     source = dataclasses.replace(recipe.source, path="parquet", name=None, data_files=files, val_every=50)
     folder = Path({str(tmp_path)!r}) / name

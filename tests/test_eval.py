@@ -26,7 +26,8 @@ from data.tokenizers import BPETokenizer, CharTokenizer, from_meta
 from model import GPT, GPTConfig
 from runs import pretrained
 from runs.config import load_config
-from training.evaluation import evaluate_tokens, score_choices, window_batch, windows
+from training.choices import score_choices
+from training.evaluation import evaluate_tokens, window_batch, windows
 
 
 @pytest.fixture(scope="module")

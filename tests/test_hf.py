@@ -32,7 +32,7 @@ import heads as heads_script
 import sample as sample_script
 import train as train_script
 from data.prepare import prepare_dataset
-from data.recipes import RECIPES, SHAKESPEARE
+from data.recipes import SHAKESPEARE, recipes
 from data.tokenizers import from_meta
 from model import GPT
 from model.generate import generate
@@ -100,7 +100,7 @@ def hf_llama(tmp_path_factory) -> tuple[Path, LlamaForCausalLM]:
 def bpe_data(data_dir: Path) -> Path:
     """data_dir with `shakespeare` (GPT-2 BPE) prepared as well."""
     if not (data_dir / "shakespeare" / "meta.json").is_file():
-        prepare_dataset(data_dir / "shakespeare", RECIPES["shakespeare"], workers=1)
+        prepare_dataset(data_dir / "shakespeare", recipes()["shakespeare"], workers=1)
     return data_dir
 
 

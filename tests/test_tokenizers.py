@@ -17,7 +17,7 @@ from conftest import ROOT, TINY, run_script
 
 from data.byte_level import byte_alphabet, split_losslessly
 from data.prepare import Recipe, prepare_dataset, tokenizer_from
-from data.recipes import RECIPES, SHAKESPEARE
+from data.recipes import SHAKESPEARE, recipes
 from data.sources import TextFile
 from data.tokenizers import (
     EOT,
@@ -270,7 +270,7 @@ def test_tinystories_recipe_on_local_stand_in_files(tmp_path: Path):
     pq.write_table(pa.table({"text": train[:1500]}), hub / "data" / "train-00000-of-00002.parquet")
     pq.write_table(pa.table({"text": train[1500:]}), hub / "data" / "train-00001-of-00002.parquet")
     pq.write_table(pa.table({"text": val}), hub / "data" / "validation-00000-of-00001.parquet")
-    recipe = RECIPES["tinystories"]
+    recipe = recipes()["tinystories"]
     assert recipe.source.path == "roneneldan/TinyStories" and recipe.tokenizer == "bpe:4096"
     local = dataclasses.replace(recipe, source=dataclasses.replace(recipe.source, path=str(hub)))
     meta = prepare_dataset(tmp_path / "data" / "tinystories", local, workers=2)

@@ -26,7 +26,7 @@ import sample as sample_script
 from data.evalsets import read_choices
 from data.tokenizers import from_meta
 from runs import pretrained
-from training.evaluation import choice_losses
+from training.choices import choice_losses
 
 KINDS = [(kind, family) for kind in ("char", "bpe:512", "gpt2") for family in ("gpt2", "llama")]
 # items whose texts are inside every test vocabulary (the char one is MIXED's characters); endings of

@@ -1,12 +1,10 @@
-"""Evaluation: a training run's loss estimate; the exact loss over every token of a text, bits per byte, and
-multiple-choice accuracy.
+"""Evaluation: a training run's loss estimate; the exact loss over every token of a text, and bits per byte.
+Multiple choice is training/choices.py.
 
 - `evaluate_tokens` predicts every token exactly once, in windows of block_size (with `stride` S the windows
   slide by S and only their last S predictions count, as in the transformers perplexity guide).
 - Bits per byte: the total loss in nats / ln 2 / the UTF-8 bytes of the predicted tokens, the same for any
   tokenizer; special tokens have no bytes.
-- `score_choices`: multiple choice (HellaSwag's format); acc, and acc normalised per token, per character
-  (lm-eval's acc_norm) and per byte (docs/evaluation.md says which is whose).
 - Under torchrun the batches are dealt out to the ranks and the sums all-reduced; every rank runs the same
   number of forward passes, as FSDP needs.
 """
@@ -18,7 +16,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,12 +24,9 @@ import torch.nn.functional as F
 from common.errors import UserError
 from common.threads import ThreadTuner
 from data.shards import TokenFiles
-from data.tokenizers import Tokenizer, bits_per_byte
+from data.tokenizers import bits_per_byte
 from runs.runtime import Runtime
 from training import distributed
-
-if TYPE_CHECKING:  # multiple choice: eval.py's --choices imports it where it scores
-    from data.evalsets import Choice
 
 # train.final_eval=auto: the exact eval at the end up to this many val tokens
 FINAL_EVAL_AUTO_TOKENS = 4_000_000
@@ -186,70 +180,3 @@ def evaluate_tokens(
         sums = distributed.all_sum(sums, rt)
     tokens_done, nats_sum, bytes_sum = sums.tolist()
     return TokenLoss(int(tokens_done), nats_sum, int(bytes_sum), time.perf_counter() - start_time)
-
-
-@dataclass
-class ChoiceScore:
-    items: int
-    acc: float  # the ending with the lowest total loss
-    acc_per_token: float  # lowest loss per token (nanoGPT's and llm.c's acc_norm)
-    acc_per_char: float  # lowest loss per character of the ending (lm-evaluation-harness's acc_norm)
-    acc_per_byte: float  # lowest loss per UTF-8 byte of the ending (lm-evaluation-harness's acc_bytes)
-    chance: float  # the expected accuracy of a random guess
-
-
-@torch.no_grad()
-def ending_losses(
-    model: torch.nn.Module, encoded: list[tuple[list[int], int]], autocast=None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(total loss, tokens) of each ending given its context, in one batch."""
-    device = next(model.parameters()).device
-    width = max(len(ids) for ids, _ in encoded) - 1
-    x = torch.zeros((len(encoded), width), dtype=torch.long)
-    y = torch.full((len(encoded), width), -1, dtype=torch.long)
-    for row, (ids, n_ending) in enumerate(encoded):
-        seq = torch.tensor(ids)
-        x[row, : len(ids) - 1] = seq[:-1]
-        y[row, len(ids) - 1 - n_ending : len(ids) - 1] = seq[-n_ending:]  # the ending's tokens only
-    x, y = x.to(device), y.to(device)
-    with autocast() if autocast is not None else contextlib.nullcontext():
-        logits, _ = model(x)
-    nats = F.cross_entropy(logits.float().transpose(1, 2), y, ignore_index=-1, reduction="none")
-    return nats.double().sum(dim=1).cpu(), (y >= 0).sum(dim=1).cpu()
-
-
-def choice_losses(model: torch.nn.Module, tokenizer: Tokenizer, item: Choice, autocast=None) -> torch.Tensor:
-    """The total loss in nats of each ending of `item` given its context (float64, on the CPU)."""
-    from data.evalsets import encode_choice  # multiple choice only
-
-    return ending_losses(model, encode_choice(item, tokenizer, model.config.block_size), autocast)[0]
-
-
-def score_choices(
-    model: torch.nn.Module,
-    tokenizer: Tokenizer,
-    items: list[Choice],
-    autocast=None,
-    progress: Callable[[int], None] | None = None,
-) -> ChoiceScore:
-    """Accuracy of `model` on multiple-choice items: each ending scored by its loss given the context, in
-    total and per token, character and byte."""
-    from data.evalsets import encode_choice
-
-    was_training = model.training
-    model.eval()
-    right = np.zeros(4)
-    for item in items:
-        total, tokens = ending_losses(
-            model, encode_choice(item, tokenizer, model.config.block_size), autocast
-        )
-        chars = torch.tensor([len(e) for e in item.endings], dtype=torch.float64)
-        n_bytes = torch.tensor([len(e.encode("utf-8")) for e in item.endings], dtype=torch.float64)
-        scores = torch.stack([total, total / tokens, total / chars, total / n_bytes], dim=1)
-        right += (scores.argmin(dim=0) == item.label).numpy()
-        if progress is not None:
-            progress(1)
-    model.train(was_training)
-    n = len(items)
-    chance = sum(1 / len(item.endings) for item in items) / n
-    return ChoiceScore(n, *(right / n).tolist(), chance)

@@ -24,13 +24,12 @@ from common.errors import UserError
 from common.threads import ThreadTuner
 from data.dataset import Dataset
 from data.loader import TokenWindows
-from data.sources import SPLITS
+from data.shards import SPLITS
 from model import GPT
 from runs import checkpoint
 from runs.config import Config
 from runs.runtime import Runtime, compile_enabled
 from runs.train_state import STATE, Progress, TrainState
-from runs.verify import load_into
 from training import distributed
 from training.evaluation import estimate_loss, final_eval_wanted
 from training.optim import lr_factor, make_optimizers, schedule_progress, set_lr
@@ -176,10 +175,13 @@ def build_model(plan: Plan) -> GPT:
         weights, where = pretrained.weights_for(cfg.model), pretrained.where
     model = GPT(cfg.model).to(plan.rt.device)
     model.activation_checkpointing = cfg.train.activation_checkpointing
-    if weights is not None:
+    if weights is not None:  # checked against the model as they load
+        from runs.verify import load_into
+
         load_into(model, weights, where)
     if cfg.lora is not None:
         from model.lora import add_lora  # LoRA runs only
+        from runs.verify import load_into
 
         add_lora(model, cfg.lora)
         if resume is not None:
@@ -220,8 +222,7 @@ def train_step(run: Run, it: int) -> torch.Tensor:
 
 
 def first_compiled_step(run: Run, log: Tracker, clock: Clock) -> torch.Tensor:
-    """The first step of a compiled model, which compiles it: timed on its own, the clock stopped (the
-    compile is not training time, nor in the first tokens/s)."""
+    """A compiled model's first step, which compiles it: timed on its own line, outside training time."""
     with clock.paused():
         start = time.perf_counter()
         results = train_step(run, run.progress.iter)
