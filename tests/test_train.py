@@ -154,3 +154,18 @@ def test_wandb_offline_run_files(data_dir: Path, tmp_path: Path):
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
     assert metrics(out)[-1]["iter"] == 10
+
+
+@pytest.mark.slow
+def test_a_compiled_runs_compile_is_its_own_line_not_training_time(data_dir: Path, tmp_path: Path):
+    """train.compile=true compiles at the first step: said in its own line, and not counted in training
+    seconds (metrics.jsonl's elapsed_s, the done line) nor in the first tokens/s."""
+    out = tmp_path / "out"
+    args = ("train.compile=true", "train.max_iters=4", "train.eval_interval=2", "log.interval=2")
+    result = train(data_dir, out, *args)
+    compiled = [line for line in result.stdout.splitlines() if line.startswith("compiled the model in ")]
+    assert len(compiled) == 1, result.stdout
+    seconds = float(compiled[0].split()[4].rstrip("s"))
+    rows = metrics(out)
+    assert [r["iter"] for r in rows] == [0, 2, 4]
+    assert rows[-1]["elapsed_s"] < seconds  # four tiny steps take far less than compiling them
