@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -236,6 +237,34 @@ def test_the_dry_run_refuses_what_the_real_run_refuses_in_the_same_line(override
     assert not (tmp_path / "dry").exists()
 
 
+def real_and_dry_refusals(args: list[str]) -> tuple[str, str]:
+    """The one line the real run stops with before training, and the dry run's, for the same arguments."""
+    from training.plan import plan_run, run_dataset
+    from training.run import check_before_training, start_run
+
+    request = load_config("shakespeare_char", args)
+    with pytest.raises(UserError) as real:
+        check_before_training(start_run(plan_run(request, run_dataset(request))))
+    with pytest.raises(UserError) as dry:
+        estimate.dry_run(request)
+    return str(real.value), str(dry.value)
+
+
+@pytest.mark.slow  # two real runs built and two dry runs: 9 s on a crowded machine
+def test_the_dry_run_refuses_an_out_dir_the_real_run_refuses(data_dir: Path, tmp_path: Path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (out / "last").symlink_to(tmp_path / "elsewhere")
+    real, dry = real_and_dry_refusals([f"data.dir={data_dir}", f"train.out_dir={out}", *TINY])
+    assert dry == real and "is a symbolic link" in real
+    (out / "last").unlink()
+    full = shutil.disk_usage(tmp_path)._replace(free=1000)  # a disk with 1,000 bytes free
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: full)
+    real, dry = real_and_dry_refusals([f"data.dir={data_dir}", f"train.out_dir={out}", *TINY])
+    assert dry == real and "checkpoints need about" in real
+
+
 @pytest.mark.slow  # 24 steps: a second on a quiet machine, 18 s on a crowded one
 def test_the_dry_runs_steps_go_through_the_thread_tuner_and_are_timed_at_its_choice(data_dir: Path):
     """A tuner whose clock says one thread is faster (as beside a busy process) moves the steps to one thread
@@ -290,3 +319,22 @@ def test_beside_a_busy_process_the_dry_run_predicts_the_real_runs_time_within_1_
             if 1 / 1.5 <= ratios[-1] <= 1.5:
                 break
     assert any(1 / 1.5 <= r <= 1.5 for r in ratios), (ratios, report)
+
+
+@pytest.mark.slow  # two dry runs: 8 s on a crowded machine
+def test_the_dry_run_reports_the_final_evals_peak(data_dir: Path, tmp_path: Path):
+    from common.files import size_text
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the dry run would time real steps")  # cuda: no steps timed here
+    args = [f"data.dir={data_dir}", f"train.out_dir={tmp_path}", "train.device=cuda"]
+    report = estimate.dry_run(load_config("shakespeare_char", args))
+    cfg = with_vocabulary(load_config("shakespeare_char", args).cfg, 65)
+    params = memory.count_params(cfg.model)
+    peak = memory.final_eval_memory(cfg, "bf16", "cuda", 1024, params)  # 1,024 windows of 64 a forward
+    assert (
+        f"the exact val eval at the end (train.final_eval): peak {size_text(peak)}, the run's peak" in report
+    )
+    assert "exact val eval" not in estimate.dry_run(
+        load_config("shakespeare_char", [*args, "train.final_eval=false"])
+    )

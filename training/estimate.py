@@ -18,12 +18,13 @@ from pathlib import Path
 
 import torch
 
-from common.files import size_text
+from common.files import check_not_links, size_text
 from data.dataset import Meta, dataset_folder
 from data.recipes import dataset_on_paper
 from model.attention import block_layout
+from runs.checkpoint import OUT_DIR_ADVICE
 from runs.config import Config, Request
-from runs.out_dir import held, held_advice, holds_run
+from runs.out_dir import check_room, held, held_advice, holds_run
 from training.evaluation import default_batch_size, final_eval_wanted
 from training.hardware import GPU_PEAKS
 from training.measure import Timing, time_steps
@@ -103,10 +104,15 @@ def dry_run(request: Request) -> str:
 def check_as_the_run_does(plan: PaperPlan) -> None:
     """The checks the real run makes before it trains, by the same functions, so that the dry run refuses
     what the run refuses in the same line: splits long enough for block_size, the sample prompt, the wandb
-    login (the out_dir is reported instead: `_held_run`)."""
-    cfg = plan.cfg
+    login, symbolic links and room in the out_dir (what it holds is reported instead: `_held_run`; whether
+    it is writable and free of another run's lock are not checked: that writes)."""
+    cfg, out_dir = plan.cfg, Path(plan.cfg.train.out_dir)
     if cfg.log.wandb:
         check_wandb_login()
+    if out_dir.is_dir():  # the room for checkpoints where train.overwrite would not free some first
+        check_not_links(out_dir, ("last", "best"), OUT_DIR_ADVICE)
+        if not (cfg.train.overwrite and held(out_dir)):
+            check_room(out_dir, cfg, count_params(cfg.model, cfg.optim.name, cfg.lora).trained)
     if plan.dataset is None:  # from the hub, not prepared: nothing to check it against yet
         return
     plan.dataset.all_windows(cfg.model.block_size, plan.rt.device, cfg.train.seed)

@@ -72,7 +72,7 @@ def measure_training_memory(args: list[str]) -> tuple[float, float] | None:
         return pool.apply(_memory_probe, (args,))
 
 
-WAIT_S = 30.0  # the most time_steps waits for the thread tuner's first choice (steps this long stall little)
+WAIT_S = 60.0  # the most time_steps waits for the thread tuner's first choice (a large model's slow steps)
 
 
 @dataclass
