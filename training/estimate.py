@@ -6,7 +6,10 @@ peak training memory (training/memory.py), checkpoint size, and the time of a fe
 (training/measure.py) projected over the run (or, for a CUDA config on a machine without one, the time on
 common GPUs from FLOPs at a stated MFU). The run is planned as training does it, on the dataset
 data/recipes.py's `dataset_on_paper` gives and on the device and in the precision runs/runtime.py chooses
-(training/plan.py's `paper_plan`); `_estimate` works the figures out, `_report` writes them.
+(training/plan.py's `paper_plan`), and `check_as_the_run_does` first makes the real run's checks with its
+functions, so that what the run would refuse the dry run refuses in the same line. The memory is training's
+and the final exact eval's, the larger the run's peak. `_estimate` works the figures out, `_report` writes
+them.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@
 attention inputs and output, the MLP's hidden activations, dropout masks; a window's or documents' blocks,
 model/attention.py) and the head's log-softmax; under autocast the 2-byte copies and cast weights. On top:
 fp32 weights, the gradients and optimizer state of what trains, and the backward pass's working set.
+`final_eval_memory` counts the exact val eval at the end of a run, whose logits can outgrow training.
 The counts were read off autograd's saved tensors (saved_tensors_hooks); tests/test_estimate.py keeps
 checking them against training/measure.py's measurement. What is counted, and what is not measured (the
 GPU, torch.compile's savings, LoRA), is in docs/training.md, "What a run will cost".
