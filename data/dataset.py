@@ -227,6 +227,11 @@ class Dataset:
         unchecked = self.meta.tokens(split) > CHECKED_TOKENS
         return TokenWindows(tokens, block_size, device, seed, split, vocab if unchecked else None)
 
+    def all_windows(self, block_size: int, device: torch.device, seed: int) -> dict[str, TokenWindows]:
+        """`windows` of every split, as a run takes them (training/run.py's `start_run`; the dry run calls it
+        to refuse what the run refuses: a split too short for one window)."""
+        return {split: self.windows(split, block_size, device, seed) for split in SPLITS}
+
     def check_tokenizer(self, tokenizer_meta: dict, what: str) -> None:
         """Refuse a dataset tokenised otherwise than `tokenizer_meta` (a checkpoint's) says."""
         if not same(self.meta.tokenizer_meta, tokenizer_meta):

@@ -71,6 +71,12 @@ def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
             shutil.rmtree(out_dir / name, ignore_errors=True)
         for name in RECORDS:
             (out_dir / name).unlink(missing_ok=True)
+    check_room(out_dir, cfg, n_params)
+
+
+def check_room(out_dir: Path, cfg: Config, n_params: int) -> None:
+    """Refuse an out_dir (that exists) without room for the checkpoints of `n_params` trained parameters;
+    the dry run calls it too."""
     need = n_params * 4 * 4 * 2  # weights + AdamW moments, fp32, in last/ and best/ while swapping
     free = shutil.disk_usage(out_dir).free
     if cfg.train.save and free < need:

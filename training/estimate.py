@@ -6,7 +6,10 @@ peak training memory (training/memory.py), checkpoint size, and the time of a fe
 (training/measure.py) projected over the run (or, for a CUDA config on a machine without one, the time on
 common GPUs from FLOPs at a stated MFU). The run is planned as training does it, on the dataset
 data/recipes.py's `dataset_on_paper` gives and on the device and in the precision runs/runtime.py chooses
-(training/plan.py's `paper_plan`); `_estimate` works the figures out, `_report` writes them.
+(training/plan.py's `paper_plan`), and `check_as_the_run_does` first makes the real run's checks with its
+functions, so that what the run would refuse the dry run refuses in the same line. The memory is training's
+and the final exact eval's, the larger the run's peak. `_estimate` works the figures out, `_report` writes
+them.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ from pathlib import Path
 
 import torch
 
-from common.files import size_text
+from common.files import check_not_links, size_text
 from data.dataset import Meta, dataset_folder
 from data.recipes import dataset_on_paper
 from model.attention import block_layout
+from runs.checkpoint import OUT_DIR_ADVICE
 from runs.config import Config, Request
-from runs.out_dir import held, held_advice, holds_run
-from training.evaluation import final_eval_wanted
+from runs.out_dir import check_room, held, held_advice, holds_run
+from training.evaluation import default_batch_size, final_eval_wanted
 from training.hardware import GPU_PEAKS
 from training.measure import Timing, time_steps
 from training.memory import (
@@ -32,12 +36,14 @@ from training.memory import (
     Params,
     checkpoint_bytes,
     count_params,
+    final_eval_memory,
     memory,
     recompute_share,
     saved_params,
 )
 from training.plan import PaperPlan, Plan, paper_plan
-from training.run import start_run
+from training.run import sample_prompt, start_run
+from training.tracking import check_wandb_login
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 SMALLER_BATCH = "lower train.batch_size (raise train.grad_accum)"  # memory that does not fit
@@ -74,6 +80,7 @@ class Estimate:
     held: str | None  # what the real run will do with what train.out_dir holds (None: nothing to say)
     checkpoint: tuple[float, float]  # bytes of a checkpoint on disk: in all, of the weights
     final_eval: bool  # an exact val eval at the end
+    eval_peak: float  # bytes at the peak of that eval (0: none); the run's peak where it is the larger
     timing: Timing | None
     why_not: str | None  # why there is no timing
     unprepared: str = ""  # where train.py will prepare the dataset ("": it is prepared)
@@ -93,7 +100,27 @@ def dry_run(request: Request) -> str:
     data = request.cfg.data
     with dataset_on_paper(data.dataset, data.dir) as dataset:
         plan = paper_plan(request, dataset)
+        check_as_the_run_does(plan)
         return "\n".join(_report(_estimate(request, plan)))
+
+
+def check_as_the_run_does(plan: PaperPlan) -> None:
+    """The checks the real run makes before it trains, by the same functions, so that the dry run refuses
+    what the run refuses in the same line: splits long enough for block_size, the sample prompt, the wandb
+    login, symbolic links and room in the out_dir (what it holds is reported instead: `_held_run`; whether
+    it is writable and free of another run's lock are not checked: that writes)."""
+    cfg, out_dir = plan.cfg, Path(plan.cfg.train.out_dir)
+    if cfg.log.wandb:
+        check_wandb_login()
+    if out_dir.is_dir():  # the room for checkpoints where train.overwrite would not free some first
+        check_not_links(out_dir, ("last", "best"), OUT_DIR_ADVICE)
+        if not (cfg.train.overwrite and held(out_dir)):
+            check_room(out_dir, cfg, count_params(cfg.model, cfg.optim.name, cfg.lora).trained)
+    if plan.dataset is None:  # from the hub, not prepared: nothing to check it against yet
+        return
+    plan.dataset.all_windows(cfg.model.block_size, plan.rt.device, cfg.train.seed)
+    if cfg.log.sample_every:
+        sample_prompt(cfg, plan.dataset.tokenizer)
 
 
 def _estimate(request: Request, plan: PaperPlan) -> Estimate:
@@ -111,6 +138,10 @@ def _estimate(request: Request, plan: PaperPlan) -> Estimate:
     blocks = block_layout(cfg.model.block_size, cfg.model.window)
     ckpt = checkpoint_bytes(cfg, params), 4 * saved_params(cfg, params)
     final_eval = meta is not None and final_eval_wanted(t.final_eval, meta.val_tokens)
+    eval_peak = 0.0
+    if final_eval:  # the batch training/run.py's exact_val_loss takes
+        batch = default_batch_size(t.batch_size, cfg.model.block_size, cfg.model.vocab_size)
+        eval_peak = final_eval_memory(cfg, precision, device, batch, params)
     free = _available_bytes(device) if plan.present else None
     out_dir = Path(t.out_dir)
     disk_free = shutil.disk_usage(out_dir).free if out_dir.exists() else None
@@ -120,14 +151,15 @@ def _estimate(request: Request, plan: PaperPlan) -> Estimate:
         why_not = f"train.device={t.device} but no CUDA GPU is visible here"
     elif plan.dataset is None:
         why_not = f"dataset {cfg.data.dataset} is not prepared (train.py prepares it on first use)"
-    elif (free or float("inf")) < mem.peak:
+    elif (free or float("inf")) < max(mem.peak, eval_peak):
         why_not = "the predicted memory does not fit in what is free here"
     else:  # real steps of the planned run, one micro-batch each, nothing saved
         steps = dataclasses.replace(cfg, train=dataclasses.replace(t, grad_accum=1, save=False))
         timing = time_steps(start_run(Plan(steps, plan.rt, plan.dataset, None, plan.pretrained)))
     return Estimate(
         request.name, cfg, meta, device, precision, params, blocks, mem, other_mem, plain, recompute,
-        plan.compiled, free, disk_free, held_line, ckpt, final_eval, timing, why_not, _unprepared(plan),
+        plan.compiled, free, disk_free, held_line, ckpt, final_eval, eval_peak, timing, why_not,
+        _unprepared(plan),
     )  # fmt: skip
 
 
@@ -256,8 +288,12 @@ def _memory_lines(e: Estimate) -> list[str]:
         )
     if e.plain is not None:
         lines.append(_checkpointing_line(e))
+    if e.eval_peak:
+        lines.append(_final_eval_line(e))
     if e.free is not None:
-        fits = "fits" if mem.peak < e.free else f"DOES NOT FIT: {SMALLER_BATCH}"
+        fits = "fits" if max(mem.peak, e.eval_peak) < e.free else f"DOES NOT FIT: {SMALLER_BATCH}"
+        if mem.peak < e.free <= e.eval_peak:
+            fits = "DOES NOT FIT: the exact val eval at the end; set train.final_eval=false"
         if mem.peak >= e.free and not cfg.train.activation_checkpointing:
             fits += " or set train.activation_checkpointing=true"
         lines.append(f"            {size_text(e.free)} free here: {fits}")
@@ -271,6 +307,14 @@ def _memory_lines(e: Estimate) -> list[str]:
     if e.held is not None:
         lines.append(f"out_dir     {e.held}")
     return lines
+
+
+def _final_eval_line(e: Estimate) -> str:
+    """The exact val eval at the end (train.final_eval): its peak, and whether it is the run's."""
+    said = "the run's peak" if e.eval_peak > e.memory.peak else "below training's"
+    return (
+        f"            the exact val eval at the end (train.final_eval): peak {size_text(e.eval_peak)}, {said}"
+    )
 
 
 def _checkpointing_line(e: Estimate) -> str:
@@ -288,18 +332,23 @@ def _time_lines(e: Estimate) -> list[str]:
     if timing is None:
         return [f"time        not measured: {e.why_not}", _gpu_line(e)]
     step = timing.step_s * t.grad_accum
+    train_s = iters * step  # and the steps before those timed, as they took (beside a busy process: stalls)
+    if iters > timing.after:
+        train_s += timing.before_s * t.grad_accum - timing.after * step
     evals = iters // t.eval_interval + 1 + (1 if iters % t.eval_interval else 0)
     eval_s = 2 * t.eval_iters * timing.forward_s
-    exact, total = "", iters * step + evals * eval_s
+    exact, total = "", train_s + evals * eval_s
     if e.final_eval:
         final_s = e.meta.val_tokens * timing.forward_s / (t.batch_size * m.block_size)
         exact, total = f" + exact val eval {_duration(final_s)}", total + final_s
     per = f" ({t.grad_accum} micro-steps)" if t.grad_accum > 1 else ""
+    threads = f", {timing.threads} CPU thread{'s' if timing.threads > 1 else ''}" if e.device == "cpu" else ""
     lines = [
         f"speed       {step * 1e3:,.1f} ms per iteration{per} on {e.device} in {e.precision} "
-        f"(median of {timing.steps} steps after 2; the first took {timing.first_s:.2f} s) = "
+        f"(median of {timing.steps} steps after {timing.after}{threads}; the first took "
+        f"{timing.first_s:.2f} s) = "
         f"{e.cfg.tokens_per_iter / step:,.0f} tokens/s",
-        f"time        training {_duration(iters * step)} + {evals} evals x {eval_s:.1f} s{exact} = about "
+        f"time        training {_duration(train_s)} + {evals} evals x {eval_s:.1f} s{exact} = about "
         f"{_duration(total)} (checkpoint writes not counted)",
     ]
     if e.device != "cuda" and iters * step > 3600:  # a long run here: what a GPU would take

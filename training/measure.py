@@ -3,8 +3,9 @@
 `measure_training_memory` runs in a fresh process (so nothing the caller allocated counts) and reports the
 resident memory the first training steps add (Linux VmHWM after clear_refs), and how much of it is
 PyTorch's own code paged in on first use (file-backed; not training memory). tools/bench.py reports the
-first number; the tests compare the second against training/memory.py's prediction. `time_steps` times
-real steps and eval forwards of a run on this device, for the dry run.
+first number; the tests compare the second against training/memory.py's prediction (with `final_eval`, of
+the steps and the exact val eval that ends a run). `time_steps` times real steps and eval forwards of a run
+on this device, for the dry run: on a CPU through the run's thread tuner, as training runs them.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import UserError
+from common.threads import FIRST_TRY
 from runs.config import from_arguments
 from training.plan import plan_run, run_dataset
-from training.run import Run, start_run, train_step
+from training.run import Run, exact_val_loss, start_run, train_step
 
 
 def _status_mb(fields: tuple[str, ...]) -> list[float]:
@@ -37,10 +39,11 @@ def _status_mb(fields: tuple[str, ...]) -> list[float]:
 CLEAR_REFS = "/proc/self/clear_refs"  # Linux: writing 5 resets the peak resident size (VmHWM) to the current
 
 
-def _memory_probe(args: list[str]) -> tuple[float, float] | None:
+def _memory_probe(args: list[str], final_eval: bool = False) -> tuple[float, float] | None:
     """In a fresh process: (memory added by the first training steps, in MB; the part of it that is PyTorch's
-    code paged in on first use). CPU: resident memory, where Linux's /proc lets it be measured (else None:
-    macOS, Windows, some sandboxes); MPS: what the Metal driver allocated."""
+    code paged in on first use); with `final_eval`, by them and the exact val eval that ends a run. CPU:
+    resident memory, where Linux's /proc lets it be measured (else None: macOS, Windows, some sandboxes);
+    MPS: what the Metal driver allocated."""
     request = from_arguments(args)
     run = start_run(plan_run(request, run_dataset(request)))
     if run.rt.device.type == "mps":
@@ -57,6 +60,8 @@ def _memory_probe(args: list[str]) -> tuple[float, float] | None:
         return None
     for it in range(2):
         train_step(run, it)
+    if final_eval:
+        exact_val_loss(run)
     peak, files_after = _status_mb(("VmHWM", "RssFile"))
     return peak - rss, files_after - files
 
@@ -68,17 +73,28 @@ def measure_training_memory(args: list[str]) -> tuple[float, float] | None:
         return pool.apply(_memory_probe, (args,))
 
 
+WAIT_S = 60.0  # the most time_steps waits for the thread tuner's first choice (a large model's slow steps)
+
+
 @dataclass
 class Timing:
     step_s: float  # one micro-batch forward + backward and one optimizer step, median
     forward_s: float  # one eval batch forward, median
     first_s: float  # the first step (optimizer state allocated; compiling, when on)
     steps: int  # timed
+    after: int  # steps run before them: the first, and on a CPU those before the thread tuner's first choice
+    before_s: (
+        float  # those steps' seconds, which a run spends too (the first and the stalls before the choice)
+    )
+    threads: int  # the CPU threads they ran on (the thread tuner's count)
 
 
 def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
-    """Time real training steps of `run` (built with grad_accum 1) and eval forwards on this device."""
-    rt = run.rt
+    """Time real training steps of `run` (built with grad_accum 1) and eval forwards on this device. On a CPU
+    the steps go through the run's thread tuner (common/threads.py) as training's do, numbered as training
+    numbers them, and those timed are the ones after its first choice at the count it chose: what training
+    runs beside a busy process, not the stalls before the choice."""
+    rt, tuner = run.rt, run.tuner
 
     def timed(fn) -> float:
         start = time.perf_counter()
@@ -86,12 +102,21 @@ def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
         rt.synchronize()
         return time.perf_counter() - start
 
-    first = timed(lambda: train_step(run, 0))
-    timed(lambda: train_step(run, 1))
-    times: list[float] = []
+    def step(it: int) -> float:
+        with tuner.timed(it):
+            return timed(lambda: train_step(run, it))
+
+    first = step(0)
+    chosen = FIRST_TRY + tuner.tries if tuner.enabled else 2  # the first try of another count is over
+    it, waited, times = 1, first, []
     while len(times) < 3 or (sum(times) < budget_s and len(times) < max_steps):
-        it = len(times) + 2
-        times.append(timed(lambda: train_step(run, it)))  # noqa: B023 (called at once)
+        trying = tuner.trial is not None
+        seconds = step(it)
+        if (it >= chosen or waited > WAIT_S) and not trying:  # not the tries: training seldom runs them
+            times.append(seconds)
+        else:
+            waited += seconds
+        it += 1
     x, y = run.splits["val"].batch(0, run.cfg.train.batch_size, stream=1)
 
     def forward():
@@ -101,4 +126,8 @@ def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
     run.forward.eval()
     forwards = [timed(forward) for _ in range(4)][1:]
     run.forward.train()
-    return Timing(statistics.median(times), statistics.median(forwards), first, len(times))
+    threads = tuner.count if tuner.enabled else torch.get_num_threads()
+    return Timing(
+        statistics.median(times), statistics.median(forwards), first, len(times), it - len(times), waited,
+        threads,
+    )  # fmt: skip

@@ -4,6 +4,7 @@
 attention inputs and output, the MLP's hidden activations, dropout masks; a window's or documents' blocks,
 model/attention.py) and the head's log-softmax; under autocast the 2-byte copies and cast weights. On top:
 fp32 weights, the gradients and optimizer state of what trains, and the backward pass's working set.
+`final_eval_memory` counts the exact val eval at the end of a run, whose logits can outgrow training.
 The counts were read off autograd's saved tensors (saved_tensors_hooks); tests/test_estimate.py keeps
 checking them against training/measure.py's measurement. What is counted, and what is not measured (the
 GPU, torch.compile's savings, LoRA), is in docs/training.md, "What a run will cost".
@@ -214,6 +215,20 @@ def memory(cfg: Config, precision: str, device: str, params: Params | None = Non
         device=device,
         precision=precision,
     )
+
+
+def final_eval_memory(cfg: Config, precision: str, device: str, batch: int, params: Params) -> float:
+    """The peak of the exact val eval at the end of a run (training/evaluation.py's `evaluate_tokens`, `batch`
+    windows a forward, no gradients): the weights and optimizer state (the gradients are freed by then), under
+    autocast the cast weights, and the larger of one block's activations (freed as the forward moves on) and
+    the head's: the logits over the vocabulary (their fp32 copy under autocast; tanh's with a soft cap) and
+    cross-entropy's log-softmax. A large vocabulary's logits can make it the run's peak."""
+    m, tokens = cfg.model, batch * cfg.model.block_size
+    a = 2 if precision in ("bf16", "fp16") else 4
+    head = m.vocab_size * tokens * (a + (a if m.logit_softcap else 0) + (4 if a == 2 else 0) + 4)
+    block = block_bytes_per_token(m, precision, device, batch) * tokens
+    kept = 4 * params.total + 8 * (params.trained - params.muon) + 4 * params.muon
+    return kept + (2 * params.linear if a == 2 else 0) + max(block, head)
 
 
 # --- activation checkpointing (train.activation_checkpointing) ---

@@ -24,7 +24,7 @@ from common.errors import UserError
 from common.threads import ThreadTuner
 from data.dataset import Dataset
 from data.loader import TokenWindows
-from data.shards import SPLITS
+from data.tokenizers import Tokenizer
 from model import GPT
 from runs import checkpoint
 from runs.config import Config
@@ -142,7 +142,7 @@ def start_run(plan: Plan) -> Run:
         forward = torch.compile(forward, mode=t.compile_mode)
     lengths = plan.dataset.byte_lengths()
     lengths = torch.from_numpy(lengths).to(rt.device) if lengths is not None else None
-    splits = {s: plan.dataset.windows(s, cfg.model.block_size, rt.device, t.seed) for s in SPLITS}
+    splits = plan.dataset.all_windows(cfg.model.block_size, rt.device, t.seed)  # the dry run's check too
     run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), lengths, base)
     if plan.resume is not None:  # optimizer and scaler state, progress and random generators (state.pt)
         where = plan.resume.folder / STATE
@@ -161,7 +161,7 @@ def check_before_training(run: Run) -> None:
         check_out_dir(run.out_dir, run.cfg, trained)
     distributed.barrier(run.rt)
     if run.cfg.log.sample_every:  # a prompt the vocabulary cannot encode stops here, not at the first sample
-        sample_prompt(run)
+        sample_prompt(run.cfg, run.dataset.tokenizer)
 
 
 def build_model(plan: Plan) -> GPT:
@@ -362,13 +362,12 @@ def exact_val_loss(run: Run) -> dict:
     return out | ({"final_val_bpb": round(result.bpb, 5)} if result.bytes else {})
 
 
-def sample_prompt(run: Run) -> list[int]:
+def sample_prompt(cfg: Config, tokenizer: Tokenizer) -> list[int]:
     """The ids of log.sample_prompt (default: a newline, or <|endoftext|> for BPE), as sample.py has them."""
     from data.prompts import encode_prompt, read_prompt
 
-    tokenizer = run.dataset.tokenizer
     return encode_prompt(
-        read_prompt(run.cfg.log.sample_prompt, None, tokenizer), tokenizer, run.cfg.model.context_limit
+        read_prompt(cfg.log.sample_prompt, None, tokenizer), tokenizer, cfg.model.context_limit
     )
 
 
@@ -379,7 +378,7 @@ def draw_sample(run: Run) -> str:
 
     cfg, model, tokenizer = run.cfg, run.model, run.dataset.tokenizer
     generator = torch.Generator(device=run.rt.device).manual_seed(cfg.train.seed)
-    idx = torch.tensor([sample_prompt(run)], device=run.rt.device)
+    idx = torch.tensor([sample_prompt(cfg, tokenizer)], device=run.rt.device)
     model.eval()
     tuner = run.rt.thread_tuner(tries=8)  # keeps train.threads
     tokens = generate(model, idx, cfg.log.sample_tokens, 0.8, None, None, generator, tuner=tuner)
