@@ -1,20 +1,13 @@
 """Where raw text comes from: a local text file, a Hugging Face dataset (hub or local files), or a generator.
 
-A source yields the text of a split ("train" or "val") as strings, lazily, so a corpus larger than memory
-streams through. `separate_documents` says whether the strings are separate documents (an end-of-text
-token goes after each, when the tokenizer has one) or consecutive pieces of one text. `documents(split,
-start)` returns them as `Documents`, which also says where the source stands after the last one yielded
-(`position()`, JSON-able), and starts from such a position when given one: what lets a stopped preparation
-continue (data/shard_writer.py); and the split's size in the source's `unit`, when it is known (the progress
-bar's ETA).
-- `TextFile`: one UTF-8 file, read as common/user_text.py reads every text a person gives (no byte-order
-  mark, CRLF read as LF); the first (1 - val_fraction) of its bytes (moved to a character boundary) are the
-  train split, the rest val, as nanoGPT splits Shakespeare. Read in 256 KiB blocks; its position is a byte
-  offset.
-- `HFText`: `datasets.load_dataset(path, name, split=..., data_files=..., streaming=...)`, one document per
-  row of `text_column`; every `val_every`-th document goes to val (or all of `val_split` when given). Its
-  position is the rows read and, streaming, the datasets iterator's own state (`state_dict()`), which
-  resumes at the file and row it had reached instead of streaming the corpus from its start again.
+A source yields a split's text ("train" or "val") lazily, as documents or as consecutive pieces of one text
+(`separate_documents`), so a corpus larger than memory streams through. `documents(split, start)` returns
+`Documents`, which say where the source stands after the last one (`position()`, JSON-able) and start from
+such a position: what lets a stopped preparation continue (data/shard_writer.py).
+- `TextFile`: one UTF-8 file, read as common/user_text.py reads every text a person gives; its first
+  (1 - val_fraction) of bytes are train, the rest val (as nanoGPT splits it); positions: byte offsets.
+- `HFText`: `datasets.load_dataset(...)`, one document per row; every `val_every`-th goes to val (or
+  `val_split`); streaming, its position is the iterator's own `state_dict()`: a resume skips nothing twice.
 - `repeats` (data/repeats.py): synthetic sequences with repeated segments, for the induction-head study.
 """
 

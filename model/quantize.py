@@ -1,19 +1,12 @@
 """Weight-only int8 quantisation for decoding: a quarter of the bytes per token.
 
-Decoding one token reads every weight once, so its speed is bound by the weights' bytes over the memory
-bandwidth. `quantize_int8` replaces every nn.Linear of a model (the LM head included, untied from the token
-embedding, which stays as it is: a lookup reads one row) by an `Int8Linear`: each output channel's weights
-rounded to int8 with one scale, W[o, :] ~= scale[o] * q[o, :], scale[o] = max |W[o, :]| / 127 (symmetric,
-no zero point), so no weight moves by more than scale[o] / 2.
-
-On a CPU the product runs in `torch._weight_int8pack_mm` (PyTorch's kernel for this layout, the one torchao's
-int8 weight-only quantisation calls there), whose fast path takes bf16 activations: the activations are
-rounded to bf16 going in, and the result comes back in their dtype. That kernel crashes the process (a
-segmentation fault, torch 2.13) when the input width is not a multiple of 16 and more than one row goes in
-(SwiGLU's 341, n_embd=100), so such a layer holds its weight padded with zero columns to the next multiple
-of 16, and its input is padded to match: zeros add nothing to the product. Elsewhere the weight is cast to the
-activations' dtype inside the product, which torch.compile fuses into one kernel (as gpt-fast does on GPUs).
-The text may differ from the fp32 model's: BENCHMARKS.md, "int8: how far the text moves".
+`quantize_int8` replaces every nn.Linear (the LM head included, untied from the embedding) by an
+`Int8Linear`: each output channel rounded to int8 with one scale, max |W[o, :]| / 127, no zero point. On a CPU
+the product is `torch._weight_int8pack_mm` (what torchao's int8 weight-only path calls), with bf16
+activations in. That kernel segfaults (torch 2.13) when the input width is not a multiple of 16 and more
+than one row goes in (SwiGLU's 341, n_embd=100), so such a layer's weight and input are padded with zero
+columns to the next multiple of 16: zeros add nothing. Elsewhere the weight is cast to the activations'
+dtype inside the product (fused by torch.compile, as gpt-fast does). How far the text moves: BENCHMARKS.md.
 """
 
 from __future__ import annotations
