@@ -4,9 +4,10 @@ On disk one dict: the `Progress` fields, `tokens` (for people), `rng`, `scaler` 
 optimizer state dict keyed by parameter name, whole); tests/fixtures/format_v1 holds one from before this
 module. `load` reads it with torch.load(weights_only=True) and checks what needs no live object; `restore`
 checks each optimizer tensor against its parameter before putting it back: a tensor of the wrong shape does
-worse than fail (a short AdamW moment makes the fused kernel write past its end). Of the saved param_groups
-only the finite numbers (lr, betas, eps, weight decay, momentum) are taken; every flag and count is the live
-optimizer's own. A failure is one line naming the file and the entry.
+worse than fail (a short AdamW moment makes the fused kernel write past its end). The moments and step counts
+are restored; the param_groups are the live optimizer's, numbers (lr, betas, eps, weight decay, momentum)
+and flags: built from this run's config, which may change them on resume. A failure is one line naming the
+file and the entry.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class Progress:
     evaluated_at: int = -1  # the iteration of the last eval, so a resumed run does not repeat it
     wandb_id: str | None = None
     threads: int = 0  # the CPU thread count the steps ran at (common/threads.py): a resumed run goes on there
+    schedule_iter: int = 0  # where a run resumed with another budget took its schedule up (training/plan.py's
+    schedule_elapsed: float = 0.0  # `resumed`): the iteration, the training seconds, and the share of the
+    schedule_done: float = 0.0  # schedule done there (0, 0, 0: the schedule from the start)
 
     @classmethod
     def from_state(cls, state: dict, where: Path | str = STATE) -> Progress:
@@ -251,20 +255,10 @@ def _is_number(v: Any) -> bool:
 
 
 def _group(saved: Any, live: dict, names: list[str], bad) -> dict:
-    """A param group to load: the live group, with the finite numbers (and tuples of them) of the saved."""
+    """A param group to load: the live group (this run's config), for a saved one of the same parameters."""
     if not isinstance(saved, dict) or saved.get("params") != names:
         raise bad("its param_groups do not list this model's parameters")
-    out = {**{k: v for k, v in live.items() if k != "params"}, "params": names}
-    for key, value in live.items():
-        if key not in saved or key == "params" or not isinstance(value, (float, tuple)):
-            continue
-        theirs = saved[key]
-        fits = isinstance(value, float) and _is_number(theirs)
-        fits |= isinstance(value, tuple) and isinstance(theirs, (tuple, list)) and len(theirs) == len(value)
-        if not fits or (isinstance(value, tuple) and not all(map(_is_number, theirs))):
-            raise bad(f"param_groups' {key} is {theirs!r}")
-        out[key] = tuple(theirs) if isinstance(value, tuple) else float(theirs)
-    return out
+    return {**{k: v for k, v in live.items() if k != "params"}, "params": names}
 
 
 def safe_optimizer_state(

@@ -123,8 +123,6 @@ F64, U8, I64 = torch.float64, torch.uint8, torch.int64
         (lambda s: _moment(s).pop("exp_avg"), "token_emb.weight holds ['exp_avg_sq', 'step']"),
         (lambda s: _moment(s).update(exp_avg=torch.zeros(32, 65).t()), "is not contiguous"),
         (lambda s: s["optimizer"]["state"].update(evil={}), "state for 'evil', which the model"),
-        (lambda s: _group(s).update(lr="fast"), "param_groups' lr is 'fast'"),
-        (lambda s: _group(s).update(betas=(0.9,)), "param_groups' betas is (0.9,)"),
         (lambda s: s["optimizer"].update(param_groups=[]), "2 param_groups expected"),
         (lambda s: s["rng"].update(torch=torch.zeros(10, dtype=U8)), "state for torch is [10]"),
         (lambda s: s["rng"].update(numpy=("MT19937", torch.zeros(5, dtype=I64), 0, 0, 0.0)), "for numpy"),
@@ -145,18 +143,21 @@ def test_every_tensor_and_number_of_state_pt_is_checked_before_use(
     assert message in str(e.value)
 
 
-def test_flags_in_param_groups_are_the_live_optimizers(data_dir: Path, copy: Path):
-    """Only the numbers of a saved param group are taken: its kernel flags and parameter lists are ours."""
+def test_param_groups_are_the_live_optimizers(data_dir: Path, copy: Path):
+    """Nothing of a saved param group is taken, numbers (even damaged ones) nor kernel flags: the config's
+    win (what may change on resume is applied); the moments are restored."""
     from training.plan import plan_run, run_dataset
     from training.run import start_run
 
-    crafted_state(
-        copy / "last", lambda s: s["optimizer"]["param_groups"][0].update(fused=False, foreach=True)
-    )
+    damaged = {"fused": False, "foreach": True, "lr": "fast", "base_lr": 0.5, "betas": (0.9,), "eps": 1.0}
+    crafted_state(copy / "last", lambda s: s["optimizer"]["param_groups"][0].update(damaged))
     request = load_config("shakespeare_char", [f"data.dir={data_dir}", f"train.out_dir={copy}", *TINY])
     request.cfg.train.resume = True
-    group = start_run(plan_run(request, run_dataset(request))).optimizers[0].param_groups[0]
+    run = start_run(plan_run(request, run_dataset(request)))
+    group = run.optimizers[0].param_groups[0]
     assert group["fused"] is True and group["foreach"] is None and tuple(group["betas"]) == (0.9, 0.99)
+    assert group["base_lr"] == group["lr"] == request.cfg.optim.lr and group["eps"] == 1e-8
+    assert run.optimizers[0].state[run.model.token_emb.weight]["exp_avg"].abs().sum() > 0
 
 
 def test_a_checkpoint_config_is_data_never_interpolated(copy: Path):

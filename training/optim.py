@@ -15,6 +15,7 @@ import math
 import torch
 
 from runs.config import OptimConfig, TrainConfig
+from runs.train_state import Progress
 
 
 def _adamw(groups: list[dict], cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
@@ -53,10 +54,13 @@ def make_optimizers(
     return optimizers
 
 
-def schedule_progress(it: int, elapsed: float, train: TrainConfig) -> float:
-    """How much of the run is done, in [0, 1]: the larger of the iteration and the time budget's share."""
-    by_time = elapsed / train.max_time if train.max_time else 0.0
-    return min(1.0, max(it / max(train.max_iters, 1), by_time))
+def schedule_progress(p: Progress, elapsed: float, train: TrainConfig) -> float:
+    """How much of the run is done at iteration p.iter, in [0, 1]: the larger of the iteration and the time
+    budget's share, counted from where a run resumed with another budget took the schedule up (p.schedule_*,
+    training/plan.py's `resumed`): what was left of it spreads over what is left of the budget."""
+    it0, elapsed0, done = p.schedule_iter, p.schedule_elapsed, p.schedule_done  # 0s: the plain schedule
+    by_time = (elapsed - elapsed0) / max(train.max_time - elapsed0, 1e-9) if train.max_time else 0.0
+    return min(1.0, done + (1.0 - done) * max((p.iter - it0) / max(train.max_iters - it0, 1), by_time))
 
 
 def lr_factor(it: int, progress: float, cfg: OptimConfig) -> float:

@@ -5,18 +5,19 @@ once per machine under torchrun). `plan_run` takes it with the config the comman
 (runs/config.py) and settles what that leaves open, in the order the code reads: the checkpoint to resume or
 the pretrained model to start from (whose shape the model section follows), the runtime and the process
 group, the vocabulary, and the checks that a resumed or pretrained model fits the data.
-A LoRA run (the lora section) resumed reads its base again, from where its checkpoint says it was trained
-(checked against the fingerprint it recorded), not from train.init_from. training/run.py builds the run
-from the `Plan` in one pass.
+A resumed run may change any value but those KEPT_ON_RESUME lists (refused in one line, naming where the
+change can go instead); `resumed` names the changes and continues the schedule over a new budget. A LoRA
+run resumed reads its base again, from where its checkpoint says it was trained (checked against the
+fingerprint it recorded). training/run.py builds the run from the `Plan` in one pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from common.errors import ConfigError, UserError
 from data.dataset import META_FILE, Dataset
@@ -27,7 +28,9 @@ from model.config import model_problem
 from runs.checkpoint import Checkpoint, find_last
 from runs.config import Config, Request
 from runs.runtime import Ranks, Runtime, compile_enabled, planned, setup, torchrun_ranks
+from runs.train_state import Progress
 from training import distributed
+from training.optim import lr_factor, schedule_progress
 
 if TYPE_CHECKING:  # a run from pretrained weights imports it where it reads them
     from runs.pretrained import Pretrained
@@ -40,6 +43,7 @@ class Plan:
     dataset: Dataset
     resume: Checkpoint | None = None  # OUT_DIR/last, with train.resume
     pretrained: Pretrained | None = None  # train.init_from's model for a fresh run; a LoRA run's base
+    changed: list[tuple[str, Any, Any]] = field(default_factory=list)  # resumed: (key, checkpoint's, ours)
 
 
 @dataclass
@@ -66,10 +70,10 @@ def plan_run(request: Request, dataset: Dataset) -> Plan:
     """The final config of a run on `dataset` (`run_dataset`'s) and what it needs before anything is built
     (see the module docstring)."""
     t = request.cfg.train
-    cfg, resume, pretrained = starting_point(request)
+    cfg, resume, pretrained, changed = starting_point(request)
     rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
     distributed.join(rt, t.dist_timeout)  # once the dataset is there: its preparation outlasts any collective
-    return Plan(fit_to_data(cfg, dataset, resume, pretrained), rt, dataset, resume, pretrained)
+    return Plan(fit_to_data(cfg, dataset, resume, pretrained), rt, dataset, resume, pretrained, changed)
 
 
 def paper_plan(request: Request, dataset: Dataset | None) -> PaperPlan:
@@ -77,7 +81,7 @@ def paper_plan(request: Request, dataset: Dataset | None) -> PaperPlan:
     start (train.resume aside) on the device runs/runtime.py chooses for it, where it is here: nothing is
     written."""
     fresh = dataclasses.replace(request.cfg, train=dataclasses.replace(request.cfg.train, resume=False))
-    cfg, _, pretrained = starting_point(dataclasses.replace(request, cfg=fresh))
+    cfg, _, pretrained, _ = starting_point(dataclasses.replace(request, cfg=fresh))
     cfg = _fit_on_paper(cfg, dataset, pretrained)
     t = cfg.train
     rt, present = planned(t.device, t.precision, cfg.model.n_embd, t.threads)
@@ -102,22 +106,27 @@ def _fit_on_paper(cfg: Config, dataset: Dataset | None, pretrained: Pretrained |
     return cfg
 
 
-def starting_point(request: Request) -> tuple[Config, Checkpoint | None, Pretrained | None]:
-    """(config, the checkpoint it resumes, the pretrained model it starts from): train.resume's OUT_DIR/last,
-    else train.init_from's model (whose shape the model section follows), read; a LoRA run's base, read again
-    from where its checkpoint says it was trained (checked against the fingerprint it recorded)."""
-    cfg, t = request.cfg, request.cfg.train
-    resume = find_last(t.out_dir) if t.resume else None
-    pretrained = None
-    if t.init_from and resume is None:  # a fresh run: shape and weights of a pretrained model
+def starting_point(
+    request: Request,
+) -> tuple[Config, Checkpoint | None, Pretrained | None, list[tuple[str, Any, Any]]]:
+    """(config, the checkpoint it resumes, the pretrained model it starts from, what the config changes of
+    the checkpoint's: `resume_changes`): train.resume's OUT_DIR/last, else train.init_from's model (whose
+    shape the model section follows), read; a LoRA run's base, read again from where its checkpoint says it
+    was trained (checked against the fingerprint it recorded)."""
+    cfg = request.cfg
+    resume = find_last(cfg.train.out_dir) if cfg.train.resume else None
+    if resume is not None:
+        cfg = _follow_checkpoint(cfg, resume.config())
+    pretrained, changed = None, []
+    if cfg.train.init_from and resume is None:  # a fresh run: shape and weights of a pretrained model
         from runs.pretrained import load_pretrained  # Hugging Face folders: only runs that start from one
 
-        pretrained = load_pretrained(t.init_from, hub=True)
+        pretrained = load_pretrained(cfg.train.init_from, hub=True)
         cfg = follow_model(cfg, pretrained.model, request.origins, f"train.init_from {pretrained.where}")
-    elif t.init_from:  # resuming one: the shape it was given, without reading the source again
+    elif cfg.train.init_from:  # resuming one: the shape it was given, without reading the source again
         cfg = follow_model(cfg, resume.config().model, request.origins, f"checkpoint {resume}")
     if resume is not None:
-        _check_same_lora(resume, cfg)
+        changed = resume_changes(resume, cfg)
     if cfg.lora is not None:
         problem = model_problem(cfg.model, cfg.lora)
         if problem:
@@ -126,7 +135,7 @@ def starting_point(request: Request) -> tuple[Config, Checkpoint | None, Pretrai
             from runs.pretrained import base_of
 
             pretrained = base_of(resume)
-    return cfg, resume, pretrained
+    return cfg, resume, pretrained, changed
 
 
 def fit_to_data(
@@ -134,7 +143,7 @@ def fit_to_data(
 ) -> Config:
     """cfg with the dataset's vocabulary (and document token), once the model it starts from is checked to
     fit the data: the same tokenizer (the checkpoint it resumes, else train.init_from's model; a LoRA run
-    resumed: its checkpoint's, which is its base's), and for a resumed run the same shape."""
+    resumed: its checkpoint's, which is its base's)."""
     wanted = cfg.model.doc_mask and cfg.model.doc_token is None
     doc_token = document_token(dataset) if wanted else None
     theirs = dataset.meta.tokenizer_meta
@@ -144,8 +153,6 @@ def fit_to_data(
     cfg = with_vocabulary(cfg, dataset.meta.vocab_size)
     if doc_token is not None:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=doc_token))
-    if resume is not None:
-        _check_resumable(resume, cfg)
     return cfg
 
 
@@ -232,31 +239,112 @@ def _another_tokenizer(
     )
 
 
-def _check_same_lora(ckpt: Checkpoint, cfg: Config) -> None:
-    """Refuse to resume LoRA adapters of another shape, or a full run as a LoRA one (or back)."""
-    theirs, ours = ckpt.config().lora, cfg.lora
-    if theirs is None and ours is None:
-        return
-    if theirs is None or ours is None:
-        said = "has no lora section" if theirs is None else "has a lora section"
+# --- resuming with changed values ---
+
+FROM_WEIGHTS = "start a new run from its weights: train.init_from={ckpt} train.out_dir=NEW {key}={ours}"
+
+# What a resumed run must keep, as (what it is, where a change can go instead): every other value may change
+# on resume (applied, and named in the resume line); dropout may change here too.
+KEPT_ON_RESUME = {
+    "model.": ("model's shape (its weights have it)", "train a new model in another train.out_dir"),
+    "lora.": ("adapters' shape", "train new adapters in another train.out_dir"),
+    "optim.name": ("optimizer (state.pt holds its state)", FROM_WEIGHTS),
+    "train.init_from": ("starting point", "start a new run from {ours} in another train.out_dir"),
+}
+NOT_COMPARED = ("train.resume", "train.overwrite", "train.out_dir")  # how this command finds the run
+
+
+def _follow_checkpoint(cfg: Config, theirs: Config) -> Config:
+    """cfg with what it leaves unset as the checkpoint it resumes has it: the vocabulary and the document
+    token (else set from the data) and train.init_from (where the run's weights came from at iteration 0)."""
+    model, ckpt_model = cfg.model, theirs.model
+    model = dataclasses.replace(
+        model,
+        vocab_size=ckpt_model.vocab_size if model.vocab_size is None else model.vocab_size,
+        doc_token=ckpt_model.doc_token if model.doc_token is None else model.doc_token,
+    )
+    train = dataclasses.replace(cfg.train, init_from=cfg.train.init_from or theirs.train.init_from)
+    return dataclasses.replace(cfg, model=model, train=train)
+
+
+def _values(cfg: Config) -> dict[str, Any]:
+    """Every value of cfg by dotted key (a lora section that is not there: lora = None)."""
+    out: dict[str, Any] = {}
+    for section in dataclasses.fields(cfg):
+        value = getattr(cfg, section.name)
+        if value is None:
+            out[section.name] = None
+            continue
+        out |= {f"{section.name}.{k}": v for k, v in dataclasses.asdict(value).items()}
+    return out
+
+
+def shown(value: Any) -> str:
+    """A config value as a command line gives it."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return f"[{','.join(map(str, value))}]" if isinstance(value, (list, tuple)) else str(value)
+
+
+def resume_changes(ckpt: Checkpoint, cfg: Config) -> list[tuple[str, Any, Any]]:
+    """(key, the checkpoint's value, the config's) for each value a resumed run changes; one line refusing
+    one it must keep (KEPT_ON_RESUME), naming where the change can go instead."""
+    theirs, ours = _values(ckpt.config()), _values(cfg)
+    if (theirs.get("lora", 0) is None) != (ours.get("lora", 0) is None):
+        said = "has no lora section" if "lora" in theirs else "has a lora section"
         raise UserError(
-            f"checkpoint {ckpt} {said} but the config {'does not' if ours is None else 'does'}; resume with "
-            "the config it was trained with, or start a new run in another train.out_dir"
+            f"checkpoint {ckpt} {said} but the config {'does' if 'lora' in theirs else 'does not'}; resume "
+            "with the config it was trained with, or start a new run in another train.out_dir"
         )
-    for field, value in dataclasses.asdict(theirs).items():
-        if value != getattr(ours, field) and field != "dropout":
+    changed = []
+    for key in [*ours, *(k for k in theirs if k not in ours)]:
+        old, new = theirs.get(key), ours.get(key)
+        if old == new or key in NOT_COMPARED:
+            continue
+        kept = next((v for k, v in KEPT_ON_RESUME.items() if key.startswith(k)), None)
+        if kept is not None and not key.endswith(".dropout"):
+            what, way = kept
             raise UserError(
-                f"checkpoint {ckpt} has lora.{field}={value} but the config says {getattr(ours, field)}; "
-                "resume with the config it was trained with, or start a new run in another train.out_dir"
+                f"checkpoint {ckpt} has {key}={shown(old)} but the config says {shown(new)}; a resumed run "
+                f"keeps its {what}: resume with {key}={shown(old)}, or "
+                + way.format(ckpt=ckpt, key=key, ours=shown(new))
             )
+        changed.append((key, old, new))
+    return changed
 
 
-def _check_resumable(ckpt: Checkpoint, cfg: Config) -> None:
-    """Refuse to resume from a checkpoint of another shape, naming the field that differs."""
-    for field, theirs in dataclasses.asdict(ckpt.config().model).items():
-        ours = getattr(cfg.model, field)
-        if theirs != ours and field != "dropout":
-            raise UserError(
-                f"checkpoint {ckpt} has model.{field}={theirs} but the config says {ours}; resume "
-                "with the config it was trained with, or start a new run in another train.out_dir"
-            )
+def resumed(plan: Plan, progress: Progress) -> tuple[Progress, str]:
+    """The progress a resumed run goes on from, and its changes in words for the resume line. With another
+    budget (train.max_iters, train.max_time) the schedule goes on from the point it had reached: what was
+    left of it is spread over what is left of the budget (no jump in the learning rate). A budget already
+    spent is refused."""
+    before, cfg, p = plan.resume.config(), plan.cfg, progress
+    t, was = cfg.train, before.train
+    if p.iter > t.max_iters:
+        raise UserError(
+            f"checkpoint {plan.resume} is at iteration {p.iter:,}, past train.max_iters={t.max_iters}: "
+            f"nothing to train; raise train.max_iters above {p.iter} to train on"
+        )
+    if t.max_time and t.max_time != was.max_time and p.elapsed_s >= t.max_time:
+        raise UserError(
+            f"checkpoint {plan.resume} has trained {p.elapsed_s:.1f}s, past train.max_time={t.max_time:g}: "
+            f"nothing to train; raise train.max_time above {p.elapsed_s:.0f} to train on"
+        )
+    if not plan.changed:
+        return p, ""
+    lr_was, budget = _lr_at(before, p), (was.max_iters, was.max_time) != (t.max_iters, t.max_time)
+    if budget:
+        done = schedule_progress(p, p.elapsed_s, was)
+        p = dataclasses.replace(p, schedule_iter=p.iter, schedule_elapsed=p.elapsed_s, schedule_done=done)
+    lr_now = _lr_at(cfg, p)
+    names = ", ".join(f"{key} {shown(old)} -> {shown(new)}" for key, old, new in plan.changed)
+    lr = f"learning rate {lr_was:.3g} -> {lr_now:.3g}" if lr_was != lr_now else f"learning rate {lr_now:.3g}"
+    if budget:
+        lr += f"; the schedule goes on from {p.schedule_done:.0%} done to its end at the new budget"
+    return p, f"; changed: {names} ({lr})"
+
+
+def _lr_at(cfg: Config, p: Progress) -> float:
+    """The learning rate (AdamW's, as logged) that cfg's schedule sets at p's iteration."""
+    done = schedule_progress(p, p.elapsed_s, cfg.train)
+    return cfg.optim.lr * lr_factor(p.iter, done, cfg.optim)

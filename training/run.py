@@ -33,7 +33,7 @@ from runs.train_state import STATE, Progress, TrainState
 from training import distributed
 from training.evaluation import estimate_loss, final_eval_wanted
 from training.optim import lr_factor, make_optimizers, schedule_progress, set_lr
-from training.plan import Plan
+from training.plan import Plan, resumed
 from training.tracking import Tracker, describe_run
 
 
@@ -52,6 +52,7 @@ class Run:
     lora_base: dict[str, str] | None = None  # a LoRA run: its base, as checkpoints record it
     tuner: ThreadTuner | None = None  # the CPU thread count of the training steps, timed as they run
     unread: list | None = None  # (iteration, [loss, gradient norm, applied]) of the steps not read back yet
+    changed: str = ""  # a resumed run: what its config changes (training/plan.py's `resumed`), in words
 
     @property
     def out_dir(self) -> Path:
@@ -88,7 +89,7 @@ def train(run: Run, argv: list[str]) -> int:
                 read_back(run, log, elapsed)
 
             # the learning rate
-            set_lr(run.optimizers, lr_factor(p.iter, schedule_progress(p.iter, elapsed, t), cfg.optim))
+            set_lr(run.optimizers, lr_factor(p.iter, schedule_progress(p, elapsed, t), cfg.optim))
 
             # once in a while: evaluate, write checkpoints, draw loss.png (the clock stops meanwhile)
             if evaluating:
@@ -145,8 +146,8 @@ def start_run(plan: Plan) -> Run:
     splits = plan.dataset.all_windows(cfg.model.block_size, rt.device, t.seed)  # the dry run's check too
     run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), lengths, base)
     if plan.resume is not None:  # optimizer and scaler state, progress and random generators (state.pt)
-        where = plan.resume.folder / STATE
-        run.progress = plan.resume.train_state().restore(model, optimizers, scaler, where)
+        progress = plan.resume.train_state().restore(model, optimizers, scaler, plan.resume.folder / STATE)
+        run.progress, run.changed = resumed(plan, progress)  # a new budget: the schedule goes on
     run.tuner = rt.thread_tuner(start=run.progress.threads, steady_when_quiet=True)  # same bits each run
     run.unread = []
     return run

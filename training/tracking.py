@@ -220,7 +220,7 @@ def describe_run(run) -> None:
         p = run.progress
         print(
             f"resuming at iteration {p.iter:,} of {cfg.train.max_iters:,} from {run.out_dir / 'last'} "
-            f"({p.elapsed_s:.1f}s of training so far, best val loss {p.best_val_loss:.4f})"
+            f"({p.elapsed_s:.1f}s of training so far, best val loss {p.best_val_loss:.4f}){run.changed}"
         )
     if cfg.lora is not None:
         total, lc = model.num_params(non_embedding=False), cfg.lora
