@@ -249,21 +249,21 @@ KEPT_ON_RESUME = {
     "model.": ("model's shape (its weights have it)", "train a new model in another train.out_dir"),
     "lora.": ("adapters' shape", "train new adapters in another train.out_dir"),
     "optim.name": ("optimizer (state.pt holds its state)", FROM_WEIGHTS),
-    "train.init_from": ("starting point", "start a new run from {ours} in another train.out_dir"),
 }
 NOT_COMPARED = ("train.resume", "train.overwrite", "train.out_dir")  # how this command finds the run
 
 
 def _follow_checkpoint(cfg: Config, theirs: Config) -> Config:
-    """cfg with what it leaves unset as the checkpoint it resumes has it: the vocabulary and the document
-    token (else set from the data) and train.init_from (where the run's weights came from at iteration 0)."""
+    """cfg with what it leaves unset as the checkpoint it resumes has it (the vocabulary and the document
+    token, else set from the data), and its train.init_from: where the run's weights came from at iteration
+    0, which only a fresh run reads (one given again may have moved since, or be spelled otherwise)."""
     model, ckpt_model = cfg.model, theirs.model
     model = dataclasses.replace(
         model,
         vocab_size=ckpt_model.vocab_size if model.vocab_size is None else model.vocab_size,
         doc_token=ckpt_model.doc_token if model.doc_token is None else model.doc_token,
     )
-    train = dataclasses.replace(cfg.train, init_from=cfg.train.init_from or theirs.train.init_from)
+    train = dataclasses.replace(cfg.train, init_from=theirs.train.init_from)
     return dataclasses.replace(cfg, model=model, train=train)
 
 
