@@ -70,6 +70,10 @@ def test_what_a_resumed_run_cannot_change_stops_in_one_line(data_dir: Path, tmp_
 
     fewer = train(data_dir, out, *RUN, "train.max_iters=10", "train.resume=true", check=False)
     one_line_error(fewer, "at iteration 20, past train.max_iters=10: nothing to train; raise train.max_iters")
+    timed = train(
+        data_dir, out, *RUN, "train.max_iters=30", "train.max_time=0.01", "train.resume=true", check=False
+    )
+    one_line_error(timed, "s, past train.max_time=0.01: nothing to train; raise train.max_time above")
     args = (*RUN, "optim.name=muon", "train.max_iters=30", "train.resume=true")
     muon = train(data_dir, out, *args, check=False)
     how = f"from its weights: train.init_from={out / 'last'} train.out_dir=NEW optim.name=muon"

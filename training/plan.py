@@ -328,7 +328,7 @@ def resumed(plan: Plan, progress: Progress) -> tuple[Progress, str]:
     if t.max_time and t.max_time != was.max_time and p.elapsed_s >= t.max_time:
         raise UserError(
             f"checkpoint {plan.resume} has trained {p.elapsed_s:.1f}s, past train.max_time={t.max_time:g}: "
-            f"nothing to train; raise train.max_time above {p.elapsed_s:.0f} to train on"
+            f"nothing to train; raise train.max_time above {p.elapsed_s:.1f} to train on"
         )
     if not plan.changed:
         return p, ""
