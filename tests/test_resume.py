@@ -41,19 +41,21 @@ def test_a_learner_lowers_the_lr_and_trains_longer(data_dir: Path, tmp_path: Pat
     train(data_dir, out, *RUN, "train.max_iters=40")
     assert evals(out)[40] == pytest.approx(2e-4, rel=1e-12)  # decayed to its floor
 
-    # more iterations: the schedule goes on from where it was (at its floor), it does not climb back
-    longer = train(data_dir, out, *RUN, "train.max_iters=60", "train.resume=true")
+    # more iterations (and evals): the schedule goes on from where it was, at its floor; it does not climb
+    longer = train(data_dir, out, *RUN, "train.max_iters=60", "train.eval_interval=10", "train.resume=true")
     assert resume_line(longer).endswith(
-        "; changed: train.max_iters 40 -> 60 (learning rate 0.0002; the schedule goes on from 100% done to "
-        "its end at the new budget)"
+        "; changed: train.max_iters 40 -> 60, train.eval_interval 20 -> 10 (learning rate 0.0002; the "
+        "schedule goes on from 100% done to its end at the new budget)"
     )
-    assert evals(out)[60] == pytest.approx(2e-4, rel=1e-12)
+    assert (
+        evals(out)[50] == evals(out)[60] == pytest.approx(2e-4, rel=1e-12)
+    )  # stretched: 7.3e-4 at 40, 3.4e-4 at 50
 
     # a lower learning rate: applied (state.pt's 2e-3 no longer wins), named, and recorded
     lower = train(data_dir, out, *RUN, "train.max_iters=80", "optim.lr=1e-5", "train.resume=true")
-    assert "changed: train.max_iters 60 -> 80, optim.lr 0.002 -> 1e-05 (learning rate 0.0002 -> 1e-06;" in (
-        resume_line(lower)
-    )
+    line = resume_line(lower)
+    assert "changed: train.max_iters 60 -> 80, train.eval_interval 10 -> 20, optim.lr 0.002 -> 1e-05" in line
+    assert "(learning rate 0.0002 -> 1e-06; the schedule goes on from 100% done" in line
     assert evals(out)[80] == pytest.approx(1e-6, rel=1e-12)
     assert recorded(out)["optim"]["lr"] == 1e-5 and recorded(out)["train"]["max_iters"] == 80
 
