@@ -338,7 +338,12 @@ def resumed(plan: Plan, progress: Progress) -> tuple[Progress, str]:
         p = dataclasses.replace(p, schedule_iter=p.iter, schedule_elapsed=p.elapsed_s, schedule_done=done)
     lr_now = _lr_at(cfg, p)
     names = ", ".join(f"{key} {shown(old)} -> {shown(new)}" for key, old, new in plan.changed)
-    lr = f"learning rate {lr_was:.3g} -> {lr_now:.3g}" if lr_was != lr_now else f"learning rate {lr_now:.3g}"
+    was_shown, now_shown = f"{lr_was:.3g}", f"{lr_now:.3g}"  # the same as shown: no jump to name
+    lr = (
+        f"learning rate {now_shown}"
+        if was_shown == now_shown
+        else f"learning rate {was_shown} -> {now_shown}"
+    )
     if budget:
         lr += f"; the schedule goes on from {p.schedule_done:.0%} done to its end at the new budget"
     return p, f"; changed: {names} ({lr})"
