@@ -1,6 +1,6 @@
 """Resuming with changed values, as a learner does it: train, tweak the command line, resume, look.
 
-The rule (docs/training.md, "Stopping and resuming"; training/plan.py's KEPT_ON_RESUME): what may change is
+The rule (docs/training.md, "Stopping and resuming"; training/resume.py's KEPT_ON_RESUME): what may change is
 applied and named in the resume line, the checkpoint's config.yaml records what ran, a longer budget
 continues the schedule from where it was; what may not change stops in one line saying where to go instead.
 """

@@ -11,11 +11,14 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from runs.config import OptimConfig, TrainConfig
-from runs.train_state import Progress
+
+if TYPE_CHECKING:
+    from runs.train_state import Progress
 
 
 def _adamw(groups: list[dict], cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:

@@ -5,10 +5,9 @@ once per machine under torchrun). `plan_run` takes it with the config the comman
 (runs/config.py) and settles what that leaves open, in the order the code reads: the checkpoint to resume or
 the pretrained model to start from (whose shape the model section follows), the runtime and the process
 group, the vocabulary, and the checks that a resumed or pretrained model fits the data.
-A resumed run may change any value but those KEPT_ON_RESUME lists (refused in one line, naming where the
-change can go instead); `resumed` names the changes and continues the schedule over a new budget. A LoRA
-run resumed reads its base again, from where its checkpoint says it was trained (checked against the
-fingerprint it recorded). training/run.py builds the run from the `Plan` in one pass.
+A resumed run may change any value but those training/resume.py's KEPT_ON_RESUME lists (its
+`resume_changes`, called here). A LoRA run resumed reads its base again, from where its checkpoint says it
+was trained (checked against the fingerprint it recorded). training/run.py builds the run from the `Plan`.
 """
 
 from __future__ import annotations
@@ -28,9 +27,7 @@ from model.config import model_problem
 from runs.checkpoint import Checkpoint, find_last
 from runs.config import Config, Request
 from runs.runtime import Ranks, Runtime, compile_enabled, planned, setup, torchrun_ranks
-from runs.train_state import Progress
 from training import distributed
-from training.optim import lr_factor, schedule_progress
 
 if TYPE_CHECKING:  # a run from pretrained weights imports it where it reads them
     from runs.pretrained import Pretrained
@@ -115,8 +112,10 @@ def starting_point(
     was trained (checked against the fingerprint it recorded)."""
     cfg = request.cfg
     resume = find_last(cfg.train.out_dir) if cfg.train.resume else None
-    if resume is not None:
-        cfg = _follow_checkpoint(cfg, resume.config())
+    if resume is not None:  # the rule for resuming with changed values: resumed runs only
+        from training.resume import follow_checkpoint, resume_changes
+
+        cfg = follow_checkpoint(cfg, resume.config())
     pretrained, changed = None, []
     if cfg.train.init_from and resume is None:  # a fresh run: shape and weights of a pretrained model
         from runs.pretrained import load_pretrained  # Hugging Face folders: only runs that start from one
@@ -237,119 +236,3 @@ def _another_tokenizer(
         f"{dataset.name} has {describe(theirs)}; train on data prepared with the model's tokenizer (for "
         "GPT-2: data.dataset=shakespeare, or python prepare.py NAME --tokenizer gpt2)"
     )
-
-
-# --- resuming with changed values ---
-
-FROM_WEIGHTS = "start a new run from its weights: train.init_from={ckpt} train.out_dir=NEW {key}={ours}"
-
-# What a resumed run must keep, as (what it is, where a change can go instead): every other value may change
-# on resume (applied, and named in the resume line); dropout may change here too.
-KEPT_ON_RESUME = {
-    "model.": ("model's shape (its weights have it)", "train a new model in another train.out_dir"),
-    "lora.": ("adapters' shape", "train new adapters in another train.out_dir"),
-    "optim.name": ("optimizer (state.pt holds its state)", FROM_WEIGHTS),
-}
-NOT_COMPARED = ("train.resume", "train.overwrite", "train.out_dir")  # how this command finds the run
-
-
-def _follow_checkpoint(cfg: Config, theirs: Config) -> Config:
-    """cfg with what it leaves unset as the checkpoint it resumes has it (the vocabulary and the document
-    token, else set from the data), and its train.init_from: where the run's weights came from at iteration
-    0, which only a fresh run reads (one given again may have moved since, or be spelled otherwise)."""
-    model, ckpt_model = cfg.model, theirs.model
-    model = dataclasses.replace(
-        model,
-        vocab_size=ckpt_model.vocab_size if model.vocab_size is None else model.vocab_size,
-        doc_token=ckpt_model.doc_token if model.doc_token is None else model.doc_token,
-    )
-    train = dataclasses.replace(cfg.train, init_from=theirs.train.init_from)
-    return dataclasses.replace(cfg, model=model, train=train)
-
-
-def _values(cfg: Config) -> dict[str, Any]:
-    """Every value of cfg by dotted key (a lora section that is not there: lora = None)."""
-    out: dict[str, Any] = {}
-    for section in dataclasses.fields(cfg):
-        value = getattr(cfg, section.name)
-        if value is None:
-            out[section.name] = None
-            continue
-        out |= {f"{section.name}.{k}": v for k, v in dataclasses.asdict(value).items()}
-    return out
-
-
-def shown(value: Any) -> str:
-    """A config value as a command line gives it."""
-    if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
-    return f"[{','.join(map(str, value))}]" if isinstance(value, (list, tuple)) else str(value)
-
-
-def resume_changes(ckpt: Checkpoint, cfg: Config) -> list[tuple[str, Any, Any]]:
-    """(key, the checkpoint's value, the config's) for each value a resumed run changes; one line refusing
-    one it must keep (KEPT_ON_RESUME), naming where the change can go instead."""
-    theirs, ours = _values(ckpt.config()), _values(cfg)
-    if (theirs.get("lora", 0) is None) != (ours.get("lora", 0) is None):
-        said = "has no lora section" if "lora" in theirs else "has a lora section"
-        raise UserError(
-            f"checkpoint {ckpt} {said} but the config {'does' if 'lora' in theirs else 'does not'}; resume "
-            "with the config it was trained with, or start a new run in another train.out_dir"
-        )
-    changed = []
-    for key in [*ours, *(k for k in theirs if k not in ours)]:
-        old, new = theirs.get(key), ours.get(key)
-        if old == new or key in NOT_COMPARED:
-            continue
-        kept = next((v for k, v in KEPT_ON_RESUME.items() if key.startswith(k)), None)
-        if kept is not None and not key.endswith(".dropout"):
-            what, way = kept
-            raise UserError(
-                f"checkpoint {ckpt} has {key}={shown(old)} but the config says {shown(new)}; a resumed run "
-                f"keeps its {what}: resume with {key}={shown(old)}, or "
-                + way.format(ckpt=ckpt, key=key, ours=shown(new))
-            )
-        changed.append((key, old, new))
-    return changed
-
-
-def resumed(plan: Plan, progress: Progress) -> tuple[Progress, str]:
-    """The progress a resumed run goes on from, and its changes in words for the resume line. With another
-    budget (train.max_iters, train.max_time) the schedule goes on from the point it had reached: what was
-    left of it is spread over what is left of the budget (no jump in the learning rate). A budget already
-    spent is refused."""
-    before, cfg, p = plan.resume.config(), plan.cfg, progress
-    t, was = cfg.train, before.train
-    if p.iter > t.max_iters:
-        raise UserError(
-            f"checkpoint {plan.resume} is at iteration {p.iter:,}, past train.max_iters={t.max_iters}: "
-            f"nothing to train; raise train.max_iters above {p.iter} to train on"
-        )
-    if t.max_time and t.max_time != was.max_time and p.elapsed_s >= t.max_time:
-        raise UserError(
-            f"checkpoint {plan.resume} has trained {p.elapsed_s:.1f}s, past train.max_time={t.max_time:g}: "
-            f"nothing to train; raise train.max_time above {p.elapsed_s:.1f} to train on"
-        )
-    if not plan.changed:
-        return p, ""
-    lr_was, budget = _lr_at(before, p), (was.max_iters, was.max_time) != (t.max_iters, t.max_time)
-    if budget:
-        done = schedule_progress(p, p.elapsed_s, was)
-        p = dataclasses.replace(p, schedule_iter=p.iter, schedule_elapsed=p.elapsed_s, schedule_done=done)
-    lr_now = _lr_at(cfg, p)
-    names = ", ".join(f"{key} {shown(old)} -> {shown(new)}" for key, old, new in plan.changed)
-    was_shown, now_shown = f"{lr_was:.3g}", f"{lr_now:.3g}"  # the same as shown: no jump to name
-    lr = (
-        f"learning rate {now_shown}"
-        if was_shown == now_shown
-        else f"learning rate {was_shown} -> {now_shown}"
-    )
-    if budget:
-        lr += f"; the schedule goes on from {p.schedule_done:.0%} done to its end at the new budget"
-    return p, f"; changed: {names} ({lr})"
-
-
-def _lr_at(cfg: Config, p: Progress) -> float:
-    """The learning rate (AdamW's, as logged) that cfg's schedule sets at p's iteration."""
-    done = schedule_progress(p, p.elapsed_s, cfg.train)
-    return cfg.optim.lr * lr_factor(p.iter, done, cfg.optim)

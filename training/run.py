@@ -15,7 +15,7 @@ import shlex
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,11 +29,11 @@ from model import GPT
 from runs import checkpoint
 from runs.config import Config
 from runs.runtime import Runtime, compile_enabled
-from runs.train_state import STATE, Progress, TrainState
+from runs.train_state import Progress, TrainState
 from training import distributed
 from training.evaluation import estimate_loss, final_eval_wanted
 from training.optim import lr_factor, make_optimizers, schedule_progress, set_lr
-from training.plan import Plan, resumed
+from training.plan import Plan
 from training.tracking import Tracker, describe_run
 
 
@@ -51,8 +51,8 @@ class Run:
     byte_lengths: torch.Tensor | None = None  # UTF-8 bytes of each token id, for bits per byte
     lora_base: dict[str, str] | None = None  # a LoRA run: its base, as checkpoints record it
     tuner: ThreadTuner | None = None  # the CPU thread count of the training steps, timed as they run
-    unread: list | None = None  # (iteration, [loss, gradient norm, applied]) of the steps not read back yet
-    changed: str = ""  # a resumed run: what its config changes (training/plan.py's `resumed`), in words
+    unread: list = field(default_factory=list)  # (iteration, [loss, gradient norm, applied]) not read back
+    changed: str = ""  # a resumed run: what its config changes (training/resume.py's `resumed`), in words
 
     @property
     def out_dir(self) -> Path:
@@ -146,10 +146,10 @@ def start_run(plan: Plan) -> Run:
     splits = plan.dataset.all_windows(cfg.model.block_size, rt.device, t.seed)  # the dry run's check too
     run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), lengths, base)
     if plan.resume is not None:  # optimizer and scaler state, progress and random generators (state.pt)
-        progress = plan.resume.train_state().restore(model, optimizers, scaler, plan.resume.folder / STATE)
-        run.progress, run.changed = resumed(plan, progress)  # a new budget: the schedule goes on
+        from training.resume import resumed  # resumed runs only: what changed, the schedule over a new budget
+
+        run.progress, run.changed = resumed(plan, model, optimizers, scaler)
     run.tuner = rt.thread_tuner(start=run.progress.threads, steady_when_quiet=True)  # same bits each run
-    run.unread = []
     return run
 
 
