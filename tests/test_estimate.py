@@ -283,6 +283,7 @@ def test_the_dry_runs_steps_go_through_the_thread_tuner_and_are_timed_at_its_cho
         now[0] += 0.005 if torch.get_num_threads() == 1 else 0.015
         return now[0]
 
+    torch.set_num_threads(DEFAULT_THREADS)  # from every core, as a run starts: another test may have left 1
     run.tuner = ThreadTuner(clock=clock)
     try:
         timing = measure.time_steps(run, budget_s=0.0)
