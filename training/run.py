@@ -108,7 +108,7 @@ def train(run: Run, argv: list[str]) -> int:
             if last:
                 break
 
-            # forward, backward, update (on a CPU at the thread count the steps' times choose)
+            # forward, backward, update (on a CPU at the thread count common/threads.py chooses)
             if run.compiled and p.iter == log.first[0]:
                 results = first_compiled_step(run, log, clock)
             else:
