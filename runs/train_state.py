@@ -40,9 +40,11 @@ class Progress:
     evaluated_at: int = -1  # the iteration of the last eval, so a resumed run does not repeat it
     wandb_id: str | None = None
     threads: int = 0  # the CPU thread count the steps ran at (common/threads.py): a resumed run goes on there
-    schedule_iter: int = 0  # where a run resumed with another budget took its schedule up (training/plan.py's
-    schedule_elapsed: float = 0.0  # `resumed`): the iteration, the training seconds, and the share of the
-    schedule_done: float = 0.0  # schedule done there (0, 0, 0: the schedule from the start)
+    # where a run resumed with another budget took its schedule up (training/resume.py's `schedule_note`): the
+    # iteration, the training seconds and the share of the schedule done there (0, 0, 0: from the start)
+    schedule_iter: int = 0
+    schedule_elapsed: float = 0.0
+    schedule_done: float = 0.0
 
     @classmethod
     def from_state(cls, state: dict, where: Path | str = STATE) -> Progress:

@@ -60,7 +60,7 @@ def make_optimizers(
 def schedule_progress(p: Progress, elapsed: float, train: TrainConfig) -> float:
     """How much of the run is done at iteration p.iter, in [0, 1]: the larger of the iteration and the time
     budget's share, counted from where a run resumed with another budget took the schedule up (p.schedule_*,
-    training/plan.py's `resumed`): what was left of it spreads over what is left of the budget."""
+    training/resume.py's `schedule_note`): what was left of it spreads over what is left of the budget."""
     it0, elapsed0, done = p.schedule_iter, p.schedule_elapsed, p.schedule_done  # 0s: the plain schedule
     by_time = (elapsed - elapsed0) / max(train.max_time - elapsed0, 1e-9) if train.max_time else 0.0
     return min(1.0, done + (1.0 - done) * max((p.iter - it0) / max(train.max_iters - it0, 1), by_time))

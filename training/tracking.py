@@ -212,8 +212,9 @@ def describe_run(run) -> None:
         f"{run.micro_steps} micro-step(s) x {rt.world_size} process(es) = {cfg.tokens_per_iter:,} "
         "tokens/iteration"
     )
-    if schedule_warning(cfg.optim, cfg.train):
-        print(f"warning: {schedule_warning(cfg.optim, cfg.train)}", file=sys.stderr)
+    warning = schedule_warning(cfg.optim, cfg.train)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     if cfg.train.init_from and not cfg.train.resume:
         print(f"starting from the weights of {cfg.train.init_from} (fresh optimizer, iteration 0)")
     if cfg.train.resume:
@@ -223,10 +224,10 @@ def describe_run(run) -> None:
             f"({p.elapsed_s:.1f}s of training so far, best val loss {p.best_val_loss:.4f}){run.changed}"
         )
     if cfg.lora is not None:
-        total, lc = model.num_params(non_embedding=False), cfg.lora
+        lc = cfg.lora
         print(
             f"LoRA: rank {lc.rank}, alpha {lc.alpha:g} on {', '.join(lc.targets)}: {trained / 1e6:.3f}M "
-            f"parameters train ({100 * trained / total:.2f}% of {total / 1e6:.2f}M); the base is frozen, "
+            f"parameters train ({100 * trained / every:.2f}% of {every / 1e6:.2f}M); the base is frozen, "
             "checkpoints hold the adapters alone"
         )
 
