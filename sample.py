@@ -2,14 +2,15 @@
 
     python sample.py OUT_DIR [--prompt TEXT | --prompt-file PATH] [--max-new-tokens N] [--temperature T]
                      [--top-k K] [--top-p P] [--num-samples N] [--batch-size B] [--seed S] [--device D]
-                     [--compile] [--quantize int8]
+                     [--compile | --no-compile] [--quantize int8]
 
 OUT_DIR is a training run's folder (its best checkpoint is used, else its last), a checkpoint folder itself,
 or a Hugging Face GPT-2 or Llama model folder (config.json + model.safetensors, e.g. written by export.py).
 Temperature 0 is greedy decoding. The same seed and options give the same text. Generation uses a static KV
 cache; past the model's context it slides the window forward (see model/generate.py). The samples are
 generated together, --batch-size at a time (each step reads the weights once for all of them): the first
-of a batch streams as it is generated, the others follow when the batch is done.
+of a batch streams as it is generated, the others follow when the batch is done. The decoding step is
+compiled by default where that is kept on disk (a CPU) or pays; stderr's first line says which step runs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from common.arguments import ScriptParser
 from data.prompts import encode_prompt, read_prompt
-from model.decoding import decoder
+from model.decoding import decoder, how_decoded
 from model.generate import generate
 from runs.config import seed_problem
 from runs.pretrained import load_model
@@ -58,9 +59,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument(
         "--compile",
-        action="store_true",
-        help="compile the decoding step: several times faster per token on a CPU; the first time for a model "
-        "shape it takes 10-20 s, then it is kept in ~/.cache/tinygpt and loads in milliseconds",
+        action=argparse.BooleanOptionalAction,
+        help="compile the decoding step now (10-20 s the first time for a model's shape, then kept in "
+        "~/.cache/tinygpt), or never; default: compiled when kept, else eager while it is compiled in the "
+        "background (a CPU) or once the tokens left pay for it (a GPU)",
     )
     p.add_argument(
         "--quantize",
@@ -114,11 +116,9 @@ def main(argv: list[str]) -> int:
         from model.quantize import quantize_int8  # --quantize only
 
         model = quantize_int8(model)
-    compiled = " with the decoding step compiled" if args.compile else ""
-    print(f"sampling from {ckpt}{compiled}", file=sys.stderr)
-    if args.compile:
-        batches = {min(args.batch_size, args.num_samples), args.num_samples % args.batch_size}
-        ready_compiled(model, sorted(batches - {0}), device)
+    batches = sorted({min(args.batch_size, args.num_samples), args.num_samples % args.batch_size} - {0})
+    how = ready_steps(model, batches, args.compile, args.max_new_tokens, device)
+    print(f"sampling from {ckpt}; decoding step: {how}", file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     shown = [] if ids == [tokenizer.eot_token] else ids  # the prompt each sample starts with
     timing = SpeedLine()
@@ -149,31 +149,37 @@ def main(argv: list[str]) -> int:
             sys.stdout.write(SEPARATOR)
     sys.stdout.write("\n")
     sys.stdout.flush()
-    print(timing.summary(), file=sys.stderr)
+    now = "; ".join(dict.fromkeys(how_decoded(model, n, args.compile) for n in batches))
+    print(timing.summary() + (f" ({now})" if now != how else ""), file=sys.stderr)
     return 0
 
 
 @torch.no_grad()
-def ready_compiled(model: torch.nn.Module, batches: list[int], device: torch.device) -> None:
-    """Compile (or load) the decoding step for each batch size before the speed line's clock starts, and
-    say on a line of its own how long that took: it was counted as the prompt's time (37 s for one token).
-    The step is kept with the model for `generate`; a step torch.compile makes compiles at its first call,
-    so each is called once (on slot 0 of its cache, which the prompt overwrites)."""
+def ready_steps(
+    model: torch.nn.Module, batches: list[int], compile: bool | None, tokens: int, device: torch.device
+) -> str:
+    """Get each batch size's decoding step ready before the speed line's clock starts (loaded, or its
+    background build started; with --compile, compiled, timed on a line of its own: it was counted as the
+    prompt's time, 37 s for one token) and say which step runs, in words. The step is kept with the model
+    for `generate`; a step torch.compile makes compiles at its first call, so each is called once (on slot
+    0 of its cache, which the prompt overwrites)."""
     start = time.perf_counter()
     for n in batches:
-        with decoder(model, n, compile=True) as (_, step):
-            step(
-                torch.zeros(n, dtype=torch.long, device=device),
-                torch.zeros(1, dtype=torch.long, device=device),
-            )
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    sizes = ", ".join(map(str, batches))
-    print(
-        f"decoding step ready in {time.perf_counter() - start:,.1f} s (compiled or loaded, batch {sizes}; "
-        "not counted in the speeds below)",
-        file=sys.stderr,
-    )
+        with decoder(model, n, compile, tokens) as (_, step):
+            if compile:
+                step(
+                    torch.zeros(n, dtype=torch.long, device=device),
+                    torch.zeros(1, dtype=torch.long, device=device),
+                )
+    if compile:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        print(
+            f"decoding step ready in {time.perf_counter() - start:,.1f} s (compiled or loaded, batch "
+            f"{', '.join(map(str, batches))}; not counted in the speeds below)",
+            file=sys.stderr,
+        )
+    return "; ".join(dict.fromkeys(how_decoded(model, n, compile) for n in batches))
 
 
 class SpeedLine:

@@ -86,8 +86,8 @@ class ThreadTuner:
         self.next_upward = 0.0  # the clock's time before which no try of more threads starts
 
     @classmethod
-    def for_device(cls, device: torch.device | str, **kwargs) -> ThreadTuner:
-        return cls(enabled=torch.device(device).type == "cpu", **kwargs)
+    def for_device(cls, device: torch.device | str, enabled: bool = True, **kwargs) -> ThreadTuner:
+        return cls(enabled=enabled and torch.device(device).type == "cpu", **kwargs)
 
     def timed(self, step: int | None = None) -> ThreadTuner:
         """Time the iteration in the with-block; `step` is its number (default: one more than the last)."""

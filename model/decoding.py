@@ -1,5 +1,5 @@
 """One decoding step, eager or compiled: a prompt's prefill, and the one-token step that the KV cache makes
-the same shape every time.
+the same shape every time, with the choice of which step runs.
 
 `compile_step(model, cache)` compiles that step once for its shapes. On a CPU ahead of time with
 AOTInductor: the step becomes one C++ library, called without Python between its kernels, which is what a
@@ -9,6 +9,9 @@ holds no weights (it reads the model's own tensors and the cache's, in place), s
 of model/: compiling takes seconds the first time, loading it a few milliseconds afterwards. On CUDA,
 torch.compile with CUDA graphs (the whole step one replay); elsewhere, or where the ahead-of-time build
 fails on an older torch, torch.compile.
+By default (`compile=None`, `AutoStep`) the compiled step runs whenever the disk holds it; on a CPU that
+misses, the step decodes eagerly while a background process builds the library, and switches to it when it
+lands; elsewhere it compiles when the tokens left would pay for the compile. docs/sampling.md says more.
 """
 
 from __future__ import annotations
@@ -16,8 +19,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
+import os
 import platform
+import subprocess
 import sys
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -29,10 +36,14 @@ import torch
 import torch.nn as nn
 
 from common import json_text
-from common.files import atomic_file, cache_folder
+from common.errors import UserError
+from common.files import atomic_file, atomic_write, cache_folder
+from common.threads import PINNED
+from model.config import GPTConfig
 from model.kv_cache import KVCache
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (token (B,), position (1,)) -> logits (B, V)
+SETTINGS = {"auto": None, "always": True, "never": False}  # TINYGPT_COMPILE's values
 
 
 def prefill(model: nn.Module, tokens: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
@@ -65,27 +76,65 @@ class DecodeStep(nn.Module):
         return {n: t.detach() for n, t in named} | dict(self.named_buffers(remove_duplicate=False))
 
 
-_kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {batch: (cache, compiled step)}
+def compile_setting(compile: bool | None) -> bool | None:
+    """`compile` as asked (--compile / --no-compile), else TINYGPT_COMPILE: auto (None), always or never."""
+    if compile is not None:
+        return compile
+    value = os.environ.get("TINYGPT_COMPILE", "auto").strip().lower()
+    if value not in SETTINGS:
+        raise UserError(f"TINYGPT_COMPILE must be auto, always or never, got {value!r}")
+    return SETTINGS[value]
+
+
+_kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {batch: (cache, step)}
 
 
 @contextlib.contextmanager
-def decoder(model: nn.Module, batch: int, compile: bool = False) -> Iterator[tuple[KVCache, Step]]:
-    """A KV cache for `batch` sequences and the step that decodes into it. A compiled one is kept with the
-    model for its next generation (slots a new prompt has not overwritten are masked, so nothing is cleared)
-    and lent to one generation at a time: a second one running meanwhile gets its own."""
-    if not compile:
+def decoder(
+    model: nn.Module, batch: int, compile: bool | None = None, tokens: int = 0
+) -> Iterator[tuple[KVCache, Step]]:
+    """A KV cache for `batch` sequences and the step that decodes into it: eager (`compile` False),
+    compiled now (True), or by default (None: TINYGPT_COMPILE, else `AutoStep` for `tokens` steps). A
+    compiled or automatic step is kept with the model for its next generation (slots a new prompt has not
+    overwritten are masked, so nothing is cleared) and lent to one generation at a time: a second one
+    running meanwhile gets its own."""
+    compile = compile_setting(compile)
+    if compile is False:
         cache = KVCache.for_model(model, batch)
         yield cache, partial(decode_step, model, cache=cache)
         return
     kept = _kept.setdefault(model, {})
-    cache, step = kept.pop(batch, None) or (None, None)
+    cache, step = kept.pop((batch, compile), None) or (None, None)
     if cache is None:
         cache = KVCache.for_model(model, batch)
-        step = compile_step(model, cache)
+        step = compile_step(model, cache) if compile else AutoStep(model, cache)
+    threads = torch.get_num_threads()
+    one_thread = isinstance(step, AutoStep) and step.expect(tokens) and not PINNED
+    if one_thread:  # see LOWEST_PRIORITY; a thread tuner created now starts at one
+        torch.set_num_threads(1)
     try:
         yield cache, step
     finally:
-        kept[batch] = cache, step
+        kept[batch, compile] = cache, step
+        if one_thread:
+            torch.set_num_threads(threads)
+
+
+def building(step: Step) -> bool:
+    """Whether a background build of this step runs now (the caller decodes on one thread meanwhile)."""
+    return getattr(step, "building", False)
+
+
+def how_decoded(model: nn.Module, batch: int, compile: bool | None = None) -> str:
+    """Which step the model's kept decoder for `batch` runs, in words, for the user's line."""
+    setting = compile_setting(compile)
+    asked = {True: "--compile", False: "--no-compile"}.get(
+        compile, f"TINYGPT_COMPILE={os.environ.get('TINYGPT_COMPILE')}"
+    )
+    if setting is not None:
+        return f"compiled ({asked})" if setting else f"eager ({asked})"
+    _, step = _kept.get(model, {}).get((batch, None), (None, None))
+    return getattr(step, "how", "eager")
 
 
 def compile_step(model: nn.Module, cache: KVCache) -> Step:
@@ -101,8 +150,100 @@ def compile_step(model: nn.Module, cache: KVCache) -> Step:
     return just_in_time(step, device)
 
 
+LOOK_EVERY = 32  # eager steps between looks for the library a background build writes (a stat: ~2 us)
+JUDGED_AFTER = 16  # eager steps timed before a device without a background build judges a compile
+SPEEDUP = 3.0  # what compiling gains a small model's step (BENCHMARKS.md): the judgement's estimate
+FIRST_COMPILE_S = 60.0  # the judgement's compile time before one has been timed on this machine
+
+
+class AutoStep:
+    """The default step (`compile=None`). Compiled when the disk holds it for this model (a CPU's library,
+    loaded in milliseconds). Else eager, and: on a CPU a background process builds the library (once per
+    shape) and the step switches to it when it lands; elsewhere, after JUDGED_AFTER eager steps, it compiles
+    if the steps left would pay for the compile. `how` says which ran, in words, for the user's line."""
+
+    def __init__(self, model: nn.Module, cache: KVCache):
+        self.model, self.cache, self.device = model, cache, cache.doc_start.device
+        self.eager: Step = partial(decode_step, model, cache=cache)
+        self.compiled: Step | None = None
+        self.calls, self.steps, self.started, self.switched_at = 0, 0, 0.0, None
+        self.building = False  # a background build of this step runs: decode on one thread meanwhile
+        if self.device.type != "cpu":
+            self.how = "eager (compiled once the tokens left pay for the compile)"
+            return
+        self.decode = DecodeStep(model, cache)
+        self.key = step_key(self.decode, self.decode.tensors())
+        if self.key in _libraries or library_path(self.key).exists():
+            built = compile_seconds().get(self.key)
+            self.how = "compiled (loaded from the cache" + (f"; built in {built:.1f} s)" if built else ")")
+            self.compiled = ahead_of_time(self.decode)
+        else:
+            self.how, self.building = build_in_background(self.decode, self.key)
+
+    def expect(self, steps: int) -> bool:
+        """A generation of `steps` steps begins; returns whether a background build of the step runs."""
+        self.calls, self.steps = 0, steps
+        return self.building
+
+    def __call__(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        if self.compiled is not None:
+            return self.compiled(token, position)
+        self.calls += 1
+        if self.device.type == "cpu":
+            if self.calls % LOOK_EVERY == 0 and library_path(self.key).exists():  # the build landed
+                self._switch(ahead_of_time(self.decode), "built in the background")
+        elif self.calls in (1, JUDGED_AFTER):
+            self._judge()
+        return self.eager(token, position)
+
+    def _switch(self, compiled: Step, why: str) -> None:
+        self.compiled, self.switched_at, self.building = compiled, self.calls, False
+        self.how = f"eager, then compiled from step {self.calls:,} ({why})"
+
+    def _judge(self) -> None:
+        """Time the first JUDGED_AFTER eager steps; compile if the steps left would repay the compile."""
+        torch.cuda.synchronize(self.device) if self.device.type == "cuda" else None
+        if self.calls == 1:
+            self.started = time.perf_counter()
+            return
+        step_s = (time.perf_counter() - self.started) / (JUDGED_AFTER - 1)
+        compile_s = compile_seconds().get(self.device.type, FIRST_COMPILE_S)
+        if not compile_pays(step_s, self.steps - self.calls, compile_s):
+            return
+        start = time.perf_counter()
+        compiled = just_in_time(DecodeStep(self.model, self.cache), self.device)
+        record_compile_seconds(self.device.type, time.perf_counter() - start)  # torch.compile's first call
+        self._switch(compiled, "the tokens left paid for the compile")
+
+
+def compile_pays(step_s: float, steps_left: int, compile_s: float, speedup: float = SPEEDUP) -> bool:
+    """Whether compiling now saves time: the steps left, each `step_s` eager and 1/speedup of it compiled,
+    against the compile's seconds."""
+    return steps_left * step_s * (1 - 1 / speedup) > compile_s
+
+
+def compile_seconds() -> dict[str, float]:
+    """How long compiles took on this machine: a library's build by its key, torch.compile by device type."""
+    try:
+        return json.loads((cache_folder() / "decode" / "compile-seconds.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def record_compile_seconds(what: str, seconds: float) -> None:
+    """Note a compile's time (a record another process writes meanwhile may be lost: it is only a guide)."""
+    path = cache_folder() / "decode" / "compile-seconds.json"
+    with contextlib.suppress(OSError, UserError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json_text.dumps(compile_seconds() | {what: round(seconds, 2)}))
+
+
 _libraries: dict[str, object] = {}  # the compiled steps loaded in this process, by key
 _owners: dict[str, object] = {}  # which step's tensors each one reads now
+
+
+def library_path(key: str) -> Path:
+    return cache_folder() / "decode" / f"{key}.pt2"
 
 
 def ahead_of_time(step: DecodeStep) -> Step:
@@ -112,9 +253,11 @@ def ahead_of_time(step: DecodeStep) -> Step:
     tensors = step.tensors()
     key, owner = step_key(step, tensors), object()
     if key not in _libraries:
-        path = cache_folder() / "decode" / f"{key}.pt2"
+        path = library_path(key)
         if not path.exists():
+            start = time.perf_counter()
             build_library(step, path)
+            record_compile_seconds(key, time.perf_counter() - start)
         _libraries[key] = load_library(path)
     library = _libraries[key]
     run = library.boxed_run  # the inputs as a list, the outputs as one: no pytree work per token
@@ -155,6 +298,81 @@ def load_library(path: Path):
         return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
     except (AttributeError, TypeError):
         return torch._inductor.aoti_load_package(str(path)).loader
+
+
+# --- the background build ---
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout the background process imports model/ from
+STALE_S = 600  # a build claimed this long ago and not done has died: another process may claim it
+# The build runs only on a core nothing else wants (Linux's SCHED_IDLE; elsewhere the lowest nice), set
+# before it imports torch. Even so, a decoding step on two threads beside it stalls (a tenth of its speed,
+# BENCHMARKS.md): while it runs, the caller decodes on one thread (`decoder`).
+LOWEST_PRIORITY = (
+    "import os; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)) "
+    "if hasattr(os, 'SCHED_IDLE') else os.nice(19)"
+)
+
+
+def build_in_background(step: DecodeStep, key: str) -> tuple[str, bool]:
+    """Start a process of the lowest priority that builds the step's library (for this generation's switch
+    and the next call's load), unless one is building it or a build failed. Returns what runs meanwhile, in
+    words, and whether a build is under way."""
+    folder = cache_folder() / "decode"
+    failed = folder / f"{key}.failed"
+    if failed.exists():
+        return f"eager (the compiled step's background build failed: {failed}; --compile shows why)", False
+    folder.mkdir(parents=True, exist_ok=True)
+    claim = folder / f"{key}.building"
+    with contextlib.suppress(FileNotFoundError):
+        if time.time() - claim.stat().st_mtime > STALE_S:
+            claim.unlink()
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return "eager, while another process builds the compiled step", True
+    spec = {"key": key, "batch": step.cache.doc_start.size(0), "config": asdict(step.model.config)}
+    spec |= {"dtype": str(step.model.token_emb.weight.dtype).removeprefix("torch.")}
+    spec |= {"int8": any(type(m).__name__ == "Int8Linear" for m in step.modules())}
+    code = f"{LOWEST_PRIORITY}; import sys; sys.path.insert(0, {str(ROOT)!r}); import model.decoding as d"
+    with open(folder / f"{key}.log", "w") as log:  # its words go to a file, not between the user's tokens
+        subprocess.Popen(
+            [sys.executable, "-c", f"{code}; d.build_for_later()", json_text.dumps(spec)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C of this command does not stop the build
+            env=os.environ | {"TORCHINDUCTOR_COMPILE_THREADS": "1"},  # one core: the other decodes
+        )
+    return "eager, while the compiled step is built in the background (once for this shape)", True
+
+
+def build_for_later() -> None:
+    """The background process: the model's shape rebuilt (its weights do not matter: the library reads the
+    caller's), and its step's library written into the disk cache; a failure is written beside it, so that
+    later calls decode eagerly without trying again."""
+    spec = json.loads(sys.argv[1])
+    key = spec["key"]
+    folder = cache_folder() / "decode"
+    try:
+        from model.gpt import GPT  # the background build only
+        from model.quantize import quantize_int8
+
+        with torch.device("meta"):
+            model = GPT(GPTConfig(**spec["config"]))
+        model = model.to_empty(device="cpu").to(getattr(torch, spec["dtype"])).eval()
+        if spec["int8"]:
+            quantize_int8(model)
+        step = DecodeStep(model, KVCache.for_model(model, spec["batch"]))
+        if step_key(step, step.tensors()) != key:
+            raise RuntimeError("this model's shape could not be rebuilt from its config: --compile builds it")
+        start = time.perf_counter()
+        build_library(step, library_path(key))
+        record_compile_seconds(key, time.perf_counter() - start)
+    except BaseException as e:
+        atomic_write(folder / f"{key}.failed", f"{type(e).__name__}: {e}\n")
+        raise
+    finally:
+        (folder / f"{key}.building").unlink(missing_ok=True)
 
 
 @functools.cache

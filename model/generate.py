@@ -5,8 +5,9 @@ tokens), so every token sees between half a context and a whole one at one token
 with a window and rotary positions (`unbounded_context`) never slides: its rolling cache goes on past
 block_size. `use_cache=False` follows the same windows with a full forward pass per token: the reference the
 cache is tested against, and the baseline tools/bench.py measures it against. Every step has the same
-shapes, so `compile=True` compiles it once (model/decoding.py). Sampling never waits for the device (the
-exponential race in `sample_next`): reading the token is the step's one host sync, the caller's.
+shapes, so it compiles once: by default whenever that is kept on disk or pays (model/decoding.py).
+Sampling never waits for the device (the exponential race in `sample_next`): reading the token is the
+step's one host sync, the caller's.
 docs/sampling.md ("How decoding works") says why, and what the batch size and the thread count do.
 """
 
@@ -18,7 +19,7 @@ from typing import Optional
 import torch
 
 from common.threads import ThreadTuner
-from model.decoding import decoder, prefill
+from model.decoding import building, decoder, prefill
 
 
 def sample_next(
@@ -58,12 +59,13 @@ def generate(
     top_p: Optional[float] = None,
     generator: Optional[torch.Generator] = None,
     use_cache: bool = True,
-    compile: bool = False,
+    compile: Optional[bool] = None,
     tuner: Optional[ThreadTuner] = None,
 ) -> Iterator[torch.Tensor]:
     """Continue idx (B, T) token ids, yielding each new column of tokens (B,) as soon as it is chosen.
 
-    The tokens stay on the model's device; `compile` compiles the decoding step (see the module docstring).
+    The tokens stay on the model's device; `compile` True compiles the decoding step, False keeps it eager,
+    None chooses (model/decoding.py's `decoder`).
     `tuner` times the steps for the CPU's thread count (default: a new one; a run's runtime gives one that
     keeps its train.threads).
     """
@@ -76,9 +78,10 @@ def generate(
     if not use_cache:
         yield from _recompute(model, window, n, max_new_tokens, temperature, top_k, top_p, generator)
         return
-    with decoder(model, B, compile) as (cache, step):
+    with decoder(model, B, compile, tokens=max_new_tokens) as (cache, step):
         slot = torch.tensor([n], device=idx.device)  # where the next token goes in the cache
-        tuner = tuner or ThreadTuner.for_device(idx.device, tries=8)  # a CPU's thread count, timed per token
+        if tuner is None:  # a CPU's thread count, timed per token; one beside a build (model/decoding.py)
+            tuner = ThreadTuner.for_device(idx.device, tries=8, enabled=not building(step))
         logits = prefill(model, window[:, :n], cache)
         for i in range(max_new_tokens):
             token = sample_next(logits, temperature, top_k, top_p, generator)

@@ -21,6 +21,9 @@ os.environ.setdefault("WANDB_MODE", "offline")
 # compiled decoding steps and the CPU's measured peak: one folder per test session, never the user's
 os.environ["TINYGPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="tinygpt-cache-")
 os.environ.setdefault("WANDB_SILENT", "true")
+# no background builds of decoding steps (model/decoding.py) behind the tests' backs: the tests of the
+# default set TINYGPT_COMPILE=auto themselves
+os.environ["TINYGPT_COMPILE"] = "never"
 
 
 OPTIONS = {  # every option a hook point must work with, a few at a time

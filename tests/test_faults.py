@@ -304,7 +304,9 @@ def test_sample_piped_into_head_exits_quietly(run: Path):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
-    assert err.strip().splitlines() == [f"sampling from {run / 'best'}"]
+    assert err.strip().splitlines() == [
+        f"sampling from {run / 'best'}; decoding step: eager (TINYGPT_COMPILE=never)"
+    ]
 
 
 # --- a diverged model is never kept as good; metrics.jsonl stays valid ---

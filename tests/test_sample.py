@@ -126,7 +126,7 @@ def test_compile_with_several_samples_compiles_their_batch(run: Path):
     eager = run_script(*args, check=True)
     compiled = run_script(*args, "--compile", check=True, timeout=240)
     assert compiled.stdout == eager.stdout
-    assert "with the decoding step compiled" in compiled.stderr
+    assert "decoding step: compiled (--compile)" in compiled.stderr
     # on a CPU the step is built ahead of time for batch 2 (CUDA compiles in the process, without a word)
     assert torch.cuda.is_available() or "compiling the decoding step at batch 2" in compiled.stderr
     # the compile has its own line, and is no part of the prompt's time (it was: "1 tokens in 37,356.9 ms")
