@@ -53,10 +53,24 @@ def prefill(model: nn.Module, tokens: torch.Tensor, cache: KVCache | None) -> to
 
 
 def decode_step(
-    model: nn.Module, token: torch.Tensor, position: torch.Tensor, cache: KVCache
+    model: nn.Module,
+    token: torch.Tensor,
+    position: torch.Tensor,
+    cache: KVCache,
+    span: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Logits (B, vocab) of the token after `token` (B,), which goes into cache slot `position` (1,)."""
-    logits, _ = model(token[:, None], kv_cache=cache, input_pos=position)
+    """Logits (B, vocab) of the token after `token` (B,), which goes into cache slot `position` (1,).
+
+    A static cache's slots past `position` hold nothing the token may see, so it attends over the first
+    position + 1 alone: a compiled step is told how many by the length of `span` (a shape it can vary),
+    an eager one on a CPU reads `position` (free there; a GPU would wait for it, so there every slot)."""
+    if span is not None:
+        n_keys = span.size(0)
+    elif cache.rolling or position.device.type != "cpu" or torch.compiler.is_compiling():
+        n_keys = None
+    else:
+        n_keys = int(position) + 1
+    logits, _ = model(token[:, None], kv_cache=cache, input_pos=position, n_keys=n_keys)
     return logits[:, -1]
 
 
@@ -67,8 +81,10 @@ class DecodeStep(nn.Module):
         super().__init__()
         self.model, self.cache = model, cache
 
-    def forward(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        return decode_step(self.model, token, position, self.cache)
+    def forward(
+        self, token: torch.Tensor, position: torch.Tensor, span: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return decode_step(self.model, token, position, self.cache, span)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every weight and buffer by name, tied ones under each of their names."""
@@ -118,6 +134,16 @@ def decoder(
         kept[batch, compile] = cache, step
         if one_thread:
             torch.set_num_threads(threads)
+
+
+def kept_on_disk(model: nn.Module, batch: int) -> bool:
+    """Whether the setting allows the compiled step and the disk holds it for `model` at `batch`: asked by a
+    caller that must not start a background build beside its own work (a training run's samples)."""
+    if compile_setting(None) is False or next(model.parameters()).device.type != "cpu":
+        return False
+    step = DecodeStep(model, KVCache.for_model(model, batch))
+    key = step_key(step, step.tensors())
+    return key in _libraries or library_path(key).exists()
 
 
 def building(step: Step) -> bool:
@@ -261,12 +287,15 @@ def ahead_of_time(step: DecodeStep) -> Step:
         _libraries[key] = load_library(path)
     library = _libraries[key]
     run = library.boxed_run  # the inputs as a list, the outputs as one: no pytree work per token
+    spans = None if step.cache.rolling or step.cache.slots <= 3 else torch.arange(step.cache.slots)
 
     def call(token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         if _owners.get(key) is not owner:  # read this step's weights and cache, in place
             library.load_constants({n: tensors[n] for n in library.get_constant_fqns()}, False, True, True)
             _owners[key] = owner
-        return run([token, position])[0]
+        if spans is None:
+            return run([token, position])[0]
+        return run([token, position, spans[: int(position) + 1]])[0]
 
     return call
 
@@ -278,10 +307,14 @@ def build_library(step: DecodeStep, path: Path) -> None:
         f"compiling the decoding step at batch {batch} (once for this model's shape: some seconds)",
         file=sys.stderr,
     )
-    token = torch.zeros(batch, dtype=torch.long)
+    token, slots = torch.zeros(batch, dtype=torch.long), step.cache.slots
+    inputs, shapes = (token, torch.zeros(1, dtype=torch.long)), None
+    if not step.cache.rolling and slots > 3:  # the attended slots vary: 2 (after a 1-token prompt) and up
+        inputs += (torch.arange(slots - 1),)
+        shapes = (None, None, {0: torch.export.Dim("span", min=2, max=slots - 1)})
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.export's notes about its own internals, not for our users
-        program = torch.export.export(step, (token, torch.zeros(1, dtype=torch.long)), strict=False)
+        program = torch.export.export(step, inputs, dynamic_shapes=shapes, strict=False)
     options = {"aot_inductor.package_constants_in_so": False}  # the weights stay the model's own
     if token.numel() == 1:  # batch 1: matrix-vector products as inductor's own loops (narrow ones)
         options["post_grad_fusion_options"] = {"decompose_mm_pass": {}}

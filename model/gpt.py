@@ -160,8 +160,10 @@ class CausalSelfAttention(nn.Module):
             q, k = F.rms_norm(q, (d,)), F.rms_norm(k, (d,))
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        if kv_cache is not None:  # write this step's keys and values; attend over every slot of the cache
+        if kv_cache is not None:  # write this step's keys and values; attend over the slots the mask covers
             k, v = kv_cache.update(self.layer_idx, positions, k, v)
+            if isinstance(mask, torch.Tensor):  # a decoding step's (GPT.forward's n_keys): a view, no copy
+                k, v = k[:, :, : mask.size(-1)], v[:, :, : mask.size(-1)]
         dropout = self.attn_dropout if self.training else 0.0
         if self.hook_pattern.fns is None:  # the fast path: the weights are never written down
             y = attend(q, k, v, mask, dropout)
@@ -291,6 +293,7 @@ class GPT(nn.Module):
         kv_cache: Optional[KVCache] = None,
         last_only: bool = False,
         input_pos: Optional[torch.Tensor] = None,
+        n_keys: Optional[int] = None,
     ):
         """idx (B, T) token ids -> (logits (B, T, vocab), mean cross-entropy against targets or None).
 
@@ -298,13 +301,14 @@ class GPT(nn.Module):
         `kv_cache` the tokens sit at positions `input_pos` (T,) of the cached sequence (default 0 .. T-1: a
         prefill): their keys and values are written into their slots, and each token attends to the cached
         positions up to its own (a rolling cache's prefill attends over its own keys, then keeps the last
-        `window`). Targets of -1 are ignored by the loss.
+        `window`); `n_keys` limits that to the first n_keys slots of a static cache (a decoding step at
+        position p: p + 1; the slots past it hold nothing it may see). Targets of -1 are ignored by the loss.
         """
         T = idx.size(1)
         if self.config.block_size < T and not self.config.unbounded_context:
             raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
         pos = torch.arange(T, device=idx.device) if input_pos is None else input_pos
-        rotary, mask = self.attention_inputs(idx, pos, kv_cache, input_pos)  # GPT-2: None, None (causal)
+        rotary, mask = self.attention_inputs(idx, pos, kv_cache, input_pos, n_keys)  # GPT-2: None, None
         x = self.token_emb(idx)
         if self.pos_emb is not None:
             x = x + self.pos_emb(pos)
@@ -343,6 +347,7 @@ class GPT(nn.Module):
         positions: torch.Tensor,
         kv_cache: Optional[KVCache] = None,
         input_pos: Optional[torch.Tensor] = None,
+        n_keys: Optional[int] = None,
     ) -> tuple[Optional[Rotary], Mask]:
         """What attention needs besides the tokens: the rotary angles of `positions` (None with learned
         positions), and the mask: None for plain causal attention, a LocalSpan for a window or documents over
@@ -351,7 +356,7 @@ class GPT(nn.Module):
         if kv_cache is not None and kv_cache.rolling and input_pos is not None and idx.size(1) > 1:
             raise ValueError("a rolling KV cache takes its prefill from position 0, then one token at a time")
         starts = self._document_starts(idx, positions, kv_cache, input_pos) if self.config.doc_mask else None
-        return self._rotary(positions, input_pos), self._mask(positions, kv_cache, starts)
+        return self._rotary(positions, input_pos), self._mask(positions, kv_cache, starts, n_keys)
 
     def _rotary(self, positions: torch.Tensor, input_pos: Optional[torch.Tensor]) -> Optional[Rotary]:
         if self.pos_emb is not None:
@@ -377,13 +382,19 @@ class GPT(nn.Module):
         return starts
 
     def _mask(
-        self, positions: torch.Tensor, kv_cache: Optional[KVCache], starts: Optional[torch.Tensor]
+        self,
+        positions: torch.Tensor,
+        kv_cache: Optional[KVCache],
+        starts: Optional[torch.Tensor],
+        n_keys: Optional[int] = None,
     ) -> Mask:
         window = self.config.window
         if kv_cache is None or (kv_cache.rolling and positions.size(0) > 1):
             return LocalSpan(window, starts) if window is not None or starts is not None else None
         key_pos = kv_cache.slot_positions(positions[-1:])
-        mask = causal_mask(positions, kv_cache.slots, window, key_pos)
+        if n_keys is not None and not kv_cache.rolling:
+            key_pos = key_pos[:n_keys]
+        mask = causal_mask(positions, key_pos.size(0), window, key_pos)
         if starts is not None:  # (B, 1, T, slots): the keys of each row's current document
             mask = (mask & (key_pos >= starts[:, :, None])).unsqueeze(1)
         return mask

@@ -42,11 +42,13 @@ class KVCache(nn.Module):
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, batch_size: int, dtype: torch.dtype | None = None) -> KVCache:
-        """Static with block_size slots, or for a windowed model rolling with `window` slots (no more than
-        block_size where positions end there: learned position embeddings)."""
+        """Static with a slot per position (and a spare), or for a windowed model rolling with `window` slots
+        (no more than block_size where positions end there: learned position embeddings)."""
         cfg = model.config
         weight = model.token_emb.weight
-        slots = cfg.block_size
+        # One spare slot, never written: a decoding step attends over 2 .. block_size slots, always fewer than
+        # the cache's, which lets torch.export keep that count a symbol (model/decoding.py's `span`)
+        slots = cfg.block_size + 1
         if cfg.window is not None:
             slots = cfg.window if cfg.unbounded_context else min(cfg.window, cfg.block_size)
         return cls(

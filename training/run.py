@@ -374,16 +374,19 @@ def sample_prompt(cfg: Config, tokenizer: Tokenizer) -> list[int]:
 
 def draw_sample(run: Run) -> str:
     """log.sample_tokens tokens from the model as it is now, after log.sample_prompt: temperature 0.8, seeded
-    by train.seed, in fp32 (as sample.py)."""
+    by train.seed, in fp32; compiled where sample.py left the step on disk (never built beside training)."""
+    from model.decoding import kept_on_disk
     from model.generate import generate
 
     cfg, model, tokenizer = run.cfg, run.model, run.dataset.tokenizer
     generator = torch.Generator(device=run.rt.device).manual_seed(cfg.train.seed)
     idx = torch.tensor([sample_prompt(cfg, tokenizer)], device=run.rt.device)
     model.eval()
-    tuner = run.rt.thread_tuner(tries=8)  # keeps train.threads
-    tokens = generate(model, idx, cfg.log.sample_tokens, 0.8, None, None, generator, tuner=tuner)
-    tokens = [t.item() for t in tokens]
+    tuner, compiled = run.rt.thread_tuner(tries=8), not run.rt.distributed and kept_on_disk(model, 1)
+    tokens = generate(
+        model, idx, cfg.log.sample_tokens, 0.8, None, None, generator, compile=compiled, tuner=tuner
+    )
+    tokens = [t.item() for t in tokens]  # the tuner keeps train.threads
     model.train()
     return tokenizer.decode(idx[0].tolist()) + tokenizer.decode(tokens)
 
