@@ -64,13 +64,18 @@ def decode_step(
     A static cache's slots past `position` hold nothing the token may see, so it attends over the first
     position + 1 alone: a compiled step is told how many by the length of `span` (a shape it can vary),
     an eager one on a CPU reads `position` (free there; a GPU would wait for it, so there every slot)."""
+    eager_cpu = position.device.type == "cpu" and not torch.compiler.is_compiling()
     if span is not None:
         n_keys = span.size(0)
-    elif cache.rolling or position.device.type != "cpu" or torch.compiler.is_compiling():
-        n_keys = None
     else:
-        n_keys = int(position) + 1
-    logits, _ = model(token[:, None], kv_cache=cache, input_pos=position, n_keys=n_keys)
+        n_keys = int(position) + 1 if eager_cpu and not cache.rolling else None
+    onednn = torch.backends.mkldnn.enabled
+    if eager_cpu:  # oneDNN's gelu takes 50 us on 1,536 numbers inside a step, ATen's 2 (BENCHMARKS.md)
+        torch.backends.mkldnn.enabled = False
+    try:
+        logits, _ = model(token[:, None], kv_cache=cache, input_pos=position, n_keys=n_keys)
+    finally:
+        torch.backends.mkldnn.enabled = onednn
     return logits[:, -1]
 
 

@@ -72,54 +72,47 @@ def generate(
     B, block_size = idx.size(0), model.config.block_size
     endless = model.config.unbounded_context  # positions go on past block_size: no slide
     n = idx.size(1) if endless else min(idx.size(1), block_size)  # endless: the whole prompt, prefilled
-    length = n + max_new_tokens if endless else block_size + 1
-    window = torch.empty((B, length), dtype=idx.dtype, device=idx.device)  # the tokens in context
-    window[:, :n] = idx[:, -n:]
+    context = list(idx[:, -n:].unbind(1))  # the tokens in context, a column (B,) each: appending is free
     if not use_cache:
-        yield from _recompute(model, window, n, max_new_tokens, temperature, top_k, top_p, generator)
+        yield from _recompute(model, context, max_new_tokens, temperature, top_k, top_p, generator)
         return
     with decoder(model, B, compile, tokens=max_new_tokens) as (cache, step):
         slot = torch.tensor([n], device=idx.device)  # where the next token goes in the cache
         if tuner is None:  # a CPU's thread count, timed per token; one beside a build (model/decoding.py)
             tuner = ThreadTuner.for_device(idx.device, tries=8, enabled=not building(step))
-        logits = prefill(model, window[:, :n], cache)
+        logits = prefill(model, idx[:, -n:], cache)
         for i in range(max_new_tokens):
             token = sample_next(logits, temperature, top_k, top_p, generator)
             yield token
             if i == max_new_tokens - 1:
                 return
-            n, slid = _append(window, n, token, block_size, endless)
-            if slid:  # encode the most recent tokens afresh
-                logits = prefill(model, window[:, :n], cache)
-                slot.fill_(n)
+            if _append(context, token, block_size, endless):  # slid: encode the most recent tokens afresh
+                logits = prefill(model, torch.stack(context, 1), cache)
+                slot.fill_(len(context))
             else:
                 with tuner.timed(i):
                     logits = step(token, slot)
                 slot += 1
 
 
-def _recompute(
-    model, window, n, max_new_tokens, temperature, top_k, top_p, generator
-) -> Iterator[torch.Tensor]:
+def _recompute(model, context, max_new_tokens, temperature, top_k, top_p, generator) -> Iterator:
     """The reference: a full forward over the tokens in context for every new token, the same windows."""
     block_size, endless = model.config.block_size, model.config.unbounded_context
-    logits = prefill(model, window[:, :n], None)
+    logits = prefill(model, torch.stack(context, 1), None)
     for i in range(max_new_tokens):
         token = sample_next(logits, temperature, top_k, top_p, generator)
         yield token
         if i == max_new_tokens - 1:
             return
-        n, _ = _append(window, n, token, block_size, endless)
-        logits = prefill(model, window[:, :n], None)
+        _append(context, token, block_size, endless)
+        logits = prefill(model, torch.stack(context, 1), None)
 
 
-def _append(window, n: int, token, block_size: int, endless: bool) -> tuple[int, bool]:
-    """Put `token` after the n tokens in context; past block_size (and not endless) slide the window to its
-    most recent half. Returns the new count and whether it slid."""
-    window[:, n] = token
-    n += 1
-    if n <= block_size or endless:
-        return n, False
-    keep = max(1, block_size // 2)  # tokens kept when the window slides
-    window[:, :keep] = window[:, n - keep : n].clone()
-    return keep, True
+def _append(context: list[torch.Tensor], token: torch.Tensor, block_size: int, endless: bool) -> bool:
+    """Put `token` after the tokens in context; past block_size (and not endless) keep only the most recent
+    half of them. Returns whether the window slid."""
+    context.append(token)
+    if endless or len(context) <= block_size:
+        return False
+    del context[: len(context) - max(1, block_size // 2)]  # the tokens kept when the window slides
+    return True

@@ -74,6 +74,7 @@ def test_a_generation_switches_to_the_compiled_step_when_its_build_lands(auto: P
         decoding.compile_step(model, cache)  # the build lands: the library is on disk now
     tokens = torch.stack(list(generate(model, prompt, 100, temperature=0)), 1)
     assert torch.equal(tokens, reference)
+    assert torch.backends.mkldnn.enabled  # the eager step's oneDNN switch is its own: training keeps it
     assert how_decoded(model, 1) == (
         f"eager, then compiled from step {decoding.LOOK_EVERY} (built in the background)"
     )
