@@ -37,6 +37,7 @@ ABORT = 1.25  # a try of fewer threads whose first iteration took this many time
 ABORT_MORE = 2.0  # the same for more threads, whose first iteration also wakes the threads that slept
 WINDOW = 8  # the latest iterations at the current count: their median is what a try is held against
 PATIENCE = 100  # after a lost try of more threads, wait this many times what it cost before the next one
+LOAD_LOOK_S = 0.5  # `by_load`: seconds between looks at the other processes' load (/proc/stat ticks 10 ms)
 
 
 def ladder(top: int) -> list[int]:
@@ -70,9 +71,12 @@ class ThreadTuner:
         start: int = 0,
         clock: Callable[[], float] = time.perf_counter,
         steady_when_quiet: bool = False,
+        by_load: bool = False,
     ):
         self.counts = ladder(DEFAULT_THREADS)
         self.others = OtherLoad() if steady_when_quiet else None  # None: tune on timing alone
+        self.by_load = OtherLoad(since=STARTED.last) if by_load else None  # see `_count_for_load`
+        self.looked = clock()
         self.enabled = enabled and not PINNED and len(self.counts) > 1
         self.tries, self.clock = max(2, tries), clock
         start = start or torch.get_num_threads()  # or where the last tuner left it: a busy machine stays busy
@@ -84,6 +88,9 @@ class ThreadTuner:
         self.upward = False  # the direction of the next scheduled try, alternating
         self.step, self.started = 0, 0.0
         self.next_upward = 0.0  # the clock's time before which no try of more threads starts
+        if self.by_load is not None and self.enabled:  # set now: the prefill before the first step runs on it
+            self.count = self.trying = self._count_for_load()
+            torch.set_num_threads(self.count)
 
     @classmethod
     def for_device(cls, device: torch.device | str, enabled: bool = True, **kwargs) -> ThreadTuner:
@@ -107,6 +114,10 @@ class ThreadTuner:
             self._record(self.clock() - self.started)
 
     def _record(self, seconds: float) -> None:
+        if self.by_load is not None:
+            if self.clock() - self.looked >= LOAD_LOOK_S:
+                self.count = self.trying = self._count_for_load()
+            return
         if self.trial is not None:
             return self._try(seconds)
         self.recent.append(seconds)
@@ -127,6 +138,15 @@ class ThreadTuner:
                 self._start(upward=False)
             else:  # already one: more threads would only wait for the busy core
                 self.settled = now
+
+    def _count_for_load(self) -> int:
+        """`by_load`'s count, for loops of short iterations (decoded tokens): the most threads the cores the
+        other processes leave free can hold, from /proc/stat, not from a timing. Beside a busy process a
+        step on two threads of 0.3 ms stalls for a time slice (4 ms) every few steps and now and then for
+        250 ms: a median of timed steps does not see it, the total does (BENCHMARKS.md)."""
+        self.looked = self.clock()
+        free = max(1, round(DEFAULT_THREADS - self.by_load.cores()))
+        return max(c for c in self.counts if c <= free)
 
     def _steady(self) -> bool:
         """Whether to stay at the full count: asked for, there, and no other process is using the CPU."""
@@ -178,8 +198,8 @@ class OtherLoad:
 
     BUSY = 0.25  # cores: a busy neighbour takes a whole one; a quiet machine's daemons, a few hundredths
 
-    def __init__(self):
-        self.last = self._read()
+    def __init__(self, since: tuple[float, float, float] | None = None):
+        self.last = since or self._read()  # `since`: another's reading, to measure from its time
 
     @staticmethod
     def _read() -> tuple[float, float, float] | None:
@@ -200,14 +220,18 @@ class OtherLoad:
         return busy / tick, total / tick, ours.user + ours.system
 
     def busy(self) -> bool:
+        return self.cores() > self.BUSY
+
+    def cores(self) -> float:
+        """The cores other processes used since the last look (all of them where /proc/stat cannot be read;
+        none if no time passed)."""
         now = self._read()
         if now is None or self.last is None:
-            return True
+            return float(DEFAULT_THREADS)
         (busy0, total0, ours0), (busy1, total1, ours1) = self.last, now
         self.last = now
-        cores = max(1, len(os.sched_getaffinity(0)))
-        elapsed = (total1 - total0) / cores
-        return elapsed > 0 and (busy1 - busy0 - (ours1 - ours0)) / elapsed > self.BUSY
+        elapsed = (total1 - total0) / max(1, len(os.sched_getaffinity(0)))
+        return (busy1 - busy0 - (ours1 - ours0)) / elapsed if elapsed > 0 else 0.0
 
 
 @contextlib.contextmanager
@@ -224,3 +248,6 @@ def busy_neighbour(on: bool = True) -> Iterator[None]:
     finally:
         neighbour.kill()
         neighbour.wait()
+
+
+STARTED = OtherLoad()  # a reading at start-up: a loop's first look at the load covers the seconds since

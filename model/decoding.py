@@ -38,7 +38,7 @@ import torch.nn as nn
 from common import json_text
 from common.errors import UserError
 from common.files import atomic_file, atomic_write, cache_folder
-from common.threads import PINNED
+from common.threads import DEFAULT_THREADS, PINNED
 from model.config import GPTConfig
 from model.kv_cache import KVCache
 
@@ -147,8 +147,7 @@ def kept_on_disk(model: nn.Module, batch: int) -> bool:
     if compile_setting(None) is False or next(model.parameters()).device.type != "cpu":
         return False
     step = DecodeStep(model, KVCache.for_model(model, batch))
-    key = step_key(step, step.tensors())
-    return key in _libraries or library_path(key).exists()
+    return on_disk(step_keys(step, step.tensors()))
 
 
 def building(step: Step) -> bool:
@@ -203,9 +202,10 @@ class AutoStep:
             self.how = "eager (compiled once the tokens left pay for the compile)"
             return
         self.decode = DecodeStep(model, cache)
-        self.key = step_key(self.decode, self.decode.tensors())
-        if self.key in _libraries or library_path(self.key).exists():
-            built = compile_seconds().get(self.key)
+        self.keys = step_keys(self.decode, self.decode.tensors())
+        self.key = self.keys[-1]  # the pair's name: its build's claim, log and failure
+        if on_disk(self.keys):
+            built = sum(compile_seconds().get(key, 0.0) for key in self.keys)
             self.how = "compiled (loaded from the cache" + (f"; built in {built:.1f} s)" if built else ")")
             self.compiled = ahead_of_time(self.decode)
         else:
@@ -221,7 +221,7 @@ class AutoStep:
             return self.compiled(token, position)
         self.calls += 1
         if self.device.type == "cpu":
-            if self.calls % LOOK_EVERY == 0 and library_path(self.key).exists():  # the build landed
+            if self.calls % LOOK_EVERY == 0 and on_disk(self.keys):  # the build landed
                 self._switch(ahead_of_time(self.decode), "built in the background")
         elif self.calls in (1, JUDGED_AFTER):
             self._judge()
@@ -277,39 +277,55 @@ def library_path(key: str) -> Path:
     return cache_folder() / "decode" / f"{key}.pt2"
 
 
+def thread_counts() -> list[int]:
+    """The thread counts a compiled step is built for, one library each: one, and torch's default. A
+    library's threads are fixed when it is built, and the thread tuner moves between these two (one beside
+    a busy process: two threads there decode at a tenth of their quiet speed, BENCHMARKS.md)."""
+    return sorted({1, DEFAULT_THREADS})
+
+
+def on_disk(keys: list[str]) -> bool:
+    return all(key in _libraries or library_path(key).exists() for key in keys)
+
+
 def ahead_of_time(step: DecodeStep) -> Step:
-    """AOTInductor's library for the step, from the disk cache or built and saved there first; loaded once
-    per process, and pointed at this step's weights and cache (no copy) whenever another step used it. It
-    holds the tensors, not the model, so a model whose step is kept for its next generation is still freed."""
-    tensors = step.tensors()
-    key, owner = step_key(step, tensors), object()
-    if key not in _libraries:
-        path = library_path(key)
-        if not path.exists():
-            start = time.perf_counter()
-            build_library(step, path)
-            record_compile_seconds(key, time.perf_counter() - start)
-        _libraries[key] = load_library(path)
-    library = _libraries[key]
-    run = library.boxed_run  # the inputs as a list, the outputs as one: no pytree work per token
+    """AOTInductor's libraries for the step (one per `thread_counts`), from the disk cache or built and saved
+    there first; loaded once per process, and pointed at this step's weights and cache (no copy) whenever
+    another step used them. The call runs the one for torch's thread count now. It holds the tensors, not
+    the model, so a model whose step is kept for its next generation is still freed."""
+    tensors, owner = step.tensors(), object()
+    libraries = {}
+    for threads, key in zip(thread_counts(), step_keys(step, tensors)):
+        if key not in _libraries:
+            path = library_path(key)
+            if not path.exists():
+                start = time.perf_counter()
+                build_library(step, path, threads)
+                record_compile_seconds(key, time.perf_counter() - start)
+            _libraries[key] = load_library(path)
+        libraries[threads] = key, _libraries[key]
     spans = None if step.cache.rolling or step.cache.slots <= 3 else torch.arange(step.cache.slots)
+    most = max(libraries)
 
     def call(token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        key, library = libraries[1 if torch.get_num_threads() == 1 else most]
         if _owners.get(key) is not owner:  # read this step's weights and cache, in place
             library.load_constants({n: tensors[n] for n in library.get_constant_fqns()}, False, True, True)
             _owners[key] = owner
+        run = library.boxed_run  # the inputs as a list, the outputs as one: no pytree work per token
         if spans is None:
             return run([token, position])[0]
-        return run([token, position, spans[: int(position) + 1]])[0]
+        return run([token, position, spans[: int(position) + 1]])[0]  # views of it: `decode_step`
 
     return call
 
 
-def build_library(step: DecodeStep, path: Path) -> None:
-    """Export the step and compile it with AOTInductor into `path`, written whole."""
+def build_library(step: DecodeStep, path: Path, threads: int) -> None:
+    """Export the step and compile it with AOTInductor for `threads` threads into `path`, written whole."""
     batch = step.cache.doc_start.size(0)
     print(
-        f"compiling the decoding step at batch {batch} (once for this model's shape: some seconds)",
+        f"compiling the decoding step at batch {batch} for {threads} thread{'s' * (threads > 1)} (once for "
+        "this model's shape: some seconds)",
         file=sys.stderr,
     )
     token, slots = torch.zeros(batch, dtype=torch.long), step.cache.slots
@@ -320,7 +336,7 @@ def build_library(step: DecodeStep, path: Path) -> None:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.export's notes about its own internals, not for our users
         program = torch.export.export(step, inputs, dynamic_shapes=shapes, strict=False)
-    options = {"aot_inductor.package_constants_in_so": False}  # the weights stay the model's own
+    options = {"aot_inductor.package_constants_in_so": False, "cpp.threads": threads}  # weights: the model's
     if token.numel() == 1:  # batch 1: matrix-vector products as inductor's own loops (narrow ones)
         options["post_grad_fusion_options"] = {"decompose_mm_pass": {}}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -401,11 +417,13 @@ def build_for_later() -> None:
         if spec["int8"]:
             quantize_int8(model)
         step = DecodeStep(model, KVCache.for_model(model, spec["batch"]))
-        if step_key(step, step.tensors()) != key:
+        keys = step_keys(step, step.tensors())
+        if keys[-1] != key:
             raise RuntimeError("this model's shape could not be rebuilt from its config: --compile builds it")
-        start = time.perf_counter()
-        build_library(step, library_path(key))
-        record_compile_seconds(key, time.perf_counter() - start)
+        for threads, each in zip(thread_counts(), keys):
+            start = time.perf_counter()
+            build_library(step, library_path(each), threads)
+            record_compile_seconds(each, time.perf_counter() - start)
     except BaseException as e:
         atomic_write(folder / f"{key}.failed", f"{type(e).__name__}: {e}\n")
         raise
@@ -420,8 +438,9 @@ def code_hash() -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
 
 
-def step_key(step: DecodeStep, tensors: dict[str, torch.Tensor]) -> str:
-    """What the compiled step depends on, hashed: shapes, options, code, torch and this CPU."""
+def step_keys(step: DecodeStep, tensors: dict[str, torch.Tensor]) -> list[str]:
+    """What each of the step's libraries (`thread_counts`) depends on, hashed: shapes, options, code,
+    torch, this CPU and its threads."""
     parts = {
         "config": asdict(step.model.config),
         "tensors": [(n, list(t.shape), str(t.dtype)) for n, t in tensors.items()],
@@ -430,7 +449,8 @@ def step_key(step: DecodeStep, tensors: dict[str, torch.Tensor]) -> str:
         "torch": torch.__version__,
         "cpu": [platform.machine(), torch.backends.cpu.get_cpu_capability()],
     }
-    return hashlib.sha256(json_text.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    texts = [json_text.dumps(parts | {"threads": n}, sort_keys=True, default=str) for n in thread_counts()]
+    return [hashlib.sha256(text.encode()).hexdigest()[:24] for text in texts]
 
 
 _jit: dict[str, Callable] = {}  # torch.compile's decode_step per device type (recompiled per model)

@@ -79,7 +79,7 @@ def generate(
     with decoder(model, B, compile, tokens=max_new_tokens) as (cache, step):
         slot = torch.tensor([n], device=idx.device)  # where the next token goes in the cache
         if tuner is None:  # a CPU's thread count, timed per token; one beside a build (model/decoding.py)
-            tuner = ThreadTuner.for_device(idx.device, tries=8, enabled=not building(step))
+            tuner = ThreadTuner.for_device(idx.device, enabled=not building(step), by_load=True)
         logits = prefill(model, idx[:, -n:], cache)
         for i in range(max_new_tokens):
             token = sample_next(logits, temperature, top_k, top_p, generator)

@@ -56,7 +56,7 @@ def test_sample_decodes_eagerly_while_the_step_builds_then_loads_it_the_next_cal
         second.stderr.splitlines()[0],
     )
     assert second.stdout == first.stdout  # greedy: the compiled step picks the eager step's tokens
-    assert len(list(auto.glob("*.pt2"))) == 1  # nothing built again
+    assert len(list(auto.glob("*.pt2"))) == len(decoding.thread_counts())  # nothing built again
 
     never = run_script(*args, "--no-compile", env=env, check=True)
     assert never.stderr.splitlines()[0].endswith("decoding step: eager (--no-compile)")
@@ -78,7 +78,15 @@ def test_a_generation_switches_to_the_compiled_step_when_its_build_lands(auto: P
     assert how_decoded(model, 1) == (
         f"eager, then compiled from step {decoding.LOOK_EVERY} (built in the background)"
     )
-    # a new model of the same shape loads it at once
+    # one library per thread count: the thread tuner's choice runs the one built for it
+    with decoder(model, 1) as (cache, step):
+        token, position = torch.tensor([4]), torch.tensor([3])
+        for threads in decoding.thread_counts():
+            torch.set_num_threads(threads)
+            logits = step.compiled(token, position)
+            assert torch.allclose(logits, decoding.decode_step(model, token, position, cache), atol=1e-5)
+        assert set(decoding._owners) >= set(step.keys)
+    # a new model of the same shape loads them at once
     fresh = tiny().float()
     assert how_decoded(fresh, 1) == "eager"
     with decoder(fresh, 1, tokens=10) as (_, step):

@@ -168,3 +168,35 @@ def test_another_process_using_a_core_is_seen_without_timing():
         while time.perf_counter() - start < 1.0:
             time.sleep(0.05)  # this process idles, so what is busy is the neighbour
         assert load.busy()
+
+
+def test_decoding_takes_the_cores_other_processes_leave_free_from_the_start(cores, monkeypatch):
+    """by_load (generate's tuner): a step of 0.3 ms on two threads beside a busy process stalls for time
+    slices that a median of timed steps never sees, so the count follows the other processes' load alone:
+    set before the first step (the prefill runs on it), looked at again every LOAD_LOOK_S."""
+    cores(4)
+    other = {"cores": 1.0}
+    monkeypatch.setattr(threads.OtherLoad, "cores", lambda self: other["cores"])
+    machine = Machine({4: 1.0, 2: 1.5, 1: 2.0})  # timing says four threads: it is not asked
+    tuner = threads.ThreadTuner(clock=machine.clock, by_load=True)
+    assert tuner.count == 2 and torch.get_num_threads() == 2  # 4 cores less a busy one: 3, the ladder's 2
+    assert set(machine.run(tuner, range(100))) == {2}
+    other["cores"] = 0.05  # the neighbour stops: the next look, LOAD_LOOK_S later, takes every core
+    machine.now += threads.LOAD_LOOK_S
+    assert machine.run(tuner, range(100, 110))[-1] == 4
+    other["cores"] = 3.2
+    machine.now += threads.LOAD_LOOK_S
+    assert machine.run(tuner, range(110, 120))[-1] == 1
+
+
+@pytest.mark.slow
+def test_a_busy_neighbour_is_seen_at_the_first_step_of_a_decoding_loop(cores, monkeypatch):
+    cores(torch.get_num_threads())
+    with threads.busy_neighbour():
+        start = time.perf_counter()
+        while time.perf_counter() - start < 1.0:
+            time.sleep(0.05)
+        monkeypatch.setattr(threads.STARTED, "last", threads.OtherLoad._read())  # as if started a second ago
+        time.sleep(1.0)
+        tuner = threads.ThreadTuner(by_load=True)
+    assert threads.DEFAULT_THREADS == 1 or tuner.count < threads.DEFAULT_THREADS
