@@ -96,6 +96,7 @@ def speed(run: str, path: Path, prompt: list[int], n: int, rounds: int = 5, busy
     for _ in range(rounds):
         with busy_neighbour(busy):
             for name, fn in paths.items():
+                time.sleep(0.1)  # llama.cpp's threads spin a while after its run: ours would share the cores
                 start = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - start)
