@@ -344,7 +344,8 @@ def decode_by_position(s: Setup, rounds: int) -> list[dict]:
     steps: dict[int, list[float]] = {p: [] for p in POSITIONS}
     for _ in range(rounds):
         last = time.perf_counter()
-        for i, token in enumerate(generate(model, decode_prompt(s.rt), n, 1.0, None, None, gen, compile=False)):
+        tokens = generate(model, decode_prompt(s.rt), n, 1.0, None, None, gen, compile=False)  # eager
+        for i, token in enumerate(tokens):
             token.item()  # the step is done
             now = time.perf_counter()
             position = i + 1  # the token at position i + 1 was chosen in this step
