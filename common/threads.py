@@ -140,10 +140,8 @@ class ThreadTuner:
                 self.settled = now
 
     def _count_for_load(self) -> int:
-        """`by_load`'s count, for loops of short iterations (decoded tokens): the most threads the cores the
-        other processes leave free can hold, from /proc/stat, not from a timing. Beside a busy process a
-        step on two threads of 0.3 ms stalls for a time slice (4 ms) every few steps and now and then for
-        250 ms: a median of timed steps does not see it, the total does (BENCHMARKS.md)."""
+        """`by_load`'s count (decoded tokens): the most threads the cores other processes leave free hold,
+        from /proc/stat, not timed: a 0.3 ms step stalls for time slices a median never sees (BENCHMARKS.md)."""
         self.looked = self.clock()
         free = max(1, round(DEFAULT_THREADS - self.by_load.cores()))
         return max(c for c in self.counts if c <= free)

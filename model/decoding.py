@@ -1,17 +1,13 @@
-"""One decoding step, eager or compiled: a prompt's prefill, and the one-token step that the KV cache makes
-the same shape every time, with the choice of which step runs.
+"""One decoding step, eager or compiled: a prompt's prefill, the one-token step that the KV cache makes the
+same shape every time, and the choice of which step runs.
 
-`compile_step(model, cache)` compiles that step once for its shapes. On a CPU ahead of time with
-AOTInductor: the step becomes one C++ library, called without Python between its kernels, which is what a
-small model's step costs most (BENCHMARKS.md, "Sampling: decoding against the bandwidth floor"). The library
-holds no weights (it reads the model's own tensors and the cache's, in place), so it is kept on disk
-(`cache_folder()/decode`) per model shape and options, batch size, dtype, torch version, CPU and the source
-of model/: compiling takes seconds the first time, loading it a few milliseconds afterwards. On CUDA,
-torch.compile with CUDA graphs (the whole step one replay); elsewhere, or where the ahead-of-time build
-fails on an older torch, torch.compile.
-By default (`compile=None`, `AutoStep`) the compiled step runs whenever the disk holds it; on a CPU that
-misses, the step decodes eagerly while a background process builds the library, and switches to it when it
-lands; elsewhere it compiles when the tokens left would pay for the compile. docs/sampling.md says more.
+Compiled on a CPU ahead of time with AOTInductor: one C++ library per thread count, called without Python
+between its kernels (what a small model's step costs most). A library holds no weights (it reads the model's
+and the cache's tensors in place), so it is kept on disk (`cache_folder()/decode`) per model shape and
+options, batch, dtype, torch, CPU and the source of model/: seconds to build, milliseconds to load. On
+CUDA, torch.compile with CUDA graphs. By default (`AutoStep`) the compiled step runs whenever the disk holds
+it; on a CPU that misses, the step is eager while a background process builds it, and switches when it
+lands; elsewhere it compiles when the tokens left pay for it. docs/sampling.md, "What runs by default".
 """
 
 from __future__ import annotations
