@@ -141,7 +141,7 @@ class ThreadTuner:
 
     def _count_for_load(self) -> int:
         """`by_load`'s count (decoded tokens): the most threads the cores other processes leave free hold,
-        from /proc/stat, not timed: a 0.3 ms step stalls for time slices a median never sees (BENCHMARKS.md)."""
+        from /proc/stat, not timed: a 0.3 ms step stalls for time slices a median never sees (BENCHMARKS)."""
         self.looked = self.clock()
         free = max(1, round(DEFAULT_THREADS - self.by_load.cores()))
         return max(c for c in self.counts if c <= free)
