@@ -188,13 +188,14 @@ class AutoStep:
     shape) and the step switches to it when it lands; elsewhere, after JUDGED_AFTER eager steps, it compiles
     if the steps left would pay for the compile. `how` says which ran, in words, for the user's line."""
 
-    def __init__(self, model: nn.Module, cache: KVCache):
+    def __init__(self, model: nn.Module, cache: KVCache, background: bool | None = None):
         self.model, self.cache, self.device = model, cache, cache.doc_start.device
+        self.background = self.device.type == "cpu" if background is None else background  # a library kept
         self.eager: Step = partial(decode_step, model, cache=cache)
         self.compiled: Step | None = None
         self.calls, self.steps, self.started, self.switched_at = 0, 0, 0.0, None
         self.building = False  # a background build of this step runs: decode on one thread meanwhile
-        if self.device.type != "cpu":
+        if not self.background:
             self.how = "eager (compiled once the tokens left pay for the compile)"
             return
         self.decode = DecodeStep(model, cache)
@@ -216,31 +217,40 @@ class AutoStep:
         if self.compiled is not None:
             return self.compiled(token, position)
         self.calls += 1
-        if self.device.type == "cpu":
+        if self.background:
             if self.calls % LOOK_EVERY == 0 and on_disk(self.keys):  # the build landed
                 self._switch(ahead_of_time(self.decode), "built in the background")
-        elif self.calls in (1, JUDGED_AFTER):
-            self._judge()
+        elif self.calls in (1, JUDGED_AFTER) and self._judge():
+            return self._first_compiled(token, position)
         return self.eager(token, position)
 
     def _switch(self, compiled: Step, why: str) -> None:
         self.compiled, self.switched_at, self.building = compiled, self.calls, False
         self.how = f"eager, then compiled from step {self.calls:,} ({why})"
 
-    def _judge(self) -> None:
-        """Time the first JUDGED_AFTER eager steps; compile if the steps left would repay the compile."""
-        torch.cuda.synchronize(self.device) if self.device.type == "cuda" else None
+    def _judge(self) -> bool:
+        """Time the first JUDGED_AFTER eager steps; switch to a compiled step if the steps left would repay
+        its compile. Returns whether it switched."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         if self.calls == 1:
             self.started = time.perf_counter()
-            return
+            return False
         step_s = (time.perf_counter() - self.started) / (JUDGED_AFTER - 1)
         compile_s = compile_seconds().get(self.device.type, FIRST_COMPILE_S)
         if not compile_pays(step_s, self.steps - self.calls, compile_s):
-            return
+            return False
+        self._switch(just_in_time(DecodeStep(self.model, self.cache), self.device), "the tokens left paid")
+        return True
+
+    def _first_compiled(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """torch.compile compiles at its first call: this one, timed for the next judgement."""
         start = time.perf_counter()
-        compiled = just_in_time(DecodeStep(self.model, self.cache), self.device)
-        record_compile_seconds(self.device.type, time.perf_counter() - start)  # torch.compile's first call
-        self._switch(compiled, "the tokens left paid for the compile")
+        logits = self.compiled(token, position)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        record_compile_seconds(self.device.type, time.perf_counter() - start)
+        return logits
 
 
 def compile_pays(step_s: float, steps_left: int, compile_s: float, speedup: float = SPEEDUP) -> bool:

@@ -117,6 +117,30 @@ def test_a_failed_build_is_not_tried_again_and_a_claimed_one_not_twice(auto: Pat
     assert failed.how == f"eager (the compiled step's background build failed: {marker}; --compile shows why)"
 
 
+@pytest.mark.slow
+def test_without_a_background_build_the_step_compiles_when_the_tokens_left_pay(auto: Path, monkeypatch):
+    """A GPU's rule, run on the CPU with torch.compile: judged after JUDGED_AFTER eager steps, from the
+    compile time last recorded; the tokens are the eager step's either way."""
+    model, prompt = tiny(block_size=40).float(), torch.tensor([[1, 2, 3]])
+    reference = torch.stack(list(generate(model, prompt, 30, temperature=0, compile=False)), 1)
+    steps = []
+
+    class WithoutBackground(AutoStep):
+        def __init__(self, model, cache):
+            super().__init__(model, cache, background=False)
+            steps.append(self)
+
+    monkeypatch.setattr(decoding, "AutoStep", WithoutBackground)
+    for recorded, compiles in ((1e9, False), (1e-9, True)):
+        decoding.record_compile_seconds("cpu", recorded)
+        decoding._kept.pop(model, None)
+        tokens = torch.stack(list(generate(model, prompt, 30, temperature=0)), 1)
+        assert torch.equal(tokens, reference)
+        assert (steps[-1].compiled is not None) == compiles, steps[-1].how
+    assert steps[-1].how == f"eager, then compiled from step {decoding.JUDGED_AFTER} (the tokens left paid)"
+    assert decoding.compile_seconds()["cpu"] > 1e-6  # the compile's own time, for the next judgement
+
+
 def test_compiling_pays_when_the_tokens_left_save_more_than_the_compile_takes():
     # 1,000 steps of 3 ms, a third of that compiled: 2 s saved
     assert compile_pays(0.003, 1000, 1.9) and not compile_pays(0.003, 1000, 2.1)
