@@ -162,15 +162,13 @@ def ready_steps(
     background build started; with --compile, compiled, timed on a line of its own: it was counted as the
     prompt's time, 37 s for one token) and say which step runs, in words. The step is kept with the model
     for `generate`; a step torch.compile makes compiles at its first call, so each is called once (on slot
-    0 of its cache, which the prompt overwrites)."""
+    1 of its cache, which the prompt or the first new token overwrites before any step reads it)."""
     start = time.perf_counter()
     for n in batches:
         with decoder(model, n, compile, tokens) as (_, step):
             if compile:
-                step(
-                    torch.zeros(n, dtype=torch.long, device=device),
-                    torch.zeros(1, dtype=torch.long, device=device),
-                )
+                token, slot = torch.zeros(n, dtype=torch.long), torch.ones(1, dtype=torch.long)
+                step(token.to(device), slot.to(device))
     if compile:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
