@@ -378,15 +378,12 @@ def draw_sample(run: Run) -> str:
     from model.decoding import kept_on_disk
     from model.generate import generate
 
-    cfg, model, tokenizer = run.cfg, run.model, run.dataset.tokenizer
-    generator = torch.Generator(device=run.rt.device).manual_seed(cfg.train.seed)
+    cfg, model, tokenizer, n = run.cfg, run.model, run.dataset.tokenizer, run.cfg.log.sample_tokens
+    gen = torch.Generator(device=run.rt.device).manual_seed(cfg.train.seed)
     idx = torch.tensor([sample_prompt(cfg, tokenizer)], device=run.rt.device)
     model.eval()
     tuner, compiled = run.rt.thread_tuner(tries=8), not run.rt.distributed and kept_on_disk(model, 1)
-    tokens = generate(
-        model, idx, cfg.log.sample_tokens, 0.8, None, None, generator, compile=compiled, tuner=tuner
-    )
-    tokens = [t.item() for t in tokens]  # the tuner keeps train.threads
+    tokens = [t.item() for t in generate(model, idx, n, 0.8, None, None, gen, compile=compiled, tuner=tuner)]
     model.train()
     return tokenizer.decode(idx[0].tolist()) + tokenizer.decode(tokens)
 
