@@ -68,11 +68,12 @@ def decode_step(
     onednn = torch.backends.mkldnn.enabled
     if eager_cpu:  # oneDNN's gelu takes 50 us on 1,536 numbers inside a step, ATen's 2 (BENCHMARKS.md)
         torch.backends.mkldnn.enabled = False
-    try:
-        logits, _ = model(token[:, None], kv_cache=cache, input_pos=position, n_keys=n_keys)
+    try:  # inference mode: 7-10% less than no_grad on an eager step's 200 small operators
+        with torch.inference_mode(eager_cpu):
+            logits, _ = model(token[:, None], kv_cache=cache, input_pos=position, n_keys=n_keys)
+            return logits[:, -1]
     finally:
         torch.backends.mkldnn.enabled = onednn
-    return logits[:, -1]
 
 
 class DecodeStep(nn.Module):
