@@ -66,8 +66,8 @@ def generate(
 
     The tokens stay on the model's device; `compile` True compiles the decoding step, False keeps it eager,
     None chooses (model/decoding.py's `decoder`).
-    `tuner` times the steps for the CPU's thread count (default: a new one; a run's runtime gives one that
-    keeps its train.threads).
+    `tuner` picks the CPU's thread count (default: the cores other processes leave free, one beside a
+    background build; a run's runtime gives one that keeps its train.threads).
     """
     B, block_size = idx.size(0), model.config.block_size
     endless = model.config.unbounded_context  # positions go on past block_size: no slide
@@ -78,7 +78,7 @@ def generate(
         return
     with decoder(model, B, compile, tokens=max_new_tokens) as (cache, step):
         slot = torch.tensor([n], device=idx.device)  # where the next token goes in the cache
-        if tuner is None:  # a CPU's thread count, timed per token; one beside a build (model/decoding.py)
+        if tuner is None:  # the cores other processes leave free; one beside a build (model/decoding.py)
             tuner = ThreadTuner.for_device(idx.device, enabled=not building(step), by_load=True)
         logits = prefill(model, idx[:, -n:], cache)
         for i in range(max_new_tokens):
