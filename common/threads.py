@@ -75,7 +75,8 @@ class ThreadTuner:
     ):
         self.counts = ladder(DEFAULT_THREADS)
         self.others = OtherLoad() if steady_when_quiet else None  # None: tune on timing alone
-        self.by_load = OtherLoad(since=STARTED.last) if by_load else None  # see `_count_for_load`
+        readable = STARTED.last is not None  # /proc/stat: Linux; elsewhere by_load tunes on timings
+        self.by_load = OtherLoad(since=STARTED.last) if by_load and readable else None  # `_count_for_load`
         self.looked = clock()
         self.enabled = enabled and not PINNED and len(self.counts) > 1
         self.tries, self.clock = max(2, tries), clock

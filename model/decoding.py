@@ -104,7 +104,7 @@ def compile_setting(compile: bool | None) -> bool | None:
     return SETTINGS[value]
 
 
-_kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {batch: (cache, step)}
+_kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(batch, compile): (cache, step)}
 
 
 @contextlib.contextmanager
@@ -194,7 +194,7 @@ class AutoStep:
         self.background = self.device.type == "cpu" if background is None else background  # a library kept
         self.eager: Step = partial(decode_step, model, cache=cache)
         self.compiled: Step | None = None
-        self.calls, self.steps, self.started, self.switched_at = 0, 0, 0.0, None
+        self.calls, self.steps, self.started = 0, 0, 0.0
         self.building = False  # a background build of this step runs: decode on one thread meanwhile
         if not self.background:
             self.how = "eager (compiled once the tokens left pay for the compile)"
@@ -226,7 +226,7 @@ class AutoStep:
         return self.eager(token, position)
 
     def _switch(self, compiled: Step, why: str) -> None:
-        self.compiled, self.switched_at, self.building = compiled, self.calls, False
+        self.compiled, self.building = compiled, False
         self.how = f"eager, then compiled from step {self.calls:,} ({why})"
 
     def _judge(self) -> bool:
@@ -263,14 +263,14 @@ def compile_pays(step_s: float, steps_left: int, compile_s: float, speedup: floa
 def compile_seconds() -> dict[str, float]:
     """How long compiles took on this machine: a library's build by its key, torch.compile by device type."""
     try:
-        return json.loads((cache_folder() / "decode" / "compile-seconds.json").read_text())
+        return json.loads((decode_folder() / "compile-seconds.json").read_text())
     except (OSError, ValueError):
         return {}
 
 
 def record_compile_seconds(what: str, seconds: float) -> None:
     """Note a compile's time (a record another process writes meanwhile may be lost: it is only a guide)."""
-    path = cache_folder() / "decode" / "compile-seconds.json"
+    path = decode_folder() / "compile-seconds.json"
     with contextlib.suppress(OSError, UserError):
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, json_text.dumps(compile_seconds() | {what: round(seconds, 2)}))
@@ -280,8 +280,13 @@ _libraries: dict[str, object] = {}  # the compiled steps loaded in this process,
 _owners: dict[str, object] = {}  # which step's tensors each one reads now
 
 
+def decode_folder() -> Path:
+    """Where compiled decoding steps, their builds' claims, logs and failures, and compile times are kept."""
+    return cache_folder() / "decode"
+
+
 def library_path(key: str) -> Path:
-    return cache_folder() / "decode" / f"{key}.pt2"
+    return decode_folder() / f"{key}.pt2"
 
 
 def thread_counts() -> list[int]:
@@ -378,7 +383,7 @@ def build_in_background(step: DecodeStep, key: str) -> tuple[str, bool]:
     """Start a process of the lowest priority that builds the step's library (for this generation's switch
     and the next call's load), unless one is building it or a build failed. Returns what runs meanwhile, in
     words, and whether a build is under way."""
-    folder = cache_folder() / "decode"
+    folder = decode_folder()
     failed = folder / f"{key}.failed"
     if failed.exists():
         return f"eager (the compiled step's background build failed: {failed}; --compile shows why)", False
@@ -413,7 +418,7 @@ def build_for_later() -> None:
     later calls decode eagerly without trying again."""
     spec = json.loads(sys.argv[1])
     key = spec["key"]
-    folder = cache_folder() / "decode"
+    folder = decode_folder()
     try:
         from model.gpt import GPT  # the background build only
         from model.quantize import quantize_int8
