@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -74,7 +75,20 @@ def causal_mask(
     return allowed
 
 
-Mask = Optional[torch.Tensor | LocalSpan]
+@dataclass(frozen=True)
+class FirstSlots:
+    """The mask of a one-token decoding step over a static cache (GPT.forward's `n_keys`): its query sees the
+    cache's first `n` slots, every one, so attention takes them unmasked. A boolean mask cost an eager step
+    35 us a layer (SDPA converts it to floats in each one; BENCHMARKS.md, "Fast defaults")."""
+
+    n: int
+
+    def dense(self, T: int, device: torch.device) -> torch.Tensor:
+        """The same as a boolean mask (T, n): all True."""
+        return torch.ones(T, self.n, dtype=torch.bool, device=device)
+
+
+Mask = Optional[torch.Tensor | LocalSpan | FirstSlots]
 Rotary = tuple[torch.Tensor, torch.Tensor]  # cos and sin of the positions' angles
 
 
@@ -89,7 +103,8 @@ def attend(
 
     `mask` is None for plain causal attention of T queries over the same T keys (training), a `LocalSpan`
     for a sliding window or documents over the same T keys (model/attention.py's blocks), else a boolean
-    (T, n_keys) or (B, 1, T, n_keys) mask from `causal_mask` (the slots of a KV cache). Keys and values may
+    (T, n_keys) or (B, 1, T, n_keys) mask from `causal_mask` (the slots of a KV cache), or `FirstSlots` (a
+    decoding step that sees every key it is handed: no mask). Keys and values may
     have fewer heads than the queries (grouped-query attention): SDPA's `enable_gqa` lets each serve its
     group of query heads without copying it.
 
@@ -103,8 +118,9 @@ def attend(
     if isinstance(mask, LocalSpan):
         return attend_locally(queries, keys, values, mask, dropout)
     gqa = keys.size(1) != queries.size(1)
+    attn_mask = None if isinstance(mask, FirstSlots) else mask
     return F.scaled_dot_product_attention(
-        queries, keys, values, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, enable_gqa=gqa
+        queries, keys, values, attn_mask=attn_mask, dropout_p=dropout, is_causal=mask is None, enable_gqa=gqa
     )
 
 
@@ -121,7 +137,7 @@ def attend_explicitly(
     T = queries.size(2)
     if mask is None:
         mask = causal_mask(torch.arange(T, device=queries.device), T, None)
-    elif isinstance(mask, LocalSpan):
+    elif isinstance(mask, (LocalSpan, FirstSlots)):
         mask = mask.dense(T, queries.device)
     group = queries.size(1) // keys.size(1)  # query heads per key/value head
     keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
@@ -162,8 +178,9 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         if kv_cache is not None:  # write this step's keys and values; attend over the slots the mask covers
             k, v = kv_cache.update(self.layer_idx, positions, k, v)
-            if isinstance(mask, torch.Tensor):  # a decoding step's (GPT.forward's n_keys): a view, no copy
-                k, v = k[:, :, : mask.size(-1)], v[:, :, : mask.size(-1)]
+            if isinstance(mask, (torch.Tensor, FirstSlots)):  # a decoding step's n_keys: a view, no copy
+                n = mask.n if isinstance(mask, FirstSlots) else mask.size(-1)
+                k, v = k[:, :, :n], v[:, :, :n]
         dropout = self.attn_dropout if self.training else 0.0
         if self.hook_pattern.fns is None:  # the fast path: the weights are never written down
             y = attend(q, k, v, mask, dropout)
@@ -391,6 +408,8 @@ class GPT(nn.Module):
         window = self.config.window
         if kv_cache is None or (kv_cache.rolling and positions.size(0) > 1):
             return LocalSpan(window, starts) if window is not None or starts is not None else None
+        if n_keys is not None and not kv_cache.rolling and window is None and starts is None:
+            return FirstSlots(n_keys)  # one query at position n_keys - 1: it sees every slot up to its own
         key_pos = kv_cache.slot_positions(positions[-1:])
         if n_keys is not None and not kv_cache.rolling:
             key_pos = key_pos[:n_keys]

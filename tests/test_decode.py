@@ -11,7 +11,10 @@ import torch.nn.functional as F
 from conftest import run_script, tiny_checkpoint
 from test_model import reference_generate, tiny
 
+from model.decoding import decode_step, prefill
 from model.generate import generate, sample_next
+from model.gpt import FirstSlots
+from model.hooks import hooked
 from model.kv_cache import KVCache
 from model.quantize import Int8Linear, quantize_int8
 from runs import pretrained
@@ -24,6 +27,28 @@ def test_sampling_draws_what_multinomial_draws():
         probs = torch.softmax(logits / temperature, dim=-1)
         theirs = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(5)).squeeze(-1)
         assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("doc_mask", [False, True])
+def test_an_eager_step_attends_over_the_filled_slots_and_gives_the_full_forwards_logits(doc_mask: bool):
+    """A static cache's eager step sees the first position + 1 slots unmasked (`FirstSlots`; with documents a
+    boolean mask over them), through the fast path and through the explicit one a pattern hook switches to."""
+    model = tiny(doc_mask=doc_mask, doc_token=0)
+    tokens = torch.tensor([[5, 9, 0, 3, 7, 1, 0, 4, 8, 2, 6, 3]])
+    full, _ = model(tokens)
+    patterns = []
+    for hooks in ({}, {"blocks.1.attn.pattern": lambda x, name: patterns.append(x)}):
+        cache = KVCache.for_model(model, 1)
+        prefill(model, tokens[:, :4], cache)
+        with hooked(model, hooks):
+            for p in range(4, tokens.size(1)):
+                position = torch.tensor([p])
+                _, mask = model.attention_inputs(tokens[:, p : p + 1], position, cache, position, p + 1)
+                assert isinstance(mask, FirstSlots) != doc_mask
+                logits = decode_step(model, tokens[:, p], position, cache)
+                assert torch.allclose(logits, full[:, p], atol=1e-10)
+    assert [x.shape[-1] for x in patterns] == list(range(5, tokens.size(1) + 1))  # the filled slots alone
+    assert all(torch.allclose(x.sum(-1), torch.ones(1, dtype=x.dtype)) for x in patterns)
 
 
 @pytest.mark.slow
