@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn as nn
 
 from model import GPT, GPTConfig
 from model.generate import generate
@@ -255,6 +256,31 @@ def test_explicit_mlp_width_and_norm_eps():
     default = tiny()  # the defaults are unchanged: 4 x n_embd, LayerNorm's 1e-5, RMSNorm's dtype epsilon
     assert default.blocks[0].mlp.W_in.out_features == 128 and default.blocks[0].norm1.eps == 1e-5
     assert tiny(norm="rmsnorm").norm_f.eps is None
+
+
+def test_dropout_draws_masks_in_training_alone():
+    """Every dropout of the model (embeddings, attention's and the MLP's outputs) zeroes numbers in training,
+    with the masks torch's generator draws; in evaluation it is the identity, the same tensor."""
+    idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+    model = tiny(dropout=0.5).float()
+    with torch.no_grad():
+        evaluated = model(idx)[0]
+        model.train()
+        torch.manual_seed(1)
+        first = model(idx)[0]
+        torch.manual_seed(1)
+        assert torch.equal(model(idx)[0], first) and not torch.allclose(first, evaluated)
+        names, zeroed = {m: name for name, m in model.named_modules() if isinstance(m, nn.Dropout)}, {}
+
+        def share(module: nn.Module, args, out: torch.Tensor) -> None:
+            zeroed[names[module]] = (out == 0).float().mean().item()
+
+        for module in names:
+            module.register_forward_hook(share)
+        model(idx)
+    assert len(zeroed) == 2 * 2 + 1 and all(0.3 < share < 0.7 for share in zeroed.values()), zeroed
+    x = torch.ones(3)
+    assert model.drop.eval()(x) is x and tiny().drop.train()(x) is x  # the identity: p = 0 or evaluation
 
 
 def saved_bytes(model: GPT, idx: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
