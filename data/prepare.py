@@ -5,7 +5,7 @@ holds the folder's lock exclusive (data/dataset.py: no preparation under a run t
 beside another), makes or continues the preparation, and takes away a folder it made when it fails before a
 shard is complete; data/shard_writer.py writes the shards, progress.json and meta.json (last: a folder
 without it is not prepared). The tokenizer is made from the text (`char`, `bpe:N`: data/tokenizers.py's
-`make_tokenizer`), taken as it is (`gpt2`), or given: an existing dataset's or checkpoint's
+`make_tokenizer` below), taken as it is (`gpt2`), or given: an existing dataset's or checkpoint's
 (`tokenizer_from`, prepare.py's --tokenizer-from). What a user sees of it is in docs/datasets.md.
 """
 
@@ -14,9 +14,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
+
+from tqdm import tqdm
 
 from common import json_text, locks
 from common.errors import UserError
@@ -29,15 +35,14 @@ from data.sources import HFText, TextFile
 from data.tokenizers import (
     METADATA_FILE,
     TOKENIZER_JSON,
+    BPETokenizer,
     CharTokenizer,
     Tokenizer,
     TrainedBPE,
     UnknownCharacters,
     describe,
     from_meta,
-    make_tokenizer,
     parse_spec,
-    unknown_characters,
 )
 
 BPE_TRAIN_CHARS = 1 << 30  # bpe:N learns from at most this much of the train split (about 1 GB)
@@ -190,3 +195,86 @@ def tokenizer_from(path: Path | str, drop_unknown: bool = False) -> Tokenizer:
     if isinstance(tokenizer, CharTokenizer) and drop_unknown:
         tokenizer = CharTokenizer(tokenizer.chars, drop_unknown=True)
     return tokenizer
+
+
+# --- the tokenizer a text makes ---
+def first_chars(docs: Iterable[str], limit: int) -> Iterator[str]:
+    """The documents up to `limit` characters in all (the last one cut)."""
+    left = limit
+    for doc in docs:
+        if left <= 0:
+            return
+        yield doc[:left]
+        left -= len(doc)
+
+
+def train_bpe(source, vocab_size: int, max_chars: int, desc: str) -> TrainedBPE:
+    """bpe:N: learn the tokenizer from (the first max_chars characters of) the train split, streamed."""
+    start = time.perf_counter()
+    with tqdm(desc=desc, unit="char", unit_scale=True, dynamic_ncols=True) as bar:
+
+        def docs() -> Iterator[str]:
+            for doc in first_chars(source.documents("train"), max_chars):
+                bar.update(len(doc))
+                yield doc
+
+        tokenizer = interruptible(lambda: TrainedBPE.train(docs(), vocab_size))
+        chars = bar.n
+    short = (
+        f" (the text has too few distinct pairs for {vocab_size})"
+        if tokenizer.vocab_size < vocab_size
+        else ""
+    )
+    print(
+        f"trained {tokenizer.name}{short} on {chars:,} characters in {time.perf_counter() - start:.1f} s",
+        file=sys.stderr,
+    )
+    return tokenizer
+
+
+def interruptible(work):
+    """work() in a daemon thread while this one waits in joins of 0.1 s, where Python handles signals: a
+    Ctrl-C raises KeyboardInterrupt here within 0.1 s even while `work` runs native code that never checks
+    for signals, and the process then exits without waiting for it."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = work()
+        except BaseException as e:  # handed to the waiting thread
+            result["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def make_tokenizer(spec: str, source, bpe_train_chars: int, name: str) -> Tokenizer:
+    """The tokenizer a --tokenizer spec makes from a source's text: char's vocabulary is every character of
+    both splits (one pass to find them), bpe:N is trained on the train split, gpt2 is taken as it is."""
+    kind, size = parse_spec(spec)
+    if kind == "char":
+        return CharTokenizer.from_texts(doc for split in SPLITS for doc in source.documents(split))
+    if kind == "trained_bpe":
+        return train_bpe(source, size, bpe_train_chars, f"{name} training bpe:{size}")
+    return BPETokenizer(kind)
+
+
+def unknown_characters(tokenizer: CharTokenizer, source) -> UserError:
+    """The error for text holding characters a char vocabulary lacks: all of them, from a pass over it."""
+    vocab, missing, count = set(tokenizer.chars), set(), 0
+    for split in SPLITS:
+        for doc in source.documents(split):
+            new = set(doc) - vocab
+            if new:
+                missing |= new
+                count += sum(doc.count(c) for c in new)
+    shown = ", ".join(repr(c) for c in sorted(missing)[:20]) + (" ..." if len(missing) > 20 else "")
+    return UserError(
+        f"the text has {len(missing)} character(s) the char vocabulary lacks: {shown} "
+        f"({count:,} in all); add --drop-unknown to leave them out"
+    )

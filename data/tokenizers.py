@@ -2,12 +2,12 @@
 BPE of your own size trained with Hugging Face `tokenizers`.
 
 A tokenizer is described by a JSON-able dict, its metadata (`to_meta()`; called `tokenizer_meta` wherever it
-is passed), stored in a dataset's meta.json and beside every checkpoint, rebuilt with `from_meta()`, named
-for messages by `describe()` and compared by `same()`; `parse_spec()` turns a `--tokenizer` argument into a
-kind ("char", "bpe": a tiktoken encoding, "trained_bpe": bpe:N), and `make_tokenizer()` makes it from a
-text. Metadata read from a file is checked by `check_meta` first: only what tinygpt writes is accepted, so a
-file never makes tiktoken download another encoding. `byte_lengths()` gives the UTF-8 bytes of each id, the
-denominator of bits per byte. What each kind is and does: docs/datasets.md, "How the tokenizers work".
+is passed), stored in a dataset's meta.json and beside every checkpoint, rebuilt with `from_meta()`, named for
+messages by `describe()` and compared by `same()`; `parse_spec()` turns a `--tokenizer` argument into a kind
+("char", "bpe": a tiktoken encoding, "trained_bpe": bpe:N), which data/prepare.py makes from a text. Metadata
+read from a file is checked by `check_meta` first: only what tinygpt writes is accepted, so a file never makes
+tiktoken download another encoding. `byte_lengths()` gives the UTF-8 bytes of each id, the denominator of bits
+per byte. What each kind is and does: docs/datasets.md, "How the tokenizers work".
 """
 
 from __future__ import annotations
@@ -15,18 +15,13 @@ from __future__ import annotations
 import codecs
 import json
 import math
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import numpy as np
-from tqdm import tqdm
 
 from common import json_text
 from common.errors import UserError
-from data.shards import SPLITS
 
 BPE_ALIASES = {"gpt2": "r50k_base"}
 BPE_ENCODINGS = ("gpt2", "r50k_base")  # the tiktoken encodings tinygpt prepares data with: GPT-2's BPE
@@ -404,88 +399,3 @@ def bits_per_byte(total_nats: float, n_bytes: float) -> float | None:
     total_nats is the summed cross-entropy over the predicted tokens; n_bytes the UTF-8 bytes they stand
     for: `tokenizer.byte_lengths()[targets].sum()` (an <|endoftext|> counts 0 bytes)."""
     return total_nats / math.log(2) / n_bytes if n_bytes else None
-
-
-# --- making a tokenizer from a text (data/prepare.py) ---
-
-
-def first_chars(docs: Iterable[str], limit: int) -> Iterator[str]:
-    """The documents up to `limit` characters in all (the last one cut)."""
-    left = limit
-    for doc in docs:
-        if left <= 0:
-            return
-        yield doc[:left]
-        left -= len(doc)
-
-
-def train_bpe(source, vocab_size: int, max_chars: int, desc: str) -> TrainedBPE:
-    """bpe:N: learn the tokenizer from (the first max_chars characters of) the train split, streamed."""
-    start = time.perf_counter()
-    with tqdm(desc=desc, unit="char", unit_scale=True, dynamic_ncols=True) as bar:
-
-        def docs() -> Iterator[str]:
-            for doc in first_chars(source.documents("train"), max_chars):
-                bar.update(len(doc))
-                yield doc
-
-        tokenizer = interruptible(lambda: TrainedBPE.train(docs(), vocab_size))
-        chars = bar.n
-    short = (
-        f" (the text has too few distinct pairs for {vocab_size})"
-        if tokenizer.vocab_size < vocab_size
-        else ""
-    )
-    print(
-        f"trained {tokenizer.name}{short} on {chars:,} characters in {time.perf_counter() - start:.1f} s",
-        file=sys.stderr,
-    )
-    return tokenizer
-
-
-def interruptible(work):
-    """work() in a daemon thread while this one waits in joins of 0.1 s, where Python handles signals: a
-    Ctrl-C raises KeyboardInterrupt here within 0.1 s even while `work` runs native code that never checks
-    for signals, and the process then exits without waiting for it."""
-    result: dict = {}
-
-    def run() -> None:
-        try:
-            result["value"] = work()
-        except BaseException as e:  # handed to the waiting thread
-            result["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    while thread.is_alive():
-        thread.join(0.1)
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
-
-
-def make_tokenizer(spec: str, source, bpe_train_chars: int, name: str) -> Tokenizer:
-    """The tokenizer a --tokenizer spec makes from a source's text: char's vocabulary is every character of
-    both splits (one pass to find them), bpe:N is trained on the train split, gpt2 is taken as it is."""
-    kind, size = parse_spec(spec)
-    if kind == "char":
-        return CharTokenizer.from_texts(doc for split in SPLITS for doc in source.documents(split))
-    if kind == "trained_bpe":
-        return train_bpe(source, size, bpe_train_chars, f"{name} training bpe:{size}")
-    return BPETokenizer(kind)
-
-
-def unknown_characters(tokenizer: CharTokenizer, source) -> UserError:
-    """The error for text holding characters a char vocabulary lacks: all of them, from a pass over it."""
-    vocab, missing, count = set(tokenizer.chars), set(), 0
-    for split in SPLITS:
-        for doc in source.documents(split):
-            new = set(doc) - vocab
-            if new:
-                missing |= new
-                count += sum(doc.count(c) for c in new)
-    shown = ", ".join(repr(c) for c in sorted(missing)[:20]) + (" ..." if len(missing) > 20 else "")
-    return UserError(
-        f"the text has {len(missing)} character(s) the char vocabulary lacks: {shown} "
-        f"({count:,} in all); add --drop-unknown to leave them out"
-    )

@@ -31,7 +31,7 @@ from common import json_text
 from data import encode, shard_writer
 from data.recipes import SHAKESPEARE
 from data.sources import TextFile
-from data.tokenizers import BPETokenizer, CharTokenizer, TrainedBPE, first_chars, from_meta, parse_spec
+from data.tokenizers import BPETokenizer, CharTokenizer, TrainedBPE, from_meta, parse_spec
 
 MB = 1e6
 BATCH = 16  # pieces (of ~1 MiB) per call of a batch encoder in the ceiling
@@ -68,7 +68,7 @@ def build_vocabulary(spec: str, text: str, meta_out: str) -> dict:
     if kind == "char":
         tok = CharTokenizer.from_texts(d for split in ("train", "val") for d in source.documents(split))
     elif kind == "trained_bpe":
-        tok = TrainedBPE.train(first_chars(source.documents("train"), prep.BPE_TRAIN_CHARS), size)
+        tok = TrainedBPE.train(prep.first_chars(source.documents("train"), prep.BPE_TRAIN_CHARS), size)
     else:
         tok = BPETokenizer(kind)
     seconds = time.perf_counter() - start
