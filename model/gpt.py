@@ -110,11 +110,10 @@ def attend(
     """softmax(Q K^T / sqrt(d) + mask) V through F.scaled_dot_product_attention, which picks a flash kernel.
 
     `mask` is None for plain causal attention of T queries over the same T keys (training), a `LocalSpan`
-    for a sliding window or documents over the same T keys (model/attention.py's blocks), else a boolean
-    (T, n_keys) or (B, 1, T, n_keys) mask from `causal_mask` (the slots of a KV cache), or `FirstSlots` (a
-    decoding step that sees every key it is handed: no mask). Keys and values may
-    have fewer heads than the queries (grouped-query attention): SDPA's `enable_gqa` lets each serve its
-    group of query heads without copying it.
+    for a sliding window or documents over the same T keys (model/attention.py's blocks), `FirstSlots` for a
+    decoding step that sees every key it is handed (no mask), else a boolean (T, n_keys) or (B, 1, T, n_keys)
+    mask from `causal_mask` (the slots of a KV cache). Keys and values may have fewer heads than the queries
+    (grouped-query attention): with SDPA's `enable_gqa` each serves its group of query heads, uncopied.
 
     On a CPU, bf16 attention runs in fp32 outside autocast: PyTorch's CPU flash kernel is several times
     slower in bf16 (BENCHMARKS.md, "Attention in fp32 under CPU autocast").
