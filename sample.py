@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
             sys.stdout.write(SEPARATOR)
     sys.stdout.write("\n")
     sys.stdout.flush()
-    now = "; ".join(dict.fromkeys(how_decoded(model, n, args.compile) for n in batches))
+    now = in_words(model, batches, args.compile)
     print(timing.summary() + (f" ({now})" if now != how else ""), file=sys.stderr)
     return 0
 
@@ -177,6 +177,11 @@ def ready_steps(
             f"{', '.join(map(str, batches))}; not counted in the speeds below)",
             file=sys.stderr,
         )
+    return in_words(model, batches, compile)
+
+
+def in_words(model: torch.nn.Module, batches: list[int], compile: bool | None) -> str:
+    """Which decoding step each batch size's runs now, each way once."""
     return "; ".join(dict.fromkeys(how_decoded(model, n, compile) for n in batches))
 
 

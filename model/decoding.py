@@ -316,7 +316,7 @@ def ahead_of_time(step: DecodeStep) -> Step:
                 record_compile_seconds(key, time.perf_counter() - start)
             _libraries[key] = load_library(path)
         libraries[threads] = key, _libraries[key]
-    spans = None if step.cache.rolling or step.cache.slots <= 3 else torch.arange(step.cache.slots)
+    spans = torch.arange(step.cache.slots) if spans_vary(step.cache) else None
     most = max(libraries)
 
     def call(token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -332,6 +332,12 @@ def ahead_of_time(step: DecodeStep) -> Step:
     return call
 
 
+def spans_vary(cache: KVCache) -> bool:
+    """Whether a step over `cache` attends over a count of slots that varies (2, after a 1-token prompt, up to
+    all but the spare), which its library takes as the symbolic length of a `span` input."""
+    return not cache.rolling and cache.slots > 3
+
+
 def build_library(step: DecodeStep, path: Path, threads: int) -> None:
     """Export the step and compile it with AOTInductor for `threads` threads into `path`, written whole."""
     batch = step.cache.doc_start.size(0)
@@ -342,7 +348,7 @@ def build_library(step: DecodeStep, path: Path, threads: int) -> None:
     )
     token, slots = torch.zeros(batch, dtype=torch.long), step.cache.slots
     inputs, shapes = (token, torch.zeros(1, dtype=torch.long)), None
-    if not step.cache.rolling and slots > 3:  # the attended slots vary: 2 (after a 1-token prompt) and up
+    if spans_vary(step.cache):
         inputs += (torch.arange(slots - 1),)
         shapes = (None, None, {0: torch.export.Dim("span", min=2, max=slots - 1)})
     with torch.no_grad(), warnings.catch_warnings():
