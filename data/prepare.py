@@ -11,6 +11,7 @@ without it is not prepared). The tokenizer is made from the text (`char`, `bpe:N
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -246,11 +247,25 @@ def interruptible(work):
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    while thread.is_alive():
-        thread.join(0.1)
+    try:
+        while thread.is_alive():
+            thread.join(0.1)
+    except KeyboardInterrupt:
+        # At exit Python would stop the still-running thread by unwinding it through the library's native
+        # code, which aborts ("FATAL: exception not rethrown", exit -6): once the interrupt's handlers have
+        # cleaned up and said so, the process leaves before that, with the interrupt's code
+        atexit.register(leave, 130)
+        raise
     if "error" in result:
         raise result["error"]
     return result["value"]
+
+
+def leave(code: int) -> None:
+    """End the process now with `code`, what it printed flushed (no further exit handlers or finalization)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def make_tokenizer(spec: str, source, bpe_train_chars: int, name: str) -> Tokenizer:
