@@ -1,19 +1,22 @@
-"""Evaluate checkpoints exactly: the loss over every token, bits per byte, or multiple-choice accuracy.
+"""Evaluate checkpoints exactly: the loss over every token, bits per byte, or multiple-choice
+accuracy.
 
     python eval.py CHECKPOINT                          # every token of the dataset's val split
     python eval.py CHECKPOINT --split train --stride 32
     python eval.py CHECKPOINT --text-file notes.txt    # any text, with the model's tokenizer
     python eval.py CHECKPOINT --choices hellaswag_val.jsonl
-    python eval.py out/char out/bpe1024 out/gpt2       # several: one row each (compare bits per byte)
+    python eval.py out/char out/bpe1024 out/gpt2       # several: a row each (bits per byte)
     options: --batch-size N --device D --precision P --data-dir DIR --json
 
-CHECKPOINT is a run's folder (its best checkpoint, else its last) or a checkpoint folder. The windows, bits
-per byte and the four multiple-choice accuracies: docs/evaluation.md; the computation: training/evaluation.py.
+CHECKPOINT is a run's folder (its best checkpoint, else its last) or a checkpoint folder. The
+windows, bits per byte and the four multiple-choice accuracies: docs/evaluation.md; the computation:
+training/evaluation.py.
 """
 
 from __future__ import annotations
 
-from common.errors import UserError, named_as_flags, run_cli  # first: a Ctrl-C while torch loads is one line
+# first: a Ctrl-C while torch loads is one line
+from common.errors import UserError, named_as_flags, run_cli
 
 # isort: split
 import argparse
@@ -39,27 +42,41 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="a training run's out_dir, or a checkpoint folder",
     )
     what = p.add_mutually_exclusive_group()
-    what.add_argument("--split", choices=["train", "val"], default="val", help="(default: %(default)s)")
+    what.add_argument(
+        "--split", choices=["train", "val"], default="val", help="(default: %(default)s)"
+    )
     what.add_argument("--text-file", help="evaluate on this UTF-8 text instead of a split")
     what.add_argument(
         "--choices", help="multiple-choice items, one JSON object per line (ctx, endings, label)"
     )
-    p.add_argument("--stride", type=int, help="slide the windows by this many tokens (default: the context)")
-    p.add_argument("--batch-size", type=int, help="windows per forward pass (default: train.batch_size)")
+    p.add_argument(
+        "--stride", type=int, help="slide the windows by this many tokens (default: the context)"
+    )
+    p.add_argument(
+        "--batch-size", type=int, help="windows per forward pass (default: train.batch_size)"
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument(
-        "--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"], help="as train.precision"
+        "--precision",
+        default="auto",
+        choices=["auto", "fp32", "bf16", "fp16"],
+        help="as train.precision",
     )
     p.add_argument(
-        "--data-dir", help="where the dataset is prepared (default: the run's data.dir, as it recorded it)"
+        "--data-dir",
+        help="where the dataset is prepared (default: the run's data.dir, as it recorded it)",
     )
-    p.add_argument("--json", action="store_true", help="print each result as one JSON object, a line each")
+    p.add_argument(
+        "--json", action="store_true", help="print each result as one JSON object, a line each"
+    )
     return p.parse_args(argv)
 
 
 def check_args(args: argparse.Namespace, block_size: int) -> None:
     if args.stride is not None and not 1 <= args.stride <= block_size:
-        raise UserError(f"--stride must be between 1 and the model's context {block_size}, got {args.stride}")
+        raise UserError(
+            f"--stride must be between 1 and the model's context {block_size}, got {args.stride}"
+        )
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
 
@@ -120,8 +137,13 @@ def loss_fields(loss: TokenLoss) -> dict:
 
 
 def bpb_text(bpb: float | None) -> str:
-    """Bits per byte as printed; none where the predicted tokens stand for no text (special tokens)."""
-    return f"{bpb:.4f}" if bpb is not None else "none (the predicted tokens are special tokens: no bytes)"
+    """Bits per byte as printed; none where the predicted tokens stand for no text (special
+    tokens)."""
+    return (
+        f"{bpb:.4f}"
+        if bpb is not None
+        else "none (the predicted tokens are special tokens: no bytes)"
+    )
 
 
 def format_result(r: dict) -> str:
@@ -131,9 +153,19 @@ def format_result(r: dict) -> str:
         rows += [
             ("choices", f"{r['choices']}: {r['items']:,} items (chance {r['chance']:.1%})"),
             ("accuracy", f"{r['acc']:.2%} by the total loss of the ending (acc)"),
-            ("", f"{r['acc_per_token']:.2%} by its loss per token (acc_per_token: llm.c's acc_norm)"),
-            ("", f"{r['acc_per_char']:.2%} by its loss per character (acc_per_char: lm-eval's acc_norm)"),
-            ("", f"{r['acc_per_byte']:.2%} by its loss per byte (acc_per_byte: lm-eval's acc_bytes)"),
+            (
+                "",
+                f"{r['acc_per_token']:.2%} by its loss per token (acc_per_token: llm.c's acc_norm)",
+            ),
+            (
+                "",
+                f"{r['acc_per_char']:.2%} by its loss per character (acc_per_char: lm-eval's "
+                "acc_norm)",
+            ),
+            (
+                "",
+                f"{r['acc_per_byte']:.2%} by its loss per byte (acc_per_byte: lm-eval's acc_bytes)",
+            ),
         ]
     else:
         windows = f"sliding by {r['stride']}" if r["stride"] else "non-overlapping"

@@ -1,13 +1,13 @@
-"""Export a checkpoint as a Hugging Face model folder (transformers loads it with no custom code) or as a
-GGUF file (llama.cpp runs it as it is).
+"""Export a checkpoint as a Hugging Face model folder (transformers loads it with no custom code) or
+as a GGUF file (llama.cpp runs it as it is).
 
     python export.py CHECKPOINT DEST [--overwrite]
     python export.py CHECKPOINT model.gguf [--dtype f32|f16|q8_0] [--overwrite]
     python export.py LORA_CHECKPOINT DEST --adapter     # a PEFT adapter folder instead
 
-CHECKPOINT is a training run's folder (its best checkpoint, else its last) or one checkpoint folder; a LoRA
-run exports with its adapters merged, unless --adapter. What DEST holds, what is refused and how the files
-are written: docs/hugging-face.md.
+CHECKPOINT is a training run's folder (its best checkpoint, else its last) or one checkpoint folder;
+a LoRA run exports with its adapters merged, unless --adapter. What DEST holds, what is refused and
+how the files are written: docs/hugging-face.md.
 """
 
 from __future__ import annotations
@@ -32,14 +32,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = ScriptParser(prog="python export.py", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", help="a training run's out_dir, or one checkpoint folder in it")
     p.add_argument(
-        "dest", help="the folder to write (a Hugging Face model folder), or a .gguf file for llama.cpp"
+        "dest",
+        help="the folder to write (a Hugging Face model folder), or a .gguf file for llama.cpp",
     )
     p.add_argument(
-        "--dtype", choices=DTYPES, help="a GGUF's matrices: f32 (default, exact), f16 or q8_0 (8-bit)"
+        "--dtype",
+        choices=DTYPES,
+        help="a GGUF's matrices: f32 (default, exact), f16 or q8_0 (8-bit)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace DEST if it is not empty")
     p.add_argument(
-        "--adapter", action="store_true", help="a LoRA checkpoint's adapters alone, as a PEFT adapter folder"
+        "--adapter",
+        action="store_true",
+        help="a LoRA checkpoint's adapters alone, as a PEFT adapter folder",
     )
     return p.parse_args(argv)
 
@@ -51,14 +56,20 @@ def is_gguf(dest: Path) -> bool:
 def check_dest(dest: Path, overwrite: bool) -> None:
     if is_gguf(dest):
         if dest.is_dir():
-            raise UserError(f"{dest} is a folder; give a file name ending in .gguf, or a folder without it")
+            raise UserError(
+                f"{dest} is a folder; give a file name ending in .gguf, or a folder without it"
+            )
         if dest.exists() and not overwrite:
-            raise UserError(f"{dest} exists; pass --overwrite to replace it, or choose another file name")
+            raise UserError(
+                f"{dest} exists; pass --overwrite to replace it, or choose another file name"
+            )
         return
     if dest.is_file() or (dest.exists() and not dest.is_dir()):
         raise UserError(f"{dest} is a file; give a folder to export into")
     if dest.is_dir() and any(dest.iterdir()) and not overwrite:
-        raise UserError(f"{dest} is not empty; pass --overwrite to replace it, or choose another folder")
+        raise UserError(
+            f"{dest} is not empty; pass --overwrite to replace it, or choose another folder"
+        )
 
 
 def main(argv: list[str]) -> int:
@@ -70,18 +81,28 @@ def main(argv: list[str]) -> int:
             f"--adapter to write {dest} with the adapters merged into the weights"
         )
     if args.dtype and not is_gguf(dest):
-        raise UserError(f"--dtype is for GGUF files (DEST ending in .gguf); {dest} is written in float32")
+        raise UserError(
+            f"--dtype is for GGUF files (DEST ending in .gguf); {dest} is written in float32"
+        )
     check_dest(dest, args.overwrite)
     source = load_pretrained(args.checkpoint, merge=not args.adapter)
     if args.adapter:
         return export_adapter(source, dest)
     if source.tokenizer_meta is None:
-        raise UserError(f"{source.where} has a tokenizer tinygpt cannot export: {source.tokenizer_about}")
+        raise UserError(
+            f"{source.where} has a tokenizer tinygpt cannot export: {source.tokenizer_about}"
+        )
     what, how = (
-        export_gguf(source, dest, args.dtype or "f32") if is_gguf(dest) else export_folder(source, dest)
+        export_gguf(source, dest, args.dtype or "f32")
+        if is_gguf(dest)
+        else export_folder(source, dest)
     )
     m, lora = source.model, source.config.lora if source.config else None
-    merged = f"; LoRA adapters merged into the weights of {source.config.train.init_from}" if lora else ""
+    merged = (
+        f"; LoRA adapters merged into the weights of {source.config.train.init_from}"
+        if lora
+        else ""
+    )
     print(
         f"exported {source.where} to {dest}: {what}, {m.n_layer} layers, {m.n_head} heads, n_embd "
         f"{m.n_embd}, context {m.block_size}, tokenizer {source.tokenizer_about}{merged}\n{how}"
@@ -102,14 +123,19 @@ def export_folder(source: Pretrained, dest: Path) -> tuple[str, str]:
     """Write the Hugging Face folder; (what was written, how to load it)."""
     with new_folder(dest) as tmp:
         architecture = folders.write_model(tmp, source.model, source.weights, source.tokenizer_meta)
-    return architecture, f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(dest)!r})"
+    return (
+        architecture,
+        f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(dest)!r})",
+    )
 
 
 def export_gguf(source: Pretrained, dest: Path, dtype: str) -> tuple[str, str]:
     """Write the GGUF file; (what was written, how to run it)."""
     where = source.where
     name = where.parent.name if where.name in ("best", "last") else where.name
-    architecture = write_gguf(dest, source.model, source.weights, source.tokenizer_meta, dtype, name)
+    architecture = write_gguf(
+        dest, source.model, source.weights, source.tokenizer_meta, dtype, name
+    )
     return (
         f"GGUF {architecture} {dtype}",
         f"run it with llama.cpp: llama-cli -m {shlex.quote(str(dest))} -p PROMPT",
@@ -120,18 +146,20 @@ def export_adapter(source: Pretrained, dest: Path) -> int:
     """--adapter: the LoRA adapters of `source` (read with merge=False) as a PEFT adapter folder."""
     if source.adapters is None:
         raise UserError(
-            f"{source.where} is not a LoRA checkpoint (it holds whole weights): --adapter writes the "
-            "adapters of a run trained with a lora section; export it without --adapter"
+            f"{source.where} is not a LoRA checkpoint (it holds whole weights): --adapter writes "
+            "the adapters of a run trained with a lora section; export it without --adapter"
         )
     base = source.config.train.init_from
     with new_folder(dest) as tmp:
-        targets = folders.write_adapter(tmp, source.model, source.config.lora, source.adapters, base)
+        targets = folders.write_adapter(
+            tmp, source.model, source.config.lora, source.adapters, base
+        )
     print(
-        f"exported the LoRA adapters of {source.where} to {dest}: rank {source.config.lora.rank} on "
-        f"{', '.join(targets)}, for the base {base}\n"
-        "load them onto the base as transformers has it: peft.PeftModel.from_pretrained(AutoModelForCausalLM"
-        f".from_pretrained(BASE), {str(dest)!r}), BASE its Hugging Face folder (a run of ours: python "
-        f"export.py {shlex.quote(str(base))} BASE)"
+        f"exported the LoRA adapters of {source.where} to {dest}: rank {source.config.lora.rank} "
+        f"on {', '.join(targets)}, for the base {base}\nload them onto the base as transformers "
+        "has it: peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), "
+        f"{str(dest)!r}), BASE its Hugging Face folder (a run of ours: python export.py "
+        f"{shlex.quote(str(base))} BASE)"
     )
     return 0
 

@@ -1,20 +1,23 @@
-"""See what the attention heads learned: attention maps on a prompt, a role score for every head, and the
-interventions that test what a head does: ablation, activation patching, the logit lens and attribution.
+"""See what the attention heads learned: attention maps on a prompt, a role score for every head,
+and the interventions that test what a head does: ablation, activation patching, the logit lens and
+attribution.
 
-    python heads.py OUT_DIR [--prompt TEXT | --prompt-file PATH] [--layer L --head H] [--html] [--out DIR]
-                    [--ablate [zero|mean] [--group HEADS ...]] [--patch CLEAN CORRUPTED] [--lens]
-                    [--attribute CLEAN CORRUPTED [--compare]] [--composition] [--circuit [CLEAN CORRUPTED]]
-                    [--sequences N] [--windows N] [--seed S] [--data-dir DIR] [--device D]
-                    [--precision auto|fp32|bf16|fp16]
+    python heads.py OUT_DIR [--prompt TEXT | --prompt-file PATH] [--layer L --head H] [--html]
+                    [--out DIR] [--ablate [zero|mean] [--group HEADS ...]] [--lens]
+                    [--patch CLEAN CORRUPTED] [--attribute CLEAN CORRUPTED [--compare]]
+                    [--composition] [--circuit [CLEAN CORRUPTED]] [--sequences N] [--windows N]
+                    [--seed S] [--data-dir DIR] [--device D] [--precision auto|fp32|bf16|fp16]
 
-OUT_DIR is a run's folder, a checkpoint folder or a Hugging Face GPT-2 or Llama folder; the pictures and
-JSON go to its heads/ folder (or --out). The analysis flags run instead of the maps and role scores. Every
-file each writes, and what it means: docs/heads.md. The analyses themselves live in interp/.
+OUT_DIR is a run's folder, a checkpoint folder or a Hugging Face GPT-2 or Llama folder; the pictures
+and JSON go to its heads/ folder (or --out). The analysis flags run instead of the maps and role
+scores. Every file each writes, and what it means: docs/heads.md. The analyses themselves live in
+interp/.
 """
 
 from __future__ import annotations
 
-from common.errors import UserError, named_as_flags, run_cli  # first: a Ctrl-C while torch loads is one line
+# first: a Ctrl-C while torch loads is one line
+from common.errors import UserError, named_as_flags, run_cli
 
 # isort: split
 import argparse
@@ -31,14 +34,7 @@ from data.prompts import encode_prompt, read_prompt
 from interp.ablation import KINDS, ablate_heads, format_ablation
 from interp.explorer import write_page
 from interp.patching import predictions
-from interp.plots import (
-    MAX_LABELS,
-    plot_ablation,
-    plot_head,
-    plot_layer,
-    plot_scores,
-    token_labels,
-)
+from interp.plots import MAX_LABELS, plot_ablation, plot_head, plot_layer, plot_scores, token_labels
 from interp.report import (
     write_attribution,
     write_circuit,
@@ -51,18 +47,20 @@ from interp.scores import HEAD_NAME, ROLES, THRESHOLD, head_name, role_name, sco
 from interp.task_circuit import check_task
 from interp.tasks import prompt_pair, repeat_task
 from runs.checkpoint import run_of
-from runs.config import seed_problem
+from runs.config_schema import seed_problem
 from runs.pretrained import Loaded, load_model
 from runs.runtime import Runtime, pick_device, pick_precision
 
-DEFAULT_PROMPT_TOKENS = 40  # without --prompt: this many tokens from the start of the validation split
+# without --prompt: this many tokens from the start of the validation split
+DEFAULT_PROMPT_TOKENS = 40
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = ScriptParser(prog="python heads.py", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "out_dir",
-        help="a training run's out_dir, one checkpoint folder in it, or a Hugging Face model folder",
+        help="a training run's out_dir, one checkpoint folder in it, or a Hugging Face model "
+        "folder",
     )
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument(
@@ -89,19 +87,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--windows",
         type=int,
         default=None,
-        help="validation windows for the real-text scores (default: 8k tokens' worth, at least 16) and "
+        help="validation windows for the real-text scores (default: 8k tokens' worth, at least 16) "
+        "and "
         "--ablate (default: about 1k tokens' worth, at least 4)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random sequences (default: %(default)s)")
     p.add_argument(
-        "--data-dir", help="where the training dataset is prepared (default: the run's data.dir, as recorded)"
+        "--seed", type=int, default=0, help="seed of the random sequences (default: %(default)s)"
+    )
+    p.add_argument(
+        "--data-dir",
+        help="where the training dataset is prepared (default: the run's data.dir, as recorded)",
     )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     return p.parse_args(argv)
 
 
 def add_analysis_args(p: argparse.ArgumentParser) -> None:
-    """--ablate (with --group, --precision), --patch and --lens: the analyses that test what a head does."""
+    """--ablate (with --group, --precision), --patch and --lens: the analyses that test what a head
+    does."""
     p.add_argument(
         "--ablate",
         nargs="?",
@@ -120,7 +123,8 @@ def add_analysis_args(p: argparse.ArgumentParser) -> None:
         "--patch",
         nargs=2,
         metavar=("CLEAN", "CORRUPTED"),
-        help="two prompts of the same length: patch each head and layer from the clean run into the other",
+        help="two prompts of the same length: patch each head and layer from the clean run into "
+        "the other",
     )
     p.add_argument(
         "--lens",
@@ -142,7 +146,8 @@ def add_circuit_args(p: argparse.ArgumentParser) -> None:
         "--attribute",
         nargs=2,
         metavar=("CLEAN", "CORRUPTED"),
-        help="attribution patching: every head at every position and every layer's residual stream, "
+        help="attribution patching: every head at every position and every layer's residual "
+        "stream, "
         "estimated from one backward pass",
     )
     p.add_argument(
@@ -153,13 +158,15 @@ def add_circuit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--composition",
         action="store_true",
-        help="Q-, K- and V-composition of every pair of heads, from the weights, against random heads",
+        help="Q-, K- and V-composition of every pair of heads, from the weights, against random "
+        "heads",
     )
     p.add_argument(
         "--circuit",
         nargs="*",
         metavar="PROMPT",
-        help="the circuit: heads that matter, the paths between them, the answer's writers, on repeated "
+        help="the circuit: heads that matter, the paths between them, the answer's writers, on "
+        "repeated "
         "random sequences (default) or on a CLEAN CORRUPTED prompt pair",
     )
 
@@ -173,9 +180,13 @@ def analyses(args: argparse.Namespace) -> bool:
 
 def check_args(args: argparse.Namespace, n_layer: int, n_head: int) -> None:
     if (args.layer is not None or args.head is not None) and analyses(args):
-        raise UserError("--layer/--head draw a head's map, which the analyses skip; run them separately")
+        raise UserError(
+            "--layer/--head draw a head's map, which the analyses skip; run them separately"
+        )
     if args.compare and not args.attribute:
-        raise UserError("--compare puts activation patching beside --attribute's estimates; give --attribute")
+        raise UserError(
+            "--compare puts activation patching beside --attribute's estimates; give --attribute"
+        )
     if args.circuit is not None and len(args.circuit) not in (0, 2):
         raise UserError(
             "--circuit takes no prompt (repeated random sequences) or two (CLEAN CORRUPTED), got "
@@ -189,11 +200,13 @@ def check_args(args: argparse.Namespace, n_layer: int, n_head: int) -> None:
         )
     if args.layer is not None and not 0 <= args.layer < n_layer:
         raise UserError(
-            f"--layer must be between 0 and {n_layer - 1} (the model has {n_layer} layers), got {args.layer}"
+            f"--layer must be between 0 and {n_layer - 1} (the model has {n_layer} layers), got "
+            f"{args.layer}"
         )
     if args.head is not None and not 0 <= args.head < n_head:
         raise UserError(
-            f"--head must be between 0 and {n_head - 1} (each layer has {n_head} heads), got {args.head}"
+            f"--head must be between 0 and {n_head - 1} (each layer has {n_head} heads), got "
+            f"{args.head}"
         )
     for name in ("sequences", "windows"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -211,13 +224,16 @@ def head_groups(args: argparse.Namespace, n_layer: int, n_head: int) -> list[lis
         found = [HEAD_NAME.fullmatch(part.strip()) for part in text.split(",")]
         if not all(found):
             raise UserError(
-                f"--group takes heads as L<layer>H<head> separated by commas (L1H0,L1H2), got {text!r}"
+                "--group takes heads as L<layer>H<head> separated by commas (L1H0,L1H2), got "
+                f"{text!r}"
             )
         heads = [(int(m.group(1)), int(m.group(2))) for m in found]
         for layer, head in heads:
             if not (0 <= layer < n_layer and 0 <= head < n_head):
                 shape = f"{n_layer} layers x {n_head} heads"
-                raise UserError(f"--group: {head_name(layer, head)} is not a head of this model ({shape})")
+                raise UserError(
+                    f"--group: {head_name(layer, head)} is not a head of this model ({shape})"
+                )
         groups.append(heads)
     return groups
 
@@ -236,9 +252,13 @@ def val_prompt(val: TokenWindows, block_size: int) -> list[int]:
 def format_tables(scores: dict) -> str:
     """The role scores as one layer x head table per role, then the model-level numbers."""
     n_head = len(scores[ROLES[0]][0])
-    lines = ["head role scores (rows: layers, columns: heads; 1.00 = all attention on the role's key)"]
+    lines = [
+        "head role scores (rows: layers, columns: heads; 1.00 = all attention on the role's key)"
+    ]
     for role in ROLES:
-        lines.append(f"{role_name(role):<16}" + "".join(f"{'H' + str(h):>6}" for h in range(n_head)))
+        lines.append(
+            f"{role_name(role):<16}" + "".join(f"{'H' + str(h):>6}" for h in range(n_head))
+        )
         for layer, row in enumerate(scores[role]):
             lines.append(f"  L{layer:<14}" + "".join(f"{v:6.2f}" for v in row))
     roles = [
@@ -251,10 +271,12 @@ def format_tables(scores: dict) -> str:
     early, late = scores["icl_positions"]
     lines += [
         f"heads with a role (score >= {THRESHOLD}): {', '.join(roles) or 'none'}",
-        f"in-context learning score: {scores['icl_score']:+.3f} (loss at context position {late} minus "
+        f"in-context learning score: {scores['icl_score']:+.3f} (loss at context position {late} "
+        "minus "
         f"at position {early}, validation windows)",
         f"repeated-sequence loss: {scores['repeat_loss_first_half']:.3f} on the first half, "
-        f"{scores['repeat_loss_second_half']:.3f} on the second (R of {scores['repeat_length']} tokens)",
+        f"{scores['repeat_loss_second_half']:.3f} on the second (R of {scores['repeat_length']} "
+        "tokens)",
     ]
     return "\n".join(lines)
 
@@ -290,7 +312,8 @@ def ablation(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt
     sizes = {"windows": args.windows, "sequences": args.sequences}
     device = next(model.parameters()).device
     rt = Runtime(device, pick_precision(args.precision, device, model.config.n_embd))
-    with rt.autocast():  # the costly analysis: bf16 where it pays (BENCHMARKS.md, "Interventions: ...")
+    # the costly analysis: bf16 where it pays (BENCHMARKS.md, "Interventions: ...")
+    with rt.autocast():
         result = ablate_heads(model, val, args.ablate, args.seed, groups, **sizes)
     result["precision"] = rt.precision
     print(format_ablation(result))
@@ -298,40 +321,56 @@ def ablation(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt
     return result, [write_json(out / "head_ablation.json", ckpt, result), out / "head_ablation.png"]
 
 
-def patch_prompts(model, tokenizer, texts: list[str], option: str = "--patch") -> tuple[list[int], list[int]]:
-    """A prompt pair's token ids (--patch, --attribute, --circuit), refused unless they have the same length
-    and the model predicts different next tokens after them."""
-    texts = [user_text(t, f"a prompt of {option}", "give it in UTF-8") for t in texts]  # as --prompt is read
-    clean, corrupted = (encode_prompt(text, tokenizer, model.config.context_limit) for text in texts)
+def patch_prompts(
+    model, tokenizer, texts: list[str], option: str = "--patch"
+) -> tuple[list[int], list[int]]:
+    """A prompt pair's token ids (--patch, --attribute, --circuit), refused unless they have the
+    same length and the model predicts different next tokens after them."""
+    # as --prompt is read
+    texts = [user_text(t, f"a prompt of {option}", "give it in UTF-8") for t in texts]
+    clean, corrupted = (
+        encode_prompt(text, tokenizer, model.config.context_limit) for text in texts
+    )
     if len(clean) != len(corrupted):
         raise UserError(
-            f"{option} needs two prompts of the same length: the clean one has {len(clean)} tokens, the "
-            f"corrupted one {len(corrupted)}; swap a word for one of the same length"
+            f"{option} needs two prompts of the same length: the clean one has {len(clean)} "
+            f"tokens, the corrupted one {len(corrupted)}; swap a word for one of the same length"
         )
     a, b = predictions(model, clean, corrupted)
     if a == b:
         token = token_labels([a], tokenizer)[0]
         raise UserError(
-            f"{option}: both prompts make the same token the most likely next (“{token}”); give a corrupted "
-            "prompt that changes the prediction"
+            f"{option}: both prompts make the same token the most likely next (“{token}”); give a "
+            "corrupted prompt that changes the prediction"
         )
     return clean, corrupted
 
 
 def circuit_task(model, args: argparse.Namespace, prompts):
-    """--circuit's task, refused (before any work) when the model does it no better clean than corrupted."""
-    task = prompt_pair(model, *prompts) if prompts else repeat_task(model, args.sequences or 16, args.seed)
+    """--circuit's task, refused (before any work) when the model does it no better clean than
+    corrupted."""
+    task = (
+        prompt_pair(model, *prompts)
+        if prompts
+        else repeat_task(model, args.sequences or 16, args.seed)
+    )
     try:
         return check_task(model, task)
     except ValueError as e:
-        fix = "give another prompt pair" if prompts else "give --circuit CLEAN CORRUPTED for a task it does"
+        fix = (
+            "give another prompt pair"
+            if prompts
+            else "give --circuit CLEAN CORRUPTED for a task it does"
+        )
         raise UserError(f"--circuit: {e}; {fix}") from None
 
 
-def inputs(args: argparse.Namespace, ids: list[int], pairs: dict[str, tuple[list[int], list[int]]]) -> str:
-    """What the command reads, for its first line: the prompt where the maps, --lens or --html read it, the
-    prompt pairs of --patch, --attribute and --circuit, and --ablate's validation windows and repeated
-    sequences."""
+def inputs(
+    args: argparse.Namespace, ids: list[int], pairs: dict[str, tuple[list[int], list[int]]]
+) -> str:
+    """What the command reads, for its first line: the prompt where the maps, --lens or --html read
+    it, the prompt pairs of --patch, --attribute and --circuit, and --ablate's validation windows
+    and repeated sequences."""
     read = []
     if not analyses(args) or args.lens or args.html:
         read.append(f"prompt of {len(ids)} tokens")
@@ -346,8 +385,8 @@ def inputs(args: argparse.Namespace, ids: list[int], pairs: dict[str, tuple[list
 
 
 def output_folder(args: argparse.Namespace, ckpt: Path) -> Path:
-    """--out, else heads/ in the run the checkpoint is one of, else in the checkpoint's or Hugging Face
-    model's folder itself: the model's own place, which no other model's results share."""
+    """--out, else heads/ in the run the checkpoint is one of, else in the checkpoint's or Hugging
+    Face model's folder itself: the model's own place, which no other model's results share."""
     out = Path(args.out) if args.out else (run_of(ckpt) or ckpt) / "heads"
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -372,9 +411,12 @@ def main(argv: list[str]) -> int:
         ids = val_prompt(val, mc.block_size)
     else:
         text = read_prompt(args.prompt, args.prompt_file, tokenizer)
-        ids = encode_prompt(text, tokenizer, mc.context_limit)  # a windowed rotary model reads any length
+        # a windowed rotary model reads any length
+        ids = encode_prompt(text, tokenizer, mc.context_limit)
     if args.lens and len(ids) < 2:
-        raise UserError("--lens needs a prompt of at least 2 tokens (each position is scored on the next)")
+        raise UserError(
+            "--lens needs a prompt of at least 2 tokens (each position is scored on the next)"
+        )
     pairs = {  # the prompt pairs, checked before any work
         name: patch_prompts(model, tokenizer, getattr(args, name), f"--{name}")
         for name in ("patch", "attribute", "circuit")
@@ -386,7 +428,14 @@ def main(argv: list[str]) -> int:
         f"heads of {ckpt}: {mc.n_layer} layers x {mc.n_head} heads; {inputs(args, ids, pairs)}",
         file=sys.stderr,
     )
+    written = run_analyses(model, tokenizer, val, ids, pairs, task, args, out, ckpt)
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
 
+
+def run_analyses(model, tokenizer, val, ids, pairs, task, args, out, ckpt) -> list[Path]:
+    """Each analysis asked for (the maps and role scores when none is), in order; the files
+    written."""
     written, found = [], {}
     if not analyses(args):
         written += draw_maps(model, ids, tokenizer, args, out)
@@ -412,10 +461,15 @@ def main(argv: list[str]) -> int:
         found["circuit"], files = write_circuit(model, task, scores, out, ckpt)
         written += files
     if args.html:
-        more = {"seed": args.seed, "ablation": found.get("ablation"), "circuit": found.get("circuit")}
-        written.append(write_page(out / "attention.html", model, ids, tokenizer, scores, str(ckpt), **more))
-    print("wrote " + ", ".join(str(p) for p in written))
-    return 0
+        more = {
+            "seed": args.seed,
+            "ablation": found.get("ablation"),
+            "circuit": found.get("circuit"),
+        }
+        written.append(
+            write_page(out / "attention.html", model, ids, tokenizer, scores, str(ckpt), **more)
+        )
+    return written
 
 
 if __name__ == "__main__":

@@ -1,21 +1,23 @@
 """Generate text from a checkpoint, streaming tokens to stdout as they are chosen.
 
-    python sample.py OUT_DIR [--prompt TEXT | --prompt-file PATH] [--max-new-tokens N] [--temperature T]
-                     [--top-k K] [--top-p P] [--num-samples N] [--batch-size B] [--seed S] [--device D]
-                     [--compile | --no-compile] [--quantize int8]
+    python sample.py OUT_DIR [--prompt TEXT | --prompt-file PATH] [--max-new-tokens N]
+                     [--temperature T] [--top-k K] [--top-p P] [--num-samples N] [--batch-size B]
+                     [--seed S] [--device D] [--compile | --no-compile] [--quantize int8]
 
-OUT_DIR is a training run's folder (its best checkpoint is used, else its last), a checkpoint folder itself,
-or a Hugging Face GPT-2 or Llama model folder (config.json + model.safetensors, e.g. written by export.py).
-Temperature 0 is greedy decoding. The same seed and options give the same text. Generation uses a static KV
-cache; past the model's context it slides the window forward (see model/generate.py). The samples are
-generated together, --batch-size at a time (each step reads the weights once for all of them): the first
-of a batch streams as it is generated, the others follow when the batch is done. The decoding step is
-compiled by default where that is kept on disk (a CPU) or pays; stderr's first line says which step runs.
+OUT_DIR is a training run's folder (its best checkpoint is used, else its last), a checkpoint folder
+itself, or a Hugging Face GPT-2 or Llama model folder (config.json + model.safetensors, e.g. written
+by export.py). Temperature 0 is greedy decoding. The same seed and options give the same text.
+Generation uses a static KV cache; past the model's context it slides the window forward (see
+sampling/generate.py). The samples are generated together, --batch-size at a time (each step reads
+the weights once for all of them): the first of a batch streams as it is generated, the others
+follow when the batch is done. The decoding step is compiled by default where that is kept on disk
+(a CPU) or pays; stderr's first line says which step runs.
 """
 
 from __future__ import annotations
 
-from common.errors import UserError, named_as_flags, run_cli  # first: a Ctrl-C while torch loads is one line
+# first: a Ctrl-C while torch loads is one line
+from common.errors import UserError, named_as_flags, run_cli
 
 # isort: split
 import argparse
@@ -27,11 +29,11 @@ import torch
 
 from common.arguments import ScriptParser
 from data.prompts import encode_prompt, read_prompt
-from model.decoding import decoder, how_decoded
-from model.generate import generate
-from runs.config import seed_problem
+from runs.config_schema import seed_problem
 from runs.pretrained import load_model
 from runs.runtime import pick_device
+from sampling.generate import eager_step, generate
+from sampling.steps import decoder, how_decoded
 
 SEPARATOR = "\n---------------\n"
 
@@ -40,34 +42,47 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = ScriptParser(prog="python sample.py", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "out_dir",
-        help="a training run's out_dir, one checkpoint folder in it, or a Hugging Face model folder",
+        help="a training run's out_dir, one checkpoint folder in it, or a Hugging Face model "
+        "folder",
     )
     prompt = p.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", help="text to continue (default: a newline, or <|endoftext|> for BPE)")
+    prompt.add_argument(
+        "--prompt", help="text to continue (default: a newline, or <|endoftext|> for BPE)"
+    )
     prompt.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
     p.add_argument("--max-new-tokens", type=int, default=500)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: %(default)s)")
+    p.add_argument(
+        "--temperature", type=float, default=0.8, help="0 = greedy (default: %(default)s)"
+    )
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     p.add_argument(
-        "--top-p", type=float, default=None, help="sample among the most likely tokens holding mass p"
+        "--top-p",
+        type=float,
+        default=None,
+        help="sample among the most likely tokens holding mass p",
     )
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument(
-        "--batch-size", type=int, default=16, help="samples generated together (default: %(default)s)"
+        "--batch-size",
+        type=int,
+        default=16,
+        help="samples generated together (default: %(default)s)",
     )
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
-        help="compile the decoding step now (10-20 s the first time for a model's shape, then kept in "
-        "~/.cache/tinygpt), or never; default: compiled when kept, else eager while it is compiled in the "
+        help="compile the decoding step now (10-20 s the first time for a model's shape, then kept "
+        "in ~/.cache/tinygpt), or never; default: compiled when kept, else eager while it is "
+        "compiled in the "
         "background (a CPU) or once the tokens left pay for it (a GPU)",
     )
     p.add_argument(
         "--quantize",
         metavar="int8",
-        help="int8 weights (per output channel) for the matrix products: about 4x fewer bytes per token",
+        help="int8 weights (per output channel) for the matrix products: about 4x fewer bytes per "
+        "token",
     )
     return p.parse_args(argv)
 
@@ -81,7 +96,8 @@ def check_args(args: argparse.Namespace, vocab_size: int) -> None:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.quantize not in (None, "int8"):
         raise UserError(
-            f"--quantize takes int8 (or leave it out for the checkpoint's precision), got {args.quantize}"
+            "--quantize takes int8 (or leave it out for the checkpoint's precision), got "
+            f"{args.quantize}"
         )
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise UserError(f"--temperature must be 0 (greedy) or positive, got {args.temperature}")
@@ -93,6 +109,12 @@ def check_args(args: argparse.Namespace, vocab_size: int) -> None:
         )
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.top_k is not None and args.top_k > vocab_size:  # every token: as without --top-k
+        print(
+            f"note: --top-k {args.top_k} is more than the vocabulary's {vocab_size} tokens: capped",
+            file=sys.stderr,
+        )
+        args.top_k = vocab_size
 
 
 @named_as_flags({"train.device": "--device"})
@@ -105,18 +127,13 @@ def main(argv: list[str]) -> int:
     ids = encode_prompt(
         read_prompt(args.prompt, args.prompt_file, tokenizer), tokenizer, model.config.context_limit
     )
-    vocab = model.config.vocab_size
-    if args.top_k is not None and args.top_k > vocab:  # every token: as without --top-k
-        print(
-            f"note: --top-k {args.top_k} is more than the vocabulary's {vocab} tokens: capped",
-            file=sys.stderr,
-        )
-        args.top_k = vocab
     if args.quantize == "int8":
-        from model.quantize import quantize_int8  # --quantize only
+        from sampling.quantize import quantize_int8  # --quantize only
 
         model = quantize_int8(model)
-    batches = sorted({min(args.batch_size, args.num_samples), args.num_samples % args.batch_size} - {0})
+    batches = sorted(
+        {min(args.batch_size, args.num_samples), args.num_samples % args.batch_size} - {0}
+    )
     how = ready_steps(model, batches, args.compile, args.max_new_tokens, device)
     print(f"sampling from {ckpt}; decoding step: {how}", file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(args.seed)
@@ -144,7 +161,9 @@ def main(argv: list[str]) -> int:
             sys.stdout.write(stream(columns[-1][:1]))
             sys.stdout.flush()
         for row in range(1, n):  # the rest of the batch, whole
-            sys.stdout.write(SEPARATOR + tokenizer.stream_decoder()(shown + [col[row] for col in columns]))
+            sys.stdout.write(
+                SEPARATOR + tokenizer.stream_decoder()(shown + [col[row] for col in columns])
+            )
         if first + n < args.num_samples:
             sys.stdout.write(SEPARATOR)
     sys.stdout.write("\n")
@@ -156,16 +175,21 @@ def main(argv: list[str]) -> int:
 
 @torch.no_grad()
 def ready_steps(
-    model: torch.nn.Module, batches: list[int], compile: bool | None, tokens: int, device: torch.device
+    model: torch.nn.Module,
+    batches: list[int],
+    compile: bool | None,
+    tokens: int,
+    device: torch.device,
 ) -> str:
-    """Get each batch size's decoding step ready before the speed line's clock starts (loaded, or its
-    background build started; with --compile, compiled, timed on a line of its own: it was counted as the
-    prompt's time, 37 s for one token) and say which step runs, in words. The step is kept with the model
-    for `generate`; a step torch.compile makes compiles at its first call, so each is called once (on slot
-    1 of its cache, which the prompt or the first new token overwrites before any step reads it)."""
+    """Get each batch size's decoding step ready before the speed line's clock starts (loaded, or
+    its background build started; with --compile, compiled, timed on a line of its own: it was
+    counted as the prompt's time, 37 s for one token) and say which step runs, in words. The step is
+    kept with the model for `generate`; a step torch.compile makes compiles at its first call, so
+    each is called once (on slot 1 of its cache, which the prompt or the first new token overwrites
+    before any step reads it)."""
     start = time.perf_counter()
     for n in batches:
-        with decoder(model, n, compile, tokens) as (_, step):
+        with decoder(model, n, compile, tokens, eager_step) as (_, step):
             if compile:
                 token, slot = torch.zeros(n, dtype=torch.long), torch.ones(1, dtype=torch.long)
                 step(token.to(device), slot.to(device))
@@ -173,7 +197,8 @@ def ready_steps(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         print(
-            f"decoding step ready in {time.perf_counter() - start:,.1f} s (compiled or loaded, batch "
+            f"decoding step ready in {time.perf_counter() - start:,.1f} s (compiled or loaded, "
+            "batch "
             f"{', '.join(map(str, batches))}; not counted in the speeds below)",
             file=sys.stderr,
         )
@@ -186,8 +211,8 @@ def in_words(model: torch.nn.Module, batches: list[int], compile: bool | None) -
 
 
 class SpeedLine:
-    """The speed line sample.py ends with, as llama.cpp prints its timings: the prompt (its encoding and the
-    first token) and the decoding of every token after it, over all batches."""
+    """The speed line sample.py ends with, as llama.cpp prints its timings: the prompt (its encoding
+    and the first token) and the decoding of every token after it, over all batches."""
 
     def __init__(self):
         self.prompt_tokens, self.prompt_s, self.tokens, self.decode_s = 0, 0.0, 0, 0.0

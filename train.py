@@ -3,11 +3,11 @@
     python train.py                                   # configs/shakespeare_char.yaml
     python train.py CONFIG [section.key=value ...]    # any config, any value overridden
     python train.py CONFIG --print-config             # show the resolved config and stop
-    python train.py CONFIG --dry-run                  # what the run will cost (memory, time), then stop
+    python train.py CONFIG --dry-run                  # what the run will cost, then stop
     torchrun --nproc_per_node=N train.py CONFIG       # data parallel (train.parallel: ddp | fsdp)
 
-What a run writes, Ctrl-C and resuming: docs/training.md. Errors in the config, data or out_dir stop it
-before training with one line (--debug shows the traceback).
+What a run writes, Ctrl-C and resuming: docs/training.md. Errors in the config, data or out_dir stop
+it before training with one line (--debug shows the traceback).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def main(argv: list[str]) -> int:
 
 
 def parse_command_line(argv: list[str]) -> Request | None:
-    """The config the command line asks for; None when it only asked for help, the config or a dry run."""
+    """The config the command line asks for; None when it only asked for help, the config or a dry
+    run."""
     flags = {a for a in argv if a.startswith("-")}
     if flags & {"-h", "--help"}:
         print(usage())
@@ -43,14 +44,18 @@ def parse_command_line(argv: list[str]) -> Request | None:
     unknown = flags - {"--print-config", "--dry-run"}
     if unknown:
         raise ConfigError(
-            f"unknown option {sorted(unknown)[0]}; usage: python train.py [CONFIG] [section.key=value ...] "
-            "[--print-config] [--dry-run] [--debug] (python train.py --help for more)"
+            f"unknown option {sorted(unknown)[0]}; usage: python train.py [CONFIG] "
+            "[section.key=value ...] [--print-config] [--dry-run] [--debug] (python train.py "
+            "--help for more)"
         )
     request = from_arguments([a for a in argv if not a.startswith("-")])
     cfg = request.cfg
     if "--print-config" in flags:
         if cfg.train.init_from:
-            print(f"# the model keys not set explicitly will follow train.init_from {cfg.train.init_from}")
+            print(
+                "# the model keys not set explicitly will follow train.init_from "
+                f"{cfg.train.init_from}"
+            )
         print(to_yaml(cfg), end="")
         return None
     if "--dry-run" in flags:
@@ -67,10 +72,17 @@ def parse_command_line(argv: list[str]) -> Request | None:
 
 def usage() -> str:
     configs = "\n".join(
-        textwrap.fill(about, 110, initial_indent=f"  {name:<26}", subsequent_indent=" " * 28)
+        textwrap.fill(
+            about,
+            100,
+            initial_indent=f"  {name:<26}",
+            subsequent_indent=" " * 28,
+            break_on_hyphens=False,
+        )
         for name, about in shipped_configs()
     )
-    return f"""usage: python train.py [CONFIG] [section.key=value ...] [--print-config] [--dry-run] [--debug]
+    return f"""usage: python train.py [CONFIG] [section.key=value ...] [--print-config]
+                       [--dry-run] [--debug]
        torchrun --nproc_per_node=N train.py [CONFIG] [section.key=value ...]
 
 Train a GPT on a dataset, writing checkpoints and metrics to train.out_dir.
@@ -78,9 +90,9 @@ Train a GPT on a dataset, writing checkpoints and metrics to train.out_dir.
 CONFIG is a YAML file, or the name of one shipped in {CONFIG_DIR.name}/ (default: shakespeare_char):
 {configs}
 
-A config has the sections model, data, train, optim and log (and lora, for LoRA fine-tuning). Every key,
-its type and its default is documented in runs/config_schema.py (model keys in model/config.py, lora keys in
-model/lora.py); --print-config shows them resolved.
+A config has the sections model, data, train, optim and log (and lora, for LoRA fine-tuning). Every
+key, its type and its default is documented in runs/config_schema.py (model keys in model/config.py,
+lora keys in model/lora.py); --print-config shows them resolved.
 Any key can be overridden as section.key=value (YAML syntax):
 
   python train.py shakespeare_char model.n_layer=6 optim.lr=1e-3 train.max_iters=5e3

@@ -1,1 +1,2 @@
-"""What every layer shares: errors meant for people, files written whole, locks, output that may close."""
+"""What every layer shares: errors meant for people, files written whole, locks, output that may
+close."""

@@ -1,12 +1,12 @@
 """Errors meant for people: one line that says what is wrong and how to fix it, exit code 2.
 
 Code anywhere raises `UserError("what is wrong; how to fix it")`; an entry point wraps its `main` in
-`run_cli`, which prints `error: ...` on stderr and exits 2 (`--debug` or TINYGPT_DEBUG=1: the traceback).
-Notable: importing this module installs a Ctrl-C hook (exit 130, one line) for the seconds of imports
-before `main`, which is why every script imports it first; under torchrun a `ConfigError` is printed by
-rank 0 alone; a closed stdout ends a script quietly with 141 (common/streams.py); and a script that takes a
-setting as a flag declares it (`named_as_flags`), so errors under its `main` say `--device cuda`, not
-`train.device=cuda`.
+`run_cli`, which prints `error: ...` on stderr and exits 2 (`--debug` or TINYGPT_DEBUG=1: the
+traceback). Notable: importing this module installs a Ctrl-C hook (exit 130, one line) for the
+seconds of imports before `main`, which is why every script imports it first; under torchrun a
+`ConfigError` is printed by rank 0 alone; a closed stdout ends a script quietly with 141
+(common/streams.py); and a script that takes a setting as a flag declares it (`named_as_flags`), so
+errors under its `main` say `--device cuda`, not `train.device=cuda`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from common.streams import OutputClosed, guard
 
 
 class UserError(Exception):
-    """A problem the user can fix (bad config, missing file, bad prompt...); its text is the whole message."""
+    """A problem the user can fix (bad config, missing file, bad prompt...); its text is the whole
+    message."""
 
 
 class ConfigError(UserError):
@@ -32,14 +33,15 @@ class ConfigError(UserError):
 
 
 def first_line(e: BaseException, limit: int = 200) -> str:
-    """An exception's message cut to one line for a message of ours (its type's name when it has none)."""
+    """An exception's message cut to one line for a message of ours (its type's name when it has
+    none)."""
     text = str(e).strip()
     return text.splitlines()[0][:limit] if text else type(e).__name__
 
 
 def as_flags(message: str, flags: dict[str, str]) -> str:
-    """`message` with each config key in `flags` named as the script's flag: `train.device=cuda` becomes
-    `--device cuda`, a bare `train.device` becomes `--device`."""
+    """`message` with each config key in `flags` named as the script's flag: `train.device=cuda`
+    becomes `--device cuda`, a bare `train.device` becomes `--device`."""
     for key, flag in flags.items():
         key = re.escape(key)
         message = re.sub(rf"(?<![\w.]){key}=([^\s;,)]+)", rf"{flag} \1", message)
@@ -48,8 +50,9 @@ def as_flags(message: str, flags: dict[str, str]) -> str:
 
 
 def named_as_flags(flags: dict[str, str]):
-    """Decorate a script's `main` whose flags stand for config keys (`{"train.device": "--device"}`): a
-    UserError raised under it, however deep, names them as the user gave them (`as_flags`)."""
+    """Decorate a script's `main` whose flags stand for config keys (`{"train.device":
+    "--device"}`): a UserError raised under it, however deep, names them as the user gave them
+    (`as_flags`)."""
 
     def decorate(main: Callable[[list[str]], int | None]) -> Callable[[list[str]], int | None]:
         @functools.wraps(main)
@@ -80,8 +83,8 @@ def _say(line: str) -> None:
 
 
 def _interrupt_hook(kind, value, tb, previous=sys.excepthook) -> None:
-    """A Ctrl-C before `run_cli` runs (while a script imports torch): one line; Python then exits as killed
-    by SIGINT (130)."""
+    """A Ctrl-C before `run_cli` runs (while a script imports torch): one line; Python then exits as
+    killed by SIGINT (130)."""
     if issubclass(kind, KeyboardInterrupt) and not debug_enabled():
         _say(f"\n{INTERRUPTED} (while starting)")
         return
@@ -92,9 +95,9 @@ sys.excepthook = _interrupt_hook
 
 
 def _load_torch_holding_ctrl_c() -> None:
-    """Import torch with Ctrl-C held back, then let it through (the hook's one line). torch's C start loads
-    numpy and drops a KeyboardInterrupt that lands meanwhile: the script went on with numpy half-loaded and
-    failed later with a RecursionError, or aborted."""
+    """Import torch with Ctrl-C held back, then let it through (the hook's one line). torch's C
+    start loads numpy and drops a KeyboardInterrupt that lands meanwhile: the script went on with
+    numpy half-loaded and failed later with a RecursionError, or aborted."""
     if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
         return
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -113,9 +116,9 @@ def run_cli(
     interrupted: str = INTERRUPTED,
     keep_going: bool = False,
 ) -> None:
-    """Run main(argv) and exit with its code; a UserError becomes one line on stderr and exit 2, Ctrl-C the
-    line `interrupted` and exit 130; a closed stdout exits 141 quietly, or with `keep_going` only costs the
-    output (common/streams.py)."""
+    """Run main(argv) and exit with its code; a UserError becomes one line on stderr and exit 2,
+    Ctrl-C the line `interrupted` and exit 130; a closed stdout exits 141 quietly, or with
+    `keep_going` only costs the output (common/streams.py)."""
     argv = sys.argv[1:] if argv is None else argv
     debug = debug_enabled(argv)
     argv = [a for a in argv if a != "--debug"]
@@ -126,7 +129,8 @@ def run_cli(
         if debug:
             raise
         if isinstance(e, ConfigError) and os.environ.get("RANK", "0") != "0":
-            # rank 0 says it and fails the job; exiting 2 here could make torchrun stop rank 0 before it does
+            # rank 0 says it and fails the job; exiting 2 here could make torchrun stop rank 0
+            # before it does
             sys.exit(0)
         _say(f"error: {e}")
         sys.exit(2)

@@ -1,13 +1,9 @@
 """JSON as tinygpt writes it: strict (RFC 8259), for every file, line and page a program may read.
 
-Python's json module writes NaN and Infinity, which strict parsers refuse (jq, JavaScript's JSON.parse, Go,
-serde, pandas with `orient="records"` ...). Every JSON tinygpt writes goes through `dumps`: a float that is
-not finite becomes null ("no value": a diverged loss in metrics.jsonl), numpy scalars and arrays become
-numbers and lists, and anything else that JSON cannot hold is a TypeError (a bug, not a file to read back).
-A figure reported as a result is checked where it is made (an evaluation of no tokens is an error there),
-so null never stands in for a number that should have been one. tests/test_rules.py keeps every json.dumps
-of the code in this module. `read_metrics` reads a run's metrics.jsonl back (training, plot.py), a torn line
-left out.
+Python's json writes NaN and Infinity, which strict parsers refuse (jq, JavaScript, Go, serde):
+`dumps` writes a float that is not finite as null ("no value": a diverged loss), numpy values as
+numbers and lists, and refuses anything else. `read_metrics` reads a run's metrics.jsonl back, a
+torn line left out. tests/test_rules.py keeps every json.dumps of the code in this module.
 """
 
 from __future__ import annotations
@@ -21,7 +17,8 @@ import numpy as np
 
 
 def strict(value: Any) -> Any:
-    """`value` with every float that is not finite as None, and numpy scalars and arrays as Python's."""
+    """`value` with every float that is not finite as None, and numpy scalars and arrays as
+    Python's."""
     if isinstance(value, np.ndarray):
         value = value.tolist()
     elif isinstance(value, np.generic):
@@ -36,7 +33,8 @@ def strict(value: Any) -> Any:
 
 
 def dumps(value: Any, **options) -> str:
-    """`value` as strict JSON text (json.dumps' `options`: indent, ensure_ascii, separators, sort_keys)."""
+    """`value` as strict JSON text (json.dumps' `options`: indent, ensure_ascii, separators,
+    sort_keys)."""
     return json.dumps(strict(value), allow_nan=False, **options)
 
 
@@ -54,6 +52,6 @@ def metrics_rows(metrics_path: Path) -> list[tuple[str, dict | None]]:
 
 
 def read_metrics(metrics_path: Path) -> list[dict]:
-    """The records of OUT_DIR/metrics.jsonl, one per eval; a torn line (a crash while it was written, or a
-    run writing it now) is left out."""
+    """The records of OUT_DIR/metrics.jsonl, one per eval; a torn line (a crash while it was
+    written, or a run writing it now) is left out."""
     return [record for _, record in metrics_rows(metrics_path) if record is not None]

@@ -1,13 +1,8 @@
-"""Advisory locks on a lock file, so that two processes never write one run folder or one dataset at once.
-
-`hold(lock_file, what, exclusive)` takes the lock for as long as the process lives (or until `release`):
-exclusive for a writer (train.py on its out_dir, prepare on a dataset), shared for readers (a run reading
-its dataset), which a writer then cannot take. A lock that is taken is one line naming the process that
-holds it (the holder writes its pid into the file). The locks are fcntl.flock's: the operating system
-releases them when their process ends, however it ends, so a kill -9 leaves no stale lock behind. A
-process may ask again for a lock it holds: a shared one becomes exclusive while `holding` lasts.
-On Windows there is no fcntl: nothing is locked there (msvcrt's locks lock byte ranges, mandatorily,
-which is not this).
+"""Advisory locks on a lock file, so that two processes never write one run folder or one dataset at
+once: exclusive for a writer (train.py on its out_dir, prepare on a dataset), shared for readers (a
+run reading its dataset). A lock that is taken is one line naming the process that holds it. They
+are fcntl.flock's, which the operating system releases when the process ends, however it ends: a
+kill -9 leaves none behind. Windows has no fcntl: nothing is locked there.
 """
 
 from __future__ import annotations
@@ -22,10 +17,11 @@ from common.errors import UserError
 
 try:
     import fcntl
-except ImportError:  # Windows
+except ImportError:  # Windows: msvcrt's locks lock byte ranges, mandatorily, which is not this
     fcntl = None
 
-READER_WAIT_S = 10.0  # a reader waits this long for a writer that is finishing (torchrun's other ranks)
+# a reader waits this long for a writer that is finishing (torchrun's other ranks)
+READER_WAIT_S = 10.0
 _held: dict[Path, tuple[int, bool]] = {}  # lock file -> (descriptor, exclusive)
 
 
@@ -64,7 +60,8 @@ def _alive(pid: int) -> bool:
 
 
 def _pids(fd: int) -> list[int]:
-    """The processes the lock file names that still run (readers add themselves, a writer is alone)."""
+    """The processes the lock file names that still run (readers add themselves, a writer is
+    alone)."""
     with contextlib.suppress(OSError, UnicodeDecodeError):
         text = os.pread(fd, 4096, 0).decode()
         return [int(w) for w in dict.fromkeys(text.split()) if w.isdigit() and _alive(int(w))]
@@ -74,12 +71,15 @@ def _pids(fd: int) -> list[int]:
 def _holder(fd: int) -> str:
     pids = _pids(fd)
     return (
-        f"process{'es' if len(pids) > 1 else ''} {', '.join(map(str, pids))}" if pids else "another process"
+        f"process{'es' if len(pids) > 1 else ''} {', '.join(map(str, pids))}"
+        if pids
+        else "another process"
     )
 
 
 def _sign(fd: int, exclusive: bool) -> None:
-    """Write this process's pid into the lock file: alone for a writer, among the other readers' for one."""
+    """Write this process's pid into the lock file: alone for a writer, among the other readers' for
+    one."""
     pids = [] if exclusive else [p for p in _pids(fd) if p != os.getpid()]
     with contextlib.suppress(OSError):
         os.ftruncate(fd, 0)
@@ -87,8 +87,8 @@ def _sign(fd: int, exclusive: bool) -> None:
 
 
 def hold(lock_file: Path | str, what: str, exclusive: bool, advice: str) -> None:
-    """Take the lock on `lock_file` until the process ends or `release`; held elsewhere, the UserError
-    '{what} is in use by process N; {advice}'."""
+    """Take the lock on `lock_file` until the process ends or `release`; held elsewhere, the
+    UserError '{what} is in use by process N; {advice}'."""
     lock_file = Path(lock_file).absolute()
     if fcntl is None:
         return
@@ -119,7 +119,8 @@ def release(lock_file: Path | str) -> None:
 
 @contextlib.contextmanager
 def holding(lock_file: Path | str, what: str, exclusive: bool, advice: str) -> Iterator[None]:
-    """`hold` for the block only; a shared lock this process held before is shared again after it."""
+    """`hold` for the block only; a shared lock this process held before is shared again after
+    it."""
     lock_file = Path(lock_file).absolute()
     before = _held.get(lock_file)
     hold(lock_file, what, exclusive, advice)

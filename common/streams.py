@@ -1,13 +1,7 @@
-"""stdout and stderr that outlive their reader: a closed pipe (`train.py | head -3`) or a closed terminal.
-
-Python ignores SIGPIPE, so a write to a pipe whose reader has gone fails with BrokenPipeError (EPIPE), and a
-write to a terminal that was closed (its window, an ssh session) fails with EIO. `guard` wraps sys.stdout
-and sys.stderr so that such a failure points the file descriptor at os.devnull (what the Python docs'
-signal notes recommend, rather than restoring SIGPIPE's default, which would kill the process on any closed
-socket too): every later write, Python's own flush at exit and writes from native code then go nowhere.
-Then, with `keep_going`, the program carries on without output (training writes its checkpoints all the
-same); without it, the write raises `OutputClosed`, which `run_cli` turns into a quiet exit 141 (128 +
-SIGPIPE, what a program killed by SIGPIPE reports to the shell).
+"""stdout and stderr that outlive their reader: a closed pipe (`train.py | head -3`) or a closed
+terminal. `guard` wraps them so that a write to a reader that has gone points the descriptor at
+os.devnull; then the program carries on without output (`keep_going`: training still writes its
+checkpoints), or `run_cli` ends it quietly with 141, as a process killed by SIGPIPE reports.
 """
 
 from __future__ import annotations
@@ -17,7 +11,8 @@ import errno
 import os
 import sys
 
-GONE = {errno.EPIPE, errno.EIO, errno.ECONNRESET}  # the reader has gone: a pipe, a terminal, a socket
+# the reader has gone: a pipe, a terminal, a socket
+GONE = {errno.EPIPE, errno.EIO, errno.ECONNRESET}
 
 
 class OutputClosed(BaseException):
@@ -49,7 +44,11 @@ class GuardedStream:
         if e.errno not in GONE and not self._keep_going:
             raise e
         self._gone = True
-        with contextlib.suppress(OSError, ValueError, AttributeError):  # no descriptor (a test's capture)
+        # Python ignores SIGPIPE, so a closed pipe is an EPIPE here; restoring SIGPIPE's default
+        # would kill the process on any closed socket too. Pointed at os.devnull, every later
+        # write, Python's own flush at exit and native code's writes go nowhere.
+        # no descriptor (a test's capture)
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, self._stream.fileno())
             os.close(devnull)

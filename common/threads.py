@@ -1,15 +1,13 @@
-"""The CPU thread count, chosen by timing the work, so that a busy machine does not stall every operator.
+"""The CPU thread count, chosen by timing the work, so that a busy machine does not stall every
+operator: an OpenMP thread that shares a core with a busy process makes every operator wait
+(docs/training.md, "Speed on a CPU").
 
-A `ThreadTuner` times the iterations of one loop that repeats the same work (training steps, eval batches,
-decoded tokens). Now and then, and at once when they slow down, it tries a few iterations at the next count
-of its ladder (N, N/2, ..., 1; N is torch's default, the physical cores) and keeps it if it was faster by a
-margin. Why: an OpenMP thread that shares a core with a busy process makes every operator wait
-(docs/training.md, "Speed on a CPU"; BENCHMARKS.md, "CPU speed on a busy machine").
-Notable: a training step's bits depend on the thread count (its gradients sum in another order), so
-training's tuner (`steady_when_quiet`) never leaves the full count unless other processes use the CPU
-(`OtherLoad`: /proc/stat less our own CPU time, not a timing): quiet runs and resumed ones match bit for
-bit. A count the user chose (`OMP_NUM_THREADS`, train.threads) is never changed; `torch.set_num_threads` is
-only called from the loop's own thread, as OpenMP needs.
+A `ThreadTuner` times the iterations of one loop that repeats the same work (training steps, eval
+batches, decoded tokens); now and then, and at once when they slow down, it tries the next count of
+its ladder (N, N/2, ..., 1) and keeps it if it was faster by a margin. Training's tuner never leaves
+the full count unless other processes use the CPU (`steady_when_quiet`: a step's bits depend on the
+thread count), so quiet runs and resumed ones match bit for bit. A count the user chose
+(`OMP_NUM_THREADS`, train.threads) is never changed.
 """
 
 from __future__ import annotations
@@ -26,18 +24,24 @@ from collections.abc import Callable, Iterator
 import torch
 
 DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice at start-up: one per physical core
-PINNED = any(os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))  # the user's count
+# the user's count
+PINNED = any(os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
 
 FIRST_TRY = 16  # the first scheduled try, at this iteration; then 32, 64, ... up to every SPACING
 SPACING = 512
 MARGIN = 0.1  # another count is kept only if its iterations were this much faster
 SLOWDOWN = 1.3  # iterations this much slower than when the count was settled call a try at once
-ABORT = 1.25  # a try of fewer threads whose first iteration took this many times the current ones ends there:
-# on a quiet machine such a try costs a fraction of one iteration (4 x 128: 0.35 of one; 6 x 384: 0.76)
-ABORT_MORE = 2.0  # the same for more threads, whose first iteration also wakes the threads that slept
+# a try of fewer threads whose first iteration took this many times the current ones ends there:
+ABORT = 1.25
+# on a quiet machine such a try costs a fraction of one iteration (4 x 128: 0.35 of one; 6 x 384:
+# 0.76)
+# the same for more threads, whose first iteration also wakes the threads that slept
+ABORT_MORE = 2.0
 WINDOW = 8  # the latest iterations at the current count: their median is what a try is held against
-PATIENCE = 100  # after a lost try of more threads, wait this many times what it cost before the next one
-LOAD_LOOK_S = 0.5  # `by_load`: seconds between looks at the other processes' load (/proc/stat ticks 10 ms)
+# after a lost try of more threads, wait this many times what it cost before the next one
+PATIENCE = 100
+# `by_load`: seconds between looks at the other processes' load (/proc/stat ticks 10 ms)
+LOAD_LOOK_S = 0.5
 
 
 def ladder(top: int) -> list[int]:
@@ -50,18 +54,20 @@ def ladder(top: int) -> list[int]:
 
 def scheduled(step: int) -> bool:
     """Whether a try falls on this iteration: 16, 32, 64, ..., 512, then every 512."""
-    return step >= FIRST_TRY and (step % SPACING == 0 or (step < SPACING and step & (step - 1) == 0))
+    return step >= FIRST_TRY and (
+        step % SPACING == 0 or (step < SPACING and step & (step - 1) == 0)
+    )
 
 
 class ThreadTuner:
     """Times one loop's iterations (`with tuner.timed(step): ...`) and picks its thread count.
 
     `start` is the count to begin with (a resumed run's, from its checkpoint), else the one set now.
-    `tries` is how many iterations a try runs at the other count: the first one absorbs the switch and only
-    decides whether to end the try at once; the median of the rest is held against the median of the last
-    WINDOW iterations at the current count (a slowdown must last half a window to call a try, so a pause of
-    the machine or the garbage collector does not). Disabled (a no-op) off the CPU, with a pinned count, or
-    with a single core.
+    `tries` is how many iterations a try runs at the other count: the first one absorbs the switch
+    and only decides whether to end the try at once; the median of the rest is held against the
+    median of the last WINDOW iterations at the current count (a slowdown must last half a window to
+    call a try, so a pause of the machine or the garbage collector does not). Disabled (a no-op) off
+    the CPU, with a pinned count, or with a single core.
     """
 
     def __init__(
@@ -76,11 +82,13 @@ class ThreadTuner:
         self.counts = ladder(DEFAULT_THREADS)
         self.others = OtherLoad() if steady_when_quiet else None  # None: tune on timing alone
         readable = STARTED.last is not None  # /proc/stat: Linux; elsewhere by_load tunes on timings
-        self.by_load = OtherLoad(since=STARTED.last) if by_load and readable else None  # `_count_for_load`
+        # `_count_for_load`
+        self.by_load = OtherLoad(since=STARTED.last) if by_load and readable else None
         self.looked = clock()
         self.enabled = enabled and not PINNED and len(self.counts) > 1
         self.tries, self.clock = max(2, tries), clock
-        start = start or torch.get_num_threads()  # or where the last tuner left it: a busy machine stays busy
+        # or where the last tuner left it: a busy machine stays busy
+        start = start or torch.get_num_threads()
         self.count = min(self.counts, key=lambda c: abs(c - start))
         self.recent: deque[float] = deque(maxlen=WINDOW)  # iterations at `count`
         self.settled: float | None = None  # their median when `count` was chosen or last confirmed
@@ -89,7 +97,8 @@ class ThreadTuner:
         self.upward = False  # the direction of the next scheduled try, alternating
         self.step, self.started = 0, 0.0
         self.next_upward = 0.0  # the clock's time before which no try of more threads starts
-        if self.by_load is not None and self.enabled:  # set now: the prefill before the first step runs on it
+        # set now: the prefill before the first step runs on it
+        if self.by_load is not None and self.enabled:
             self.count = self.trying = self._count_for_load()
             torch.set_num_threads(self.count)
 
@@ -98,7 +107,8 @@ class ThreadTuner:
         return cls(enabled=enabled and torch.device(device).type == "cpu", **kwargs)
 
     def timed(self, step: int | None = None) -> ThreadTuner:
-        """Time the iteration in the with-block; `step` is its number (default: one more than the last)."""
+        """Time the iteration in the with-block; `step` is its number (default: one more than the
+        last)."""
         self.step = self.step + 1 if step is None else step
         return self
 
@@ -127,28 +137,33 @@ class ThreadTuner:
         now = statistics.median(self.recent)
         if self.settled is None:
             self.settled = now
-        if self._steady():  # the full count on a quiet machine: the same steps, bit for bit, every run
+        # the full count on a quiet machine: the same steps, bit for bit, every run
+        if self._steady():
             self.settled = now
         elif scheduled(self.step):
             upward, self.upward = self.upward, not self.upward
-            upward = upward and not self._waiting(upward=True)  # too soon for more threads: fewer instead
+            # too soon for more threads: fewer instead
+            upward = upward and not self._waiting(upward=True)
             if not self._waiting(upward):
                 self._start(upward)
-        elif now > SLOWDOWN * self.settled:  # the machine got busier: fewer threads, if there are fewer
+        # the machine got busier: fewer threads, if there are fewer
+        elif now > SLOWDOWN * self.settled:
             if self.count > self.counts[-1]:
                 self._start(upward=False)
             else:  # already one: more threads would only wait for the busy core
                 self.settled = now
 
     def _count_for_load(self) -> int:
-        """`by_load`'s count (decoded tokens): the most threads the cores other processes leave free hold,
-        from /proc/stat, not timed: a 0.3 ms step stalls for time slices a median never sees (BENCHMARKS)."""
+        """`by_load`'s count (decoded tokens): the most threads the cores other processes leave free
+        hold, from /proc/stat, not timed: a 0.3 ms step stalls for time slices a median never sees
+        (BENCHMARKS)."""
         self.looked = self.clock()
         free = max(1, round(DEFAULT_THREADS - self.by_load.cores()))
         return max(c for c in self.counts if c <= free)
 
     def _steady(self) -> bool:
-        """Whether to stay at the full count: asked for, there, and no other process is using the CPU."""
+        """Whether to stay at the full count: asked for, there, and no other process is using the
+        CPU."""
         if self.others is None or self.count != self.counts[0]:
             return False
         if not (scheduled(self.step) or statistics.median(self.recent) > SLOWDOWN * self.settled):
@@ -161,10 +176,11 @@ class ThreadTuner:
         return self.counts[next(j for j in options if 0 <= j < len(self.counts))]
 
     def _waiting(self, upward: bool) -> bool:
-        """Whether this try would add threads too soon after one that lost: under load, the first iteration
-        of more threads can stall for a time slice, many times a small iteration (a decoded token), so the
-        tries of more threads are spaced by what the last one cost. Only ever below the top count, which
-        only load brings, so a quiet run's choices stay the same every run."""
+        """Whether this try would add threads too soon after one that lost: under load, the first
+        iteration of more threads can stall for a time slice, many times a small iteration (a
+        decoded token), so the tries of more threads are spaced by what the last one cost. Only ever
+        below the top count, which only load brings, so a quiet run's choices stay the same every
+        run."""
         return self._other(upward) > self.count and self.clock() < self.next_upward
 
     def _start(self, upward: bool) -> None:
@@ -175,11 +191,14 @@ class ThreadTuner:
         self.trial.append(seconds)
         current = statistics.median(self.recent)
         limit = ABORT if self.trying < self.count else ABORT_MORE
-        if len(self.trial) == 1 and seconds > limit * current:  # the other count stalls: back at once
+        # the other count stalls: back at once
+        if len(self.trial) == 1 and seconds > limit * current:
             return self._end(won=False, median=current)
         if len(self.trial) == self.tries:
             tried = statistics.median(self.trial[1:])
-            self._end(won=tried < (1 - MARGIN) * current, median=tried if tried < current else current)
+            self._end(
+                won=tried < (1 - MARGIN) * current, median=tried if tried < current else current
+            )
 
     def _end(self, won: bool, median: float) -> None:
         if self.trying > self.count and not won:
@@ -192,17 +211,20 @@ class ThreadTuner:
 
 
 class OtherLoad:
-    """The CPU other processes used since the last look, in cores, on the cores this process may run on: their
-    busy time in /proc/stat less this process's own (os.times). Linux only; elsewhere always busy."""
+    """The CPU other processes used since the last look, in cores, on the cores this process may run
+    on: their busy time in /proc/stat less this process's own (os.times). Linux only; elsewhere
+    always busy."""
 
-    BUSY = 0.25  # cores: a busy neighbour takes a whole one; a quiet machine's daemons, a few hundredths
+    # cores: a busy neighbour takes a whole one; a quiet machine's daemons, a few hundredths
+    BUSY = 0.25
 
     def __init__(self, since: tuple[float, float, float] | None = None):
         self.last = since or self._read()  # `since`: another's reading, to measure from its time
 
     @staticmethod
     def _read() -> tuple[float, float, float] | None:
-        """(seconds since boot of the cores' busy time, of their total time, of this process's CPU time)."""
+        """(seconds since boot of the cores' busy time, of their total time, of this process's CPU
+        time)."""
         try:
             cores = {f"cpu{i}" for i in os.sched_getaffinity(0)}
             with open("/proc/stat", encoding="ascii") as f:
@@ -222,8 +244,8 @@ class OtherLoad:
         return self.cores() > self.BUSY
 
     def cores(self) -> float:
-        """The cores other processes used since the last look (all of them where /proc/stat cannot be read;
-        none if no time passed)."""
+        """The cores other processes used since the last look (all of them where /proc/stat cannot
+        be read; none if no time passed)."""
         now = self._read()
         if now is None or self.last is None:
             return float(DEFAULT_THREADS)
@@ -235,8 +257,9 @@ class OtherLoad:
 
 @contextlib.contextmanager
 def busy_neighbour(on: bool = True) -> Iterator[None]:
-    """The standard busy process the measurements of a busy machine use (tools/bench.py --busy, the tests):
-    a pure-Python loop in a process of its own, as a second run or a browser's tab keeps one core busy."""
+    """The standard busy process the measurements of a busy machine use (tools/bench.py --busy, the
+    tests): a pure-Python loop in a process of its own, as a second run or a browser's tab keeps one
+    core busy."""
     if not on:
         yield
         return
@@ -249,4 +272,5 @@ def busy_neighbour(on: bool = True) -> Iterator[None]:
         neighbour.wait()
 
 
-STARTED = OtherLoad()  # a reading at start-up: a loop's first look at the load covers the seconds since
+# a reading at start-up: a loop's first look at the load covers the seconds since
+STARTED = OtherLoad()

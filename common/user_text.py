@@ -1,11 +1,12 @@
 """Text a person gives tinygpt, read one way everywhere: prompt files and --prompt, eval.py's and
 prepare.py's --text-file, text datasets prepared from local files.
 
-The rule: UTF-8; a byte-order mark at the start (Notepad and many editors write one) is not text and is
-removed; line ends are read as Python's text mode reads them (\\r\\n and a lone \\r become \\n), so a file
-saved on Windows gives the same tokens as the same file saved on Linux. A file that is not UTF-8 is one
-error naming the first bad byte and its offset, with the command that converts it. `read_user_text` reads a
-whole file; data/sources.py's TextFile, which streams a large file in blocks, applies the same `as_read`.
+The rule: UTF-8; a byte-order mark at the start (Notepad and many editors write one) is not text and
+is removed; line ends are read as Python's text mode reads them (\\r\\n and a lone \\r become \\n),
+so a file saved on Windows gives the same tokens as the same file saved on Linux. A file that is not
+UTF-8 is one error naming the first bad byte and its offset, with the command that converts it.
+`read_user_text` reads a whole file; data/sources.py's TextFile, which streams a large file in
+blocks, applies the same `as_read`.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def as_read(text: str) -> str:
 def not_utf8(
     path: Path | str, raw: bytes, error: UnicodeDecodeError, offset: int = 0, what: str = ""
 ) -> UserError:
-    """The one line for a file that is not UTF-8: the first bad byte, its offset in the file (`offset`: where
-    `raw` starts), and how to convert the file."""
+    """The one line for a file that is not UTF-8: the first bad byte, its offset in the file
+    (`offset`: where `raw` starts), and how to convert the file."""
     byte, at = raw[error.start], offset + error.start
     return UserError(
         f"{what + ' ' if what else ''}{path} is not UTF-8 text (byte 0x{byte:02x} at offset {at}); "
@@ -36,22 +37,23 @@ def not_utf8(
 
 
 def user_text(text: str, what: str, fix: str) -> str:
-    """Text given on the command line or in a config (`what`: "the prompt"), read by the same rule as a
-    file's; a string that is not UTF-8 is one error ending in `fix` (bytes in another encoding reach argv as
-    lone surrogates, which no tokenizer can encode)."""
+    """Text given on the command line or in a config (`what`: "the prompt"), read by the same rule
+    as a file's; a string that is not UTF-8 is one error ending in `fix` (bytes in another encoding
+    reach argv as lone surrogates, which no tokenizer can encode)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise UserError(
-            f"{what} is not valid UTF-8 text (the terminal or the script that passed it uses another "
-            f"encoding); {fix}"
+            f"{what} is not valid UTF-8 text (the terminal or the script that passed it uses "
+            f"another encoding); {fix}"
         ) from None
     return as_read(text.removeprefix(BOM))
 
 
 def read_user_text(path: Path | str, what: str, fix: str = "check the path") -> str:
-    """The text of the file a person named (`what`: "prompt file", "text file"), by the module's rule. A
-    missing file is "WHAT PATH not found; FIX"; a folder or a file without permission, one line too."""
+    """The text of the file a person named (`what`: "prompt file", "text file"), by the module's
+    rule. A missing file is "WHAT PATH not found; FIX"; a folder or a file without permission, one
+    line too."""
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:

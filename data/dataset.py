@@ -1,14 +1,11 @@
 """A prepared dataset: its folder, found in one place; its metadata, typed and checked; its splits.
 
-A dataset NAME lives in DATA_DIR/NAME (or in the folder `data.dir` names): each split's token ids back to
-back, in train.bin and val.bin or in shards (data/shards.py), and meta.json, which says which tokenizer made
-them, in which dtype, how many there are and in which files. meta.json is written last, so a folder without
-it is not prepared (data/prepare.py writes them all).
-Everything that reads a dataset (training, evaluation, heads.py, the dry run) goes through `Dataset.open`, so
-the folder is worked out once and a damaged meta.json is one line naming the fix, wherever it is met; it
-also holds the folder's lock, shared, for as long as the process lives (data/prepare.py takes it exclusive:
-a dataset is not re-prepared under a run that reads it). A split is checked once per process when it is
-first used: its files' sizes against meta.json's counts, and every id against the vocabulary.
+A dataset NAME lives in DATA_DIR/NAME (or in `data.dir`): each split's token ids (data/shards.py)
+and meta.json, written last, so a folder without it is not prepared. Everything that reads a
+dataset goes through `Dataset.open`: a damaged meta.json is one line naming the fix wherever it is
+met, and the folder's lock is held shared while the process lives (preparing takes it exclusive).
+A split is checked once per process when first used: file sizes, and every id against the
+vocabulary.
 """
 
 from __future__ import annotations
@@ -41,11 +38,13 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def dataset_folder(name: str, data_dir: str | Path | None = None) -> Path:
-    """Where dataset `name` lives: data_dir/name (data_dir None: the project's data/ folder). A name is a
-    name: one that is a path (`../x`, `a/b`) is refused, so nothing is read or written outside data_dir."""
+    """Where dataset `name` lives: data_dir/name (data_dir None: the project's data/ folder). A name
+    is a name: one that is a path (`../x`, `a/b`) is refused, so nothing is read or written outside
+    data_dir."""
     if not name or name in (".", "..") or Path(name).name != name or "\\" in name:
         raise UserError(
-            f"dataset name {name!r} must be a plain folder name (letters, digits, _ - .), not a path"
+            f"dataset name {name!r} must be a plain folder name (letters, digits, _ - .), not a "
+            "path"
         )
     return Path(data_dir if data_dir is not None else DATA_DIR) / name
 
@@ -53,7 +52,10 @@ def dataset_folder(name: str, data_dir: str | Path | None = None) -> Path:
 def prepare_command(folder: Path) -> str:
     """The command that prepares a dataset of one's own text into `folder`, shell-quoted."""
     where = "" if folder.parent == DATA_DIR else f" --data-dir {shlex.quote(str(folder.parent))}"
-    return f"python prepare.py {shlex.quote(folder.name)}{where} --text-file FILE (or --hf-dataset NAME)"
+    return (
+        f"python prepare.py {shlex.quote(folder.name)}{where} --text-file FILE (or --hf-dataset "
+        "NAME)"
+    )
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,8 @@ class Meta:
     val_tokens: int
     source: dict = field(default_factory=dict)  # where the text came from (for people)
     dropped_characters: int = 0  # characters a char vocabulary lacked, left out (--drop-unknown)
-    # each split's files in order, [name, ids]; empty in a dataset from before shards: train.bin, val.bin
+    # each split's files in order, [name, ids]; empty in a dataset from before shards: train.bin,
+    # val.bin
     shards: dict = field(default_factory=dict)
 
     def tokens(self, split: str) -> int:
@@ -103,11 +106,13 @@ class Meta:
         problem = _meta_problem(data)
         if problem:
             raise UserError(f"{path} is damaged: {problem}; prepare the dataset again")
-        fields = {_JSON_KEYS.get(k, k): k for k in cls.__dataclass_fields__}  # meta.json's key -> the field
+        # meta.json's key -> the field
+        fields = {_JSON_KEYS.get(k, k): k for k in cls.__dataclass_fields__}
         return cls(**{fields[k]: v for k, v in data.items() if k in fields})
 
 
-_JSON_KEYS = {"tokenizer_meta": "tokenizer"}  # a Meta field -> its key in meta.json, where they differ
+# a Meta field -> its key in meta.json, where they differ
+_JSON_KEYS = {"tokenizer_meta": "tokenizer"}
 
 
 def _meta_problem(data) -> str | None:
@@ -118,7 +123,9 @@ def _meta_problem(data) -> str | None:
         if key not in data:
             return f"it has no {key}"
     counts = ("vocab_size", "train_tokens", "val_tokens")
-    if any(not isinstance(data[k], int) or isinstance(data[k], bool) or data[k] < 0 for k in counts):
+    if any(
+        not isinstance(data[k], int) or isinstance(data[k], bool) or data[k] < 0 for k in counts
+    ):
         return "vocab_size, train_tokens and val_tokens must be whole numbers"
     if data["vocab_size"] < 1:
         return "vocab_size must be positive"
@@ -136,7 +143,8 @@ def _meta_problem(data) -> str | None:
 
 
 def _shards_problem(listed, data: dict) -> str | None:
-    """What is wrong with meta.json's list of shards (plain names of ours, counts that add up), or None."""
+    """What is wrong with meta.json's list of shards (plain names of ours, counts that add up), or
+    None."""
     if not listed:
         return None
     if not isinstance(listed, dict) or set(listed) != set(SPLITS):
@@ -158,7 +166,8 @@ def _shards_problem(listed, data: dict) -> str | None:
         )
         if not ok:
             return (
-                f"its {split} shards must be [file name, ids] pairs of {split}-NNNNN.bin or {split}.bin files"
+                f"its {split} shards must be [file name, ids] pairs of {split}-NNNNN.bin or "
+                f"{split}.bin files"
             )
         if sum(f[1] for f in files) != data[f"{split}_tokens"]:
             return f"its {split} shards do not add up to {split}_tokens"
@@ -166,7 +175,8 @@ def _shards_problem(listed, data: dict) -> str | None:
 
 
 def lock_reading(folder: Path) -> None:
-    """Hold the dataset folder's lock, shared, until the process ends: no preparation starts meanwhile."""
+    """Hold the dataset folder's lock, shared, until the process ends: no preparation starts
+    meanwhile."""
     locks.hold(
         folder / LOCK,
         f"dataset {folder.name} ({folder})",
@@ -184,8 +194,9 @@ class Dataset:
 
     @classmethod
     def open(cls, name: str, data_dir: str | Path | None = None) -> Dataset:
-        """The prepared dataset `name` in data_dir (None: data/); not prepared is one line saying how. The one
-        way to open one (data/recipes.py's `ready_dataset` prepares it first where needed)."""
+        """The prepared dataset `name` in data_dir (None: data/); not prepared is one line saying
+        how. The one way to open one (data/recipes.py's `ready_dataset` prepares it first where
+        needed)."""
         folder = dataset_folder(name, data_dir)
         if not (folder / META_FILE).is_file():
             raise UserError(
@@ -200,8 +211,8 @@ class Dataset:
         return self.folder.name
 
     def split(self, split: str) -> TokenFiles:
-        """The split's ids, one sequence over its files, checked (once per process) against meta.json and
-        the vocabulary."""
+        """The split's ids, one sequence over its files, checked (once per process) against
+        meta.json and the vocabulary."""
         names, counts = zip(*self.meta.files(split))
         files = TokenFiles.of([self.folder / n for n in names], self.meta.dtype)
         shards.check(files, counts, self.meta.vocab_size)
@@ -209,13 +220,14 @@ class Dataset:
 
     @functools.cached_property
     def tokenizer(self) -> Tokenizer:
-        """The tokenizer that made the ids, built once (on first use: a GPT-2 BPE may need its vocabulary
-        downloaded, which a run that never decodes should not)."""
+        """The tokenizer that made the ids, built once (on first use: a GPT-2 BPE may need its
+        vocabulary downloaded, which a run that never decodes should not)."""
         return from_meta(self.meta.tokenizer_meta)
 
     def byte_lengths(self) -> np.ndarray | None:
-        """The UTF-8 length of each token id, for bits per byte; None where the tokenizer cannot be loaded
-        here (a BPE vocabulary that is not cached, offline), so training goes on without bpb."""
+        """The UTF-8 length of each token id, for bits per byte; None where the tokenizer cannot be
+        loaded here (a BPE vocabulary that is not cached, offline), so training goes on without
+        bpb."""
         try:
             return self.tokenizer.byte_lengths()
         except UserError:
@@ -227,15 +239,17 @@ class Dataset:
         unchecked = self.meta.tokens(split) > CHECKED_TOKENS
         return TokenWindows(tokens, block_size, device, seed, split, vocab if unchecked else None)
 
-    def all_windows(self, block_size: int, device: torch.device, seed: int) -> dict[str, TokenWindows]:
-        """`windows` of every split, as a run takes them (training/run.py's `start_run`; the dry run calls it
-        to refuse what the run refuses: a split too short for one window)."""
+    def all_windows(
+        self, block_size: int, device: torch.device, seed: int
+    ) -> dict[str, TokenWindows]:
+        """`windows` of every split, as a run takes them (training/run.py's `start_run`; the dry run
+        calls it to refuse what the run refuses: a split too short for one window)."""
         return {split: self.windows(split, block_size, device, seed) for split in SPLITS}
 
     def check_tokenizer(self, tokenizer_meta: dict, what: str) -> None:
         """Refuse a dataset tokenised otherwise than `tokenizer_meta` (a checkpoint's) says."""
         if not same(self.meta.tokenizer_meta, tokenizer_meta):
             raise UserError(
-                f"the dataset in {self.folder} has another tokenizer than {what}; point --data-dir at the "
-                "data the model was trained on"
+                f"the dataset in {self.folder} has another tokenizer than {what}; point --data-dir "
+                "at the data the model was trained on"
             )

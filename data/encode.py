@@ -1,10 +1,11 @@
-"""Encoding a split in threads: documents grouped into tasks, encoded in order, their ids back to back.
+"""Encoding a split in threads: documents grouped into tasks, encoded in order, their ids back to
+back.
 
-Every tokenizer here releases the GIL while it encodes, so the threads run at once; they measured as fast
-as a process pool or faster (BENCHMARKS.md, "Data preparation against the tokenizer's own speed"), with no
-fork or spawn to hang on macOS or Windows. At most 2 * workers tasks are held at a time, so memory stays
-bounded however large the corpus; each task carries the source's position after it, which is what a
-stopped preparation continues from (data/shard_writer.py).
+Every tokenizer here releases the GIL while it encodes, so the threads run at once; they measured as
+fast as a process pool or faster (BENCHMARKS.md, "Data preparation against the tokenizer's own
+speed"), with no fork or spawn to hang on macOS or Windows. At most 2 * workers tasks are held at a
+time, so memory stays bounded however large the corpus; each task carries the source's position
+after it, which is what a stopped preparation continues from (data/shard_writer.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import numpy as np
 from data.sources import Documents
 from data.tokenizers import Tokenizer
 
-TASK_CHARS = 1 << 18  # characters per encoding task: a thread works on one (bpe:N needs ~30 MB for it)
+# characters per encoding task: a thread works on one (bpe:N needs ~30 MB for it)
+TASK_CHARS = 1 << 18
 
 
 @dataclass
@@ -35,8 +37,8 @@ class Encoded:
 
 
 def _tasks(docs: Documents) -> Iterator[tuple[list[str], object]]:
-    """Group documents into tasks of about TASK_CHARS characters, each with the source's position after its
-    last document (asked for before the next one is read)."""
+    """Group documents into tasks of about TASK_CHARS characters, each with the source's position
+    after its last document (asked for before the next one is read)."""
     task, size = [], 0
     for doc in docs:
         task.append(doc)
@@ -48,8 +50,11 @@ def _tasks(docs: Documents) -> Iterator[tuple[list[str], object]]:
         yield task, docs.position()
 
 
-def encode_task(tokenizer: Tokenizer, task: list[str], eot: Optional[int], dtype: np.dtype) -> np.ndarray:
-    """The ids of the task's documents back to back in dtype, with eot after each document when given."""
+def encode_task(
+    tokenizer: Tokenizer, task: list[str], eot: Optional[int], dtype: np.dtype
+) -> np.ndarray:
+    """The ids of the task's documents back to back in dtype, with eot after each document when
+    given."""
     arrays = tokenizer.encode_batch(task)
     if eot is not None:
         end = np.array([eot], dtype=dtype)
@@ -59,7 +64,9 @@ def encode_task(tokenizer: Tokenizer, task: list[str], eot: Optional[int], dtype
     return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
 
 
-def _encode(tokenizer: Tokenizer, task: list[str], eot: Optional[int], dtype: np.dtype, end) -> Encoded:
+def _encode(
+    tokenizer: Tokenizer, task: list[str], eot: Optional[int], dtype: np.dtype, end
+) -> Encoded:
     ids = encode_task(tokenizer, task, eot, dtype)
     n_bytes = sum(len(doc.encode("utf-8")) for doc in task)  # in the thread too: it holds the GIL
     return Encoded(ids, sum(map(len, task)), n_bytes, len(task), end)
@@ -68,8 +75,8 @@ def _encode(tokenizer: Tokenizer, task: list[str], eot: Optional[int], dtype: np
 def encode_stream(
     docs: Documents, tokenizer: Tokenizer, eot: Optional[int], dtype: np.dtype, workers: int
 ) -> Iterator[Encoded]:
-    """The tasks encoded, in order. Holds at most 2 * workers tasks at a time. A source that fails (a dropped
-    connection) fails after the tasks read before it, so that they can be kept."""
+    """The tasks encoded, in order. Holds at most 2 * workers tasks at a time. A source that fails
+    (a dropped connection) fails after the tasks read before it, so that they can be kept."""
     with ThreadPoolExecutor(workers) as pool:
         pending: deque = deque()
         failed = None

@@ -1,15 +1,15 @@
-"""Evaluation data besides the prepared splits: any text file, and multiple-choice files in HellaSwag's
-format.
+"""Evaluation data besides the prepared splits: any text file, and multiple-choice files in
+HellaSwag's format.
 
-- `encode_text_file`: a UTF-8 file tokenised with a model's tokenizer, as one sequence, read as prepare.py
-  reads it (data/sources.py's TextFile: no byte-order mark, CRLF read as LF, and its errors for a missing,
-  empty or non-UTF-8 file; characters a character vocabulary lacks are named).
-- `read_choices`: JSON lines (read by common/user_text.py's rule) with `ctx` (the context), `endings` (the
-  candidate continuations) and `label` (the index of the right one), the fields of the published HellaSwag
-  files (others are ignored). A mistake in the file names its line. `encode_choice` joins context and ending
-  as nanoGPT's and llm.c's HellaSwag scripts do: the ending follows after a space (unless either side
-  already has whitespace there) and is tokenised on its own, so its tokens are the same whatever the
-  context.
+- `encode_text_file`: a UTF-8 file tokenised with a model's tokenizer, as one sequence, read as
+  prepare.py reads it (data/sources.py's TextFile: no byte-order mark, CRLF read as LF, and its
+  errors for a missing, empty or non-UTF-8 file; characters a character vocabulary lacks are named).
+- `read_choices`: JSON lines (read by common/user_text.py's rule) with `ctx` (the context),
+  `endings` (the candidate continuations) and `label` (the index of the right one), the fields of
+  the published HellaSwag files (others are ignored). A mistake in the file names its line.
+  `encode_choice` joins context and ending as nanoGPT's and llm.c's HellaSwag scripts do: the ending
+  follows after a space (unless either side already has whitespace there) and is tokenised on its
+  own, so its tokens are the same whatever the context.
 """
 
 from __future__ import annotations
@@ -60,29 +60,40 @@ def _parse_choice(line: str, n: int, path: Path) -> Choice:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise UserError(f"{where} is not JSON ({e.msg}); each line must be one JSON object") from None
+        raise UserError(
+            f"{where} is not JSON ({e.msg}); each line must be one JSON object"
+        ) from None
     if not isinstance(row, dict):
         raise UserError(f"{where} is not a JSON object with ctx, endings and label")
     missing = [k for k in ("ctx", "endings", "label") if k not in row]
     if missing:
-        raise UserError(f"{where} has no {', '.join(missing)} (the fields are ctx, endings and label)")
+        raise UserError(
+            f"{where} has no {', '.join(missing)} (the fields are ctx, endings and label)"
+        )
     ctx, endings, label = row["ctx"], row["endings"], row["label"]
     if not isinstance(ctx, str) or not ctx:
         raise UserError(f"{where}: ctx must be a non-empty string")
     if not (
-        isinstance(endings, list) and len(endings) >= 2 and all(isinstance(e, str) and e for e in endings)
+        isinstance(endings, list)
+        and len(endings) >= 2
+        and all(isinstance(e, str) and e for e in endings)
     ):
         raise UserError(f"{where}: endings must be a list of at least two non-empty strings")
     if isinstance(label, str) and label.isdigit():  # some copies of HellaSwag write it as a string
         label = int(label)
     if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < len(endings):
-        raise UserError(f"{where}: label must be the index of the right ending, 0 to {len(endings) - 1}")
+        raise UserError(
+            f"{where}: label must be the index of the right ending, 0 to {len(endings) - 1}"
+        )
     return Choice(ctx, endings, label, n)
 
 
-def encode_choice(item: Choice, tokenizer: Tokenizer, block_size: int) -> list[tuple[list[int], int]]:
-    """For each ending: (context + ending token ids, number of ending tokens), the context cut from the left
-    so that the sequence fits block_size + 1 tokens (the model predicts all but the first)."""
+def encode_choice(
+    item: Choice, tokenizer: Tokenizer, block_size: int
+) -> list[tuple[list[int], int]]:
+    """For each ending: (context + ending token ids, number of ending tokens), the context cut from
+    the left so that the sequence fits block_size + 1 tokens (the model predicts all but the
+    first)."""
     where = f"line {item.line}"
     ctx = encode_text(item.ctx, tokenizer, f"{where}'s ctx").tolist()
     out = []
@@ -91,7 +102,8 @@ def encode_choice(item: Choice, tokenizer: Tokenizer, block_size: int) -> list[t
         ids = encode_text(joined, tokenizer, f"{where}'s endings").tolist()
         if len(ids) > block_size:
             raise UserError(
-                f"{where}: an ending of {len(ids)} tokens does not fit the model's context of {block_size}"
+                f"{where}: an ending of {len(ids)} tokens does not fit the model's context of "
+                f"{block_size}"
             )
         keep = block_size + 1 - len(ids)
         out.append((ctx[-keep:] + ids, len(ids)))

@@ -1,5 +1,5 @@
-"""Prompts for the scripts that take one (sample.py, heads.py, and train.py's samples): reading the text of
---prompt or --prompt-file, and encoding it into token ids with errors a person can act on.
+"""Prompts for the scripts that take one (sample.py, heads.py, and train.py's samples): reading the
+text of --prompt or --prompt-file, and encoding it into token ids with errors a person can act on.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from data.tokenizers import Tokenizer, encode_text
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None, tokenizer: Tokenizer) -> str:
-    """The text of --prompt, or of the file --prompt-file names, read as every text a person gives is
-    (common/user_text.py: a byte-order mark removed, CRLF read as LF); with neither, the default prompt."""
+    """The text of --prompt, or of the file --prompt-file names, read as every text a person gives
+    is (common/user_text.py: a byte-order mark removed, CRLF read as LF); with neither, the default
+    prompt."""
     if prompt_file is not None:
         return read_user_text(prompt_file, "prompt file")
     if prompt is None:
@@ -25,8 +26,8 @@ def default_prompt(tokenizer: Tokenizer) -> str:
 
 
 def encode_prompt(text: str, tokenizer: Tokenizer, block_size: int | None) -> list[int]:
-    """The prompt's ids: an empty prompt is <|endoftext|> (BPE); it must fit the model's context (None: a
-    model that reads any length, GPTConfig.context_limit)."""
+    """The prompt's ids: an empty prompt is <|endoftext|> (BPE); it must fit the model's context
+    (None: a model that reads any length, GPTConfig.context_limit)."""
     if text == "" and tokenizer.eot_token is not None:
         return [tokenizer.eot_token]
     if text == "":
@@ -34,6 +35,7 @@ def encode_prompt(text: str, tokenizer: Tokenizer, block_size: int | None) -> li
     ids = encode_text(text, tokenizer, "the prompt").tolist()
     if block_size is not None and len(ids) > block_size:
         raise UserError(
-            f"the prompt is {len(ids)} tokens, longer than the model's context of {block_size}; shorten it"
+            f"the prompt is {len(ids)} tokens, longer than the model's context of {block_size}; "
+            "shorten it"
         )
     return ids

@@ -1,11 +1,13 @@
-"""The known datasets, by name, and getting a dataset ready to read: the one way a run or a script does it.
+"""The known datasets, by name, and getting a dataset ready to read: the one way a run or a script
+does it.
 
-`recipes()` names each dataset train.py and prepare.py know: where its text comes from and which tokenizer
-makes its ids. `ready_dataset` opens a dataset (data/dataset.py's `Dataset.open`), preparing a known one
-first when it is not prepared yet (seconds for Shakespeare; TinyStories and FineWeb-Edu stream from the
-hub, minutes to hours); training says how a first use prepares (once per machine under torchrun). Its
-dry-run twin, `dataset_on_paper`, writes nothing where the user looks: a dataset not prepared yet is
-prepared in a temporary folder (where that takes seconds) and deleted after.
+`recipes()` names each dataset train.py and prepare.py know: where its text comes from and which
+tokenizer makes its ids. `ready_dataset` opens a dataset (data/dataset.py's `Dataset.open`),
+preparing a known one first when it is not prepared yet (seconds for Shakespeare; TinyStories and
+FineWeb-Edu stream from the hub, minutes to hours); training says how a first use prepares (once per
+machine under torchrun). Its dry-run twin, `dataset_on_paper`, writes nothing where the user looks:
+a dataset not prepared yet is prepared in a temporary folder (where that takes seconds) and deleted
+after.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING
 from common import locks
 from common.errors import UserError
 from data.dataset import DATA_DIR, LOCK, META_FILE, Dataset, dataset_folder, prepare_command
-from data.tokenizers import BPETokenizer, parse_spec
+from data.tokenizers import parse_spec
 
 if TYPE_CHECKING:
     from data.prepare import Recipe
@@ -31,8 +33,8 @@ SHAKESPEARE = str(DATA_DIR / "tinyshakespeare.txt")  # shipped, so the default r
 
 @functools.cache
 def recipes() -> dict[str, Recipe]:
-    """The known datasets by name: each one's text and tokenizer. Made on first call, so that opening a
-    prepared dataset imports nothing of the preparation."""
+    """The known datasets by name: each one's text and tokenizer. Made on first call, so that
+    opening a prepared dataset imports nothing of the preparation."""
     from data.prepare import Recipe
     from data.repeats import Repeats
     from data.sources import HFText, TextFile
@@ -48,32 +50,39 @@ def recipes() -> dict[str, Recipe]:
         "tinystories": Recipe(
             HFText("roneneldan/TinyStories", val_split="validation", streaming=True),
             "bpe:4096",
-            "TinyStories (Eldan & Li 2023, ~2.1M short stories), streamed from the hub, own 4,096-token BPE",
+            "TinyStories (Eldan & Li 2023, ~2.1M short stories), streamed from the hub, own "
+            "4,096-token BPE",
         ),
         "fineweb_edu": Recipe(
             HFText("HuggingFaceFW/fineweb-edu", name="sample-10BT", streaming=True, val_every=2000),
             "gpt2",
             "FineWeb-Edu sample-10BT (~10B GPT-2 tokens, ~20 GB of bins), streamed from the hub",
         ),
-        "repeats": Recipe(Repeats(), "char", "synthetic random segments that repeat (induction-head study)"),
+        "repeats": Recipe(
+            Repeats(), "char", "synthetic random segments that repeat (induction-head study)"
+        ),
     }
 
 
 def recipe_vocab_size(name: str) -> int | None:
-    """The vocabulary known dataset `name` will have before it is prepared: its bpe:N's N (at most: a text
-    that runs out of pairs to merge gives fewer), GPT-2's; None for char (the text's characters) or a name
-    that is not known."""
+    """The vocabulary known dataset `name` will have before it is prepared: its bpe:N's N (at most:
+    a text that runs out of pairs to merge gives fewer), GPT-2's; None for char (the text's
+    characters) or a name that is not known."""
     recipe = recipes().get(name)
     if recipe is None:
         return None
     kind, size = parse_spec(recipe.tokenizer)
     if kind == "char":
         return None
-    return size if kind == "trained_bpe" else BPETokenizer(kind).vocab_size
+    if kind == "trained_bpe":
+        return size
+    from data.bpe import BPETokenizer  # GPT-2's BPE: its vocabulary from tiktoken
+
+    return BPETokenizer(kind).vocab_size
 
 
-# how a first use prepares: called with the dataset's folder and the preparation, it runs the preparation
-# (training: once per machine under torchrun, training/plan.py's `run_dataset`)
+# how a first use prepares: called with the dataset's folder and the preparation, it runs the
+# preparation (training: once per machine under torchrun, training/plan.py's `run_dataset`)
 FirstUse = Callable[[Path, Callable[[], object]], None]
 
 
@@ -83,9 +92,9 @@ def ready_dataset(
     tokenizer_meta: dict | None = None,
     first_use: FirstUse | None = None,
 ) -> Dataset:
-    """Dataset `name` in data_dir (None: data/), opened; a known dataset not prepared yet is prepared first
-    (by `first_use`, where given). With `tokenizer_meta` (a checkpoint's), refused when it was tokenised
-    otherwise."""
+    """Dataset `name` in data_dir (None: data/), opened; a known dataset not prepared yet is
+    prepared first (by `first_use`, where given). With `tokenizer_meta` (a checkpoint's), refused
+    when it was tokenised otherwise."""
     folder = dataset_folder(name, data_dir)
     if not (folder / META_FILE).is_file():
         if name not in recipes():
@@ -113,10 +122,11 @@ def ready_dataset(
 
 @contextlib.contextmanager
 def dataset_on_paper(name: str, data_dir: str | Path | None = None) -> Iterator[Dataset | None]:
-    """The dry run's `ready_dataset`, which writes nothing where the user looks: the prepared dataset; else,
-    when its text is here (seconds), one prepared in a temporary folder deleted when the block ends (its
-    `Dataset.folder` is then not `dataset_folder`'s: the caller says so); None when it is not prepared and
-    would stream from the hub (hours: train.py prepares it on first use) or is not known."""
+    """The dry run's `ready_dataset`, which writes nothing where the user looks: the prepared
+    dataset; else, when its text is here (seconds), one prepared in a temporary folder deleted when
+    the block ends (its `Dataset.folder` is then not `dataset_folder`'s: the caller says so); None
+    when it is not prepared and would stream from the hub (hours: train.py prepares it on first use)
+    or is not known."""
     if (dataset_folder(name, data_dir) / META_FILE).is_file():
         yield Dataset.open(name, data_dir)
         return
@@ -133,4 +143,5 @@ def dataset_on_paper(name: str, data_dir: str | Path | None = None) -> Iterator[
         try:
             yield Dataset.open(name, temporary)
         finally:
-            locks.release(Path(temporary) / name / LOCK)  # the reader's lock, held for the process otherwise
+            # the reader's lock, held for the process otherwise
+            locks.release(Path(temporary) / name / LOCK)

@@ -1,14 +1,14 @@
 """A synthetic dataset for watching induction heads form: random segments that repeat.
 
-The text is a stream of chunks. A chunk is a random segment (length uniform in [min_len, max_len], its
-characters drawn uniformly from `alphabet`, all different when `distinct`) written `min_repeats` ..
-`max_repeats` times, each copy followed by 0 .. `max_gap` random filler characters (max_gap 0: the segment
-repeats periodically, back to back). The first copy of a segment is unpredictable; every later copy can be
-predicted by in-context copying: find the previous occurrence of the current character and predict what
-followed it, which is what an induction head does. The segment length varies, so no fixed attention
-offset can copy; the model has to match content. With `shakespeare` > 0 that fraction of the chunks are
-eight lines of Shakespeare instead (real language mixed with copying). Deterministic for a given seed and
-split; about half a second per million characters.
+The text is a stream of chunks. A chunk is a random segment (length uniform in [min_len, max_len],
+its characters drawn uniformly from `alphabet`, all different when `distinct`) written `min_repeats`
+.. `max_repeats` times, each copy followed by 0 .. `max_gap` random filler characters (max_gap 0:
+the segment repeats periodically, back to back). The first copy of a segment is unpredictable; every
+later copy can be predicted by in-context copying: find the previous occurrence of the current
+character and predict what followed it, which is what an induction head does. The segment length
+varies, so no fixed attention offset can copy; the model has to match content. With `shakespeare` >
+0 that fraction of the chunks are eight lines of Shakespeare instead (real language mixed with
+copying). Deterministic for a given seed and split; about half a second per million characters.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ class Repeats:
     min_repeats: int = 3
     max_repeats: int = 6
     max_gap: int = 0
-    distinct: bool = True  # no character twice in a segment: every copy has one unambiguous continuation
+    # no character twice in a segment: every copy has one unambiguous continuation
+    distinct: bool = True
     shakespeare: float = 0.0
     seed: int = 0
     separate_documents = False

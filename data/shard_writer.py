@@ -1,12 +1,14 @@
-"""A preparation's files: its shards written whole, progress.json to continue from, meta.json at the end.
+"""A preparation's files: its shards written whole, progress.json to continue from, meta.json at the
+end.
 
-The one owner of what a preparation leaves in its folder. A shard (data/shards.py names it) is written to a
-temporary file, flushed to the disk and renamed into place; only then does progress.json record it, with
-the source's position after its last document (`end`). A rerun of the same command (progress.json's
-`command` must match) keeps the listed shards whose files are whole, takes the tokenizer made at the start
-from progress.json, and continues the source from the last `end`: at most one shard's worth of text is read
-again. When the dataset is complete, meta.json (data/dataset.py) lists the shards and progress.json goes.
-What a user sees of it: docs/datasets.md, "A preparation that stops".
+The one owner of what a preparation leaves in its folder. A shard (data/shards.py names it) is
+written to a temporary file, flushed to the disk and renamed into place; only then does
+progress.json record it, with the source's position after its last document (`end`). A rerun of the
+same command (progress.json's `command` must match) keeps the listed shards whose files are whole,
+takes the tokenizer made at the start from progress.json, and continues the source from the last
+`end`: at most one shard's worth of text is read again. When the dataset is complete, meta.json
+(data/dataset.py) lists the shards and progress.json goes. What a user sees of it: docs/datasets.md,
+"A preparation that stops".
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from tqdm import tqdm
 from common import json_text
 from common.errors import UserError
 from common.files import atomic_write, size_text, write_failed
+from data.bpe import TrainedBPE
 from data.dataset import META_FILE, Meta
 from data.encode import Encoded, encode_stream
 from data.shards import SHARD_NAME, shard_name, single_name
-from data.tokenizers import TOKENIZER_JSON, CharTokenizer, Tokenizer, TrainedBPE
+from data.tokenizers import TOKENIZER_JSON, CharTokenizer, Tokenizer
 
 PROGRESS_FILE = "progress.json"
 VERSION = 1
@@ -60,8 +63,9 @@ class Preparation:
 
     @classmethod
     def start(cls, folder: Path, command: dict, tokenizer_meta: dict, dtype: str) -> Preparation:
-        """A fresh preparation of `command`, recorded in progress.json, once every file an earlier one left
-        is gone (meta.json too: with --overwrite, not a dataset until the new one lands)."""
+        """A fresh preparation of `command`, recorded in progress.json, once every file an earlier
+        one left is gone (meta.json too: with --overwrite, not a dataset until the new one
+        lands)."""
         clear(folder)
         progress = cls(folder, command, tokenizer_meta, dtype)
         progress.save()
@@ -84,22 +88,28 @@ class Preparation:
             tokens, text = sum(s.tokens for s in shards), sum(s.bytes for s in shards)
             docs = sum(s.documents for s in shards)
             what = f"{len(shards)} shard{'s' if len(shards) > 1 else ''} ({tokens:,} tokens, "
-            what += f"{docs:,} documents, " if self.command["source"].get("type") == "huggingface" else ""
+            what += (
+                f"{docs:,} documents, "
+                if self.command["source"].get("type") == "huggingface"
+                else ""
+            )
             parts.append(
-                f"{split}: {what}{size_text(text)} of text)" + (", done" if split in self.done else "")
+                f"{split}: {what}{size_text(text)} of text)"
+                + (", done" if split in self.done else "")
             )
         return "; ".join(parts)
 
     def complete(self, tokenizer: Tokenizer, source: dict) -> Meta:
-        """The dataset this preparation made, in meta.json, written last: its shards listed (a split of one
-        renamed to train.bin, val.bin), after bpe:N's tokenizer.json (as Hugging Face loads it);
-        progress.json goes. Safe to repeat after a stop."""
+        """The dataset this preparation made, in meta.json, written last: its shards listed (a split
+        of one renamed to train.bin, val.bin), after bpe:N's tokenizer.json (as Hugging Face loads
+        it); progress.json goes. Safe to repeat after a stop."""
         dropped = 0
         if isinstance(tokenizer, CharTokenizer):  # one token per character, none between documents
             dropped = sum(s.chars - s.tokens for shards in self.splits.values() for s in shards)
             if dropped:
                 print(
-                    f"dropped {dropped:,} character(s) the vocabulary lacks (--drop-unknown)", file=sys.stderr
+                    f"dropped {dropped:,} character(s) the vocabulary lacks (--drop-unknown)",
+                    file=sys.stderr,
                 )
         meta = Meta(
             name=self.folder.name,
@@ -121,23 +131,26 @@ class Preparation:
 
 def _again() -> str:
     return (
-        "free some space or fix the folder's permissions, then run the same command again: it continues "
-        "from the last complete shard"
+        "free some space or fix the folder's permissions, then run the same command again: it "
+        "continues from the last complete shard"
     )
 
 
 def continued(folder: Path, command: dict) -> Preparation | None:
-    """The unfinished preparation in `folder` to continue, when progress.json says it was asked the same
-    `command`: with the shards whose files are whole (a reboot can leave the last one short), what they do
-    not list removed, meta.json too. None otherwise (nothing is removed: `Preparation.start` does that once
-    the tokenizer is made). Says which, in one line on stderr."""
+    """The unfinished preparation in `folder` to continue, when progress.json says it was asked the
+    same `command`: with the shards whose files are whole (a reboot can leave the last one short),
+    what they do not list removed, meta.json too. None otherwise (nothing is removed:
+    `Preparation.start` does that once the tokenizer is made). Says which, in one line on stderr."""
     old = _read(folder)
     if old is not None and old.command != command:
         differs = next(
-            k for k in sorted(set(command) | set(old.command)) if command.get(k) != old.command.get(k)
+            k
+            for k in sorted(set(command) | set(old.command))
+            if command.get(k) != old.command.get(k)
         )
         print(
-            f"the unfinished preparation in {folder} was asked for another {differs}: starting afresh",
+            f"the unfinished preparation in {folder} was asked for another {differs}: starting "
+            "afresh",
             file=sys.stderr,
         )
         return None
@@ -145,20 +158,24 @@ def continued(folder: Path, command: dict) -> Preparation | None:
         return None
     for split, shards in old.splits.items():
         whole = 0
-        while whole < len(shards) and _whole(folder / shards[whole].file, shards[whole].tokens, old):
+        while whole < len(shards) and _whole(
+            folder / shards[whole].file, shards[whole].tokens, old
+        ):
             whole += 1
         if whole < len(shards) and split in old.done:
             old.done.remove(split)
         del shards[whole:]
     _remove_leftovers(folder, old)
-    (folder / META_FILE).unlink(missing_ok=True)  # --overwrite: not a dataset until the new one lands
+    # --overwrite: not a dataset until the new one lands
+    (folder / META_FILE).unlink(missing_ok=True)
     if any(old.splits.values()):
         print(f"continuing the preparation in {folder}: kept {old.kept()}", file=sys.stderr)
     return old
 
 
 def kept_shards(folder: Path) -> bool:
-    """Whether a stopped preparation in `folder` completed a shard the same command would continue from."""
+    """Whether a stopped preparation in `folder` completed a shard the same command would continue
+    from."""
     old = _read(folder)
     return old is not None and bool(old.splits.get("train"))
 
@@ -189,8 +206,8 @@ def _ours(name: str) -> bool:
 
 
 def clear(folder: Path) -> None:
-    """Remove what an earlier preparation left: the splits' files and shards, temporary files, progress,
-    and meta.json."""
+    """Remove what an earlier preparation left: the splits' files and shards, temporary files,
+    progress, and meta.json."""
     for path in folder.iterdir():
         if _ours(path.name) or path.name in (PROGRESS_FILE, META_FILE):
             with contextlib.suppress(OSError):
@@ -198,8 +215,8 @@ def clear(folder: Path) -> None:
 
 
 def _remove_leftovers(folder: Path, progress: Preparation) -> None:
-    """Files of ours that progress.json does not list: temporary files of a stopped write, shards written
-    after the last one it recorded."""
+    """Files of ours that progress.json does not list: temporary files of a stopped write, shards
+    written after the last one it recorded."""
     listed = {s.file for shards in progress.splits.values() for s in shards}
     for path in folder.iterdir():
         if _ours(path.name) and path.name not in listed:
@@ -208,8 +225,8 @@ def _remove_leftovers(folder: Path, progress: Preparation) -> None:
 
 
 def final_files(progress: Preparation) -> dict[str, list[list]]:
-    """The splits' files for meta.json, in order: a split of one shard renamed to train.bin (val.bin), as a
-    dataset of one file per split has always been. Safe to repeat after a stop."""
+    """The splits' files for meta.json, in order: a split of one shard renamed to train.bin
+    (val.bin), as a dataset of one file per split has always been. Safe to repeat after a stop."""
     listed = {}
     for split, shards in progress.splits.items():
         if len(shards) == 1 and shards[0].file != single_name(split):
@@ -223,11 +240,19 @@ def final_files(progress: Preparation) -> dict[str, list[list]]:
 
 
 class ShardWriter:
-    """One split's ids, written into shards of about `shard_tokens` (each whole tasks: a shard ends where a
-    document, or a piece of a text file, ends), each recorded in progress.json once it is in place."""
+    """One split's ids, written into shards of about `shard_tokens` (each whole tasks: a shard ends
+    where a document, or a piece of a text file, ends), each recorded in progress.json once it is in
+    place."""
 
-    def __init__(self, progress: Preparation, split: str, dtype: np.dtype, shard_tokens: int, need: Callable):
-        self.progress, self.split, self.dtype, self.shard_tokens = progress, split, dtype, shard_tokens
+    def __init__(
+        self, progress: Preparation, split: str, dtype: np.dtype, shard_tokens: int, need: Callable
+    ):
+        self.progress, self.split, self.dtype, self.shard_tokens = (
+            progress,
+            split,
+            dtype,
+            shard_tokens,
+        )
         self.need = need  # bytes the split needs, about (for the line a full disk gives)
         self.file, self.tmp = None, None
         self._reset()
@@ -247,9 +272,8 @@ class ShardWriter:
                 final = self.final
                 self.tmp = final.with_name(f".{final.stem}.tmp-{os.getpid()}{final.suffix}")
                 self.file = open(self.tmp, "wb")  # noqa: SIM115 (closed in _close)
-            self.file.write(
-                ids.data
-            )  # not tofile: its error lacks the errno (a full disk says "n requested")
+            # not tofile: its error lacks the errno (a full disk says "n requested")
+            self.file.write(ids.data)
         except OSError as e:
             self._discard()
             raise write_failed(self.final, e, self.need(), _again()) from None
@@ -271,8 +295,8 @@ class ShardWriter:
         self.progress.save()
 
     def _close(self) -> None:
-        """Flush the shard to the disk, rename it into place, record it (in that order: what progress.json
-        lists is on the disk)."""
+        """Flush the shard to the disk, rename it into place, record it (in that order: what
+        progress.json lists is on the disk)."""
         final = self.final
         try:
             self.file.flush()
@@ -298,7 +322,8 @@ class ShardWriter:
                 self.tmp.unlink()
 
     def abandon(self) -> None:
-        """A stop (Ctrl-C, an error): the shard in progress goes; the complete ones stay for the next run."""
+        """A stop (Ctrl-C, an error): the shard in progress goes; the complete ones stay for the
+        next run."""
         if self.file is not None:
             self._discard()
 
@@ -306,17 +331,19 @@ class ShardWriter:
 # --- writing a split, shard by shard ---
 
 
-def write_split(progress: Preparation, split: str, source, tokenizer: Tokenizer, workers: int) -> None:
-    """Encode the split (data/encode.py) into shards from where progress.json says it stopped; a split done
-    already is passed over. A failed write is one line: the space the split needs is extrapolated from what
-    was written, when the split's size is known; so is a source that fails (a dropped connection). A split
-    with no ids is one line too."""
+def write_split(
+    progress: Preparation, split: str, source, tokenizer: Tokenizer, workers: int
+) -> None:
+    """Encode the split (data/encode.py) into shards from where progress.json says it stopped; a
+    split done already is passed over. A failed write is one line: the space the split needs is
+    extrapolated from what was written, when the split's size is known; so is a source that fails (a
+    dropped connection). A split with no ids is one line too."""
     if split not in progress.done:
         _write(progress, split, source, tokenizer, workers)
     if not sum(s.tokens for s in progress.shards(split)):
         raise UserError(
-            f"dataset {progress.folder.name}: the {split} split is empty; give the source more text "
-            "(or a val split / val fraction that selects some of it)"
+            f"dataset {progress.folder.name}: the {split} split is empty; give the source more "
+            "text (or a val split / val fraction that selects some of it)"
         )
 
 
@@ -341,10 +368,14 @@ def _write(progress: Preparation, split: str, source, tokenizer: Tokenizer, work
     )
     try:
         with bar:
-            for encoded in _reading(encode_stream(docs, tokenizer, eot, dtype, workers), source, progress):
+            for encoded in _reading(
+                encode_stream(docs, tokenizer, eot, dtype, workers), source, progress
+            ):
                 for k in done:
                     done[k] += len(encoded.ids) if k == "tokens" else getattr(encoded, k)
-                writer.add(encoded.ids, encoded.chars, encoded.bytes, encoded.documents, encoded.end)
+                writer.add(
+                    encoded.ids, encoded.chars, encoded.bytes, encoded.documents, encoded.end
+                )
                 bar.update(getattr(encoded, unit))
                 text = "" if unit == "bytes" else f", text={size_text(done['bytes'])}"
                 bar.set_postfix_str(f"tokens={done['tokens']:,}{text}", refresh=False)
@@ -355,8 +386,8 @@ def _write(progress: Preparation, split: str, source, tokenizer: Tokenizer, work
 
 
 def _reading(encoded: Iterator[Encoded], source, progress: Preparation) -> Iterator[Encoded]:
-    """`encoded`, with a source that fails on the way (a dropped connection, an unreadable file) turned into
-    one line that says what is kept."""
+    """`encoded`, with a source that fails on the way (a dropped connection, an unreadable file)
+    turned into one line that says what is kept."""
     try:
         yield from encoded
     except Exception as e:
@@ -366,8 +397,8 @@ def _reading(encoded: Iterator[Encoded], source, progress: Preparation) -> Itera
         kept = progress.kept() or "nothing yet"
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(
-            f"reading {source.to_meta().get('path')} failed ({reason}); kept {kept}: run the same command "
-            "again to continue from there"
+            f"reading {source.to_meta().get('path')} failed ({reason}); kept {kept}: run the same "
+            "command again to continue from there"
         ) from None
 
 

@@ -1,14 +1,14 @@
 """A prepared split's token ids, in one file or in shards, read as one sequence.
 
-A split is the ids of its text back to back. data/prepare.py writes it in shards of about --shard-tokens ids,
-each ending where a document (or a piece of a text file) ends: `train-00000.bin`, `train-00001.bin`, ...,
-or one file `train.bin` when the split fits in one shard. meta.json lists the files in order with their
-counts (`shards`); a dataset prepared before shards existed lists none and has one file per split
-(`train.bin`, `val.bin`), which reads the same.
+A split is the ids of its text back to back. data/prepare.py writes it in shards of about
+--shard-tokens ids, each ending where a document (or a piece of a text file) ends:
+`train-00000.bin`, `train-00001.bin`, ..., or one file `train.bin` when the split fits in one shard.
+meta.json lists the files in order with their counts (`shards`); a dataset prepared before shards
+existed lists none and has one file per split (`train.bin`, `val.bin`), which reads the same.
 - `TokenFiles` is the one reader: ids at any positions (a window may span two shards, which hold
-  consecutive text), mapped afresh on each call (data/loader.py says why), and its length.
-- `check` compares each file with its count and, up to CHECKED_TOKENS ids, every id with the vocabulary,
-  once per process (a changed file is checked again).
+  consecutive text), mapped afresh on each call (`_map` says why), and its length.
+- `check` compares each file with its count and, up to CHECKED_TOKENS ids, every id with the
+  vocabulary, once per process (a changed file is checked again).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from common.errors import UserError
 
 SPLITS = ("train", "val")  # every dataset's, in this order
 
-CHECKED_TOKENS = 1 << 30  # splits up to this many ids have all of them checked when opened (~0.1 s per GB)
+# splits up to this many ids have all of them checked when opened (~0.1 s per GB)
+CHECKED_TOKENS = 1 << 30
 SHARD_NAME = re.compile(r"^(train|val)(-\d{5})?\.bin$")
 
 
@@ -39,17 +40,19 @@ def single_name(split: str) -> str:
 
 
 def file_tokens(path: Path | str, dtype: str | np.dtype) -> int:
-    """The number of ids in a file of `dtype` ids; a missing file or one whose size is not a whole number of
-    ids is one line."""
+    """The number of ids in a file of `dtype` ids; a missing file or one whose size is not a whole
+    number of ids is one line."""
     itemsize = np.dtype(dtype).itemsize
     try:
         size = Path(path).stat().st_size
     except OSError:
-        raise UserError(f"{path} is missing; prepare the dataset again (python prepare.py ...)") from None
+        raise UserError(
+            f"{path} is missing; prepare the dataset again (python prepare.py ...)"
+        ) from None
     if size % itemsize:
         raise UserError(
-            f"{path} is damaged: {size:,} bytes are not a whole number of {np.dtype(dtype).name} ids; "
-            "prepare the dataset again"
+            f"{path} is damaged: {size:,} bytes are not a whole number of {np.dtype(dtype).name} "
+            "ids; prepare the dataset again"
         )
     return size // itemsize
 
@@ -67,7 +70,11 @@ class TokenFiles:
         """The files (or one file) in order, their counts read from their sizes."""
         paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
         counts = [file_tokens(p, dtype) for p in paths]
-        return cls(tuple(map(str, paths)), np.dtype(dtype), tuple(np.cumsum(counts, dtype=np.int64).tolist()))
+        return cls(
+            tuple(map(str, paths)),
+            np.dtype(dtype),
+            tuple(np.cumsum(counts, dtype=np.int64).tolist()),
+        )
 
     def __len__(self) -> int:
         return self.ends[-1] if self.ends else 0
@@ -80,10 +87,13 @@ class TokenFiles:
         return f"{Path(self.paths[0]).parent} ({len(self.paths)} shards)"
 
     def _map(self, i: int) -> np.ndarray:
+        # a fresh map per read costs microseconds; one map held for a whole run lets the resident
+        # pages of a large file pile up (the RAM growth nanoGPT's users hit)
         return np.memmap(self.paths[i], dtype=self.dtype, mode="r")
 
     def __getitem__(self, index: np.ndarray | slice) -> np.ndarray:
-        """The ids at `index`: an array of positions (any shape), or a slice of positions in order."""
+        """The ids at `index`: an array of positions (any shape), or a slice of positions in
+        order."""
         if isinstance(index, slice):
             index = np.arange(*index.indices(len(self)))
         index = np.asarray(index)
@@ -100,26 +110,30 @@ class TokenFiles:
 
 
 def check(files: TokenFiles, counts: Sequence[int], vocab_size: int) -> None:
-    """Each file's size against its count in meta.json and, up to CHECKED_TOKENS ids, every id against the
-    vocabulary: once per process for files that have not changed since."""
+    """Each file's size against its count in meta.json and, up to CHECKED_TOKENS ids, every id
+    against the vocabulary: once per process for files that have not changed since."""
     stamps = []
     for path in files.paths:
         try:
             stat = Path(path).stat()
         except OSError:
-            raise UserError(f"{path} is missing; prepare the dataset again (python prepare.py ...)") from None
+            raise UserError(
+                f"{path} is missing; prepare the dataset again (python prepare.py ...)"
+            ) from None
         stamps.append((stat.st_size, stat.st_mtime_ns))
     _check(files.paths, files.dtype.name, tuple(counts), vocab_size, tuple(stamps))
 
 
 @functools.lru_cache(maxsize=64)
-def _check(paths: tuple[str, ...], dtype: str, counts: tuple[int, ...], vocab_size: int, stamps) -> None:
+def _check(
+    paths: tuple[str, ...], dtype: str, counts: tuple[int, ...], vocab_size: int, stamps
+) -> None:
     for path, count in zip(paths, counts):
         n = file_tokens(path, dtype)
         if n != count:
             raise UserError(
-                f"{path} holds {n:,} ids but meta.json says {count:,}: the dataset was changed after it was "
-                "prepared; prepare it again"
+                f"{path} holds {n:,} ids but meta.json says {count:,}: the dataset was changed "
+                "after it was prepared; prepare it again"
             )
     if sum(counts) > CHECKED_TOKENS:  # too much to read now: TokenWindows checks each batch
         return
@@ -129,6 +143,6 @@ def _check(paths: tuple[str, ...], dtype: str, counts: tuple[int, ...], vocab_si
             top = max(top, int(data[start : start + (1 << 24)].max()))
         if top >= vocab_size:
             raise UserError(
-                f"{path} holds id {top}, past the vocabulary of {vocab_size} (meta.json): the split was not "
-                "made by this dataset's tokenizer; prepare the dataset again"
+                f"{path} holds id {top}, past the vocabulary of {vocab_size} (meta.json): the "
+                "split was not made by this dataset's tokenizer; prepare the dataset again"
             )

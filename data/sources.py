@@ -1,14 +1,19 @@
-"""Where raw text comes from: a local text file, a Hugging Face dataset (hub or local files), or a generator.
+"""Where raw text comes from: a local text file, a Hugging Face dataset (hub or local files), or a
+generator.
 
-A source yields a split's text ("train" or "val") lazily, as documents or as consecutive pieces of one text
-(`separate_documents`), so a corpus larger than memory streams through. `documents(split, start)` returns
-`Documents`, which say where the source stands after the last one (`position()`, JSON-able) and start from
-such a position: what lets a stopped preparation continue (data/shard_writer.py).
+A source yields a split's text ("train" or "val") lazily, as documents or as consecutive pieces of
+one text (`separate_documents`), so a corpus larger than memory streams through. `documents(split,
+start)` returns `Documents`, which say where the source stands after the last one (`position()`,
+JSON-able) and start from such a position: what lets a stopped preparation continue
+(data/shard_writer.py).
 - `TextFile`: one UTF-8 file, read as common/user_text.py reads every text a person gives; its first
-  (1 - val_fraction) of bytes are train, the rest val (as nanoGPT splits it); positions: byte offsets.
+  (1 - val_fraction) of bytes are train, the rest val (as nanoGPT splits it); positions: byte
+  offsets.
 - `HFText`: `datasets.load_dataset(...)`, one document per row; every `val_every`-th goes to val (or
-  `val_split`); streaming, its position is the iterator's own `state_dict()`: a resume skips nothing twice.
-- `repeats` (data/repeats.py): synthetic sequences with repeated segments, for the induction-head study.
+  `val_split`); streaming, its position is the iterator's own `state_dict()`: a resume skips nothing
+  twice.
+- `repeats` (data/repeats.py): synthetic sequences with repeated segments, for the induction-head
+  study.
 """
 
 from __future__ import annotations
@@ -28,20 +33,25 @@ BLOCK = 1 << 18  # bytes read at a time: one encoding task each (see data/encode
 
 
 class Documents:
-    """A split's documents in order (iterate over it once), and `position()`: where the source stands after
-    the last one yielded, to start from again with `documents(split, start=position)`."""
+    """A split's documents in order (iterate over it once), and `position()`: where the source
+    stands after the last one yielded, to start from again with `documents(split,
+    start=position)`."""
 
-    def __init__(self, docs: Iterator[str], position: Callable[[], object], size: Optional[int] = None):
+    def __init__(
+        self, docs: Iterator[str], position: Callable[[], object], size: Optional[int] = None
+    ):
         self._docs, self.position = docs, position
-        self.size = size  # of the whole split, in the source's `unit`s, when known (the progress bar's total)
+        # of the whole split, in the source's `unit`s, when known (the progress bar's total)
+        self.size = size
 
     def __iter__(self) -> Iterator[str]:
         return self._docs
 
 
 def counted(docs: Iterator[str], start: Optional[int]) -> Documents:
-    """The documents of a source that can only start again from its beginning (data/repeats.py): the position
-    is how many were yielded; starting from one skips that many (generated again, not encoded)."""
+    """The documents of a source that can only start again from its beginning (data/repeats.py): the
+    position is how many were yielded; starting from one skips that many (generated again, not
+    encoded)."""
     state = {"n": start or 0}
 
     def gen() -> Iterator[str]:
@@ -56,7 +66,8 @@ def counted(docs: Iterator[str], start: Optional[int]) -> Documents:
 class TextFile:
     path: str
     val_fraction: float = 0.1
-    separate_documents = False  # its pieces are consecutive parts of one text: no end-of-text between them
+    # its pieces are consecutive parts of one text: no end-of-text between them
+    separate_documents = False
 
     def to_meta(self) -> dict:
         return {"type": "text_file", "path": self.path, "val_fraction": self.val_fraction}
@@ -80,15 +91,16 @@ class TextFile:
         return size
 
     def _split_offset(self, size: int) -> int:
-        """Byte offset where val starts: (1 - val_fraction) of the file, moved to a UTF-8 character start
-        (and past the LF of a CRLF, which is one line end)."""
+        """Byte offset where val starts: (1 - val_fraction) of the file, moved to a UTF-8 character
+        start (and past the LF of a CRLF, which is one line end)."""
         offset = int(size * (1.0 - self.val_fraction))
         with open(self.path, "rb") as f:
             f.seek(max(offset - 1, 0))
             before = f.read(1) if offset > 0 else b""
             tail = f.read(4)
         step = 0
-        while step < len(tail) and (tail[step] & 0xC0) == 0x80:  # continuation byte: not a character start
+        # continuation byte: not a character start
+        while step < len(tail) and (tail[step] & 0xC0) == 0x80:
             step += 1
         if before == b"\r" and tail[:1] == b"\n":
             step = 1
@@ -97,10 +109,11 @@ class TextFile:
     unit = "B"  # the progress bar counts bytes
 
     def documents(self, split: str, start: Optional[int] = None) -> Documents:
-        """The split as consecutive pieces of about BLOCK bytes, each ending at a newline where there is one:
-        one between two characters that are not whitespace where there is one, so that BPE gives the ids of
-        the whole text (see data.byte_level.split_losslessly). Each piece is read from where the one before
-        it ended, so the pieces from a position are the same however the reading got there."""
+        """The split as consecutive pieces of about BLOCK bytes, each ending at a newline where
+        there is one: one between two characters that are not whitespace where there is one, so that
+        BPE gives the ids of the whole text (see data.byte_level.split_losslessly). Each piece is
+        read from where the one before it ended, so the pieces from a position are the same however
+        the reading got there."""
         size = self._size()
         cut = self._split_offset(size)
         first, end = (0, cut) if split == "train" else (cut, size)
@@ -121,7 +134,8 @@ class TextFile:
                     raise not_utf8(self.path, raw, e, pos) from None
                 cut = 0 if last else last_lossless_cut(text) or text.rfind("\n") + 1
                 piece, rest = (text[:cut], text[cut:]) if cut > 0 else (text, "")
-                if not last and piece.endswith("\r"):  # a \r\n cut in two would read as two line ends
+                # a \r\n cut in two would read as two line ends
+                if not last and piece.endswith("\r"):
                     piece, rest = piece[:-1], "\r" + rest
                 held = len(decoder.getstate()[0])  # bytes of a character the block cut
                 state["at"] = end if last else pos + len(raw) - held - len(rest.encode("utf-8"))
@@ -133,7 +147,8 @@ class TextFile:
 
 @dataclass(frozen=True)
 class HFText:
-    path: str  # hub name ("HuggingFaceFW/fineweb-edu"), a local folder, or a builder ("json", "parquet")
+    # hub name ("HuggingFaceFW/fineweb-edu"), a local folder, or a builder ("json", "parquet")
+    path: str
     name: Optional[str] = None  # hub config, e.g. "sample-10BT"
     split: str = "train"
     text_column: str = "text"
@@ -159,25 +174,30 @@ class HFText:
             ) from None
 
         files = list(self.data_files) if self.data_files else None
-        # text files are read as common/user_text.py reads any (datasets opens them in text mode: \r\n is
-        # \n already), their byte-order mark removed too
+        # text files are read as common/user_text.py reads any (datasets opens them in text mode:
+        # \r\n is \n already), their byte-order mark removed too
         text = {"encoding": "utf-8-sig"} if self.path == "text" else {}
         try:
             return datasets.load_dataset(
-                self.path, self.name, split=split, data_files=files, streaming=self.streaming, **text
+                self.path,
+                self.name,
+                split=split,
+                data_files=files,
+                streaming=self.streaming,
+                **text,
             )
         except (FileNotFoundError, ConnectionError, ValueError, OSError) as e:
             what = f"{self.path}" + (f" ({self.name})" if self.name else "")
             raise UserError(
                 f"could not load Hugging Face dataset {what}, split {split!r}: {first_line(e)}. "
-                "Check the name, config and split on huggingface.co/datasets, "
-                "and your network (or HF_HUB_OFFLINE with a local copy)"
+                "Check the name, config and split on huggingface.co/datasets, and your network "
+                "(or HF_HUB_OFFLINE with a local copy)"
             ) from None
         except Exception as e:  # datasets raises its own classes (DatasetNotFoundError, ...)
             if isinstance(e.__cause__, UnicodeDecodeError):  # a data file in another encoding
                 raise UserError(
-                    f"a file of Hugging Face dataset {self.path} is not UTF-8 text ({e.__cause__}); convert "
-                    "it, e.g. iconv -f latin1 -t utf-8 FILE > fixed.txt"
+                    f"a file of Hugging Face dataset {self.path} is not UTF-8 text "
+                    f"({e.__cause__}); convert it, e.g. iconv -f latin1 -t utf-8 FILE > fixed.txt"
                 ) from None
             if type(e).__module__.startswith(("datasets", "huggingface_hub", "fsspec")):
                 raise UserError(
@@ -204,18 +224,24 @@ class HFText:
     unit = "doc"  # the progress bar counts documents
 
     def documents(self, split: str, start: Optional[dict] = None) -> Documents:
-        """The split's non-empty rows of text_column. Position: {"rows": rows read, "docs": non-empty ones
-        among them (val_every and max_docs count these), "state": the streaming iterator's state}."""
+        """The split's non-empty rows of text_column. Position: {"rows": rows read, "docs":
+        non-empty ones among them (val_every and max_docs count these), "state": the streaming
+        iterator's state}."""
         which = self.split if split == "train" or self.val_split is None else self.val_split
         ds = self._load(which)
         self._columns(ds)
         ds = ds.select_columns([self.text_column])
         rows = self._size(ds, which)
-        state = {"rows": 0, "docs": 0} if start is None else {"rows": start["rows"], "docs": start["docs"]}
+        state = (
+            {"rows": 0, "docs": 0}
+            if start is None
+            else {"rows": start["rows"], "docs": start["docs"]}
+        )
         if start is not None and self.streaming:
             ds.load_state_dict(start["state"])
         elif start is not None:
-            ds = ds.select(range(start["rows"], len(ds)))  # contiguous: a slice of the table, nothing read
+            # contiguous: a slice of the table, nothing read
+            ds = ds.select(range(start["rows"], len(ds)))
         if rows is not None and self.max_docs is not None:
             rows = min(rows, self.max_docs)
         if rows is not None and self.val_split is None:
@@ -242,7 +268,8 @@ class HFText:
         return Documents(texts(), position, rows)
 
     def _size(self, ds, which: str) -> Optional[int]:
-        """The rows of the split, where the dataset says (a local table; the hub's metadata, not always)."""
+        """The rows of the split, where the dataset says (a local table; the hub's metadata, not
+        always)."""
         if not self.streaming:
             return len(ds)
         splits = getattr(ds.info, "splits", None)

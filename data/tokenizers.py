@@ -1,19 +1,16 @@
-"""Tokenisers: characters (vocabulary built from the corpus), GPT-2 BPE through tiktoken, and a byte-level
-BPE of your own size trained with Hugging Face `tokenizers`.
+"""Tokenizers: characters (a vocabulary built from the corpus) here, and the byte-level BPEs
+(GPT-2's, and bpe:N trained on your text) in data/bpe.py, which a character-level run never loads.
 
-A tokenizer is described by a JSON-able dict, its metadata (`to_meta()`; called `tokenizer_meta` wherever it
-is passed), stored in a dataset's meta.json and beside every checkpoint, rebuilt with `from_meta()`, named for
-messages by `describe()` and compared by `same()`; `parse_spec()` turns a `--tokenizer` argument into a kind
-("char", "bpe": a tiktoken encoding, "trained_bpe": bpe:N), which data/prepare.py makes from a text. Metadata
-read from a file is checked by `check_meta` first: only what tinygpt writes is accepted, so a file never makes
-tiktoken download another encoding. `byte_lengths()` gives the UTF-8 bytes of each id, the denominator of bits
-per byte. What each kind is and does: docs/datasets.md, "How the tokenizers work".
+A tokenizer is described by a JSON-able dict, its metadata (`to_meta()`; called `tokenizer_meta`
+wherever it is passed), stored in a dataset's meta.json and beside every checkpoint, rebuilt with
+`from_meta()`, named by `describe()` and compared by `same()`; `parse_spec()` turns a --tokenizer
+argument into a kind ("char", "bpe": a tiktoken encoding, "trained_bpe": bpe:N). Metadata read from
+a file is checked by `check_meta` first: only what tinygpt writes is accepted, so a file never makes
+tiktoken download another encoding. What each kind does: docs/datasets.md.
 """
 
 from __future__ import annotations
 
-import codecs
-import json
 import math
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -23,16 +20,13 @@ import numpy as np
 from common import json_text
 from common.errors import UserError
 
-BPE_ALIASES = {"gpt2": "r50k_base"}
-BPE_ENCODINGS = ("gpt2", "r50k_base")  # the tiktoken encodings tinygpt prepares data with: GPT-2's BPE
-EOT = "<|endoftext|>"
-
+# GPT-2's conventions, also the byte-level BPEs' (data/bpe.py)
+from data.byte_level import BPE_ALIASES, BPE_ENCODINGS, EOT
 
 # our tokenizer metadata (to_meta) as a file: in checkpoint folders and in exported model folders
 METADATA_FILE = "tinygpt_tokenizer.json"
-TOKENIZER_JSON = (
-    "tokenizer.json"  # a tokenizer in Hugging Face's format (a bpe:N dataset's, a model folder's)
-)
+# a tokenizer in Hugging Face's format (a bpe:N dataset's, a model folder's)
+TOKENIZER_JSON = "tokenizer.json"
 
 
 class UnknownCharacters(ValueError):
@@ -45,9 +39,9 @@ class UnknownCharacters(ValueError):
 
 
 def token_text(tokenizer, token: int) -> str:
-    """One token as text to show: its characters; a byte-level BPE token holding part of a character (a
-    UTF-8 sequence that the next tokens finish) shows the bytes it has, escaped as Python writes them
-    (as \\xe6\\x97), not U+FFFD."""
+    """One token as text to show: its characters; a byte-level BPE token holding part of a character
+    (a UTF-8 sequence that the next tokens finish) shows the bytes it has, escaped as Python writes
+    them (as \\xe6\\x97), not U+FFFD."""
     table = tokenizer.token_bytes() if hasattr(tokenizer, "token_bytes") else None  # BPE kinds only
     if table is None or not 0 <= token < len(table) or not table[token]:
         return tokenizer.decode([token])
@@ -55,7 +49,8 @@ def token_text(tokenizer, token: int) -> str:
 
 
 def encode_text(text: str, tokenizer: Tokenizer, where: str) -> np.ndarray:
-    """Token ids of text; characters a character vocabulary lacks are one error naming them and `where`."""
+    """Token ids of text; characters a character vocabulary lacks are one error naming them and
+    `where`."""
     try:
         return tokenizer.encode(text)
     except UnknownCharacters as e:
@@ -70,7 +65,8 @@ class Tokenizer(Protocol):
     eot_token: int | None  # appended after each document when the vocabulary has one
 
     def encode(self, text: str) -> np.ndarray: ...
-    def encode_batch(self, texts: list[str]) -> list[np.ndarray]: ...  # releases the GIL for the work
+    # releases the GIL for the work
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]: ...
     def decode(self, ids: Iterable[int]) -> str: ...
     def stream_decoder(self) -> Callable[[list[int]], str]: ...
     def byte_lengths(self) -> np.ndarray: ...
@@ -80,7 +76,8 @@ class Tokenizer(Protocol):
 class CharTokenizer:
     """One token per character; ids follow the sorted order of the characters in the corpus.
 
-    With drop_unknown, characters outside the vocabulary are left out of the ids instead of refused."""
+    With drop_unknown, characters outside the vocabulary are left out of the ids instead of
+    refused."""
 
     name = "char"
     eot_token = None
@@ -88,7 +85,9 @@ class CharTokenizer:
     def __init__(self, chars: Iterable[str], drop_unknown: bool = False):
         self.chars = sorted(set(chars))
         if not self.chars:
-            raise UserError("a character vocabulary needs at least one character: the text is empty")
+            raise UserError(
+                "a character vocabulary needs at least one character: the text is empty"
+            )
         self.vocab_size = len(self.chars)
         self.drop_unknown = drop_unknown
         codes = np.array([ord(c) for c in self.chars])
@@ -132,190 +131,33 @@ class CharTokenizer:
         return {"kind": "char", "vocab_size": self.vocab_size, "chars": self.chars}
 
 
-def utf8_stream(decode_bytes: Callable[[list[int]], bytes]) -> Callable[[list[int]], str]:
-    """A function from new ids to the text they complete; holds back the bytes of unfinished characters."""
-    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    return lambda ids: utf8.decode(decode_bytes(ids))
-
-
-class BPETokenizer:
-    """A tiktoken encoding (GPT-2 BPE by default)."""
-
-    def __init__(self, name: str = "gpt2"):
-        import tiktoken
-
-        self.name = name
-        if name not in BPE_ENCODINGS:
-            raise UserError(f"unknown tokenizer {name!r}: use char, gpt2, or bpe:N (train N tokens)")
-        try:
-            self._enc = tiktoken.get_encoding(BPE_ALIASES.get(name, name))
-        except Exception as e:  # the ranks file could not be downloaded
-            raise UserError(
-                f"could not load the {name} vocabulary ({type(e).__name__}: {e}); tiktoken downloads "
-                "it on first use: connect to the internet, or set TIKTOKEN_CACHE_DIR to a folder "
-                "holding the cached ranks file"
-            ) from None
-        self.vocab_size = self._enc.n_vocab
-        self.eot_token = self._enc.eot_token
-        self._bytes: list[bytes] | None = None
-
-    def encode(self, text: str) -> np.ndarray:
-        # = encode_ordinary (nothing is special), straight into numpy instead of a list of ints
-        return self._enc.encode_to_numpy(text, disallowed_special=())
-
-    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        return [self.encode(t) for t in texts]  # tiktoken releases the GIL while it encodes
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return self._enc.decode(self._known(ids))
-
-    def _known(self, ids: Iterable[int]) -> list[int]:
-        n = self.vocab_size
-        return [i for i in ids if i < n]
-
-    def token_bytes(self) -> list[bytes]:
-        """The bytes each id stands for (none for an id no token has: some encodings have gaps)."""
-        if self._bytes is None:
-            self._bytes = [self._single_bytes(i) for i in range(self.vocab_size)]
-        return self._bytes
-
-    def _single_bytes(self, token: int) -> bytes:
-        try:
-            return self._enc.decode_single_token_bytes(token)
-        except KeyError:
-            return b""
-
-    def byte_lengths(self) -> np.ndarray:
-        lengths = byte_lengths(self.token_bytes(), self.eot_token)
-        lengths[[self._enc.encode_single_token(t) for t in self._enc.special_tokens_set]] = 0
-        return lengths
-
-    def stream_decoder(self) -> Callable[[list[int]], str]:
-        return utf8_stream(lambda ids: self._enc.decode_bytes(self._known(ids)))
-
-    def to_meta(self) -> dict:
-        return {"kind": "bpe", "vocab_size": self.vocab_size, "encoding": self.name}
-
-
-class TrainedBPE:
-    """A byte-level BPE trained on the corpus with Hugging Face `tokenizers`, held as its tokenizer.json."""
-
-    eot_token = 0
-
-    def __init__(self, tokenizer_json: str):
-        from tokenizers import Tokenizer as HFTokenizer
-
-        try:
-            self._tok = HFTokenizer.from_str(tokenizer_json)
-        except Exception as e:  # tokenizers raises its own Exception on bad JSON
-            raise UserError(f"the trained tokenizer's JSON is damaged ({str(e)[:200]})") from None
-        self._tok.encode_special_tokens = True  # not saved in the JSON: "<|endoftext|>" in text is text
-        self.vocab_size = self._tok.get_vocab_size()
-        if self._tok.token_to_id(EOT) != self.eot_token:
-            raise UserError(f"the trained tokenizer has no {EOT} at id 0; it was not made by bpe:N")
-        self.name = f"bpe:{self.vocab_size}"
-        self._bytes: list[bytes] | None = None
-
-    @staticmethod
-    def min_size() -> int:
-        return 256 + 1  # every byte, and <|endoftext|>
-
-    @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int) -> TrainedBPE:
-        """Learn vocab_size tokens (fewer if the texts run out of pairs to merge) from texts, streamed."""
-        from tokenizers import Tokenizer as HFTokenizer
-        from tokenizers import decoders, models, pre_tokenizers, trainers
-
-        tok = HFTokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=[EOT],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
-        from data.byte_level import split_losslessly  # byte-level BPEs only
-
-        tok.train_from_iterator((p for t in texts for p in split_losslessly(t)), trainer)
-        return cls(tok.to_str())
-
-    def to_json(self, pretty: bool = False) -> str:
-        """The tokenizer in the `tokenizers` library's JSON format (Hugging Face's tokenizer.json)."""
-        return self._tok.to_str(pretty=pretty)
-
-    def encode(self, text: str) -> np.ndarray:
-        return self.encode_batch([text])[0]
-
-    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        """The texts' ids, each text encoded in pieces of PIECE_CHARS (bounded memory, the same ids), all
-        pieces in one parallel call."""
-        from data.byte_level import split_losslessly
-
-        split = [split_losslessly(t) for t in texts]
-        encodings = iter(
-            self._tok.encode_batch_fast([p for ps in split for p in ps], add_special_tokens=False)
-        )
-        parts = [[np.array(next(encodings).ids, dtype=np.uint32) for _ in ps] for ps in split]
-        return [ids[0] if len(ids) == 1 else np.concatenate(ids) for ids in parts]
-
-    def token_bytes(self) -> list[bytes]:
-        """The bytes each id stands for."""
-        if self._bytes is None:
-            from data.byte_level import byte_alphabet
-
-            alphabet = byte_alphabet()
-            special = {t.content for t in self._tok.get_added_tokens_decoder().values()}
-            table = [b""] * self.vocab_size
-            for token, i in self._tok.get_vocab().items():
-                table[i] = token.encode() if token in special else bytes(alphabet[c] for c in token)
-            self._bytes = table
-        return self._bytes
-
-    def decode_bytes(self, ids: Iterable[int]) -> bytes:
-        """The bytes of ids; an id past the vocabulary (a model's padded embedding) stands for none."""
-        table = self.token_bytes()
-        return b"".join(table[i] if i < len(table) else b"" for i in ids)
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return self.decode_bytes(ids).decode("utf-8", errors="replace")
-
-    def stream_decoder(self) -> Callable[[list[int]], str]:
-        return utf8_stream(self.decode_bytes)
-
-    def byte_lengths(self) -> np.ndarray:
-        return byte_lengths(self.token_bytes(), self.eot_token)
-
-    def to_meta(self) -> dict:
-        return {
-            "kind": "trained_bpe",
-            "vocab_size": self.vocab_size,
-            "tokenizer_json": json.loads(self.to_json()),
-        }
-
-
 def parse_spec(spec: str) -> tuple[str, int | None]:
-    """A --tokenizer argument as (kind, size): ("char", None), ("trained_bpe", N) for bpe:N (the kinds of
-    `to_meta`), (tiktoken encoding, None) for gpt2 (kind "bpe" in metadata)."""
+    """A --tokenizer argument as (kind, size): ("char", None), ("trained_bpe", N) for bpe:N (the
+    kinds of `to_meta`), (tiktoken encoding, None) for gpt2 (kind "bpe" in metadata)."""
     if not spec.startswith("bpe:"):
         return spec, None
     size = spec[len("bpe:") :]
     if not size.isdigit():
         raise UserError(
-            f"tokenizer {spec!r}: the size after bpe: must be a whole number of tokens, e.g. bpe:4096"
+            f"tokenizer {spec!r}: the size after bpe: must be a whole number of tokens, e.g. "
+            "bpe:4096"
         )
+    from data.bpe import TrainedBPE  # a bpe:N spec only
+
     n, least = int(size), TrainedBPE.min_size()
     if n < least:
         raise UserError(
-            f"tokenizer {spec}: a byte-level BPE needs at least {least} tokens (the 256 bytes and {EOT}) "
-            f"before its first merge; use bpe:N with N >= {least} (small models use 512-8192)"
+            f"tokenizer {spec}: a byte-level BPE needs at least {least} tokens (the 256 bytes and "
+            f"{EOT}) before its first merge; use bpe:N with N >= {least} (small models use "
+            "512-8192)"
         )
     return "trained_bpe", n
 
 
 def check_meta(tokenizer_meta) -> None:
     """A ValueError saying what is wrong with tokenizer metadata read from a file, unless it is what
-    `to_meta` writes: char (distinct characters in order), GPT-2's BPE, or bpe:N (its tokenizers JSON)."""
+    `to_meta` writes: char (distinct characters in order), GPT-2's BPE, or bpe:N (its tokenizers
+    JSON)."""
     if not isinstance(tokenizer_meta, dict):
         raise ValueError(f"the tokenizer is a {type(tokenizer_meta).__name__}, not an object")
     kind, size = tokenizer_meta.get("kind"), tokenizer_meta.get("vocab_size")
@@ -325,10 +167,14 @@ def check_meta(tokenizer_meta) -> None:
         raise ValueError(f"the tokenizer's vocab_size is {size!r}, not a positive whole number")
     if kind == "char":
         chars = tokenizer_meta.get("chars")
-        if not isinstance(chars, list) or not all(isinstance(c, str) and len(c) == 1 for c in chars):
+        if not isinstance(chars, list) or not all(
+            isinstance(c, str) and len(c) == 1 for c in chars
+        ):
             raise ValueError("the char tokenizer's chars are not a list of single characters")
         if len(chars) != size:
-            raise ValueError(f"the char tokenizer has {len(chars)} characters, not vocab_size {size}")
+            raise ValueError(
+                f"the char tokenizer has {len(chars)} characters, not vocab_size {size}"
+            )
         if chars != sorted(set(chars)):
             raise ValueError("the char tokenizer's characters are not each once, in order")
     elif kind == "bpe" and tokenizer_meta.get("encoding") not in BPE_ENCODINGS:
@@ -347,14 +193,16 @@ def from_meta(tokenizer_meta: dict) -> Tokenizer:
     kind, size = tokenizer_meta["kind"], tokenizer_meta["vocab_size"]
     if kind == "char":
         return CharTokenizer(tokenizer_meta["chars"])
+    from data.bpe import BPETokenizer, TrainedBPE  # a BPE's metadata only
+
     if kind == "bpe":
         tokenizer = BPETokenizer(tokenizer_meta["encoding"])
     else:
         tokenizer = TrainedBPE(json_text.dumps(tokenizer_meta["tokenizer_json"]))
     if tokenizer.vocab_size != size:
         raise UserError(
-            f"the tokenizer metadata is damaged: it says {size} tokens, the {tokenizer.name} tokenizer has "
-            f"{tokenizer.vocab_size}"
+            f"the tokenizer metadata is damaged: it says {size} tokens, the {tokenizer.name} "
+            f"tokenizer has {tokenizer.vocab_size}"
         )
     return tokenizer
 
@@ -373,8 +221,8 @@ def describe(tokenizer_meta: dict) -> str:
 
 
 def same(a: dict, b: dict) -> bool:
-    """Whether two tokenizer metadata describe the same tokenizer (gpt2 is r50k_base): the one comparison of
-    a checkpoint's, a dataset's and a model folder's tokenizers."""
+    """Whether two tokenizer metadata describe the same tokenizer (gpt2 is r50k_base): the one
+    comparison of a checkpoint's, a dataset's and a model folder's tokenizers."""
 
     def canonical(tokenizer_meta: dict) -> dict:
         if tokenizer_meta.get("kind") == "bpe":
@@ -385,17 +233,10 @@ def same(a: dict, b: dict) -> bool:
     return canonical(a) == canonical(b)
 
 
-def byte_lengths(token_bytes: list[bytes], eot_token: int) -> np.ndarray:
-    """UTF-8 bytes per id, for bits per byte; the end-of-text token counts none (a boundary, not text)."""
-    lengths = np.array([len(b) for b in token_bytes], dtype=np.int64)
-    lengths[eot_token] = 0
-    return lengths
-
-
 def bits_per_byte(total_nats: float, n_bytes: float) -> float | None:
-    """Loss in bits per UTF-8 byte of text: comparable across tokenizers, unlike loss per token (None for no
-    bytes: no figure rather than a nan).
+    """Loss in bits per UTF-8 byte of text: comparable across tokenizers, unlike loss per token
+    (None for no bytes: no figure rather than a nan).
 
-    total_nats is the summed cross-entropy over the predicted tokens; n_bytes the UTF-8 bytes they stand
-    for: `tokenizer.byte_lengths()[targets].sum()` (an <|endoftext|> counts 0 bytes)."""
+    total_nats is the summed cross-entropy over the predicted tokens; n_bytes the UTF-8 bytes they
+    stand for: `tokenizer.byte_lengths()[targets].sum()` (an <|endoftext|> counts 0 bytes)."""
     return total_nats / math.log(2) / n_bytes if n_bytes else None

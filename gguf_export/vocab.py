@@ -1,14 +1,19 @@
-"""The tokenizer inside a GGUF: every kind tinygpt trains, as llama.cpp's byte-level BPE (model "gpt2").
+"""The tokenizer inside a GGUF: every kind tinygpt trains, as llama.cpp's byte-level BPE (model
+"gpt2").
 
-llama.cpp's BPE turns text into bytes in GPT-2's alphabet, splits it with the pre-tokenizer the file names,
-merges by rank and looks the pieces up. For each kind the ids are exactly ours:
-- GPT-2 BPE: GPT-2's vocabulary and merges (hf/tokenizer_files.py), pre-tokenizer "gpt-2"; <|endoftext|>
-  (50256) is a control token, so a literal "<|endoftext|>" in text stays text, as in ours.
-- bpe:N: its own vocabulary and merges, from the `tokenizers` JSON it carries; <|endoftext|> is id 0.
-- char: each character one token, its UTF-8 bytes joined by merges; the list ends with a merge that never
-  applies (two 0xFF bytes), since llama.cpp refuses a BPE with no merges. The GGUF adds <|endoftext|> after
-  our ids, as llama.cpp needs an end-of-text token (gguf_export/writer.py gives it a row).
-Rows past the tokenizer's (a padded embedding) are unused "[PADn]" tokens. The others: docs/hugging-face.md.
+llama.cpp's BPE turns text into bytes in GPT-2's alphabet, splits it with the pre-tokenizer the file
+names, merges by rank and looks the pieces up. For each kind the ids are exactly ours:
+- GPT-2 BPE: GPT-2's vocabulary and merges (hf/tokenizer_files.py), pre-tokenizer "gpt-2";
+  <|endoftext|> (50256) is a control token, so a literal "<|endoftext|>" in text stays text, as in
+  ours.
+- bpe:N: its own vocabulary and merges, from the `tokenizers` JSON it carries; <|endoftext|> is id
+  0.
+- char: each character one token, its UTF-8 bytes joined by merges; the list ends with a merge that
+  never applies (two 0xFF bytes), since llama.cpp refuses a BPE with no merges. The GGUF adds
+  <|endoftext|> after our ids, as llama.cpp needs an end-of-text token (gguf_export/writer.py gives
+  it a row).
+Rows past the tokenizer's (a padded embedding) are unused "[PADn]" tokens. The others:
+docs/hugging-face.md.
 """
 
 from __future__ import annotations
@@ -39,12 +44,14 @@ def _byte_text(data: bytes) -> str:
 
 
 def _char_vocabulary(chars: list[str]) -> Vocabulary:
-    """Each character as its bytes; one merge per byte after a character's first (its bytes so far, the
-    next byte), shorter first."""
+    """Each character as its bytes; one merge per byte after a character's first (its bytes so far,
+    the next byte), shorter first."""
     tokens, merges = [_byte_text(c.encode()) for c in chars], set()
     for c in chars:
         data = c.encode()
-        merges.update((k, _byte_text(data[:k]), _byte_text(data[k : k + 1])) for k in range(1, len(data)))
+        merges.update(
+            (k, _byte_text(data[:k]), _byte_text(data[k : k + 1])) for k in range(1, len(data))
+        )
     lines = [f"{left} {right}" for _, left, right in sorted(merges)] + [NEVER]
     return Vocabulary([*tokens, EOT], [NORMAL] * len(tokens) + [CONTROL], lines, len(tokens), True)
 
@@ -72,12 +79,14 @@ def vocabulary(tokenizer_meta: dict, n_rows: int) -> Vocabulary:
         vocab = _bpe_vocabulary(gpt2, merges, gpt2[EOT])
     else:
         raise UserError(
-            f"cannot export the {describe(tokenizer_meta)} tokenizer to GGUF; export supports char, "
-            "gpt2 and bpe:N"
+            f"cannot export the {describe(tokenizer_meta)} tokenizer to GGUF; export supports "
+            "char, gpt2 and bpe:N"
         )
     ours = len(vocab.tokens) - vocab.added_eot
     if ours > n_rows:
-        raise UserError(f"the tokenizer has {ours} tokens but the model only {n_rows} embedding rows")
+        raise UserError(
+            f"the tokenizer has {ours} tokens but the model only {n_rows} embedding rows"
+        )
     pads = [f"[PAD{i}]" for i in range(ours, n_rows)]
     if vocab.added_eot:  # the padding rows come before the added <|endoftext|>, which goes last
         vocab.tokens[ours:ours] = pads

@@ -1,14 +1,16 @@
-"""Write our GPT as a GGUF file that llama.cpp runs as it is: weights, hyperparameters and tokenizer.
+"""Write our GPT as a GGUF file that llama.cpp runs as it is: weights, hyperparameters and
+tokenizer.
 
-Architecture `gpt2` for learned positions (a model without biases gets zeros), `llama` for rotary ones,
-tensors named by the `gguf` package's table, as llama.cpp's own converter writes them. Notable:
-- our fused matrices are cut along their output rows (Q, K, V; the gate before the up projection); llama.cpp's
-  `llama` rotates adjacent pairs (x_2i, x_2i+1) where we rotate (x_i, x_i+d/2), so the rows of Q and K are
-  reordered within each head (the attention scores are unchanged);
-- a char vocabulary's added <|endoftext|> gets the mean of the other rows of the embedding and the LM head:
-  its logit is the mean of the real tokens', never the greedy choice;
-- with --dtype q8_0 a matrix whose rows are not a multiple of 32 long falls back to f16, as llama.cpp's
-  converter does. The metadata, the dtypes and what is refused: docs/hugging-face.md.
+Architecture `gpt2` for learned positions (a model without biases gets zeros), `llama` for rotary
+ones, tensors named by the `gguf` package's table, as llama.cpp's own converter writes them.
+Notable:
+- our fused matrices are cut along their output rows (Q, K, V; the gate before the up projection);
+  llama.cpp's `llama` rotates adjacent pairs (x_2i, x_2i+1) where we rotate (x_i, x_i+d/2), so the
+  rows of Q and K are reordered within each head (the attention scores are unchanged);
+- a char vocabulary's added <|endoftext|> gets the mean of the other rows of the embedding and the
+  LM head: its logit is the mean of the real tokens', never the greedy choice;
+- with --dtype q8_0 a matrix whose rows are not a multiple of 32 long falls back to f16, as
+  llama.cpp's converter does. The metadata, the dtypes and what is refused: docs/hugging-face.md.
 """
 
 from __future__ import annotations
@@ -33,20 +35,27 @@ def _gguf():
     try:
         import gguf
     except ImportError:
-        raise UserError("writing a GGUF file needs llama.cpp's gguf package: pip install gguf") from None
+        raise UserError(
+            "writing a GGUF file needs llama.cpp's gguf package: pip install gguf"
+        ) from None
     return gguf
 
 
 def _llama_order(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """Rows of a Q or K projection (or bias) reordered from pairs (i, i + d/2) to pairs (2i, 2i + 1)."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    """Rows of a Q or K projection (or bias) reordered from pairs (i, i + d/2) to pairs (2i, 2i +
+    1)."""
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    )
 
 
 def _vocab_rows(w: torch.Tensor, extra: bool) -> torch.Tensor:
     return torch.cat([w, w.mean(dim=0, keepdim=True)]) if extra else w
 
 
-def _blocks(cfg: GPTConfig, weights: dict[str, torch.Tensor], i: int) -> Iterator[tuple[str, torch.Tensor]]:
+def _blocks(
+    cfg: GPTConfig, weights: dict[str, torch.Tensor], i: int
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(GGUF tensor kind, tensor) for block i, in our layout cut to llama.cpp's."""
     gpt2, p = convert.family(cfg) == "gpt2", f"blocks.{i}."
 
@@ -61,7 +70,10 @@ def _blocks(cfg: GPTConfig, weights: dict[str, torch.Tensor], i: int) -> Iterato
     q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     for param in params:
         qkv, out = get(f"attn.W_QKV.{param}", q + 2 * kv), get(f"attn.W_O.{param}", n)
-        mlp_in, mlp_out = get(f"mlp.W_in.{param}", 2 * w if not gpt2 else w), get(f"mlp.W_out.{param}", n)
+        mlp_in, mlp_out = (
+            get(f"mlp.W_in.{param}", 2 * w if not gpt2 else w),
+            get(f"mlp.W_out.{param}", n),
+        )
         if gpt2:
             yield from ((f"ATTN_QKV.{param}", qkv), (f"FFN_UP.{param}", mlp_in))
         else:
@@ -75,8 +87,8 @@ def _blocks(cfg: GPTConfig, weights: dict[str, torch.Tensor], i: int) -> Iterato
 def gguf_tensors(
     cfg: GPTConfig, weights: dict[str, torch.Tensor], extra_row: bool
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(GGUF tensor name, float32 tensor) for every tensor llama.cpp reads; `extra_row` appends the mean
-    row to the embedding and LM head (a character vocabulary's <|endoftext|>)."""
+    """(GGUF tensor name, float32 tensor) for every tensor llama.cpp reads; `extra_row` appends the
+    mean row to the embedding and LM head (a character vocabulary's <|endoftext|>)."""
     gguf = _gguf()
 
     def name(kind: str, bid: int | None = None) -> str:
@@ -92,7 +104,8 @@ def gguf_tensors(
             yield name(kind, i), tensor
     for param in ("weight", "bias") if gpt2 else ("weight",):
         yield name(f"OUTPUT_NORM.{param}"), weights.get(f"norm_f.{param}", torch.zeros(cfg.n_embd))
-    if not cfg.tie_embeddings:  # a tied head is the embedding, which llama.cpp takes when `output` is absent
+    # a tied head is the embedding, which llama.cpp takes when `output` is absent
+    if not cfg.tie_embeddings:
         yield name("OUTPUT.weight"), _vocab_rows(weights["lm_head.weight"], extra_row)
 
 
@@ -138,9 +151,15 @@ def _metadata(writer, gguf, cfg: GPTConfig, vocab: Vocabulary, dtype: str, name:
 
 
 def write_gguf(
-    path: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer_meta: dict, dtype: str, name: str
+    path: Path,
+    cfg: GPTConfig,
+    weights: dict[str, torch.Tensor],
+    tokenizer_meta: dict,
+    dtype: str,
+    name: str,
 ) -> str:
-    """Write our model as the GGUF file `path` (replacing it); returns llama.cpp's architecture name."""
+    """Write our model as the GGUF file `path` (replacing it); returns llama.cpp's architecture
+    name."""
     convert.check_exportable(cfg, "llama.cpp's GPT-2 or Llama")
     cfg, weights = convert.with_every_head(cfg, weights)
     gguf = _gguf()

@@ -1,13 +1,14 @@
 """Our GPT <-> transformers' GPT2LMHeadModel and LlamaForCausalLM: configs and weights, both ways.
 
-With the GPT-2 options (learned positions, LayerNorm, GELU, biases) our network is GPT-2; with rotary
-positions, RMSNorm and SwiGLU it is Llama. Only the names and cuts differ: GPT-2 stores a block's matrices
-transposed (Conv1D); Llama keeps q/k/v and gate/up apart where we fuse them (gate rows first), so import
-stacks and export cuts along the output rows; both rotate the pairs (x_i, x_{i+d/2}), so Q and K need no
-permuting. A tied LM head is not stored; names are written without transformers' module prefix, which
-folders may or may not have. Options with no exact equivalent are refused, all named at once
-(`check_exportable`). LoRA adapters become PEFT's, one per transformers module as model/lora.py's `parts`
-already cuts them, their A and B stored as they are even for GPT-2's Conv1D (PEFT's layout).
+With the GPT-2 options (learned positions, LayerNorm, GELU, biases) our network is GPT-2; with
+rotary positions, RMSNorm and SwiGLU it is Llama. Only the names and cuts differ: GPT-2 stores a
+block's matrices transposed (Conv1D); Llama keeps q/k/v and gate/up apart where we fuse them (gate
+rows first), so import stacks and export cuts along the output rows; both rotate the pairs (x_i,
+x_{i+d/2}), so Q and K need no permuting. A tied LM head is not stored; names are written without
+transformers' module prefix, which folders may or may not have. Options with no exact equivalent are
+refused, all named at once (`check_exportable`). LoRA adapters become PEFT's, one per transformers
+module as model/lora.py's `parts` already cuts them, their A and B stored as they are even for
+GPT-2's Conv1D (PEFT's layout).
 """
 
 from __future__ import annotations
@@ -22,35 +23,46 @@ from model import GPTConfig, lora
 
 SUPPORTED = ("gpt2", "llama")
 PREFIX = {"gpt2": "transformer.", "llama": "model."}
-BUFFERS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")  # state in old files, not weights
+# state in old files, not weights
+BUFFERS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 
 
 def family(cfg: GPTConfig) -> str:
-    """The transformers model our config corresponds to: learned positions GPT-2, rotary ones Llama."""
+    """The transformers model our config corresponds to: learned positions GPT-2, rotary ones
+    Llama."""
     return "gpt2" if cfg.pos_emb == "learned" else "llama"
 
 
 def export_problems(cfg: GPTConfig, adapters: bool = False) -> list[str]:
-    """Every option of `cfg` that neither GPT-2 nor Llama has, each said for a person; empty if it exports.
-    Grouped-query attention with learned positions exports as GPT-2 with its key/value heads repeated
-    (`with_every_head`: exact); its LoRA `adapters` cannot be (PEFT's c_attn adapter has GPT-2's shape)."""
+    """Every option of `cfg` that neither GPT-2 nor Llama has, each said for a person; empty if it
+    exports. Grouped-query attention with learned positions exports as GPT-2 with its key/value
+    heads repeated (`with_every_head`: exact); its LoRA `adapters` cannot be (PEFT's c_attn adapter
+    has GPT-2's shape)."""
     if family(cfg) == "gpt2":
         rules = [
-            (cfg.norm != "layernorm", f"model.norm={cfg.norm} with learned positions (GPT-2 uses layernorm)"),
+            (
+                cfg.norm != "layernorm",
+                f"model.norm={cfg.norm} with learned positions (GPT-2 uses layernorm)",
+            ),
             (
                 cfg.activation not in ("gelu", "gelu_tanh"),
-                f"model.activation={cfg.activation} with learned positions (GPT-2 uses gelu or gelu_tanh)",
+                f"model.activation={cfg.activation} with learned positions (GPT-2 uses gelu or "
+                "gelu_tanh)",
             ),
             (
                 adapters and cfg.kv_heads != cfg.n_head,
-                f"model.n_kv_head={cfg.n_kv_head} with learned positions, for adapters (GPT-2 has no "
+                f"model.n_kv_head={cfg.n_kv_head} with learned positions, for adapters (GPT-2 has "
+                "no "
                 "grouped-query attention; the merged model exports)",
             ),
         ]
     else:
         rules = [
-            (cfg.norm != "rmsnorm", f"model.norm={cfg.norm} with rotary positions (Llama uses rmsnorm)"),
+            (
+                cfg.norm != "rmsnorm",
+                f"model.norm={cfg.norm} with rotary positions (Llama uses rmsnorm)",
+            ),
             (
                 cfg.activation != "swiglu",
                 f"model.activation={cfg.activation} with rotary positions (Llama uses swiglu)",
@@ -60,29 +72,35 @@ def export_problems(cfg: GPTConfig, adapters: bool = False) -> list[str]:
         (cfg.qk_norm, "model.qk_norm=true (QK-norm)"),
         (cfg.window is not None, f"model.window={cfg.window} (sliding-window attention)"),
         (cfg.doc_mask, "model.doc_mask=true (attention stopping at document boundaries)"),
-        (cfg.logit_softcap is not None, f"model.logit_softcap={cfg.logit_softcap} (logit soft-capping)"),
+        (
+            cfg.logit_softcap is not None,
+            f"model.logit_softcap={cfg.logit_softcap} (logit soft-capping)",
+        ),
         (not cfg.mlp, "model.mlp=false (attention only)"),
     ]
     return [what for bad, what in rules if bad]
 
 
 def check_exportable(cfg: GPTConfig, target: str, adapters: bool = False) -> None:
-    """Refuse a model `target` (e.g. "llama.cpp's GPT-2 or Llama") has no exact equivalent of, naming every
-    option in the way at once."""
+    """Refuse a model `target` (e.g. "llama.cpp's GPT-2 or Llama") has no exact equivalent of,
+    naming every option in the way at once."""
     found = export_problems(cfg, adapters)
     if len(found) == 1:
-        raise UserError(f"cannot export: {found[0]} has no exact equivalent in {target}; train without it")
+        raise UserError(
+            f"cannot export: {found[0]} has no exact equivalent in {target}; train without it"
+        )
     if found:
         raise UserError(
-            f"cannot export: {len(found)} options have no exact equivalent in {target}: {'; '.join(found)}; "
-            "train without them"
+            f"cannot export: {len(found)} options have no exact equivalent in {target}: "
+            f"{'; '.join(found)}; train without them"
         )
 
 
 def with_every_head(cfg: GPTConfig, weights: dict[str, torch.Tensor]) -> tuple[GPTConfig, dict]:
-    """A learned-position model with grouped-query attention as GPT-2 has it, one key/value head per query
-    head: each of ours repeated for the query heads that share it (head h reads key/value head h // group,
-    as SDPA's enable_gqa), which computes the same. Any other model is returned as it is."""
+    """A learned-position model with grouped-query attention as GPT-2 has it, one key/value head per
+    query head: each of ours repeated for the query heads that share it (head h reads key/value head
+    h // group, as SDPA's enable_gqa), which computes the same. Any other model is returned as it
+    is."""
     if family(cfg) != "gpt2" or cfg.kv_heads == cfg.n_head:
         return cfg, weights
     group, d = cfg.n_head // cfg.kv_heads, cfg.head_dim
@@ -91,7 +109,8 @@ def with_every_head(cfg: GPTConfig, weights: dict[str, torch.Tensor]) -> tuple[G
         if name.endswith(("attn.W_QKV.weight", "attn.W_QKV.bias")):
             q, k, v = tensor.split([cfg.n_head * d, cfg.kv_heads * d, cfg.kv_heads * d])
             k, v = (
-                x.unflatten(0, (cfg.kv_heads, d)).repeat_interleave(group, 0).flatten(0, 1) for x in (k, v)
+                x.unflatten(0, (cfg.kv_heads, d)).repeat_interleave(group, 0).flatten(0, 1)
+                for x in (k, v)
             )
             out[name] = torch.cat([q, k, v])
     return dataclasses.replace(cfg, n_kv_head=None), out
@@ -101,8 +120,8 @@ def with_every_head(cfg: GPTConfig, weights: dict[str, torch.Tensor]) -> tuple[G
 
 
 def to_hf_config(cfg: GPTConfig, eot: int | None) -> dict:
-    """config.json for our model (one `check_exportable` passes, `with_every_head` applied); `eot` is the
-    end-of-text token."""
+    """config.json for our model (one `check_exportable` passes, `with_every_head` applied); `eot`
+    is the end-of-text token."""
     if family(cfg) == "gpt2":
         return {
             "architectures": ["GPT2LMHeadModel"],
@@ -134,9 +153,11 @@ def to_hf_config(cfg: GPTConfig, eot: int | None) -> dict:
         "head_dim": cfg.head_dim,
         "intermediate_size": cfg.mlp_width,
         "hidden_act": "silu",
-        "rms_norm_eps": cfg.norm_eps or torch.finfo(torch.float32).eps,  # ours: null = the dtype's epsilon
+        # ours: null = the dtype's epsilon
+        "rms_norm_eps": cfg.norm_eps or torch.finfo(torch.float32).eps,
         "rope_theta": cfg.rope_base,  # transformers 4 reads this,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},  # transformers 5 this
+        # transformers 5 this
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
         "attention_bias": cfg.bias,
         "mlp_bias": cfg.bias,
         "attention_dropout": cfg.dropout,
@@ -148,7 +169,8 @@ def to_hf_config(cfg: GPTConfig, eot: int | None) -> dict:
 
 
 def from_hf_config(c: dict, where: str) -> GPTConfig:
-    """Our model config for a transformers config.json; a model we cannot run exactly is refused by name."""
+    """Our model config for a transformers config.json; a model we cannot run exactly is refused by
+    name."""
     kind = c.get("model_type")
     if kind not in SUPPORTED:
         raise UserError(
@@ -223,9 +245,10 @@ def _from_llama_config(c: dict, refuse) -> GPTConfig:
 
 
 def weight_names(cfg: GPTConfig) -> Iterator[tuple[str, list[tuple[str, int | None]], bool]]:
-    """(our tensor, [(transformers' tensor, how many of our rows it holds)], stored transposed) for every
-    tensor. Names on the transformers side lack the module prefix; one of ours made of several of theirs
-    stacks them along its rows (the output dimension), in the order given (rows None: the whole tensor)."""
+    """(our tensor, [(transformers' tensor, how many of our rows it holds)], stored transposed) for
+    every tensor. Names on the transformers side lack the module prefix; one of ours made of several
+    of theirs stacks them along its rows (the output dimension), in the order given (rows None: the
+    whole tensor)."""
     kind, L = family(cfg), cfg.n_layer
     d, w = cfg.head_dim, cfg.mlp_width
     if kind == "gpt2":
@@ -252,7 +275,11 @@ def weight_names(cfg: GPTConfig) -> Iterator[tuple[str, list[tuple[str, int | No
         for i in range(L):
             a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
             yield f"blocks.{i}.norm1.weight", [(f"layers.{i}.input_layernorm.weight", None)], False
-            yield f"blocks.{i}.norm2.weight", [(f"layers.{i}.post_attention_layernorm.weight", None)], False
+            yield (
+                f"blocks.{i}.norm2.weight",
+                [(f"layers.{i}.post_attention_layernorm.weight", None)],
+                False,
+            )
             for p in ("weight", "bias") if cfg.bias else ("weight",):
                 yield (
                     f"blocks.{i}.attn.W_QKV.{p}",
@@ -260,14 +287,20 @@ def weight_names(cfg: GPTConfig) -> Iterator[tuple[str, list[tuple[str, int | No
                     False,
                 )
                 yield f"blocks.{i}.attn.W_O.{p}", [(a + f"o_proj.{p}", None)], False
-                yield f"blocks.{i}.mlp.W_in.{p}", [(m + f"gate_proj.{p}", w), (m + f"up_proj.{p}", w)], False
+                yield (
+                    f"blocks.{i}.mlp.W_in.{p}",
+                    [(m + f"gate_proj.{p}", w), (m + f"up_proj.{p}", w)],
+                    False,
+                )
                 yield f"blocks.{i}.mlp.W_out.{p}", [(m + f"down_proj.{p}", None)], False
         yield "norm_f.weight", [("norm.weight", None)], False
     if not cfg.tie_embeddings:
         yield "lm_head.weight", [("lm_head.weight", None)], False
 
 
-def from_hf_weights(theirs: dict[str, torch.Tensor], cfg: GPTConfig, where: str) -> dict[str, torch.Tensor]:
+def from_hf_weights(
+    theirs: dict[str, torch.Tensor], cfg: GPTConfig, where: str
+) -> dict[str, torch.Tensor]:
     """Our weights (float32) from a transformers state dict of the model `cfg` describes."""
     prefix = PREFIX[family(cfg)]
     plain = {k.removeprefix(prefix): v for k, v in theirs.items()}
@@ -276,8 +309,8 @@ def from_hf_weights(theirs: dict[str, torch.Tensor], cfg: GPTConfig, where: str)
         missing = [t for t, _ in parts if t not in plain]
         if missing:
             raise UserError(
-                f"{where}: the weights lack {prefix}{missing[0]}, which config.json implies; the folder is "
-                "incomplete, or config.json does not describe its weights"
+                f"{where}: the weights lack {prefix}{missing[0]}, which config.json implies; the "
+                "folder is incomplete, or config.json does not describe its weights"
             )
         tensor = torch.cat([plain[t].t() if transposed else plain[t] for t, _ in parts])
         ours[name] = tensor.float().contiguous()
@@ -293,7 +326,8 @@ def from_hf_weights(theirs: dict[str, torch.Tensor], cfg: GPTConfig, where: str)
 
 
 def to_hf_weights(ours: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
-    """A transformers state dict (with its module prefixes) for our weights; missing biases become zeros."""
+    """A transformers state dict (with its module prefixes) for our weights; missing biases become
+    zeros."""
     prefix, out = PREFIX[family(cfg)], {}
     for name, parts, transposed in weight_names(cfg):
         tensor = ours.get(name)
@@ -301,7 +335,8 @@ def to_hf_weights(ours: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, to
             weight = ours[name.replace(".bias", ".weight")]
             tensor = weight.new_zeros(weight.shape[0])
         pieces = tensor.split([n for _, n in parts]) if len(parts) > 1 else [tensor]
-        for (theirs, _), piece in zip(parts, pieces):  # copies: safetensors refuses tensors sharing memory
+        # copies: safetensors refuses tensors sharing memory
+        for (theirs, _), piece in zip(parts, pieces):
             key = theirs if theirs == "lm_head.weight" else prefix + theirs
             out[key] = piece.t().contiguous() if transposed else piece.clone()
     return out
@@ -310,9 +345,9 @@ def to_hf_weights(ours: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, to
 def to_peft_weights(
     adapters: dict[str, torch.Tensor], cfg: GPTConfig
 ) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """PEFT's adapter_model.safetensors for our LoRA adapters (named as PEFT saves them: base_model.model.
-    + the module + .lora_A.weight / .lora_B.weight), and its target_modules (as module-name suffixes: GPT-2's
-    attn.c_proj and mlp.c_proj would both match a bare c_proj)."""
+    """PEFT's adapter_model.safetensors for our LoRA adapters (named as PEFT saves them:
+    base_model.model. + the module + .lora_A.weight / .lora_B.weight), and its target_modules (as
+    module-name suffixes: GPT-2's attn.c_proj and mlp.c_proj would both match a bare c_proj)."""
     prefix, out, targets = "base_model.model." + PREFIX[family(cfg)], {}, set()
     for name, theirs, _ in weight_names(cfg):
         module = name.removesuffix(".weight")
@@ -321,7 +356,9 @@ def to_peft_weights(
         A, B = adapters[f"{module}.lora_A"], adapters[f"{module}.lora_B"]
         ours = lora.parts(cfg, module.rsplit(".", 1)[1])
         if len(ours) != len(theirs):  # cannot happen for a model check_exportable lets through
-            raise UserError(f"cannot write {module}'s {len(ours)} adapters as {len(theirs)} PEFT modules")
+            raise UserError(
+                f"cannot write {module}'s {len(ours)} adapters as {len(theirs)} PEFT modules"
+            )
         for (tensor, _), a, b in zip(theirs, A.split(B.size(1)), B.split(ours)):
             path = prefix + tensor.removesuffix(".weight")
             out[f"{path}.lora_A.weight"], out[f"{path}.lora_B.weight"] = a.clone(), b.clone()

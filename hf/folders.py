@@ -1,10 +1,12 @@
-"""Hugging Face model folders: reading one (config.json and safetensors weights, sharded too), fetching one
-from the hub by name, and writing one for a model of ours, or a PEFT adapter folder for its LoRA adapters.
+"""Hugging Face model folders: reading one (config.json and safetensors weights, sharded too),
+fetching one from the hub by name, and writing one for a model of ours, or a PEFT adapter folder for
+its LoRA adapters.
 
-Weights are read from safetensors only: a folder that has nothing but `pytorch_model.bin` (a pickle, which
-can run code when loaded) is refused with a line saying how to convert it. The hub is reached through
-huggingface_hub (the `hf` extra), imported only when a hub name is given: its cache first, then a download
-of the files tinygpt reads (config, safetensors, tokenizer), never the whole repository.
+Weights are read from safetensors only: a folder that has nothing but `pytorch_model.bin` (a pickle,
+which can run code when loaded) is refused with a line saying how to convert it. The hub is reached
+through huggingface_hub (the `hf` extra), imported only when a hub name is given: its cache first,
+then a download of the files tinygpt reads (config, safetensors, tokenizer), never the whole
+repository.
 """
 
 from __future__ import annotations
@@ -70,11 +72,14 @@ def _weight_files(folder: Path) -> list[Path]:
         return [folder / name for name in sorted(set(shards))]
     if any(folder.glob("pytorch_model*.bin")):
         raise UserError(
-            f"{folder} holds its weights only as pytorch_model.bin, a pickle, which tinygpt never loads (it "
-            "can run code); convert it with transformers: AutoModelForCausalLM.from_pretrained(FOLDER)"
-            ".save_pretrained(NEW_FOLDER) writes model.safetensors"
+            f"{folder} holds its weights only as pytorch_model.bin, a pickle, which tinygpt never "
+            "loads (it can run code); convert it with transformers: "
+            "AutoModelForCausalLM.from_pretrained(FOLDER).save_pretrained(NEW_FOLDER) writes "
+            "model.safetensors"
         )
-    raise UserError(f"{folder} has {CONFIG} but no {WEIGHTS} (nor {INDEX}); the model folder is incomplete")
+    raise UserError(
+        f"{folder} has {CONFIG} but no {WEIGHTS} (nor {INDEX}); the model folder is incomplete"
+    )
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -86,52 +91,67 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
         except FileNotFoundError:
             raise UserError(f"{path} is missing; the model folder is incomplete") from None
         except (SafetensorError, OSError, ValueError) as e:
-            raise UserError(f"{path} is damaged or not a safetensors file ({first_line(e)})") from None
+            raise UserError(
+                f"{path} is damaged or not a safetensors file ({first_line(e)})"
+            ) from None
     return weights
 
 
 def read_model(folder: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], dict | None, str]:
-    """(our config, our weights, our tokenizer metadata or None, what the tokenizer is) of a model folder."""
+    """(our config, our weights, our tokenizer metadata or None, what the tokenizer is) of a model
+    folder."""
     from hf import convert, tokenizer_files  # converting: only where a folder is read or written
 
     config = read_config(folder)
     cfg = convert.from_hf_config(config, str(folder))
     weights = convert.from_hf_weights(read_weights(folder), cfg, str(folder))
-    tokenizer_meta, about = tokenizer_files.tokenizer_of(folder, config.get("model_type"), cfg.vocab_size)
+    tokenizer_meta, about = tokenizer_files.tokenizer_of(
+        folder, config.get("model_type"), cfg.vocab_size
+    )
     return cfg, weights, tokenizer_meta, about
 
 
 def download(name: str) -> Path:
-    """The local folder of hub model `name`: from huggingface_hub's cache, else downloaded into it."""
+    """The local folder of hub model `name`: from huggingface_hub's cache, else downloaded into
+    it."""
     try:
         from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+        from huggingface_hub.errors import (
+            HfHubHTTPError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+        )
     except ImportError:
         raise UserError(
-            f"{name} is not a folder; as a Hugging Face hub name it needs huggingface_hub: pip install -e "
-            "'.[hf]'"
+            f"{name} is not a folder; as a Hugging Face hub name it needs huggingface_hub: pip "
+            "install -e '.[hf]'"
         ) from None
     try:
         return Path(snapshot_download(name, allow_patterns=HUB_FILES))
     except RepositoryNotFoundError:
         raise UserError(
-            f"{name} is neither a folder nor a model on the Hugging Face hub; check the path or the name"
+            f"{name} is neither a folder nor a model on the Hugging Face hub; check the path or "
+            "the name"
         ) from None
     except LocalEntryNotFoundError:
         raise UserError(
-            f"{name} is not a folder, and the Hugging Face hub cannot be reached (offline) with nothing "
-            "cached for it; connect to the internet once, or give a local model folder"
+            f"{name} is not a folder, and the Hugging Face hub cannot be reached (offline) with "
+            "nothing cached for it; connect to the internet once, or give a local model folder"
         ) from None
     except (HfHubHTTPError, OSError) as e:
-        raise UserError(f"could not get {name} from the Hugging Face hub ({first_line(e)})") from None
+        raise UserError(
+            f"could not get {name} from the Hugging Face hub ({first_line(e)})"
+        ) from None
 
 
 TRANSFORMERS = "transformers' GPT-2 or Llama models"  # what an export must match exactly
 
 
-def write_model(folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer_meta: dict) -> str:
-    """Write a transformers model folder for our model into the empty `folder`; returns its architecture.
-    `weights` are ours by name (a tied LM head may be absent)."""
+def write_model(
+    folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], tokenizer_meta: dict
+) -> str:
+    """Write a transformers model folder for our model into the empty `folder`; returns its
+    architecture. `weights` are ours by name (a tied LM head may be absent)."""
     from hf import convert, tokenizer_files  # converting: only where a folder is read or written
 
     convert.check_exportable(cfg, TRANSFORMERS)
@@ -148,9 +168,9 @@ def write_model(folder: Path, cfg: GPTConfig, weights: dict[str, torch.Tensor], 
 def write_adapter(
     folder: Path, cfg: GPTConfig, lora: LoRAConfig, adapters: dict[str, torch.Tensor], base: str
 ) -> list[str]:
-    """Write a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) for the LoRA `adapters`
-    (ours, by name) of a model `cfg` into the empty `folder`, `base` naming the model it adapts; returns
-    the target modules. `PeftModel.from_pretrained(base model, folder)` loads it."""
+    """Write a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) for the LoRA
+    `adapters` (ours, by name) of a model `cfg` into the empty `folder`, `base` naming the model it
+    adapts; returns the target modules. `PeftModel.from_pretrained(base model, folder)` loads it."""
     from hf import convert  # converting: only where a folder is read or written
 
     convert.check_exportable(cfg, TRANSFORMERS, adapters=True)
@@ -164,7 +184,8 @@ def write_adapter(
         "lora_alpha": lora.alpha,
         "lora_dropout": lora.dropout,
         "target_modules": targets,
-        "fan_in_fan_out": convert.family(cfg) == "gpt2",  # GPT-2's Conv1D stores its weights transposed
+        # GPT-2's Conv1D stores its weights transposed
+        "fan_in_fan_out": convert.family(cfg) == "gpt2",
         "bias": "none",
         "use_rslora": False,  # the scale is alpha / r, as ours
         "use_dora": False,

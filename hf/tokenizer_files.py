@@ -1,14 +1,18 @@
-"""Tokenizers across the border: the files transformers reads for ours, and which of ours a folder uses.
+"""Tokenizers across the border: the files transformers reads for ours, and which of ours a folder
+uses.
 
-Export writes `tokenizer.json` (AutoTokenizer's PreTrainedTokenizerFast), `tokenizer_config.json` and
-`tinygpt_tokenizer.json` (our own metadata, so tinygpt reads the folder back exactly). Notable:
-- GPT-2 BPE is derived offline from the tiktoken ranks: the merges are rebuilt by running BPE on each
-  token's bytes with only lower-ranked merges allowed, which stops at exactly the two pieces it is merged
-  from; listed in rank order, they make the `tokenizers` BPE give tiktoken's ids on any text.
-- char is a BPE with no merges, normaliser or pre-tokenizer; the tokenizer alone (not the model) gets
-  <|endoftext|> after the characters, as an EOS that text never encodes to (`split_special_tokens`).
+Export writes `tokenizer.json` (AutoTokenizer's PreTrainedTokenizerFast), `tokenizer_config.json`
+and `tinygpt_tokenizer.json` (our own metadata, so tinygpt reads the folder back exactly). Notable:
+- GPT-2 BPE is derived offline from the tiktoken ranks: the merges are rebuilt by running BPE on
+  each token's bytes with only lower-ranked merges allowed, which stops at exactly the two pieces it
+  is merged from; listed in rank order, they make the `tokenizers` BPE give tiktoken's ids on any
+  text.
+- char is a BPE with no merges, normaliser or pre-tokenizer; the tokenizer alone (not the model)
+  gets <|endoftext|> after the characters, as an EOS that text never encodes to
+  (`split_special_tokens`).
 - a tokenizer whose metadata carries the `tokenizers` JSON (`tokenizer_json`) is written as it is.
-Why (lm-eval, pipeline(), TransformerLens): docs/hugging-face.md. `tokenizer_of`: which of ours a folder uses.
+Why (lm-eval, pipeline(), TransformerLens): docs/hugging-face.md. `tokenizer_of`: which of ours a
+folder uses.
 """
 
 from __future__ import annotations
@@ -20,16 +24,9 @@ from pathlib import Path
 
 from common import json_text
 from common.errors import UserError
+from data.bpe import BPETokenizer
 from data.byte_level import byte_chars
-from data.tokenizers import (
-    BPE_ENCODINGS,
-    EOT,
-    METADATA_FILE,
-    BPETokenizer,
-    check_meta,
-    describe,
-    from_meta,
-)
+from data.tokenizers import BPE_ENCODINGS, EOT, METADATA_FILE, check_meta, describe, from_meta
 
 # --- GPT-2 BPE from tiktoken's ranks ---
 
@@ -49,7 +46,8 @@ def gpt2_vocab() -> dict[str, int]:
 
 
 def _merged_from(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
-    """The two tokens that BPE merges into `token`: its bytes, merged by the lower ranks until two remain."""
+    """The two tokens that BPE merges into `token`: its bytes, merged by the lower ranks until two
+    remain."""
     parts = [bytes([b]) for b in token]
     while len(parts) > 2:
         found = [(ranks.get(a + b, rank), i) for i, (a, b) in enumerate(pairwise(parts))]
@@ -63,7 +61,8 @@ def _merged_from(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[byte
 
 
 def gpt2_merges() -> list[tuple[str, str]]:
-    """GPT-2's merges.txt, rebuilt from the ranks (about a second): one pair per multi-byte token, by rank."""
+    """GPT-2's merges.txt, rebuilt from the ranks (about a second): one pair per multi-byte token,
+    by rank."""
     ranks, alphabet = _gpt2_ranks(), byte_chars()
 
     def text(b: bytes) -> str:
@@ -81,7 +80,8 @@ def _tokenizers():
         import tokenizers
     except ImportError:
         raise UserError(
-            "export needs the tokenizers package (it comes with transformers): pip install -e '.[hf]'"
+            "export needs the tokenizers package (it comes with transformers): pip install -e "
+            "'.[hf]'"
         ) from None
     return tokenizers
 
@@ -101,7 +101,8 @@ def _char_json(chars: list[str]) -> str:
     tk = _tokenizers()
     tokenizer = tk.Tokenizer(tk.models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
     tokenizer.decoder = tk.decoders.Fuse()
-    tokenizer.add_special_tokens([tk.AddedToken(EOT, special=True)])  # id len(chars): the tools' BOS/EOS
+    # id len(chars): the tools' BOS/EOS
+    tokenizer.add_special_tokens([tk.AddedToken(EOT, special=True)])
     return tokenizer.to_str()
 
 
@@ -113,8 +114,10 @@ def _token_text(tokenizer_json: str, token: int) -> str | None:
 
 
 def write_tokenizer(folder: Path, tokenizer_meta: dict, block_size: int) -> int | None:
-    """Write the tokenizer files of `tokenizer_meta` into folder; its end-of-text token (None: none)."""
-    if "tokenizer_json" in tokenizer_meta:  # a trained BPE carries its tokenizers JSON: written as it is
+    """Write the tokenizer files of `tokenizer_meta` into folder; its end-of-text token (None:
+    none)."""
+    # a trained BPE carries its tokenizers JSON: written as it is
+    if "tokenizer_json" in tokenizer_meta:
         tokenizer_json = json_text.dumps(tokenizer_meta["tokenizer_json"], ensure_ascii=False)
     elif tokenizer_meta.get("kind") == "char":
         tokenizer_json = _char_json(tokenizer_meta["chars"])
@@ -125,13 +128,15 @@ def write_tokenizer(folder: Path, tokenizer_meta: dict, block_size: int) -> int 
         (folder / "merges.txt").write_text("#version: 0.2\n" + merges, encoding="utf-8")
     else:
         raise UserError(
-            f"cannot export the {describe(tokenizer_meta)} tokenizer; export supports char, gpt2 and bpe:N"
+            f"cannot export the {describe(tokenizer_meta)} tokenizer; export supports char, gpt2 "
+            "and bpe:N"
         )
     eot = from_meta(tokenizer_meta).eot_token
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": block_size,
-        "clean_up_tokenization_spaces": False,  # decode exactly, never tidy spaces around punctuation
+        # decode exactly, never tidy spaces around punctuation
+        "clean_up_tokenization_spaces": False,
     }
     if eot is not None:
         text = _token_text(tokenizer_json, eot)
@@ -141,7 +146,9 @@ def write_tokenizer(folder: Path, tokenizer_meta: dict, block_size: int) -> int 
     ):  # the tokenizer's own <|endoftext|>, past the model's ids (see above)
         config |= {"eos_token": EOT, "split_special_tokens": True}
     (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(json_text.dumps(config, indent=2, ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(
+        json_text.dumps(config, indent=2, ensure_ascii=False)
+    )
     (folder / METADATA_FILE).write_text(json_text.dumps(tokenizer_meta, indent=1))
     return eot
 
@@ -150,10 +157,11 @@ def write_tokenizer(folder: Path, tokenizer_meta: dict, block_size: int) -> int 
 
 
 def tokenizer_of(folder: Path, model_type: str, vocab_size: int) -> tuple[dict | None, str]:
-    """(our tokenizer metadata for the tokenizer of a Hugging Face folder, or None when it is none of ours;
-    a few words on what it is). A GPT-2 model without tokenizer files, with room for GPT-2's vocabulary,
-    is taken to use GPT-2's BPE."""
-    if (folder / METADATA_FILE).is_file():  # ours, written by export.py: checked as a checkpoint's is
+    """(our tokenizer metadata for the tokenizer of a Hugging Face folder, or None when it is none
+    of ours; a few words on what it is). A GPT-2 model without tokenizer files, with room for
+    GPT-2's vocabulary, is taken to use GPT-2's BPE."""
+    # ours, written by export.py: checked as a checkpoint's is
+    if (folder / METADATA_FILE).is_file():
         tokenizer_meta = _read_json(folder / METADATA_FILE)
         try:
             check_meta(tokenizer_meta)

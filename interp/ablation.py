@@ -1,13 +1,14 @@
 """Head ablation: remove heads and measure what breaks (heads.py --ablate).
 
-Zero ablation sets a head's output z (before W_O mixes the heads) to 0; mean ablation sets it to its mean
-over reference validation windows, position by position (`head_means`: what the head writes on typical
-text, without what it read in this input). `ablate_heads` removes every head alone, `ablate` any sets of
-heads together; both batch the edited passes (interp/interventions.py). Each ablation is measured as the
-change (ablated minus intact) of val_loss, repeat_loss_first_half, repeat_loss_second_half (the copy: a
-head it needs raises this) and icl_score, as interp/scores.py defines them. Inputs are `score_heads`'s
-(validation windows from stream 2, the means' reference windows from stream 3, [R, R] from `seed`) but
-fewer by default (TEXT_TOKENS, REPEAT_TOKENS): every head costs about one forward pass over them.
+Zero ablation sets a head's output z (before W_O mixes the heads) to 0; mean ablation sets it to its
+mean over reference validation windows, position by position (`head_means`: what the head writes on
+typical text, without what it read in this input). `ablate_heads` removes every head alone, `ablate`
+any sets of heads together; both batch the edited passes (interp/interventions.py). Each ablation is
+measured as the change (ablated minus intact) of val_loss, repeat_loss_first_half,
+repeat_loss_second_half (the copy: a head it needs raises this) and icl_score, as interp/scores.py
+defines them. Inputs are `score_heads`'s (validation windows from stream 2, the means' reference
+windows from stream 3, [R, R] from `seed`) but fewer by default (TEXT_TOKENS, REPEAT_TOKENS): every
+head costs about one forward pass over them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from model.hooks import run_with_cache
 
 KINDS = ("zero", "mean")
 METRICS = ("val_loss", "repeat_loss_first_half", "repeat_loss_second_half", "icl_score")
-# Default inputs (each head costs about a forward pass over them; 6 x 384 at context 256: BENCHMARKS.md):
+# Default inputs (each head costs about a forward pass over them; 6 x 384 at context 256:
+# BENCHMARKS.md):
 TEXT_TOKENS = 1024  # validation windows of about this many tokens in all, at least MIN_INPUTS
 REPEAT_TOKENS = 512  # [R, R] sequences of about this many tokens in all, at least MIN_INPUTS
 MIN_INPUTS = 4
@@ -42,7 +44,8 @@ Heads = Sequence[tuple[int, int]]  # (layer, head) pairs ablated together
 
 
 def head_means(model: GPT, reference: torch.Tensor) -> list[torch.Tensor]:
-    """Per layer, every head's mean output z over the reference windows (B, T), per position: (T, H, d)."""
+    """Per layer, every head's mean output z over the reference windows (B, T), per position: (T, H,
+    d)."""
     names = [f"blocks.{layer}.attn.z" for layer in range(model.config.n_layer)]
     _, cache = run_with_cache(model, reference, names)
     return [cache[name].mean(dim=0) for name in names]
@@ -56,7 +59,8 @@ def head_edits(heads: Heads, kind: str, means: Optional[list[torch.Tensor]], T: 
 
 
 def _text_metrics(model: GPT, x, y, interventions) -> np.ndarray:
-    """(1 + interventions, 2): the mean val loss and ICL score, intact and under each intervention."""
+    """(1 + interventions, 2): the mean val loss and ICL score, intact and under each
+    intervention."""
     sums = np.zeros((1 + len(interventions), 2))
     for which, rows, logits in passes(model, x, interventions):
         G, B, T, V = logits.shape
@@ -68,7 +72,8 @@ def _text_metrics(model: GPT, x, y, interventions) -> np.ndarray:
 
 
 def _repeat_metrics(model: GPT, tokens, n: int, interventions) -> np.ndarray:
-    """(1 + interventions, 2): the mean first- and second-half loss on [R, R], intact and under each."""
+    """(1 + interventions, 2): the mean first- and second-half loss on [R, R], intact and under
+    each."""
     sums = np.zeros((1 + len(interventions), 2))
     for which, rows, logits in passes(model, tokens, interventions):
         G, B, T, V = logits.shape
@@ -89,9 +94,9 @@ def ablate(
     windows: Optional[int] = None,
     sequences: Optional[int] = None,
 ) -> dict:
-    """The intact model's METRICS ("clean") and, for each group of heads ablated together, their changes
-    ("effects": one dict of METRICS per group), with the inputs' sizes. Runs in eval mode without gradients;
-    the model's mode and the global random generators are left as they were."""
+    """The intact model's METRICS ("clean") and, for each group of heads ablated together, their
+    changes ("effects": one dict of METRICS per group), with the inputs' sizes. Runs in eval mode
+    without gradients; the model's mode and the global random generators are left as they were."""
     if kind not in KINDS:
         raise ValueError(f"ablation kind must be one of {', '.join(KINDS)}, got {kind!r}")
     cfg = model.config
@@ -102,7 +107,11 @@ def ablate(
     x, y = (t.to(device) for t in val.batch(0, windows, stream=2))
     tokens = repeated_tokens(cfg.vocab_size, n, sequences, seed).to(device)
     with evaluating(model):
-        means = head_means(model, val.batch(0, windows, stream=3)[0].to(device)) if kind == "mean" else None
+        means = (
+            head_means(model, val.batch(0, windows, stream=3)[0].to(device))
+            if kind == "mean"
+            else None
+        )
         text = _text_metrics(model, x, y, [head_edits(g, kind, means, x.size(1)) for g in groups])
         rep = _repeat_metrics(model, tokens, n, [head_edits(g, kind, means, 2 * n) for g in groups])
     values = np.concatenate([text[:, :1], rep, text[:, 1:]], axis=1)  # in the order of METRICS
@@ -118,30 +127,43 @@ def ablate(
 
 
 def ablate_heads(
-    model: GPT, val: TokenWindows, kind: str = "zero", seed: int = 0, groups: Sequence[Heads] = (), **sizes
+    model: GPT,
+    val: TokenWindows,
+    kind: str = "zero",
+    seed: int = 0,
+    groups: Sequence[Heads] = (),
+    **sizes,
 ) -> dict:
-    """Every head ablated alone: `ablate`'s numbers with, for each of METRICS, an n_layer x n_head table
-    of changes; and each of `groups` ablated together ("groups": its heads' names and METRICS), in the
-    same batched passes."""
+    """Every head ablated alone: `ablate`'s numbers with, for each of METRICS, an n_layer x n_head
+    table of changes; and each of `groups` ablated together ("groups": its heads' names and
+    METRICS), in the same batched passes."""
     cfg = model.config
     heads = [(layer, head) for layer in range(cfg.n_layer) for head in range(cfg.n_head)]
-    result = ablate(model, val, [[h] for h in heads] + [list(g) for g in groups], kind, seed, **sizes)
+    result = ablate(
+        model, val, [[h] for h in heads] + [list(g) for g in groups], kind, seed, **sizes
+    )
     effects = result.pop("effects")
     for m in METRICS:
         values = [effect[m] for effect in effects]
-        result[m] = [values[layer * cfg.n_head : (layer + 1) * cfg.n_head] for layer in range(cfg.n_layer)]
+        result[m] = [
+            values[layer * cfg.n_head : (layer + 1) * cfg.n_head] for layer in range(cfg.n_layer)
+        ]
     together = effects[len(heads) :]
-    result["groups"] = [{"heads": [head_name(*h) for h in g], **e} for g, e in zip(groups, together)]
+    result["groups"] = [
+        {"heads": [head_name(*h) for h in g], **e} for g, e in zip(groups, together)
+    ]
     return result
 
 
 def format_ablation(result: dict) -> str:
-    """Each metric's change as a layer x head table, each group's changes, then the intact model's values."""
+    """Each metric's change as a layer x head table, each group's changes, then the intact model's
+    values."""
     n_head = len(result[METRICS[0]][0])
     lines = [
         f"{result['kind']} ablation of each head: change of each metric when the head is removed "
         f"({result['windows']} validation windows, {result['sequences']} [R, R] sequences of "
-        f"{2 * result['repeat_length']} tokens{', ' + result['precision'] if 'precision' in result else ''})"
+        f"{2 * result['repeat_length']} "
+        f"tokens{', ' + result['precision'] if 'precision' in result else ''})"
     ]
     for m in METRICS:
         lines.append(f"{m:<24}" + "".join(f"{'H' + str(h):>7}" for h in range(n_head)))

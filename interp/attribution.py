@@ -1,12 +1,12 @@
-"""Attribution patching (Nanda, 2023): every patch of activation patching estimated at once, from one forward
-pass on each input and one backward pass.
+"""Attribution patching (Nanda, 2023): every patch of activation patching estimated at once, from
+one forward pass on each input and one backward pass.
 
-Patching a from the source run into the base run changes the metric m by about (a_source - a_base) . dm/da,
-the gradient taken on the base run; divided by m(source) - m(base), that gives every table of
-interp/patching.py at once (heads, head_positions, the residual stream, attention and MLP outputs per
-position). It is exact where m is linear in the patched activation and drifts where a patch moves an
-attention pattern or a softmax far: `compare` runs the real patching beside it and gives their correlation
-per table.
+Patching a from the source run into the base run changes the metric m by about (a_source - a_base) .
+dm/da, the gradient taken on the base run; divided by m(source) - m(base), that gives every table of
+interp/patching.py at once (heads, head_positions, the residual stream, attention and MLP outputs
+per position). It is exact where m is linear in the patched activation and drifts where a patch
+moves an attention pattern or a softmax far: `compare` runs the real patching beside it and gives
+their correlation per table.
 """
 
 from __future__ import annotations
@@ -17,7 +17,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from interp.patching import POSITION_POINTS, TABLES, cached_points, metric_ends, patch_task, tables_of
+from interp.patching import (
+    POSITION_POINTS,
+    TABLES,
+    cached_points,
+    metric_ends,
+    patch_task,
+    tables_of,
+)
 from interp.scores import evaluating
 from interp.tasks import Task
 from model import GPT
@@ -26,7 +33,8 @@ from model.hooks import hooked, run_with_cache
 
 def _gradients(model: GPT, task: Task, names: list[str]) -> tuple[dict, dict]:
     """The metric's gradient with respect to the base run's activation at each of `names`, and those
-    activations. The embeddings are made a leaf that needs a gradient, so frozen weights change nothing."""
+    activations. The embeddings are made a leaf that needs a gradient, so frozen weights change
+    nothing."""
     acts: dict[str, torch.Tensor] = {}
 
     def leaf(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -40,12 +48,14 @@ def _gradients(model: GPT, task: Task, names: list[str]) -> tuple[dict, dict]:
             logits, _ = model(task.base)
         metric = task.value(logits)
         grads = torch.autograd.grad(metric, [acts[name] for name in names])
-    return {name: g.detach() for name, g in zip(names, grads)}, {n: a.detach() for n, a in acts.items()}
+    return {name: g.detach() for name, g in zip(names, grads)}, {
+        n: a.detach() for n, a in acts.items()
+    }
 
 
 def attribute(model: GPT, task: Task, tables: Sequence[str] = TABLES) -> dict:
-    """The estimated effect of every patch of `tables` (interp/patching.py's TABLES and shapes), source into
-    base, with the metric on both runs ("metric_base", "metric_source")."""
+    """The estimated effect of every patch of `tables` (interp/patching.py's TABLES and shapes),
+    source into base, with the metric on both runs ("metric_base", "metric_source")."""
     cfg = model.config
     names = cached_points(model, tables)
     with evaluating(model):
@@ -59,7 +69,8 @@ def attribute(model: GPT, task: Task, tables: Sequence[str] = TABLES) -> dict:
         per_layer = []
         for layer in range(cfg.n_layer):
             name = f"blocks.{layer}.{'attn.z' if table.startswith('head') else table}"
-            terms = ((source[name] - base[name]) * grads[name]).double().sum(dim=(0, -1))  # (T, H) or (T,)
+            # (T, H) or (T,)
+            terms = ((source[name] - base[name]) * grads[name]).double().sum(dim=(0, -1))
             if table == "heads":
                 terms = terms.sum(dim=0)  # (H,): the head at every position at once
             elif table == "head_positions":
@@ -78,7 +89,9 @@ def correlation(a, b) -> float:
     return float(np.corrcoef(x, y)[0, 1])
 
 
-def compare(model: GPT, task: Task, tables: Sequence[str] = ("heads", "head_positions", *POSITION_POINTS)):
+def compare(
+    model: GPT, task: Task, tables: Sequence[str] = ("heads", "head_positions", *POSITION_POINTS)
+):
     """Attribution patching beside activation patching on the same task: {"attribution": ...,
     "patching": ..., "correlation": {table: r}}."""
     start = time.perf_counter()
@@ -88,7 +101,9 @@ def compare(model: GPT, task: Task, tables: Sequence[str] = ("heads", "head_posi
     return {
         "attribution": estimated,
         "patching": real,
-        "correlation": {t: round(correlation(estimated[t], real[t]), 4) for t in tables_of(model, tables)},
+        "correlation": {
+            t: round(correlation(estimated[t], real[t]), 4) for t in tables_of(model, tables)
+        },
         "seconds": {
             "attribution": round(middle - start, 3),
             "patching": round(time.perf_counter() - middle, 3),
@@ -97,16 +112,20 @@ def compare(model: GPT, task: Task, tables: Sequence[str] = ("heads", "head_posi
 
 
 def format_attribution(result: dict, labels: list[str], top: int = 8) -> str:
-    """The heads' table, the strongest head-position estimates, and (from `compare`) the agreement."""
+    """The heads' table, the strongest head-position estimates, and (from `compare`) the
+    agreement."""
     estimated = result.get("attribution", result)
     heads = np.array(estimated["heads"])
     lines = [
         f"attribution patching: metric {estimated['metric_base']:+.3f} on the base run, "
-        f"{estimated['metric_source']:+.3f} on the source run; estimated fraction of it each patch moves:",
+        f"{estimated['metric_source']:+.3f} on the source run; estimated fraction of it each patch "
+        "moves:",
         "  each head at every position at once:",
         "        " + "".join(f"{'H' + str(h):>7}" for h in range(heads.shape[1])),
     ]
-    lines += [f"  L{layer:<5}" + "".join(f"{v:+7.2f}" for v in row) for layer, row in enumerate(heads)]
+    lines += [
+        f"  L{layer:<5}" + "".join(f"{v:+7.2f}" for v in row) for layer, row in enumerate(heads)
+    ]
     cells = np.array(estimated["head_positions"]) if "head_positions" in estimated else None
     if cells is not None:
         order = np.argsort(-np.abs(cells), axis=None)[:top]

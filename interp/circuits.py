@@ -1,13 +1,14 @@
-"""What the weights alone say about each head and how heads compose (Elhage et al. 2021, "A Mathematical
-Framework for Transformer Circuits"), on weights processed as TransformerLens processes them
-(interp/weights.py), every matrix kept factored (interp/factored.py).
+"""What the weights alone say about each head and how heads compose (Elhage et al. 2021, "A
+Mathematical Framework for Transformer Circuits"), on weights processed as TransformerLens processes
+them (interp/weights.py), every matrix kept factored (interp/factored.py).
 
 Per head: the OV circuit W_V W_O, the QK circuit W_Q W_K^T, the full OV W_E W_V W_O W_U and token QK
-W_E W_Q W_K^T W_E^T (vocab x vocab), and the position QK of learned positions; the copying score from the
-full OV circuit's eigenvalues. Composition of an earlier head A with a later B through B's queries, keys or
-values: ||left right||_F / (||left||_F ||right||_F), TransformerLens's all_composition_scores, against
-`baseline`, what random matrices of the same shapes score. What each means, and what the weights cannot
-show (rotary positions, QK-norm, a route through an MLP: interp/paths.py measures it): docs/heads.md.
+W_E W_Q W_K^T W_E^T (vocab x vocab), and the position QK of learned positions; the copying score
+from the full OV circuit's eigenvalues. Composition of an earlier head A with a later B through B's
+queries, keys or values: ||left right||_F / (||left||_F ||right||_F), TransformerLens's
+all_composition_scores, against `baseline`, what random matrices of the same shapes score. What each
+means, and what the weights cannot show (rotary positions, QK-norm, a route through an MLP:
+interp/paths.py measures it): docs/heads.md.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def qk_circuits(w: HeadWeights) -> Factored:
 
 
 def full_ov_circuit(w: HeadWeights, layer: int, head: int) -> Factored:
-    """One head's W_E W_V W_O W_U, (vocab, vocab): row s, column t, what attending to s adds to t's logit."""
+    """One head's W_E W_V W_O W_U, (vocab, vocab): row s, column t, what attending to s adds to t's
+    logit."""
     return Factored(w.W_E @ w.W_V[layer, head], w.W_O[layer, head] @ w.W_U)
 
 
@@ -45,12 +47,13 @@ def token_qk_circuit(w: HeadWeights, layer: int, head: int) -> Factored:
 
 
 def positional_qk_pattern(w: HeadWeights, layer: int, head: int, T: int) -> torch.Tensor:
-    """One head's attention pattern from the position embeddings alone: softmax over the keys each query may
-    see of W_pos W_Q W_K^T W_pos^T / sqrt(d), (T, T) (learned positions only; ValueError with rotary ones)."""
+    """One head's attention pattern from the position embeddings alone: softmax over the keys each
+    query may see of W_pos W_Q W_K^T W_pos^T / sqrt(d), (T, T) (learned positions only; ValueError
+    with rotary ones)."""
     if w.W_pos is None:
         raise ValueError(
-            "a rotary model has no position embedding: its position pattern depends on the tokens too "
-            "(the role scores measure it)"
+            "a rotary model has no position embedding: its position pattern depends on the tokens "
+            "too (the role scores measure it)"
         )
     P = w.W_pos[:T]
     scores = (P @ w.W_Q[layer, head]) @ (P @ w.W_K[layer, head]).T / w.W_Q.size(-1) ** 0.5
@@ -84,7 +87,8 @@ def _readers(w: HeadWeights, kind: str) -> Factored:
 
 
 def later_layers(n_layer: int, n_head: int) -> torch.Tensor:
-    """(L H, L H) booleans: True where the reader (column) sits in a later layer than the writer (row)."""
+    """(L H, L H) booleans: True where the reader (column) sits in a later layer than the writer
+    (row)."""
     layer = torch.arange(n_layer).repeat_interleave(n_head)
     return layer[:, None] < layer[None, :]
 
@@ -98,7 +102,8 @@ def all_composition_scores(w: HeadWeights) -> dict[str, torch.Tensor]:
     scores = {}
     for kind in KINDS:
         right, table = _readers(w, kind), torch.zeros(n, n, dtype=w.W_Q.dtype)
-        for layer in range(w.n_layer - 1):  # each layer's heads against the heads of every later layer
+        # each layer's heads against the heads of every later layer
+        for layer in range(w.n_layer - 1):
             writers, readers = slice(layer * H, (layer + 1) * H), slice((layer + 1) * H, n)
             pick = lambda f, rows: Factored(f.A[rows], f.B[rows])  # noqa: E731
             table[writers, readers] = composition_scores(pick(left, writers), pick(right, readers))
@@ -107,10 +112,13 @@ def all_composition_scores(w: HeadWeights) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def composition_baseline(w: HeadWeights, draws: int = BASELINE_DRAWS, seed: int = 0) -> tuple[float, float]:
-    """(mean, standard deviation) of the composition score between random heads of the model's shapes:
-    Gaussian factors W_V, W_O, W_Q, W_K (C x d, d x C), centred as the model's are. The score does not
-    depend on the factors' scale, and Q, K and V composition of random heads share one distribution."""
+def composition_baseline(
+    w: HeadWeights, draws: int = BASELINE_DRAWS, seed: int = 0
+) -> tuple[float, float]:
+    """(mean, standard deviation) of the composition score between random heads of the model's
+    shapes: Gaussian factors W_V, W_O, W_Q, W_K (C x d, d x C), centred as the model's are. The
+    score does not depend on the factors' scale, and Q, K and V composition of random heads share
+    one distribution."""
     generator = torch.Generator().manual_seed(seed)
     C, d = w.W_Q.shape[-2:]
 
@@ -129,9 +137,10 @@ def head_names(n_layer: int, n_head: int) -> list[str]:
 
 
 def composition_table(model: GPT) -> dict:
-    """heads.py --composition's data: "heads" (L0H0, L0H1, ...), "q", "k", "v" (lists indexed [writer][reader]
-    in that order, 0 where the reader is not in a later layer), the random "baseline" (mean) and its
-    "baseline_std", and every head's "copying" score (n_layer x n_head)."""
+    """heads.py --composition's data: "heads" (L0H0, L0H1, ...), "q", "k", "v" (lists indexed
+    [writer][reader] in that order, 0 where the reader is not in a later layer), the random
+    "baseline" (mean) and its "baseline_std", and every head's "copying" score (n_layer x
+    n_head)."""
     w = head_weights(model)
     scores = all_composition_scores(w)
     mean, std = composition_baseline(w)
@@ -143,7 +152,8 @@ def composition_table(model: GPT) -> dict:
         "baseline_std": round(std, 4),
         "baseline_draws": BASELINE_DRAWS**2,
         "copying": rounded(copying_scores(w)),
-        "processing": "the norms' scales folded in" + ("; centred (LayerNorm)" if w.layernorm else ""),
+        "processing": "the norms' scales folded in"
+        + ("; centred (LayerNorm)" if w.layernorm else ""),
     }
 
 
@@ -158,9 +168,12 @@ def format_composition(table: dict, top: int = 8) -> str:
         shown = ", ".join(f"{names[w]}->{names[r]} {values[w, r]:.3f}" for w, r in pairs)
         lines.append(f"  {kind.upper()}-composition, strongest: {shown or 'none (one layer)'}")
     copying = torch.tensor(table["copying"])
-    lines.append("copying score of each head's OV circuit (1: raises the logit of the token it attends to)")
+    lines.append(
+        "copying score of each head's OV circuit (1: raises the logit of the token it attends to)"
+    )
     lines.append("        " + "".join(f"{'H' + str(h):>7}" for h in range(copying.size(1))))
     lines += [
-        f"  L{layer:<5}" + "".join(f"{v:+7.2f}" for v in row) for layer, row in enumerate(copying.tolist())
+        f"  L{layer:<5}" + "".join(f"{v:+7.2f}" for v in row)
+        for layer, row in enumerate(copying.tolist())
     ]
     return "\n".join(lines)

@@ -1,11 +1,13 @@
-"""A matrix kept as the product of its two factors, A @ B, as TransformerLens's FactoredMatrix keeps one.
+"""A matrix kept as the product of its two factors, A @ B, as TransformerLens's FactoredMatrix keeps
+one.
 
-A head's circuits are products of its weights: its OV circuit W_V W_O is d_model x d_model but of rank
-d_head, and W_E W_V W_O W_U, the full OV circuit between tokens, is d_vocab x d_vocab (2.5 billion numbers
-for GPT-2) of the same rank. `Factored(A, B)` holds A (..., m, k) and B (..., k, n) and answers from the
-small k x k matrices what the big one would say: its Frobenius norm from the Gram matrices A^T A and B B^T,
-its nonzero eigenvalues from B A, products that stay factored. Leading dimensions (layers, heads) broadcast,
-so every head is one batched call. `full()` forms the matrix itself: only when it is small.
+A head's circuits are products of its weights: its OV circuit W_V W_O is d_model x d_model but of
+rank d_head, and W_E W_V W_O W_U, the full OV circuit between tokens, is d_vocab x d_vocab (2.5
+billion numbers for GPT-2) of the same rank. `Factored(A, B)` holds A (..., m, k) and B (..., k, n)
+and answers from the small k x k matrices what the big one would say: its Frobenius norm from the
+Gram matrices A^T A and B B^T, its nonzero eigenvalues from B A, products that stay factored.
+Leading dimensions (layers, heads) broadcast, so every head is one batched call. `full()` forms the
+matrix itself: only when it is small.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Union
 
 import torch
 
-PAIR_NUMBERS = 1 << 24  # numbers of the k x k products held at once in composition_scores (128 MB in float64)
+# numbers of the k x k products held at once in composition_scores (128 MB in float64)
+PAIR_NUMBERS = 1 << 24
 
 
 class Factored:
@@ -54,27 +57,29 @@ class Factored:
         return self.A[..., index, :] @ self.B
 
     def gram(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(A^T A, B B^T), each (..., k, k): the Frobenius norm of A M B is sqrt(sum((G_A M) * (M G_B)))."""
+        """(A^T A, B B^T), each (..., k, k): the Frobenius norm of A M B is sqrt(sum((G_A M) * (M
+        G_B)))."""
         return self.A.transpose(-2, -1) @ self.A, self.B @ self.B.transpose(-2, -1)
 
     def norm(self) -> torch.Tensor:
-        """The Frobenius norm of A B, (...,), from k x k matrices: ||A B||^2 = sum(A^T A * B B^T)."""
+        """The Frobenius norm of A B, (...,), from k x k matrices: ||A B||^2 = sum(A^T A * B
+        B^T)."""
         left, right = self.gram()
         return (left * right).sum(dim=(-2, -1)).clamp(min=0).sqrt()
 
     def eigenvalues(self) -> torch.Tensor:
-        """The k eigenvalues of B A (complex, (..., k)): the nonzero eigenvalues of the square A B are
-        among them, and the rest of A B's are 0."""
+        """The k eigenvalues of B A (complex, (..., k)): the nonzero eigenvalues of the square A B
+        are among them, and the rest of A B's are 0."""
         if self.A.size(-2) != self.B.size(-1):
             raise ValueError(f"eigenvalues need a square matrix, this one is {self.shape}")
         return torch.linalg.eigvals(self.B @ self.A)
 
 
 def composition_scores(left: Factored, right: Factored) -> torch.Tensor:
-    """||L R||_F / (||L||_F ||R||_F) for every pair of a batch of left matrices (P, m, m) and right matrices
-    (Q, m, m), each factored (rank k): (P, Q). The products are never formed: with L = A_L B_L and
-    R = A_R B_R, L R = A_L M B_R with M = B_L A_R (k x k per pair), and ||A M B||^2 = sum((G_A M) * (M G_B))
-    with the Gram matrices of `Factored.gram`."""
+    """||L R||_F / (||L||_F ||R||_F) for every pair of a batch of left matrices (P, m, m) and right
+    matrices (Q, m, m), each factored (rank k): (P, Q). The products are never formed: with
+    L = A_L B_L and R = A_R B_R, L R = A_L M B_R with M = B_L A_R (k x k per pair), and
+    ||A M B||^2 = sum((G_A M) * (M G_B)) with the Gram matrices of `Factored.gram`."""
     gram_left, _ = left.gram()  # A_L^T A_L: (P, k, k)
     _, gram_right = right.gram()  # B_R B_R^T: (Q, k2, k2)
     (P, k), (Q, k2) = left.B.shape[:2], (right.A.shape[0], right.A.shape[2])
@@ -83,7 +88,10 @@ def composition_scores(left: Factored, right: Factored) -> torch.Tensor:
     products = []
     for p in range(0, P, chunk):
         B = left.B[p : p + chunk]
-        M = (B.reshape(-1, B.size(-1)) @ readers).view(B.size(0), k, Q, k2).transpose(1, 2)  # B_L A_R
-        products.append(((gram_left[p : p + chunk, None] @ M) * (M @ gram_right[None])).sum(dim=(-2, -1)))
+        # B_L A_R
+        M = (B.reshape(-1, B.size(-1)) @ readers).view(B.size(0), k, Q, k2).transpose(1, 2)
+        products.append(
+            ((gram_left[p : p + chunk, None] @ M) * (M @ gram_right[None])).sum(dim=(-2, -1))
+        )
     norms = torch.cat(products).clamp(min=0).sqrt()
     return norms / (left.norm()[:, None] * right.norm()[None, :])

@@ -1,13 +1,14 @@
-"""Batched interventions: many edited forward passes of one input, run as one pass over a bigger batch.
+"""Batched interventions: many edited forward passes of one input, run as one pass over a bigger
+batch.
 
-An `Edit` sets one slice of one hook point (model/hooks.py) to a value: a head's query, key, value or output
-z, the residual stream entering a layer, the attention's or the MLP's output, at every position or at one.
-An intervention is a list of edits applied together. `intervene` runs B rows unedited and under G
-interventions in one forward pass whose batch grows layer by layer: at each layer a copy of the unedited
-rows joins for every intervention that starts changing things there, so the layers before its first edit
-run once, shared. Removing each of a 6 x 6 model's 36 heads costs about 21 forward passes' worth of layers,
-not 36 per window. `passes` cuts the work into passes that fit ACTIVATION_BYTES (the logits of a big
-vocabulary dominate).
+An `Edit` sets one slice of one hook point (model/hooks.py) to a value: a head's query, key, value
+or output z, the residual stream entering a layer, the attention's or the MLP's output, at every
+position or at one. An intervention is a list of edits applied together. `intervene` runs B rows
+unedited and under G interventions in one forward pass whose batch grows layer by layer: at each
+layer a copy of the unedited rows joins for every intervention that starts changing things there, so
+the layers before its first edit run once, shared. Removing each of a 6 x 6 model's 36 heads costs
+about 21 forward passes' worth of layers, not 36 per window. `passes` cuts the work into passes that
+fit ACTIVATION_BYTES (the logits of a big vocabulary dominate).
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ HEAD_POINTS = ("q", "k", "v", "z")  # attention points with a head index (k, v: 
 
 @dataclass(eq=False)
 class Edit:
-    """Set `point` of block `layer` (at one `position`, or all; of one `head`, for a head's point) to
-    `value`, the same for every row: a number, or a tensor that broadcasts to one row's slice: (T, d) or (d,)
-    for a head's point, (T, C) or (C,) for the others (T: the input's length; with a position, the shapes
-    without T). With `per_row`, `value` has one such slice per row of the input, stacked: (B, ...)."""
+    """Set `point` of block `layer` (at one `position`, or all; of one `head`, for a head's point)
+    to `value`, the same for every row: a number, or a tensor that broadcasts to one row's slice:
+    (T, d) or (d,) for a head's point, (T, C) or (C,) for the others (T: the input's length; with a
+    position, the shapes without T). With `per_row`, `value` has one such slice per row of the
+    input, stacked: (B, ...)."""
 
-    point: str  # a head's "q", "k", "v", "z", or a block point: "resid_pre", "attn_out", "mlp_out", ...
+    # a head's "q", "k", "v", "z", or a block point: "resid_pre", "attn_out", "mlp_out", ...
+    point: str
     layer: int
     value: Union[torch.Tensor, float]
     head: Optional[int] = None  # a head's points only
@@ -73,12 +76,15 @@ def _apply(edits: list[tuple[slice, Edit]], x: torch.Tensor, name: str) -> torch
 
 
 @torch.no_grad()
-def intervene(model: GPT, idx: torch.Tensor, interventions: Sequence[Sequence[Edit]]) -> torch.Tensor:
-    """Logits (1 + G, B, T, vocab) of idx (B, T): first unedited, then under each of the G interventions.
+def intervene(
+    model: GPT, idx: torch.Tensor, interventions: Sequence[Sequence[Edit]]
+) -> torch.Tensor:
+    """Logits (1 + G, B, T, vocab) of idx (B, T): first unedited, then under each of the G
+    interventions.
 
-    The batch grows as the forward goes: the unedited rows come first; at each layer's resid_pre, a copy
-    of them is appended for every intervention that starts there (its edits then write into its rows), so
-    no layer runs for an intervention before the layer it first changes."""
+    The batch grows as the forward goes: the unedited rows come first; at each layer's resid_pre, a
+    copy of them is appended for every intervention that starts there (its edits then write into its
+    rows), so no layer runs for an intervention before the layer it first changes."""
     B = idx.size(0)
     order = sorted(range(len(interventions)), key=lambda g: first_layer(interventions[g]))
     block = {g: 1 + k for k, g in enumerate(order)}  # row block of each intervention
@@ -101,16 +107,18 @@ def intervene(model: GPT, idx: torch.Tensor, interventions: Sequence[Sequence[Ed
 def rows_per_pass(model: GPT, T: int) -> int:
     """How many rows of T tokens one pass may hold within ACTIVATION_BYTES."""
     cfg = model.config
-    per_row = 4 * T * (cfg.vocab_size + 12 * cfg.n_embd)  # logits, and the widest activations of a layer
+    # logits, and the widest activations of a layer
+    per_row = 4 * T * (cfg.vocab_size + 12 * cfg.n_embd)
     return max(2, ACTIVATION_BYTES // per_row)
 
 
 def passes(
     model: GPT, idx: torch.Tensor, interventions: Sequence[Sequence[Edit]]
 ) -> Iterator[tuple[list[int], slice, torch.Tensor]]:
-    """Every row of idx unedited (index 0) and under each intervention (index 1 + i), in passes that fit
-    ACTIVATION_BYTES: (indices, rows of idx, their logits (len(indices), len(rows), T, vocab)). Each
-    index comes once per slice of rows; interventions that start at nearby layers share a pass."""
+    """Every row of idx unedited (index 0) and under each intervention (index 1 + i), in passes that
+    fit ACTIVATION_BYTES: (indices, rows of idx, their logits (len(indices), len(rows), T, vocab)).
+    Each index comes once per slice of rows; interventions that start at nearby layers share a
+    pass."""
     rows = rows_per_pass(model, idx.size(1))
     window = max(1, min(idx.size(0), rows // (1 + len(interventions))))
     per_pass = max(1, rows // window - 1)

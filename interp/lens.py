@@ -1,13 +1,14 @@
-"""What each layer already predicts, and which heads made a prediction: the logit lens and direct logit
-attribution on one prompt (heads.py --lens, and the explorer page).
+"""What each layer already predicts, and which heads made a prediction: the logit lens and direct
+logit attribution on one prompt (heads.py --lens, and the explorer page).
 
-Logit lens (nostalgebraist, 2020): the residual stream after the embeddings and after each block, put
-through the final norm and the LM head; per position, the top tokens and the loss of the true next token.
-Direct logit attribution: the final residual is the sum of what every part wrote (embeddings, each head's z
-through its slice of W_O, each W_O bias, each MLP); with the final norm's scale frozen at that position, as
-TransformerLens's logit_attrs, LayerNorm gives a part v the term (v - mean(v)) / sigma * gamma . W_U[token]
-(beta one more term), RMSNorm v / rms(x) * gamma . W_U[token]. The terms sum to the logit (before a soft
-cap). A head's term is its direct push only; what it does through later layers is ablation's and patching's.
+Logit lens (nostalgebraist, 2020): the residual stream after the embeddings and after each block,
+put through the final norm and the LM head; per position, the top tokens and the loss of the true
+next token. Direct logit attribution: the final residual is the sum of what every part wrote
+(embeddings, each head's z through its slice of W_O, each W_O bias, each MLP); with the final norm's
+scale frozen at that position, as TransformerLens's logit_attrs, LayerNorm gives a part v the term
+(v - mean(v)) / sigma * gamma . W_U[token] (beta one more term), RMSNorm v / rms(x) * gamma .
+W_U[token]. The terms sum to the logit (before a soft cap). A head's term is its direct push only;
+what it does through later layers is ablation's and patching's.
 """
 
 from __future__ import annotations
@@ -29,15 +30,19 @@ def stage_names(model: GPT) -> list[str]:
 
 @torch.no_grad()
 def logit_lens(model: GPT, ids: list[int], top: int = 5) -> dict:
-    """Per stage (`stage_names`) and position: the `top` most likely next tokens and their probabilities
-    ("top_ids", "top_probs": stages x T x top), and the loss and probability of the true next token
-    ("loss", "true_prob": stages x T - 1)."""
+    """Per stage (`stage_names`) and position: the `top` most likely next tokens and their
+    probabilities ("top_ids", "top_probs": stages x T x top), and the loss and probability of the
+    true next token ("loss", "true_prob": stages x T - 1)."""
     device = next(model.parameters()).device
     idx = torch.tensor([ids], dtype=torch.long, device=device)
-    names = ["blocks.0.resid_pre"] + [f"blocks.{layer}.resid_post" for layer in range(model.config.n_layer)]
+    names = ["blocks.0.resid_pre"] + [
+        f"blocks.{layer}.resid_post" for layer in range(model.config.n_layer)
+    ]
     with evaluating(model):
         _, cache = run_with_cache(model, idx, names)
-        logp = torch.stack([torch.log_softmax(model.unembed(cache[n][0]).float(), dim=-1) for n in names])
+        logp = torch.stack(
+            [torch.log_softmax(model.unembed(cache[n][0]).float(), dim=-1) for n in names]
+        )
     probs, top_ids = logp.exp().topk(min(top, logp.size(-1)), dim=-1)
     true = logp[:, :-1].gather(-1, idx[0, 1:].expand(len(names), -1)[..., None])[..., 0]
     return {
@@ -65,8 +70,8 @@ def term_names(model: GPT) -> list[str]:
 
 
 def _parts(model: GPT, cache: dict[str, torch.Tensor], rows: slice) -> list[torch.Tensor]:
-    """Every part of the final residual at positions `rows`, in `term_names` order: (T', C) or, for a
-    layer's heads, (T', H, C)."""
+    """Every part of the final residual at positions `rows`, in `term_names` order: (T', C) or, for
+    a layer's heads, (T', H, C)."""
     cfg = model.config
     parts = [cache["blocks.0.resid_pre"][0, rows]]
     for layer, block in enumerate(model.blocks):
@@ -81,7 +86,8 @@ def _parts(model: GPT, cache: dict[str, torch.Tensor], rows: slice) -> list[torc
 
 
 def final_norm_scale(model: GPT, x: torch.Tensor) -> torch.Tensor:
-    """What the final norm divides x (..., C) by: sigma (LayerNorm) or the RMS (RMSNorm), (..., 1)."""
+    """What the final norm divides x (..., C) by: sigma (LayerNorm) or the RMS (RMSNorm), (...,
+    1)."""
     norm = model.norm_f
     eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
     if isinstance(norm, torch.nn.LayerNorm):
@@ -93,13 +99,18 @@ def final_norm_scale(model: GPT, x: torch.Tensor) -> torch.Tensor:
 def direct_attribution(model: GPT, ids: list[int], targets: Optional[list[int]] = None) -> dict:
     """Each part's direct contribution to the logit of the next token at every position but the last
     (default: the prompt's own next tokens; `targets`, one per position, to ask about others):
-    "values" (T - 1) x terms in `term_names` order ("terms"), "logit" (T - 1) the logits they sum to."""
+    "values" (T - 1) x terms in `term_names` order ("terms"), "logit" (T - 1) the logits they sum
+    to."""
     device = next(model.parameters()).device
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     targets = torch.tensor(targets if targets is not None else ids[1:], device=device)
     L = model.config.n_layer
-    names = ["blocks.0.resid_pre", f"blocks.{L - 1}.resid_post"] + [f"blocks.{i}.attn.z" for i in range(L)]
-    names += [f"blocks.{i}.mlp_out" for i, block in enumerate(model.blocks) if block.mlp is not None]
+    names = ["blocks.0.resid_pre", f"blocks.{L - 1}.resid_post"] + [
+        f"blocks.{i}.attn.z" for i in range(L)
+    ]
+    names += [
+        f"blocks.{i}.mlp_out" for i, block in enumerate(model.blocks) if block.mlp is not None
+    ]
     rows = slice(0, len(targets))
     with evaluating(model):
         _, cache = run_with_cache(model, idx, names)
@@ -138,14 +149,16 @@ def head_attributions(attribution: dict, n_layer: int, n_head: int) -> np.ndarra
 
 
 def format_lens(lens: dict, heads: np.ndarray, labels: list[str], label) -> str:
-    """Per stage, the mean loss of the true next token and the top predictions after the last token; then
-    the heads whose mean direct attribution (`heads`, n_layer x n_head) is largest, up and down.
-    `label(id)` names a token."""
+    """Per stage, the mean loss of the true next token and the top predictions after the last token;
+    then the heads whose mean direct attribution (`heads`, n_layer x n_head) is largest, up and
+    down. `label(id)` names a token."""
     lines = [
-        f"logit lens on {len(labels)} tokens: per stage the mean loss of the true next token, and the top "
-        f"predictions after the last token “{labels[-1]}”"
+        f"logit lens on {len(labels)} tokens: per stage the mean loss of the true next token, and "
+        f"the top predictions after the last token “{labels[-1]}”"
     ]
-    for stage, loss, tops, probs in zip(lens["stages"], lens["loss"], lens["top_ids"], lens["top_probs"]):
+    for stage, loss, tops, probs in zip(
+        lens["stages"], lens["loss"], lens["top_ids"], lens["top_probs"]
+    ):
         shown = ", ".join(f"“{label(i)}” {p:.2f}" for i, p in zip(tops[-1][:3], probs[-1][:3]))
         lines.append(f"  {stage:<12}{np.mean(loss) if loss else float('nan'):7.3f}   {shown}")
     mean = heads

@@ -1,14 +1,16 @@
-"""Path patching (Wang et al. 2022, the IOI circuit; Goldowsky-Dill et al. 2023): the effect of a sender
-head on a receiver through one input of the receiver alone (its queries, its keys or its values), every
-other path held at the base run's values.
+"""Path patching (Wang et al. 2022, the IOI circuit; Goldowsky-Dill et al. 2023): the effect of a
+sender head on a receiver through one input of the receiver alone (its queries, its keys or its
+values), every other path held at the base run's values.
 
-1. the sender run: the base input with the senders' outputs z from the source run and every other head's
-   output frozen at the base run's (the MLPs are recomputed: a path through an MLP counts as direct);
-2. the receiver run: the base input with only R's inputs from the sender run: a head's q, k or v (with
-   grouped-query attention its group's), an MLP's output (`mlp`) or the final residual (`logits`: the
-   direct effect); everything after R is recomputed.
-The effect is scored as activation patching's; `EMBEDDINGS` as a sender stands for the embeddings. Each
-sender set costs one forward pass and each receiver set a forward from its first layer on, all batched.
+1. the sender run: the base input with the senders' outputs z from the source run and every other
+   head's output frozen at the base run's (the MLPs are recomputed: a path through an MLP counts as
+   direct);
+2. the receiver run: the base input with only R's inputs from the sender run: a head's q, k or v
+   (with grouped-query attention its group's), an MLP's output (`mlp`) or the final residual
+   (`logits`: the direct effect); everything after R is recomputed.
+The effect is scored as activation patching's; `EMBEDDINGS` as a sender stands for the embeddings.
+Each sender set costs one forward pass and each receiver set a forward from its first layer on, all
+batched.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ SENDER_BATCH_BYTES = 1 << 29  # activations of the sender runs held at once, rou
 class Receiver:
     kind: str  # one of RECEIVER_KINDS
     layer: Optional[int] = None  # q, k, v, mlp
-    head: Optional[int] = None  # q, k, v: the query head (k and v: its group's key/value head is patched)
+    # q, k, v: the query head (k and v: its group's key/value head is patched)
+    head: Optional[int] = None
 
     def point(self, model: GPT) -> str:
         """The hook point the sender run caches for this receiver."""
@@ -58,9 +61,11 @@ class Receiver:
 Path = tuple[Sequence[Sender], Sequence[Receiver]]
 
 
-def _frozen_heads(base: dict, source: dict, senders: Sequence[Sequence[Sender]], n_layer: int) -> dict:
-    """Per layer, the sender runs' head outputs stacked (G B, T, H, d): base, but each set's senders' from
-    the source run."""
+def _frozen_heads(
+    base: dict, source: dict, senders: Sequence[Sequence[Sender]], n_layer: int
+) -> dict:
+    """Per layer, the sender runs' head outputs stacked (G B, T, H, d): base, but each set's
+    senders' from the source run."""
     frozen = {}
     for layer in range(n_layer):
         name = f"blocks.{layer}.attn.z"
@@ -101,7 +106,8 @@ def _sets_per_batch(model: GPT, task: Task) -> int:
 
 @torch.no_grad()
 def receiver_edits(model: GPT, task: Task, paths: Sequence[Path]) -> list[list[Edit]]:
-    """Step 2's edits of each path: its receivers' inputs from its sender run (run here, in batches)."""
+    """Step 2's edits of each path: its receivers' inputs from its sender run (run here, in
+    batches)."""
     interventions = []
     step = _sets_per_batch(model, task)
     with evaluating(model):
@@ -116,6 +122,7 @@ def receiver_edits(model: GPT, task: Task, paths: Sequence[Path]) -> list[list[E
 
 @torch.no_grad()
 def path_effects(model: GPT, task: Task, paths: Sequence[Path]) -> torch.Tensor:
-    """The effect of each path (senders, receivers) on the task (see the module's doc), (len(paths),)."""
+    """The effect of each path (senders, receivers) on the task (see the module's doc),
+    (len(paths),)."""
     with evaluating(model):
         return effects(model, task, receiver_edits(model, task, paths), metric_ends(model, task))

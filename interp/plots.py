@@ -1,11 +1,12 @@
-"""Pictures of attention heads: attention maps (a grid per layer, one head enlarged), the role-score heatmap,
-role scores against training iteration next to the loss curves, and the interventions' heatmaps (ablation,
-activation patching, the logit lens beside direct attribution); and the token labels they (and the
-attention explorer page) show.
+"""Pictures of attention heads: attention maps (a grid per layer, one head enlarged), the role-score
+heatmap, role scores against training iteration next to the loss curves, and the interventions'
+heatmaps (ablation, activation patching, the logit lens beside direct attribution); and the token
+labels they (and the attention explorer page) show.
 
-Drawn with matplotlib's object API onto its Agg canvas (no pyplot, no display needed). Attention maps put
-queries on the rows and keys on the columns; the masked future (keys after the query) is left white, and the
-colour scale is the square root of the weight so that diffuse attention stays visible.
+Drawn with matplotlib's object API onto its Agg canvas (no pyplot, no display needed). Attention
+maps put queries on the rows and keys on the columns; the masked future (keys after the query) is
+left white, and the colour scale is the square root of the weight so that diffuse attention stays
+visible.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ CMAP = matplotlib.colormaps["viridis"].with_extremes(bad="white")
 
 
 def token_labels(ids: list[int], tokenizer) -> list[str]:
-    """One short, visible label per token (spaces and newlines shown as ␣ and ↵; the bytes of part of a
-    character escaped, as data/tokenizers.py's `token_text` shows them, kept whole)."""
+    """One short, visible label per token (spaces and newlines shown as ␣ and ↵; the bytes of part
+    of a character escaped, as data/tokenizers.py's `token_text` shows them, kept whole)."""
     labels = []
     for i in ids:
         text = token_text(tokenizer, i).replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥")
@@ -57,7 +58,11 @@ def _draw_map(ax, weights: np.ndarray, labels: Optional[list[str]], title: str, 
 
 
 def plot_layer(
-    weights: np.ndarray, labels: Optional[list[str]], layer: int, path: Path, title: Optional[str] = None
+    weights: np.ndarray,
+    labels: Optional[list[str]],
+    layer: int,
+    path: Path,
+    title: Optional[str] = None,
 ) -> None:
     """Every head of one layer: weights (n_head, T, T), one panel per head."""
     n_head = weights.shape[0]
@@ -70,15 +75,21 @@ def plot_layer(
     for ax in axes[n_head:]:
         ax.axis("off")
     fig.colorbar(image, ax=axes.tolist(), shrink=0.6, label="attention weight")
-    fig.suptitle(title or f"layer {layer}: attention weights of each head (rows: queries, columns: keys)")
+    fig.suptitle(
+        title or f"layer {layer}: attention weights of each head (rows: queries, columns: keys)"
+    )
     save_figure(fig, path, dpi=110)
 
 
-def plot_head(weights: np.ndarray, labels: Optional[list[str]], layer: int, head: int, path: Path) -> None:
+def plot_head(
+    weights: np.ndarray, labels: Optional[list[str]], layer: int, head: int, path: Path
+) -> None:
     """One head enlarged: weights (T, T)."""
     fig = Figure(figsize=(8, 7.4), layout="constrained")
     ax = fig.subplots()
-    image = _draw_map(ax, weights, labels, f"layer {layer}, head {head}: attention weights", fontsize=8)
+    image = _draw_map(
+        ax, weights, labels, f"layer {layer}, head {head}: attention weights", fontsize=8
+    )
     fig.colorbar(image, ax=ax, shrink=0.8, label="attention weight")
     save_figure(fig, path, dpi=110)
 
@@ -87,7 +98,8 @@ def plot_scores(scores: dict, path: Path) -> None:
     """One layer x head heatmap per role, values written in the cells."""
     n_layer, n_head = len(scores[ROLES[0]]), len(scores[ROLES[0]][0])
     fig = Figure(
-        figsize=(2.2 + len(ROLES) * max(2.4, 0.45 * n_head), 1.6 + 0.45 * n_layer), layout="constrained"
+        figsize=(2.2 + len(ROLES) * max(2.4, 0.45 * n_head), 1.6 + 0.45 * n_layer),
+        layout="constrained",
     )
     axes = fig.subplots(1, len(ROLES), squeeze=False).ravel()
     for ax, role in zip(axes, ROLES):
@@ -110,7 +122,8 @@ def plot_scores(scores: dict, path: Path) -> None:
     fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label="score")
     fig.suptitle(
         f"head role scores | ICL score {scores['icl_score']:+.2f} | repeated-sequence loss "
-        f"{scores['repeat_loss_first_half']:.2f} (first half) -> {scores['repeat_loss_second_half']:.2f} "
+        f"{scores['repeat_loss_first_half']:.2f} (first half) -> "
+        f"{scores['repeat_loss_second_half']:.2f} "
         "(second half)",
         fontsize=10,
     )
@@ -130,9 +143,14 @@ def plot_training_curves(records: list[dict], path: Path) -> None:
         its = [r["iter"] for r in scored]
         for role in ROLES:
             axes[1].plot(
-                its, [strongest(r["heads"][role])[2] for r in scored], marker=".", label=role_name(role)
+                its,
+                [strongest(r["heads"][role])[2] for r in scored],
+                marker=".",
+                label=role_name(role),
             )
-        axes[1].set(title="best head of each role", xlabel="iteration", ylabel="score", ylim=(0, 1.02))
+        axes[1].set(
+            title="best head of each role", xlabel="iteration", ylabel="score", ylim=(0, 1.02)
+        )
         for key, label in (
             ("repeat_loss_first_half", "repeated sequence, first half"),
             ("repeat_loss_second_half", "repeated sequence, second half"),
@@ -147,12 +165,18 @@ def plot_training_curves(records: list[dict], path: Path) -> None:
     save_figure(fig, path, dpi=100)
 
 
-def _heatmap(ax, table: np.ndarray, title: str, cmap: str, vmin: float, vmax: float, xlabels, ylabels):
+def _heatmap(
+    ax, table: np.ndarray, title: str, cmap: str, vmin: float, vmax: float, xlabels, ylabels
+):
     """One annotated heatmap panel (values written in the cells when there are few)."""
-    image = ax.imshow(table, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+    image = ax.imshow(
+        table, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest"
+    )
     ax.set_title(title, fontsize=9)
     size = 7 if len(xlabels) <= 16 else 5
-    ax.set_xticks(range(len(xlabels)), xlabels, fontsize=size, rotation=90 if len(xlabels) > 16 else 0)
+    ax.set_xticks(
+        range(len(xlabels)), xlabels, fontsize=size, rotation=90 if len(xlabels) > 16 else 0
+    )
     ax.set_yticks(range(len(ylabels)), ylabels, fontsize=7)
     if table.size <= 64:
         for (row, col), value in np.ndenumerate(table):
@@ -174,8 +198,8 @@ def _symmetric(table: np.ndarray) -> float:
 
 
 def plot_ablation(result: dict, path: Path) -> None:
-    """One layer x head heatmap per metric of an ablation (interp/ablation.py): red where removing the
-    head raised it."""
+    """One layer x head heatmap per metric of an ablation (interp/ablation.py): red where removing
+    the head raised it."""
     n_layer, n_head = len(result[METRICS[0]]), len(result[METRICS[0]][0])
     size = (2.2 + len(METRICS) * max(2.6, 0.45 * n_head), 1.8 + 0.45 * n_layer)
     fig = Figure(figsize=size, layout="constrained")
@@ -186,12 +210,15 @@ def plot_ablation(result: dict, path: Path) -> None:
         v = _symmetric(table)
         title = f"{metric}\n(intact {result['clean'][metric]:.2f})"
         fig.colorbar(_heatmap(ax, table, title, "RdBu_r", -v, v, heads, layers), ax=ax, shrink=0.8)
-    fig.suptitle(f"{result['kind']} ablation: change of each metric when one head is removed", fontsize=10)
+    fig.suptitle(
+        f"{result['kind']} ablation: change of each metric when one head is removed", fontsize=10
+    )
     save_figure(fig, path, dpi=110)
 
 
 def plot_patching(result: dict, labels: list[str], path: Path) -> None:
-    """Activation patching (interp/patching.py): the restored fraction per head and per layer x position."""
+    """Activation patching (interp/patching.py): the restored fraction per head and per layer x
+    position."""
     tables = [k for k in ("heads", "resid_pre", "attn_out", "mlp_out") if k in result]
     n_layer, n_head = len(result["heads"]), len(result["heads"][0])
     widths = [max(2.6, 0.45 * n_head)] + [max(3.0, 0.16 * len(labels))] * (len(tables) - 1)
@@ -203,7 +230,8 @@ def plot_patching(result: dict, labels: list[str], path: Path) -> None:
         image = _heatmap(ax, np.array(result[table]), table, "RdBu_r", -1.0, 1.0, columns, layers)
     fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label="restored fraction")
     fig.suptitle(
-        f"activation patching, clean into corrupted: logit difference {result['logit_diff_clean']:+.2f} "
+        "activation patching, clean into corrupted: logit difference "
+        f"{result['logit_diff_clean']:+.2f} "
         f"(clean), {result['logit_diff_corrupted']:+.2f} (corrupted)",
         fontsize=10,
     )
@@ -211,15 +239,17 @@ def plot_patching(result: dict, labels: list[str], path: Path) -> None:
 
 
 def plot_lens(lens: dict, heads: np.ndarray, labels: list[str], path: Path) -> None:
-    """The logit lens (probability of the true next token, stage x position) beside `heads`, each head's
-    mean direct attribution to the true next token's logit (n_layer x n_head)."""
+    """The logit lens (probability of the true next token, stage x position) beside `heads`, each
+    head's mean direct attribution to the true next token's logit (n_layer x n_head)."""
     prob = np.array(lens["true_prob"])
     widths = [max(4.0, 0.18 * prob.shape[1]), max(2.6, 0.45 * heads.shape[1])]
     fig = Figure(figsize=(3.5 + sum(widths), 2.4 + 0.4 * prob.shape[0]), layout="constrained")
     axes = fig.subplots(1, 2, squeeze=False, width_ratios=widths).ravel()
     title = "logit lens: probability of the true next token"
     predicted = [f"{label}→" for label in labels[:-1]]
-    fig.colorbar(_heatmap(axes[0], prob, title, "viridis", 0.0, 1.0, predicted, lens["stages"]), ax=axes[0])
+    fig.colorbar(
+        _heatmap(axes[0], prob, title, "viridis", 0.0, 1.0, predicted, lens["stages"]), ax=axes[0]
+    )
     v = _symmetric(heads)
     head_labels = [f"H{h}" for h in range(heads.shape[1])]
     layers = [f"L{layer}" for layer in range(heads.shape[0])]
@@ -229,9 +259,9 @@ def plot_lens(lens: dict, heads: np.ndarray, labels: list[str], path: Path) -> N
 
 
 def plot_composition(table: dict, path: Path) -> None:
-    """Q-, K- and V-composition of every pair of heads (interp/circuits.py's composition_table): writers on
-    the rows, readers on the columns, blank where the reader is not in a later layer; the colour scale
-    starts at the random baseline, so a coloured cell is composition above chance."""
+    """Q-, K- and V-composition of every pair of heads (interp/circuits.py's composition_table):
+    writers on the rows, readers on the columns, blank where the reader is not in a later layer; the
+    colour scale starts at the random baseline, so a coloured cell is composition above chance."""
     names, base, std = table["heads"], table["baseline"], table["baseline_std"]
     n = len(names)
     layer = np.array([int(HEAD_NAME.fullmatch(name).group(1)) for name in names])
@@ -253,11 +283,21 @@ def plot_composition(table: dict, path: Path) -> None:
             for (row, col), value in np.ndenumerate(np.array(table[kind])):
                 if later[row, col]:
                     dark = value < base + 0.5 * (top - base)
-                    ax.text(col, row, f"{value:.2f}", ha="center", va="center", fontsize=6.5,
-                            color="white" if dark else "black")  # fmt: skip
-    fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label=f"score (from the random baseline {base:.2f})")
+                    ax.text(
+                        col,
+                        row,
+                        f"{value:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=6.5,
+                        color="white" if dark else "black",
+                    )
+    fig.colorbar(
+        image, ax=axes.tolist(), shrink=0.8, label=f"score (from the random baseline {base:.2f})"
+    )
     fig.suptitle(
-        f"composition of every pair of heads: how much of what the writer's OV circuit writes the reader's "
+        "composition of every pair of heads: how much of what the writer's OV circuit writes the "
+        "reader's "
         f"queries, keys or values read (random heads {base:.3f} ± {std:.3f})",
         fontsize=10,
     )
@@ -265,9 +305,9 @@ def plot_composition(table: dict, path: Path) -> None:
 
 
 def plot_attribution(result: dict, path: Path) -> None:
-    """Attribution patching (interp/attribution.py): each head at each position, and the residual stream
-    entering each layer at each position; with `compare`'s result, each table's estimates against the real
-    patches too."""
+    """Attribution patching (interp/attribution.py): each head at each position, and the residual
+    stream entering each layer at each position; with `compare`'s result, each table's estimates
+    against the real patches too."""
     estimated = result.get("attribution", result)
     real = result.get("patching")
     tables = [t for t in ("head_positions", "resid_pre") if t in estimated]
@@ -276,7 +316,9 @@ def plot_attribution(result: dict, path: Path) -> None:
     for ax, table in zip(axes, tables):
         values = np.array(estimated[table]).reshape(-1, np.array(estimated[table]).shape[-1])
         v = _symmetric(values)
-        image = ax.imshow(values, cmap="RdBu_r", vmin=-v, vmax=v, aspect="auto", interpolation="nearest")
+        image = ax.imshow(
+            values, cmap="RdBu_r", vmin=-v, vmax=v, aspect="auto", interpolation="nearest"
+        )
         rows = len(values)
         n_head = rows // len(estimated["resid_pre"]) if table == "head_positions" else 1
         labels = [f"L{r // n_head}H{r % n_head}" if n_head > 1 else f"L{r}" for r in range(rows)]
@@ -288,13 +330,25 @@ def plot_attribution(result: dict, path: Path) -> None:
         ax = axes[-1]
         for table, r in result["correlation"].items():
             ax.scatter(
-                np.ravel(real[table]), np.ravel(estimated[table]), s=6, alpha=0.6, label=f"{table} r={r:.3f}"
+                np.ravel(real[table]),
+                np.ravel(estimated[table]),
+                s=6,
+                alpha=0.6,
+                label=f"{table} r={r:.3f}",
             )
         lo, hi = ax.get_xlim()
         ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
-        ax.set(title="attribution against activation patching", xlabel="activation patching",
-               ylabel="attribution patching")  # fmt: skip
+        ax.set(
+            title="attribution against activation patching",
+            xlabel="activation patching",
+            ylabel="attribution patching",
+        )
         ax.legend(fontsize=7)
-    metric = f"metric {estimated['metric_base']:+.2f} (base) -> {estimated['metric_source']:+.2f} (source)"
-    fig.suptitle(f"attribution patching, one backward pass: the linear estimate of each patch; {metric}")
+    metric = (
+        f"metric {estimated['metric_base']:+.2f} (base) -> {estimated['metric_source']:+.2f} "
+        "(source)"
+    )
+    fig.suptitle(
+        f"attribution patching, one backward pass: the linear estimate of each patch; {metric}"
+    )
     save_figure(fig, path, dpi=110)

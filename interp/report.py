@@ -1,6 +1,7 @@
-"""heads.py's analyses that read the model alone, each printed, written as JSON and drawn into the command's
-folder: activation patching, the logit lens, attribution patching, composition and the circuit (the role
-scores and ablation, which read the dataset and choose a precision, stay in heads.py)."""
+"""heads.py's analyses that read the model alone, each printed, written as JSON and drawn into the
+command's folder: activation patching, the logit lens, attribution patching, composition and the
+circuit (the role scores and ablation, which read the dataset and choose a precision, stay in
+heads.py)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ from interp.weights import head_weights
 
 
 def write_json(path: Path, ckpt: Path, data: dict) -> Path:
-    """data as strict JSON, whole or not at all, with the checkpoint it came from (absolute: the file is
-    read from other folders)."""
+    """data as strict JSON, whole or not at all, with the checkpoint it came from (absolute: the
+    file is read from other folders)."""
     atomic_write(path, json_text.dumps({"checkpoint": str(ckpt.absolute()), **data}, indent=1))
     return path
 
@@ -46,7 +47,8 @@ def write_patching(model, tokenizer, prompts, out: Path, ckpt: Path) -> list[Pat
 
 
 def write_lens(model, ids: list[int], tokenizer, out: Path, ckpt: Path) -> list[Path]:
-    """--lens: the prompt's logit lens and direct attribution, printed, written as JSON and a picture."""
+    """--lens: the prompt's logit lens and direct attribution, printed, written as JSON and a
+    picture."""
     mc = model.config
     found, attribution = logit_lens(model, ids), direct_attribution(model, ids)
     heads = head_attributions(attribution, mc.n_layer, mc.n_head).mean(axis=0)
@@ -57,8 +59,11 @@ def write_lens(model, ids: list[int], tokenizer, out: Path, ckpt: Path) -> list[
     return [write_json(out / "lens.json", ckpt, data), out / "lens.png"]
 
 
-def write_attribution(model, tokenizer, prompts, with_patching: bool, out: Path, ckpt: Path) -> list[Path]:
-    """--attribute CLEAN CORRUPTED (--compare): attribution patching, printed, written as JSON and drawn."""
+def write_attribution(
+    model, tokenizer, prompts, with_patching: bool, out: Path, ckpt: Path
+) -> list[Path]:
+    """--attribute CLEAN CORRUPTED (--compare): attribution patching, printed, written as JSON and
+    drawn."""
     task = prompt_pair(model, *prompts)
     result = compare(model, task, TABLES) if with_patching else attribute(model, task)
     print(format_attribution(result, token_labels(prompts[1], tokenizer)))
@@ -68,18 +73,25 @@ def write_attribution(model, tokenizer, prompts, with_patching: bool, out: Path,
 
 
 def write_composition(model, out: Path, ckpt: Path) -> tuple[dict, list[Path]]:
-    """--composition: every pair of heads' composition scores, printed, written as JSON and a heatmap; for
-    learned positions, layer 0's attention from the position embeddings alone."""
+    """--composition: every pair of heads' composition scores, printed, written as JSON and a
+    heatmap; for learned positions, layer 0's attention from the position embeddings alone."""
     table = composition_table(model)
     print(format_composition(table))
     plot_composition(table, out / "composition.png")
     written = [write_json(out / "composition.json", ckpt, table), out / "composition.png"]
     if model.pos_emb is None:
-        print("positions: rotary, so no position-only pattern exists in the weights (docs/heads.md)")
+        print(
+            "positions: rotary, so no position-only pattern exists in the weights (docs/heads.md)"
+        )
         return table, written
     T = min(model.config.block_size, 64)
-    title = f"layer 0: attention from the position embeddings alone (W_pos W_Q W_K^T W_pos^T), {T} positions"
-    plot_layer(positional_patterns(head_weights(model), 0, T), None, 0, out / "positional_qk.png", title)
+    title = (
+        f"layer 0: attention from the position embeddings alone (W_pos W_Q W_K^T W_pos^T), {T} "
+        "positions"
+    )
+    plot_layer(
+        positional_patterns(head_weights(model), 0, T), None, 0, out / "positional_qk.png", title
+    )
     return table, [*written, out / "positional_qk.png"]
 
 

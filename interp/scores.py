@@ -1,14 +1,15 @@
-"""Attention-head roles: scores that say what each head attends to, and the hooks train.py calls at each eval.
+"""Attention-head roles: scores that say what each head attends to, and the hooks train.py calls at
+each eval.
 
-A role score is a head's mean attention weight on the role's key over chosen queries, so it lies in [0, 1]:
-previous-, first- and current-token on real text (validation windows), duplicate-token and induction
-(Olsson et al. 2022) on repeated random tokens [R, R] (`repeated_tokens`); beside them, per model, the
-repeated-sequence loss of each half and the in-context learning score. docs/heads.md ("The scores") defines
-each one and how to read it; the functions below say which queries and keys they take.
-heads.py calls `score_heads`; train.py, with log.head_scores: true, calls it at each eval, prints
-`strongest_heads`, logs `flat_scores` and draws `interp.plots.plot_training_curves` at the end. Attention
-weights are materialised a chunk of windows at a time (ATTENTION_BYTES), so a GPT-2-sized model can be
-scored too. `head_name` is every head's label (L1H0).
+A role score is a head's mean attention weight on the role's key over chosen queries, so it lies in
+[0, 1]: previous-, first- and current-token on real text (validation windows), duplicate-token and
+induction (Olsson et al. 2022) on repeated random tokens [R, R] (`repeated_tokens`); beside them,
+per model, the repeated-sequence loss of each half and the in-context learning score. docs/heads.md
+("The scores") defines each one and how to read it; the functions below say which queries and keys
+they take. heads.py calls `score_heads`; train.py, with log.head_scores: true, calls it at each
+eval, prints `strongest_heads`, logs `flat_scores` and draws `interp.plots.plot_training_curves` at
+the end. Attention weights are materialised a chunk of windows at a time (ATTENTION_BYTES), so a
+GPT-2-sized model can be scored too. `head_name` is every head's label (L1H0).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def role_name(role: str) -> str:
 
 
 def text_scores(weights: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Previous-, first- and current-token scores, each (B, n_head), from one layer's (B, n_head, T, T)
-    attention weights on real text: per window, the mean over queries 1 .. T-1."""
+    """Previous-, first- and current-token scores, each (B, n_head), from one layer's (B, n_head, T,
+    T) attention weights on real text: per window, the mean over queries 1 .. T-1."""
     return {
         "previous_token": weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=-1),
         "first_token": weights[..., 1:, 0].mean(dim=-1),
@@ -47,11 +48,11 @@ def text_scores(weights: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def repeat_scores(weights: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
-    """Duplicate-token and induction scores, each (B, n_head), from one layer's (B, n_head, 2n, 2n) attention
-    weights on [R, R] sequences with len(R) = n: per sequence, the mean over queries n .. 2n-1 (query q holds
-    the token of position q - n) of the attention on key q - n (its earlier occurrence) and on key q - n + 1
-    (the token that followed it: an induction head, with a previous-token head in an earlier layer, copies
-    what came next last time)."""
+    """Duplicate-token and induction scores, each (B, n_head), from one layer's (B, n_head, 2n, 2n)
+    attention weights on [R, R] sequences with len(R) = n: per sequence, the mean over queries n ..
+    2n-1 (query q holds the token of position q - n) of the attention on key q - n (its earlier
+    occurrence) and on key q - n + 1 (the token that followed it: an induction head, with a
+    previous-token head in an earlier layer, copies what came next last time)."""
     return {
         "duplicate_token": weights.diagonal(offset=-n, dim1=-2, dim2=-1).mean(dim=-1),
         "induction": weights.diagonal(offset=1 - n, dim1=-2, dim2=-1)[..., 1:].mean(dim=-1),
@@ -59,8 +60,8 @@ def repeat_scores(weights: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
 
 
 def repeated_tokens(vocab_size: int, n: int, count: int, seed: int) -> torch.Tensor:
-    """(count, 2n) sequences [R, R], each R n distinct ids drawn uniformly from the vocabulary: without
-    repeats, every token of the second half has exactly one earlier occurrence."""
+    """(count, 2n) sequences [R, R], each R n distinct ids drawn uniformly from the vocabulary:
+    without repeats, every token of the second half has exactly one earlier occurrence."""
     rng = np.random.default_rng(seed)
     halves = np.stack([rng.choice(vocab_size, n, replace=False) for _ in range(count)])
     return torch.from_numpy(np.concatenate([halves, halves], axis=1))
@@ -71,17 +72,19 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
 
 
-def repeat_losses(logits: torch.Tensor, tokens: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sequence (B,), the mean loss of the predictions of tokens 1 .. n-1 (the first half: nothing to
-    copy) and of n+1 .. 2n-1 (the second: the copy). Token n, R's first token again, is left out: nothing
-    before it says the copy starts."""
+def repeat_losses(
+    logits: torch.Tensor, tokens: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sequence (B,), the mean loss of the predictions of tokens 1 .. n-1 (the first half:
+    nothing to copy) and of n+1 .. 2n-1 (the second: the copy). Token n, R's first token again, is
+    left out: nothing before it says the copy starts."""
     losses = token_losses(logits[:, :-1], tokens[:, 1:])  # column p: the prediction of token p + 1
     return losses[:, : n - 1].mean(dim=1), losses[:, n:].mean(dim=1)
 
 
 def icl_positions(block_size: int) -> tuple[int, int]:
-    """(early, late) context positions of the in-context learning score: a tenth of the context and all of
-    it (Olsson et al. compare the 50th and 500th tokens)."""
+    """(early, late) context positions of the in-context learning score: a tenth of the context and
+    all of it (Olsson et al. compare the 50th and 500th tokens)."""
     return max(block_size // 10 - 1, 0), block_size - 1
 
 
@@ -103,9 +106,11 @@ def evaluating(model: torch.nn.Module):
         model.train(was_training)
 
 
-def _passes(model: GPT, idx: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor, list[torch.Tensor]]]:
-    """(rows, logits, attention weights per layer) of idx through the explicit attention path, in chunks of
-    rows small enough that every layer's weights fit in about ATTENTION_BYTES."""
+def _passes(
+    model: GPT, idx: torch.Tensor
+) -> Iterator[tuple[slice, torch.Tensor, list[torch.Tensor]]]:
+    """(rows, logits, attention weights per layer) of idx through the explicit attention path, in
+    chunks of rows small enough that every layer's weights fit in about ATTENTION_BYTES."""
     cfg = model.config
     size = max(1, ATTENTION_BYTES // (4 * cfg.n_layer * cfg.n_head * idx.size(1) ** 2))
     for start in range(0, idx.size(0), size):
@@ -120,21 +125,28 @@ def _mean(parts: list[torch.Tensor]) -> float:
 def _table(parts: list[list[dict[str, torch.Tensor]]], role: str) -> list[list[float]]:
     """n_layer x n_head means over every row of every chunk."""
     layers = [
-        torch.cat([chunk[layer][role] for chunk in parts]).mean(dim=0) for layer in range(len(parts[0]))
+        torch.cat([chunk[layer][role] for chunk in parts]).mean(dim=0)
+        for layer in range(len(parts[0]))
     ]
     return [[round(float(v), 4) for v in layer] for layer in layers]
 
 
 @torch.no_grad()
 def score_heads(
-    model: GPT, val: TokenWindows, seed: int = 0, *, sequences: int = 16, windows: Optional[int] = None
+    model: GPT,
+    val: TokenWindows,
+    seed: int = 0,
+    *,
+    sequences: int = 16,
+    windows: Optional[int] = None,
 ) -> dict:
-    """Every head's role scores (n_layer x n_head lists), the ICL score and the repeated-sequence losses.
+    """Every head's role scores (n_layer x n_head lists), the ICL score and the repeated-sequence
+    losses.
 
-    `windows` validation windows (default: about 8k tokens' worth) come from `val`'s stream 2; `sequences`
-    [R, R] sequences from `seed`. Runs in eval mode without gradients and puts the model back in the mode
-    it was in; the global random generators are not touched. Pass the unwrapped model (not the DDP or
-    compiled one).
+    `windows` validation windows (default: about 8k tokens' worth) come from `val`'s stream 2;
+    `sequences` [R, R] sequences from `seed`. Runs in eval mode without gradients and puts the model
+    back in the mode it was in; the global random generators are not touched. Pass the unwrapped
+    model (not the DDP or compiled one).
     """
     cfg = model.config
     device = next(model.parameters()).device
@@ -142,8 +154,8 @@ def score_heads(
     n = min(cfg.block_size // 2, cfg.vocab_size)
     if n < 2:
         raise UserError(
-            f"head role scores need [R, R] sequences of at least 2 tokens each, so a context of 4 or more; "
-            f"this model's is {cfg.block_size}"
+            "head role scores need [R, R] sequences of at least 2 tokens each, so a context of 4 "
+            f"or more; this model's is {cfg.block_size}"
         )
     x, y = (t.to(device) for t in val.batch(0, windows, stream=2))
     tokens = repeated_tokens(cfg.vocab_size, n, sequences, seed).to(device)
@@ -190,26 +202,32 @@ def head_roles(scores: dict) -> list[list[dict]]:
         for layer in range(n_layer)
     ]
     return [
-        [{"role": role_name(role), "score": scores[role][layer][head]} for head, role in enumerate(row)]
+        [
+            {"role": role_name(role), "score": scores[role][layer][head]}
+            for head, role in enumerate(row)
+        ]
         for layer, row in enumerate(roles)
     ]
 
 
 def strongest_heads(scores: dict) -> str:
-    """One line: the strongest head of each role, then the ICL score and the repeated-sequence losses."""
+    """One line: the strongest head of each role, then the ICL score and the repeated-sequence
+    losses."""
     parts = []
     for role in ROLES:
         layer, head, value = strongest(scores[role])
         parts.append(f"{role_name(role)} {head_name(layer, head)} {value:.2f}")
     parts.append(f"ICL {scores['icl_score']:+.2f}")
     parts.append(
-        f"repeat loss {scores['repeat_loss_first_half']:.2f} -> {scores['repeat_loss_second_half']:.2f}"
+        f"repeat loss {scores['repeat_loss_first_half']:.2f} -> "
+        f"{scores['repeat_loss_second_half']:.2f}"
     )
     return " | ".join(parts)
 
 
 def flat_scores(scores: dict) -> dict[str, float]:
-    """A few scalars for wandb: the best score of each role, the ICL score, the repeated-sequence losses."""
+    """A few scalars for wandb: the best score of each role, the ICL score, the repeated-sequence
+    losses."""
     out = {f"heads/{role}_max": strongest(scores[role])[2] for role in ROLES}
     for key in ("icl_score", "repeat_loss_first_half", "repeat_loss_second_half"):
         out[f"heads/{key}"] = scores[key]

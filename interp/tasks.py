@@ -1,14 +1,15 @@
-"""What a patching experiment measures: a clean and a corrupted input of the same shape, a metric of the
-model's logits, and the direction of the patches (interp/patching.py, attribution.py, paths.py,
+"""What a patching experiment measures: a clean and a corrupted input of the same shape, a metric of
+the model's logits, and the direction of the patches (interp/patching.py, attribution.py, paths.py,
 task_circuit.py).
 
-Two tasks: a prompt pair (`prompt_pair`, heads.py --patch: the logit difference logit(a) - logit(b) at the
-last position) and repeated random sequences (`repeat_task`: clean [R, R], corrupted [R', R]; the mean
-log-probability of the second copy's true next tokens, which copying lifts from about -ln(vocab) to near 0).
-A patch runs one input (the base) with activations from the other (the source) and scores the fraction of
-the way it goes, (metric(patched) - metric(base)) / (metric(source) - metric(base)). Denoising (the default:
-base corrupted) asks what restores the clean behaviour; noising (`noised()`, as Wang et al. 2022
-path-patch) what breaks when it alone is corrupted. A metric is averaged over rows, so rows may be split.
+Two tasks: a prompt pair (`prompt_pair`, heads.py --patch: the logit difference logit(a) - logit(b)
+at the last position) and repeated random sequences (`repeat_task`: clean [R, R], corrupted [R', R];
+the mean log-probability of the second copy's true next tokens, which copying lifts from about
+-ln(vocab) to near 0). A patch runs one input (the base) with activations from the other (the
+source) and scores the fraction of the way it goes, (metric(patched) - metric(base)) /
+(metric(source) - metric(base)). Denoising (the default: base corrupted) asks what restores the
+clean behaviour; noising (`noised()`, as Wang et al. 2022 path-patch) what breaks when it alone is
+corrupted. A metric is averaged over rows, so rows may be split.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import torch.nn.functional as F
 from interp.scores import evaluating, repeated_tokens
 from model import GPT
 
-Metric = Callable[[torch.Tensor, slice], torch.Tensor]  # logits (..., rows, T, vocab), rows -> (..., rows)
-Answer = tuple[int, int, int, float]  # (row, position, token, weight): what the answer's logit is made of
+# logits (..., rows, T, vocab), rows -> (..., rows)
+Metric = Callable[[torch.Tensor, slice], torch.Tensor]
+# (row, position, token, weight): what the answer's logit is made of
+Answer = tuple[int, int, int, float]
 
 
 @dataclass
@@ -33,8 +36,10 @@ class Task:
     corrupted: torch.Tensor  # (B, T)
     metric: Metric  # per row, from the logits of those rows
     description: str  # one line for people: what the inputs are and what the metric measures
-    answers: list[Answer]  # the logits the metric reads on the clean run, weighted (for direct attribution)
-    noising: bool = False  # False: clean patched into the corrupted run; True: corrupted into the clean run
+    # the logits the metric reads on the clean run, weighted (for direct attribution)
+    answers: list[Answer]
+    # False: clean patched into the corrupted run; True: corrupted into the clean run
+    noising: bool = False
 
     @property
     def base(self) -> torch.Tensor:
@@ -53,7 +58,9 @@ class Task:
 
     @property
     def direction(self) -> str:
-        return "corrupted into clean (noising)" if self.noising else "clean into corrupted (denoising)"
+        return (
+            "corrupted into clean (noising)" if self.noising else "clean into corrupted (denoising)"
+        )
 
 
 def _logit_difference(a: int, b: int) -> Metric:
@@ -66,10 +73,12 @@ def _logit_difference(a: int, b: int) -> Metric:
 
 @torch.no_grad()
 def prompt_pair(model: GPT, clean: list[int], corrupted: list[int]) -> Task:
-    """The logit difference task of two prompts; ValueError when their lengths differ or both runs predict
-    the same token."""
+    """The logit difference task of two prompts; ValueError when their lengths differ or both runs
+    predict the same token."""
     if len(clean) != len(corrupted):
-        raise ValueError(f"the prompts have {len(clean)} and {len(corrupted)} tokens; patching needs equal")
+        raise ValueError(
+            f"the prompts have {len(clean)} and {len(corrupted)} tokens; patching needs equal"
+        )
     device = next(model.parameters()).device
     idx = torch.tensor([clean, corrupted], dtype=torch.long, device=device)
     with evaluating(model):
@@ -97,24 +106,28 @@ def _copy_log_probability(tokens: torch.Tensor, n: int) -> Metric:
 
 
 def repeat_task(model: GPT, sequences: int = 16, seed: int = 0) -> Task:
-    """Clean [R, R] against corrupted [R', R] (R of n = min(block_size / 2, vocab) tokens), the metric the
-    mean log-probability of the second copy's tokens (see the module's doc)."""
+    """Clean [R, R] against corrupted [R', R] (R of n = min(block_size / 2, vocab) tokens), the
+    metric the mean log-probability of the second copy's tokens (see the module's doc)."""
     cfg = model.config
     device = next(model.parameters()).device
     n = min(cfg.block_size // 2, cfg.vocab_size)
     if n < 3:
         raise ValueError(f"block_size={cfg.block_size} is too short for [R, R] sequences")
     clean = repeated_tokens(cfg.vocab_size, n, sequences, seed).to(device)
-    other_seed = int(np.random.SeedSequence([seed, 1]).generate_state(1)[0])  # R': not any --seed's R
+    # R': not any --seed's R
+    other_seed = int(np.random.SeedSequence([seed, 1]).generate_state(1)[0])
     other = repeated_tokens(cfg.vocab_size, n, sequences, other_seed)
     corrupted = torch.cat([other[:, :n].to(device), clean[:, n:]], dim=1)
     weight = 1.0 / (sequences * (n - 1))
-    answers = [(r, p, int(clean[r, p + 1]), weight) for r in range(sequences) for p in range(n, 2 * n - 1)]
+    answers = [
+        (r, p, int(clean[r, p + 1]), weight) for r in range(sequences) for p in range(n, 2 * n - 1)
+    ]
     return Task(
         clean,
         corrupted,
         _copy_log_probability(clean, n),
-        f"mean log-probability of the second copy's tokens in [R, R] ({sequences} sequences, R of {n} "
+        f"mean log-probability of the second copy's tokens in [R, R] ({sequences} sequences, R of "
+        f"{n} "
         "tokens), corrupted: [R', R]",
         answers,
     )

@@ -1,8 +1,9 @@
 """The shape and options of a GPT, and the checks that say which field is wrong.
 
 `GPTConfig` is a plain dataclass: the model section of a training config (see `runs/config.py`),
-stored as YAML beside every checkpoint. The defaults describe a GPT-2 style network (learned positions,
-LayerNorm, GELU MLP, tied LM head); every other option is off unless a config turns it on.
+stored as YAML beside every checkpoint. The defaults describe a GPT-2 style network (learned
+positions, LayerNorm, GELU MLP, tied LM head); every other option is off unless a config turns it
+on.
 """
 
 from __future__ import annotations
@@ -21,20 +22,26 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True  # biases in Linear layers and LayerNorm, as GPT-2
     # --- options (all off in GPT-2 compatible configs) ---
-    n_kv_head: Optional[int] = None  # grouped-query attention: heads sharing keys/values; None = n_head
+    # grouped-query attention: heads sharing keys/values; None = n_head
+    n_kv_head: Optional[int] = None
     pos_emb: Literal["learned", "rope"] = "learned"
     rope_base: float = 10000.0
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     qk_norm: bool = False  # RMS-normalise queries and keys per head before the dot product
     mlp: bool = True  # false: attention-only transformer (the circuits papers' toy models)
-    activation: Literal["gelu", "gelu_tanh", "relu2", "swiglu"] = "gelu"  # gelu_tanh: GPT-2's approximation
+    # gelu_tanh: GPT-2's approximation
+    activation: Literal["gelu", "gelu_tanh", "relu2", "swiglu"] = "gelu"
     mlp_ratio: float = 4.0  # hidden width / n_embd (swiglu uses 2/3 of it per branch, same params)
-    mlp_hidden: Optional[int] = None  # the hidden width itself (per branch for swiglu); null = from mlp_ratio
-    norm_eps: Optional[float] = None  # null = torch's: 1e-5 for LayerNorm, the dtype's epsilon for RMSNorm
+    # the hidden width itself (per branch for swiglu); null = from mlp_ratio
+    mlp_hidden: Optional[int] = None
+    # null = torch's: 1e-5 for LayerNorm, the dtype's epsilon for RMSNorm
+    norm_eps: Optional[float] = None
     tie_embeddings: bool = True  # LM head shares the token embedding matrix
     window: Optional[int] = None  # sliding-window attention: each query sees its last `window` keys
-    doc_mask: bool = False  # attention stops at document boundaries: each token sees its own document only
-    doc_token: Optional[int] = None  # the token that opens a document (<|endoftext|>); null: the dataset's
+    # attention stops at document boundaries: each token sees its own document only
+    doc_mask: bool = False
+    # the token that opens a document (<|endoftext|>); null: the dataset's
+    doc_token: Optional[int] = None
     zero_init_proj: bool = False  # W_O and the MLP output start at zero (blocks start as identity)
     logit_softcap: Optional[float] = None  # cap * tanh(logits / cap), as Gemma 2 / nanochat
 
@@ -48,13 +55,14 @@ class GPTConfig:
 
     @property
     def unbounded_context(self) -> bool:
-        """A window with rotary positions: each layer reads the last `window` tokens at relative positions
-        only, so positions may go on past block_size (generation never re-encodes; forwards may be longer)."""
+        """A window with rotary positions: each layer reads the last `window` tokens at relative
+        positions only, so positions may go on past block_size (generation never re-encodes;
+        forwards may be longer)."""
         return self.window is not None and self.pos_emb == "rope"
 
     def describe(self) -> str:
-        """The shape and what decides where attention reads, for a run's first line: layers, heads (and the
-        key/value heads they share), width, context, positions and window."""
+        """The shape and what decides where attention reads, for a run's first line: layers, heads
+        (and the key/value heads they share), width, context, positions and window."""
         heads = f"{self.n_head} heads of {self.head_dim}"
         if self.kv_heads != self.n_head:
             heads += f" sharing {self.kv_heads} key/value head{'s' if self.kv_heads > 1 else ''}"
@@ -72,8 +80,8 @@ class GPTConfig:
 
     @property
     def context_limit(self) -> int | None:
-        """The most tokens a forward pass (a prompt) may hold: block_size, or None where positions go on past
-        it (`unbounded_context`)."""
+        """The most tokens a forward pass (a prompt) may hold: block_size, or None where positions
+        go on past it (`unbounded_context`)."""
         return None if self.unbounded_context else self.block_size
 
     @property
@@ -98,7 +106,10 @@ class GPTConfig:
                 (d for d in range(1, self.n_embd + 1) if self.n_embd % d == 0),
                 key=lambda d: (abs(d - self.n_head), -d),
             )
-            msg = f"{self.n_embd} is not divisible by n_head={self.n_head}; heads have size n_embd/n_head"
+            msg = (
+                f"{self.n_embd} is not divisible by n_head={self.n_head}; heads have size "
+                "n_embd/n_head"
+            )
             out.append(("n_embd", f"{msg} (try n_head={heads}, or n_embd={fix})"))
         elif self.pos_emb == "rope" and self.head_dim % 2:
             msg = f"rotary embeddings need an even head size, got n_embd/n_head={self.head_dim}"
@@ -107,31 +118,45 @@ class GPTConfig:
             out.append(("dropout", f"must be in [0, 1), got {self.dropout}"))
         if self.n_kv_head is not None and (self.n_kv_head <= 0 or self.n_head % self.n_kv_head):
             out.append(
-                ("n_kv_head", f"must be a positive divisor of n_head={self.n_head}, got {self.n_kv_head}")
+                (
+                    "n_kv_head",
+                    f"must be a positive divisor of n_head={self.n_head}, got {self.n_kv_head}",
+                )
             )
         optional = {"window": "a positive number of tokens", "mlp_hidden": "a positive width"}
         for name in ("window", "mlp_hidden", "norm_eps", "logit_softcap"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 out.append(
-                    (name, f"must be {optional.get(name, 'positive')} or null, got {getattr(self, name)}")
+                    (
+                        name,
+                        f"must be {optional.get(name, 'positive')} or null, got "
+                        f"{getattr(self, name)}",
+                    )
                 )
         for name in ("mlp_ratio", "rope_base"):
             if getattr(self, name) <= 0:
                 out.append((name, f"must be positive, got {getattr(self, name)}"))
-        if self.doc_token is not None and not 0 <= self.doc_token < (self.vocab_size or self.doc_token + 1):
-            msg = f"must be a token id of the vocabulary (0 .. vocab_size - 1), got {self.doc_token}"
+        if self.doc_token is not None and not 0 <= self.doc_token < (
+            self.vocab_size or self.doc_token + 1
+        ):
+            msg = (
+                f"must be a token id of the vocabulary (0 .. vocab_size - 1), got {self.doc_token}"
+            )
             out.append(("doc_token", msg))
         return out
 
     def validate(self) -> None:
         problems = self.problems()
         if self.vocab_size is None:
-            problems.insert(0, ("vocab_size", "is not set (a training config takes it from the dataset)"))
+            problems.insert(
+                0, ("vocab_size", "is not set (a training config takes it from the dataset)")
+            )
         if self.doc_mask and self.doc_token is None:
             problems.append(
                 (
                     "doc_token",
-                    "is not set, and doc_mask needs it (a training config takes it from the dataset)",
+                    "is not set, and doc_mask needs it (a training config takes it from the "
+                    "dataset)",
                 )
             )
         if problems:
@@ -150,9 +175,11 @@ class LoRAConfig:
     """The lora section: rank-r adapters beside the frozen projections `targets` names."""
 
     rank: int = 8  # r: the rank of each adapter (per projection part)
-    alpha: float = 8.0  # the update is scaled by alpha / rank (PEFT's lora_alpha; PEFT's defaults: 8 and 8)
+    # the update is scaled by alpha / rank (PEFT's lora_alpha; PEFT's defaults: 8 and 8)
+    alpha: float = 8.0
     dropout: float = 0.0  # on the adapter's input, while training (PEFT's lora_dropout)
-    targets: list[str] = field(default_factory=lambda: ["W_QKV", "W_O"])  # of W_QKV, W_O, W_in, W_out
+    # of W_QKV, W_O, W_in, W_out
+    targets: list[str] = field(default_factory=lambda: ["W_QKV", "W_O"])
 
     @property
     def scale(self) -> float:
@@ -169,7 +196,9 @@ class LoRAConfig:
             out.append(("dropout", f"must be in [0, 1), got {self.dropout}"))
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown:
-            out.append(("targets", f"unknown projection {unknown[0]}; choose from {', '.join(TARGETS)}"))
+            out.append(
+                ("targets", f"unknown projection {unknown[0]}; choose from {', '.join(TARGETS)}")
+            )
         elif not self.targets:
             out.append(("targets", f"is empty; choose from {', '.join(TARGETS)}"))
         elif len(set(self.targets)) < len(self.targets):
@@ -180,5 +209,7 @@ class LoRAConfig:
 def model_problem(model: GPTConfig, cfg: LoRAConfig) -> str | None:
     """Why these adapters do not fit this model, said for a person; None when they do."""
     if not model.mlp and {"W_in", "W_out"} & set(cfg.targets):
-        return "lora.targets names the MLP's W_in or W_out, but the model has no MLP (model.mlp=false)"
+        return (
+            "lora.targets names the MLP's W_in or W_out, but the model has no MLP (model.mlp=false)"
+        )
     return None

@@ -1,13 +1,15 @@
 """Hook points: read or replace activations inside a GPT's forward pass, by name.
 
-    with hooked(model, {"blocks.1.attn.z": fn}):   # fn(tensor, name) -> None (read) or a replacement
+    # fn(tensor, name) returns None (it reads) or a tensor (it replaces)
+    with hooked(model, {"blocks.1.attn.z": fn}):
         logits, _ = model(idx)
     logits, cache = run_with_cache(model, idx, ["blocks.0.resid_pre", "blocks.1.attn.pattern"])
 
 Each point is a `HookPoint` in model/gpt.py, an identity on the line it observes (`x =
-self.hook_resid_pre(x)`), as in TransformerLens; its name is its module path without the "hook_" prefix,
-and those modules are the one list of names (`point_names`). Unused, a point costs a read and a None check.
-docs/heads.md ("Hooks, for your own experiments") lists the points and their shapes.
+self.hook_resid_pre(x)`), as in TransformerLens; its name is its module path without the "hook_"
+prefix, and those modules are the one list of names (`point_names`). Unused, a point costs a read
+and a None check. docs/heads.md ("Hooks, for your own experiments") lists the points and their
+shapes.
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ Hooks = Mapping[str, Union[HookFn, Sequence[HookFn]]]
 
 
 class HookPoint(nn.Module):
-    """The identity, until `hooked` gives it functions: then each is called in turn, and one that returns a
-    tensor replaces it for the next one and for the rest of the forward pass."""
+    """The identity, until `hooked` gives it functions: then each is called in turn, and one that
+    returns a tensor replaces it for the next one and for the rest of the forward pass."""
 
     def __init__(self):
         super().__init__()
-        self.fns: Optional[list[HookFn]] = None  # None while unhooked: the one check an unused point costs
+        # None while unhooked: the one check an unused point costs
+        self.fns: Optional[list[HookFn]] = None
         self.name = ""  # the point's full name, given by `hooked`
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # an unused point skips nn.Module's call machinery
+    # an unused point skips nn.Module's call machinery
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.fns is None else self.forward(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -46,11 +50,11 @@ class HookPoint(nn.Module):
 
 
 def speed_up_hook_points(model: nn.Module) -> None:
-    """Put each hook point in its parent's `__dict__` as well as among its submodules, so that reading
-    `self.hook_q` in a forward pass is a plain attribute read: nn.Module finds submodules in its own
-    `__getattr__`, several times slower, which cost the eager decoding step 4% (BENCHMARKS.md,
-    "Interventions: ablation's time and the hooks' cost"). nn.Module's `__setattr__` drops the copy if the
-    attribute is set again."""
+    """Put each hook point in its parent's `__dict__` as well as among its submodules, so that
+    reading `self.hook_q` in a forward pass is a plain attribute read: nn.Module finds submodules in
+    its own `__getattr__`, several times slower, which cost the eager decoding step 4%
+    (BENCHMARKS.md, "Interventions: ablation's time and the hooks' cost"). nn.Module's `__setattr__`
+    drops the copy if the attribute is set again."""
     for module in model.modules():
         for name, child in module.named_children():
             if isinstance(child, HookPoint):
@@ -58,8 +62,8 @@ def speed_up_hook_points(model: nn.Module) -> None:
 
 
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
-    """Every hook point of `model` by name, in the order a forward pass reaches them (the order the modules
-    are made in)."""
+    """Every hook point of `model` by name, in the order a forward pass reaches them (the order the
+    modules are made in)."""
     return {
         path.replace("hook_", ""): module
         for path, module in model.named_modules()
@@ -68,8 +72,8 @@ def hook_points(model: nn.Module) -> dict[str, HookPoint]:
 
 
 def point_names(model: nn.Module, patterns: bool = True) -> list[str]:
-    """Every hook point's name (patterns: with the pattern points, whose hooking switches to the explicit
-    attention path)."""
+    """Every hook point's name (patterns: with the pattern points, whose hooking switches to the
+    explicit attention path)."""
     return [name for name in hook_points(model) if patterns or not name.endswith(".pattern")]
 
 
@@ -90,13 +94,13 @@ def _unknown(model: nn.Module, name: str) -> ValueError:
 def hooked(model: nn.Module, hooks: Hooks):
     """Call hooks[name] at each named point of `model`'s forward passes inside the `with` block.
 
-    A value may be one function or a list of them (called in order, each seeing the last one's output).
-    Hooks set by an enclosing `hooked` keep running, before these. Pass the unwrapped GPT.
-    A hook gets the tensor and the point's full name; it returns None to leave the tensor as it is (reading:
-    a cache), or a tensor of the same shape (or, at a block's resid_pre, any batch size: the block and those
-    after it then run on that batch) to carry on with instead. Reading leaves every output bit as it is,
-    except on a pattern point, which switches that layer to the explicit attention path (equal to the fast
-    one within float rounding)."""
+    A value may be one function or a list of them (called in order, each seeing the last one's
+    output). Hooks set by an enclosing `hooked` keep running, before these. Pass the unwrapped GPT.
+    A hook gets the tensor and the point's full name; it returns None to leave the tensor as it is
+    (reading: a cache), or a tensor of the same shape (or, at a block's resid_pre, any batch size:
+    the block and those after it then run on that batch) to carry on with instead. Reading leaves
+    every output bit as it is, except on a pattern point, which switches that layer to the explicit
+    attention path (equal to the fast one within float rounding)."""
     points = hook_points(model)
     added: dict[HookPoint, list[HookFn]] = {}
     for name, fns in hooks.items():
@@ -123,8 +127,9 @@ def run_with_hooks(model: nn.Module, idx: torch.Tensor, hooks: Hooks):
 def run_with_cache(
     model: nn.Module, idx: torch.Tensor, names: Optional[Iterable[str]] = None
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(logits, {name: activation}) of one forward pass, caching the named points (default: every point,
-    patterns included). The cached tensors are detached; run it under torch.no_grad() to save memory."""
+    """(logits, {name: activation}) of one forward pass, caching the named points (default: every
+    point, patterns included). The cached tensors are detached; run it under torch.no_grad() to save
+    memory."""
     names = point_names(model) if names is None else list(names)
     cache: dict[str, torch.Tensor] = {}
 

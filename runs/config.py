@@ -1,12 +1,14 @@
-"""Training configs: typed YAML with sections, `base:` inheritance and `section.key=value` overrides.
+"""Training configs: typed YAML with sections, `base:` inheritance and `section.key=value`
+overrides.
 
-The schema (runs/config_schema.py) is a tree of dataclasses (OmegaConf structured configs): an unknown key
-or a value of the wrong type is caught when a file or override is merged in (defaults <- the `base:` chain
-<- the file <- overrides), and the error names the key, the closest valid one, and where it came from.
-`load_config` returns a `Request`; training/plan.py settles it into the final config that checkpoints keep.
-A checkpoint's config.yaml is data, not a config file: `config_from_data` builds it field by field from the
-parsed YAML, with the schema's types and no OmegaConf, so `${...}` in it stays text (OmegaConf would
-interpolate it, `${oc.env:HOME}` reading the environment).
+The schema (runs/config_schema.py) is a tree of dataclasses (OmegaConf structured configs): an
+unknown key or a value of the wrong type is caught when a file or override is merged in (defaults <-
+the `base:` chain <- the file <- overrides), and the error names the key, the closest valid one, and
+where it came from. `load_config` returns a `Request`; training/plan.py settles it into the final
+config that checkpoints keep. A checkpoint's config.yaml is data, not a config file:
+`config_from_data` builds it field by field from the parsed YAML, with the schema's types and no
+OmegaConf, so `${...}` in it stays text (OmegaConf would interpolate it, `${oc.env:HOME}` reading
+the environment).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import math
 import os
 import re
 import typing
@@ -28,11 +29,14 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from common.errors import ConfigError
 from data.dataset import DATA_DIR
-from runs.config_schema import Config as Config  # the schema's classes, imported from here as before
+
+# the schema's classes, imported from here as before
+from runs.config_schema import Config as Config
 from runs.config_schema import DataConfig as DataConfig
 from runs.config_schema import LogConfig as LogConfig
 from runs.config_schema import OptimConfig as OptimConfig
 from runs.config_schema import TrainConfig as TrainConfig
+from runs.config_schema import problems
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "shakespeare_char.yaml"
@@ -43,7 +47,8 @@ class Request:
     """A config as a command line asks for it, before training/plan.py settles it."""
 
     cfg: Config
-    origins: dict[str, str] = field(default_factory=dict)  # dotted key -> the file or override that set it
+    # dotted key -> the file or override that set it
+    origins: dict[str, str] = field(default_factory=dict)
     name: str = "the default config"  # the config file, for messages
 
 
@@ -92,7 +97,8 @@ def _explain(e: OmegaConfBaseException, source: str) -> ConfigError:
 
 
 def resolve_path(name: str) -> Path:
-    """A config file by path, or by name in configs/ ('shakespeare_char' -> configs/shakespeare_char.yaml)."""
+    """A config file by path, or by name in configs/ ('shakespeare_char' ->
+    configs/shakespeare_char.yaml)."""
     for candidate in (Path(name), CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml"):
         if candidate.is_file():
             return candidate
@@ -113,15 +119,16 @@ def _read_yaml(path: Path) -> dict:
     _check_layout(path, data)
     if not isinstance(data, dict):
         raise ConfigError(
-            f"{path} must hold a mapping of sections (model:, data:, train:, ...), "
-            f"not a {type(data).__name__}"
+            f"{path} must hold a mapping of sections (model:, data:, train:, ...), not a "
+            f"{type(data).__name__}"
         )
     return data
 
 
 def _check_layout(path: Path, data: Any) -> None:
-    """Indentation mistakes said as such: a section's key at the top of the file (`train:` then its keys not
-    indented), a section with nothing under it. OmegaConf would say "field 'train' is not Optional"."""
+    """Indentation mistakes said as such: a section's key at the top of the file (`train:` then its
+    keys not indented), a section with nothing under it. OmegaConf would say "field 'train' is not
+    Optional"."""
     if not isinstance(data, dict):
         return
     sections = typing.get_type_hints(Config)
@@ -129,18 +136,23 @@ def _check_layout(path: Path, data: Any) -> None:
         home = next((s for s in sections if key in _keys_under(Config, f"{s}.{key}")), None)
         if key not in sections and home:
             raise ConfigError(
-                f"{path}: {key} is a key of the {home} section; indent it under {home}: (two spaces)"
+                f"{path}: {key} is a key of the {home} section; indent it under {home}: (two "
+                "spaces)"
             )
     for key, value in data.items():
         if key in sections and value is None and key != "lora":  # lora: null is the section off
-            raise ConfigError(f"{path}: section {key}: holds nothing; indent its keys under it (two spaces)")
+            raise ConfigError(
+                f"{path}: section {key}: holds nothing; indent its keys under it (two spaces)"
+            )
 
 
 def _file_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, dict]]:
     """[(source name, dict)] for the base chain of `path`, base first."""
     path = path.resolve()
     if path in seen:
-        raise ConfigError(f"config {path} is its own base (cycle: {' -> '.join(map(str, seen + (path,)))})")
+        raise ConfigError(
+            f"config {path} is its own base (cycle: {' -> '.join(map(str, seen + (path,)))})"
+        )
     data = _read_yaml(path)
     base = data.pop("base", None)
     chain: list[tuple[str, dict]] = []
@@ -149,17 +161,17 @@ def _file_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, dict
         base_path = next((c for c in candidates if c.is_file()), None)
         if base_path is None:
             raise ConfigError(
-                f"{path}: base config {base} not found (looked for {candidates[0]} and among the shipped "
-                f"configs in {CONFIG_DIR})"
+                f"{path}: base config {base} not found (looked for {candidates[0]} and among the "
+                f"shipped configs in {CONFIG_DIR})"
             )
         chain = _file_chain(base_path, seen + (path,))
     return [*chain, (str(path), _integral(data))]
 
 
 def _integral(data: Any, schema: type = Config) -> Any:
-    """`data` with integral numbers written as floats (1e3, 5.0e3, '5e3') made ints where the schema wants
-    an int, as people write iteration counts (1.5 stays a float, for the type check to refuse), and true and
-    false as that text where it wants text (train.compile)."""
+    """`data` with integral numbers written as floats (1e3, 5.0e3, '5e3') made ints where the schema
+    wants an int, as people write iteration counts (1.5 stays a float, for the type check to
+    refuse), and true and false as that text where it wants text (train.compile)."""
     if not isinstance(data, dict) or not is_dataclass(schema):
         return data
     hints = typing.get_type_hints(schema)
@@ -168,14 +180,19 @@ def _integral(data: Any, schema: type = Config) -> Any:
         kind = _unwrap(hints.get(key))
         if is_dataclass(kind):
             value = _integral(value, kind)
-        elif kind in (int, Optional[int]) and isinstance(value, (float, str)) and not isinstance(value, bool):
+        elif (
+            kind in (int, Optional[int])
+            and isinstance(value, (float, str))
+            and not isinstance(value, bool)
+        ):
             try:
                 number = float(value)
             except ValueError:
                 number = None
             if number is not None and number.is_integer():
                 value = int(number)
-        elif kind is str and isinstance(value, bool):  # `compile: true` is the text true, not 'True'
+        # `compile: true` is the text true, not 'True'
+        elif kind is str and isinstance(value, bool):
             value = str(value).lower()
         out[key] = value
     return out
@@ -183,14 +200,19 @@ def _integral(data: Any, schema: type = Config) -> Any:
 
 def parse_override(item: str) -> dict:
     if "=" not in item or item.startswith("=") or "." not in item.split("=", 1)[0]:
-        raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.max_iters=100)")
+        raise ConfigError(
+            f"override {item!r} must look like section.key=value (e.g. train.max_iters=100)"
+        )
     try:
         data = _integral(OmegaConf.to_container(OmegaConf.from_dotlist([item])))
     except OmegaConfBaseException as e:
         raise ConfigError(f"override {item!r} cannot be parsed: {str(e).splitlines()[0]}") from None
     key, text = item.split("=", 1)
-    value = functools.reduce(lambda d, k: d.get(k) if isinstance(d, dict) else None, key.split("."), data)
-    if isinstance(value, (dict, list)) and _kind(key) is str:  # log.sample_prompt=ROMEO: is text, not YAML
+    value = functools.reduce(
+        lambda d, k: d.get(k) if isinstance(d, dict) else None, key.split("."), data
+    )
+    # log.sample_prompt=ROMEO: is text, not YAML
+    if isinstance(value, (dict, list)) and _kind(key) is str:
         data = functools.reduce(lambda inner, k: {k: inner}, reversed(key.split(".")), text)
     return data
 
@@ -203,140 +225,9 @@ def _kind(dotted: str) -> Any:
     return node
 
 
-SEEDS = 2**63  # seeds are 0 .. SEEDS - 1 (torch.manual_seed takes 64-bit integers)
-
-
-def seed_problem(seed: int) -> str | None:
-    return None if 0 <= seed < SEEDS else f"must be a whole number from 0 to 2**63 - 1, got {seed}"
-
-
-def _non_finite(section: Any, prefix: str) -> list[tuple[str, str]]:
-    """(dotted key, message) for every float that is nan or infinite: they pass any `v <= 0` check."""
-    out = []
-    for f in fields(section):
-        value = getattr(section, f.name)
-        if is_dataclass(value):
-            out += _non_finite(value, f"{prefix}{f.name}.")
-        elif isinstance(value, float) and not math.isfinite(value):
-            out.append((f"{prefix}{f.name}", f"must be a finite number, got {value}"))
-    return out
-
-
-def problems(cfg: Config, setup: bool = True) -> list[tuple[str, str]]:
-    """(dotted key, message) for each impossible value; with `setup`, also for combinations that cannot
-    run here (`_setup_problems`)."""
-    out = _non_finite(cfg, "")
-    if out:
-        return out
-    out = [(f"model.{k}", m) for k, m in cfg.model.problems()]
-    t, o = cfg.train, cfg.optim
-    out += _lora_problems(cfg)
-    positive = [
-        ("train.eval_interval", t.eval_interval),
-        ("train.eval_iters", t.eval_iters),
-        ("train.batch_size", t.batch_size),
-        ("train.grad_accum", t.grad_accum),
-        ("optim.lr", o.lr),
-        ("log.interval", cfg.log.interval),
-        ("log.sample_tokens", cfg.log.sample_tokens),
-    ]
-    out += [(k, f"must be positive, got {v}") for k, v in positive if v <= 0]
-    non_negative = [
-        ("train.max_iters", t.max_iters),
-        ("train.threads", t.threads),
-        ("train.skip_nonfinite", t.skip_nonfinite),
-        ("optim.warmup_iters", o.warmup_iters),
-        ("optim.weight_decay", o.weight_decay),
-        ("optim.grad_clip", o.grad_clip),
-        ("optim.muon_lr", o.muon_lr),
-        ("optim.muon_weight_decay", o.muon_weight_decay),
-        ("log.sample_every", cfg.log.sample_every),
-    ]
-    out += [(k, f"must not be negative, got {v}") for k, v in non_negative if v < 0]
-    n, every = cfg.log.sample_every, t.eval_interval
-    if n > 0 and every > 0 and n % every:
-        fix = every * max(1, round(n / every))
-        msg = f"{n} is not a multiple of train.eval_interval={every} (samples are drawn at evals)"
-        out.append(("log.sample_every", f"{msg}; set log.sample_every={fix}"))
-    if t.dist_timeout <= 0:
-        out.append(("train.dist_timeout", f"must be a positive number of minutes, got {t.dist_timeout}"))
-    if t.max_time is not None and t.max_time <= 0:
-        out.append(("train.max_time", f"must be a positive number of seconds or null, got {t.max_time}"))
-    if seed_problem(t.seed):
-        out.append(("train.seed", seed_problem(t.seed)))
-    for key in ("compile", "final_eval"):
-        if str(getattr(t, key)).lower() not in ("auto", "true", "false"):
-            out.append((f"train.{key}", f"must be auto, true or false, got {getattr(t, key)}"))
-    if not 0.0 <= o.min_lr_ratio <= 1.0:
-        out.append(("optim.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}"))
-    if not 0.0 < o.decay_frac <= 1.0:
-        out.append(("optim.decay_frac", f"must be in (0, 1], got {o.decay_frac}"))
-    for k, v in (
-        ("optim.beta1", o.beta1),
-        ("optim.beta2", o.beta2),
-        ("optim.muon_momentum", o.muon_momentum),
-    ):
-        if not 0.0 <= v < 1.0:
-            out.append((k, f"must be in [0, 1), got {v}"))
-    if not cfg.data.dataset or "/" in cfg.data.dataset:
-        out.append(("data.dataset", f"must be a dataset folder name, got {cfg.data.dataset!r}"))
-    return out + (_setup_problems(cfg) if setup else [])
-
-
-def _lora_problems(cfg: Config) -> list[tuple[str, str]]:
-    if cfg.lora is None:
-        return []
-    out = [(f"lora.{k}", m) for k, m in cfg.lora.problems()]
-    if not cfg.train.init_from:
-        msg = (
-            "LoRA adapts a pretrained model, and train.init_from names none; set it (a run of ours, a "
-            "Hugging Face GPT-2 or Llama folder, or a hub name), or set lora=null to train every weight"
-        )
-        out.append(("lora", msg))
-    return out
-
-
-def _setup_problems(cfg: Config) -> list[tuple[str, str]]:
-    """Combinations that cannot run: an optimizer with a kind of parallelism, a batch split, CUDA graphs; a
-    window wider than training's inputs (a checkpoint may hold one: a rotary model generates with it)."""
-    t, out, m = cfg.train, [], cfg.model
-    if cfg.optim.name == "muon" and t.parallel == "fsdp":
-        msg = "muon needs whole matrices and cannot run on FSDP shards"
-        out.append(("optim.name", f"{msg}; use train.parallel=ddp or optim.name=adamw"))
-    if m.window and m.block_size and m.window > m.block_size:  # it would cut nothing in training
-        msg = f"{m.window} is more than block_size={m.block_size}, the longest input training reads"
-        out.append(("model.window", f"{msg}; set at most {m.block_size}, or null (no window)"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun
-    if t.grad_accum % world:
-        fix = world * max(1, round(t.grad_accum / world))
-        msg = f"{t.grad_accum} micro-batches per step (over all processes) cannot be split evenly over the"
-        out.append(
-            (
-                "train.grad_accum",
-                f"{msg} {world} processes; set train.grad_accum={fix} (a multiple of {world})",
-            )
-        )
-    # CUDA graphs cannot accumulate gradients: the graph's outputs become the .grad of the first micro-step
-    # and the next replay overwrites them (pytorch#169545, open; older torch gives silently wrong gradients)
-    micro_steps = t.grad_accum // world
-    if t.compile_mode == "reduce-overhead" and micro_steps > 1 and str(t.compile).lower() != "false":
-        msg = (
-            f"reduce-overhead (CUDA graphs) cannot accumulate gradients over {micro_steps} micro-steps per "
-            "process: each graph replay overwrites the gradients of the one before (pytorch#169545)"
-        )
-        fix = f"train.grad_accum={world}, with a larger train.batch_size"
-        out.append(
-            (
-                "train.compile_mode",
-                f"{msg}; use train.compile_mode=default, or one micro-step per process ({fix})",
-            )
-        )
-    return out
-
-
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Request:
-    """The config of file `path` (a path or a shipped config's name; None: the default) with the overrides
-    applied, checked; and for each dotted key the file or override that set it last."""
+    """The config of file `path` (a path or a shipped config's name; None: the default) with the
+    overrides applied, checked; and for each dotted key the file or override that set it last."""
     name = str(path) if path is not None else "the default config"
     path = resolve_path(str(path)) if path is not None else DEFAULT_CONFIG
     sources = _file_chain(path) + [(f"override {item}", parse_override(item)) for item in overrides]
@@ -353,15 +244,22 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Request:
     found = problems(cfg)
     if found:
         key, msg = found[0]
-        raise ConfigError(f"{key}: {msg} (in {_blame(key, msg, origins, sources) or 'the defaults'})")
+        raise ConfigError(
+            f"{key}: {msg} (in {_blame(key, msg, origins, sources) or 'the defaults'})"
+        )
     return Request(cfg, origins, name)
 
 
-def _blame(key: str, msg: str, origins: dict[str, str], sources: list[tuple[str, dict]]) -> str | None:
-    """Where a problem came from: of the keys it names (its own, and the key=value ones its message holds:
-    n_embd and n_head=3), the one set last, so that an override is blamed rather than the file it changed."""
+def _blame(
+    key: str, msg: str, origins: dict[str, str], sources: list[tuple[str, dict]]
+) -> str | None:
+    """Where a problem came from: of the keys it names (its own, and the key=value ones its message
+    holds: n_embd and n_head=3), the one set last, so that an override is blamed rather than the
+    file it changed."""
     section = key.rsplit(".", 1)[0]
-    named = [key] + [k if "." in k else f"{section}.{k}" for k in re.findall(r"\b([a-z_][a-z_.]*)=", msg)]
+    named = [key] + [
+        k if "." in k else f"{section}.{k}" for k in re.findall(r"\b([a-z_][a-z_.]*)=", msg)
+    ]
     order = [source for source, _ in sources]
     found = [origins[k] for k in named if k in origins]
     if not found:  # a whole section's problem (lora): whatever set a key in it
@@ -369,12 +267,15 @@ def _blame(key: str, msg: str, origins: dict[str, str], sources: list[tuple[str,
     return max(found, key=order.index) if found else None
 
 
-REQUIRED_EXAMPLES = {"train.init_from": "gpt2 (a hub name; or a Hugging Face model folder, a run of ours)"}
+REQUIRED_EXAMPLES = {
+    "train.init_from": "gpt2 (a hub name; or a Hugging Face model folder, a run of ours)"
+}
 
 
 def _check_required(sources: list[tuple[str, dict]]) -> None:
-    """A key a config file leaves for the command line (`???`, as finetune_shakespeare's weights) must be
-    given by a later file or override: merging `???` keeps the schema's default, so OmegaConf cannot tell."""
+    """A key a config file leaves for the command line (`???`, as finetune_shakespeare's weights)
+    must be given by a later file or override: merging `???` keeps the schema's default, so
+    OmegaConf cannot tell."""
     left: dict[str, str] = {}  # key -> the file that left it
     for source, data in sources:
         for key in _flatten(data):
@@ -388,10 +289,10 @@ def _check_required(sources: list[tuple[str, dict]]) -> None:
 
 
 def resolve_paths(cfg: Config) -> Config:
-    """cfg with its paths resolved once, from the folder the command runs in, as a run records them: data.dir
-    absolute (null: the project's data/), train.init_from absolute where it names a folder here (else it is
-    a hub name). Later commands (eval.py, heads.py) then find them from any folder. train.out_dir stays as
-    given: nothing reads it back from a run's config."""
+    """cfg with its paths resolved once, from the folder the command runs in, as a run records them:
+    data.dir absolute (null: the project's data/), train.init_from absolute where it names a folder
+    here (else it is a hub name). Later commands (eval.py, heads.py) then find them from any folder.
+    train.out_dir stays as given: nothing reads it back from a run's config."""
     data_dir = os.path.abspath(os.path.expanduser(cfg.data.dir)) if cfg.data.dir else str(DATA_DIR)
     init_from = cfg.train.init_from
     if init_from and Path(init_from).expanduser().exists():
@@ -404,20 +305,23 @@ def resolve_paths(cfg: Config) -> Config:
 
 
 def from_arguments(args: list[str]) -> Request:
-    """`CONFIG [section.key=value ...]` as train.py and tools/bench.py take it: the first argument names a
-    config file unless it is an override."""
+    """`CONFIG [section.key=value ...]` as train.py and tools/bench.py take it: the first argument
+    names a config file unless it is an override."""
     path = args[0] if args and "=" not in args[0] else None
     return load_config(path, args[1:] if path is not None else args)
 
 
 def shipped_configs() -> list[tuple[str, str]]:
     """(name, the first sentence of its opening comment) for each config in configs/."""
-    return [(path.stem, first_sentence(path.read_text())) for path in sorted(CONFIG_DIR.glob("*.yaml"))]
+    return [
+        (path.stem, first_sentence(path.read_text())) for path in sorted(CONFIG_DIR.glob("*.yaml"))
+    ]
 
 
 def first_sentence(yaml_text: str) -> str:
-    """The first sentence of a config's opening comment, over as many lines as it takes (up to an indented
-    example command or the YAML itself); a dot inside a word (train.init_from, 1.88) goes on."""
+    """The first sentence of a config's opening comment, over as many lines as it takes (up to an
+    indented example command or the YAML itself); a dot inside a word (train.init_from, 1.88) goes
+    on."""
     prose = []
     for line in yaml_text.splitlines():
         if not line.startswith("#") or line.startswith("#  "):
@@ -434,7 +338,8 @@ def to_yaml(cfg: Config) -> str:
 
 
 def _field_value(kind: Any, value: Any, key: str) -> Any:
-    """`value` as the schema's type `kind` wants it (ints may stand for floats), else a ValueError."""
+    """`value` as the schema's type `kind` wants it (ints may stand for floats), else a
+    ValueError."""
     if is_dataclass(kind):
         return config_from_data(value, kind, f"{key}.")
     options = typing.get_args(kind)
@@ -462,10 +367,12 @@ def _field_value(kind: Any, value: Any, key: str) -> Any:
 
 
 def config_from_data(data: Any, schema: type = Config, prefix: str = "") -> Any:
-    """A config (or one of its sections) built from parsed YAML, typed by the schema, no interpolation;
-    an unknown key or a value of the wrong type is a ValueError naming the key."""
+    """A config (or one of its sections) built from parsed YAML, typed by the schema, no
+    interpolation; an unknown key or a value of the wrong type is a ValueError naming the key."""
     if not isinstance(data, dict):
-        raise ValueError(f"{prefix[:-1] or 'the file'} holds a {type(data).__name__}, not a mapping")
+        raise ValueError(
+            f"{prefix[:-1] or 'the file'} holds a {type(data).__name__}, not a mapping"
+        )
     hints = typing.get_type_hints(schema)
     unknown = sorted(set(map(str, data)) - set(hints))
     if unknown:

@@ -1,14 +1,17 @@
-"""The training config's schema: its sections (model, data, train, optim, log, lora) as dataclasses, each key
-with its type, its default and a comment saying what it does.
+"""The training config's schema: its sections (model, data, train, optim, log, lora) as dataclasses,
+each key with its type, its default and a comment saying what it does.
 
-These are the keys a config file, an override or --print-config names; runs/config.py loads and checks them
-(OmegaConf checks the types as files merge), and a checkpoint's config.yaml holds them resolved.
+These are the keys a config file, an override or --print-config names; runs/config.py loads them
+(OmegaConf checks the types as files merge), `problems` below checks their values, and a
+checkpoint's config.yaml holds them resolved.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal, Optional
+import math
+import os
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Literal, Optional
 
 from data.dataset import DATA_DIR
 from model.config import GPTConfig, LoRAConfig
@@ -16,9 +19,10 @@ from model.config import GPTConfig, LoRAConfig
 
 @dataclass
 class DataConfig:
-    dataset: str = "shakespeare_char"  # a folder under data.dir holding train.bin, val.bin and meta.json
-    # where prepared datasets live (default: the project's data/ folder); a relative path is taken from the
-    # folder train.py runs in, and the run records the absolute path it resolved to
+    # a folder under data.dir holding train.bin, val.bin and meta.json
+    dataset: str = "shakespeare_char"
+    # where prepared datasets live (default: the project's data/ folder); a relative path is taken
+    # from the folder train.py runs in, and the run records the absolute path it resolved to
     dir: Optional[str] = str(DATA_DIR)
 
 
@@ -26,7 +30,8 @@ class DataConfig:
 class TrainConfig:
     out_dir: str = "out"
     max_iters: int = 5000
-    max_time: Optional[float] = None  # seconds of training (evals excluded); the LR schedule follows it too
+    # seconds of training (evals excluded); the LR schedule follows it too
+    max_time: Optional[float] = None
     eval_interval: int = 250
     eval_iters: int = 20  # batches per split at each eval
     batch_size: int = 12  # sequences per micro-batch, per process
@@ -46,18 +51,20 @@ class TrainConfig:
     # torchrun: minutes a rank waits in a collective before it fails (a hang becomes an error)
     dist_timeout: float = 10.0
     skip_nonfinite: int = 0  # steps with a non-finite loss to skip before stopping
-    # keep only each block's input for backward and compute its activations again there: less memory for
-    # about a third more compute (docs/training.md)
+    # keep only each block's input for backward and compute its activations again there: less memory
+    # for about a third more compute (docs/training.md)
     activation_checkpointing: bool = False
     final_eval: str = "auto"  # exact loss over the whole val split at the end: auto | true | false
-    # start from these weights (fresh optimizer, iteration 0): a checkpoint or run folder of ours, a Hugging
-    # Face model folder (GPT-2 or Llama), or a hub name (gpt2); the model's shape comes from it
+    # start from these weights (fresh optimizer, iteration 0): a checkpoint or run folder of ours, a
+    # Hugging Face model folder (GPT-2 or Llama), or a hub name (gpt2); the model's shape comes from
+    # it
     init_from: Optional[str] = None
 
 
 @dataclass
 class OptimConfig:
-    name: Literal["adamw", "muon"] = "adamw"  # muon: Muon for 2-D hidden weights, AdamW for the rest
+    # muon: Muon for 2-D hidden weights, AdamW for the rest
+    name: Literal["adamw", "muon"] = "adamw"
     lr: float = 1e-3
     min_lr_ratio: float = 0.1  # the schedule's floor, as a fraction of lr
     warmup_iters: int = 100
@@ -81,8 +88,10 @@ class LogConfig:
     wandb_project: str = "tinygpt"
     wandb_run_name: Optional[str] = None
     head_scores: bool = False  # score attention heads at each eval (heads.py)
-    plot: bool = True  # keep OUT_DIR/loss.png up to date (at evals, within 1% of the run's time; at the end)
-    sample_every: int = 0  # print (and log) a sample every N iterations (a multiple of train.eval_interval,
+    # keep OUT_DIR/loss.png up to date (at evals, within 1% of the run's time; at the end)
+    plot: bool = True
+    # print (and log) a sample every N iterations (a multiple of train.eval_interval,
+    sample_every: int = 0
     # since samples are drawn at evals) and at the end; 0 = off
     sample_prompt: Optional[str] = None  # null: a newline (or <|endoftext|> for BPE), as sample.py
     sample_tokens: int = 200  # tokens per sample
@@ -95,11 +104,166 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     log: LogConfig = field(default_factory=LogConfig)
-    # LoRA fine-tuning of train.init_from's model (model/lora.py): null = train every weight; set any key
-    # (lora.rank=8) to freeze the base and train adapters alone
+    # LoRA fine-tuning of train.init_from's model (model/lora.py): null = train every weight; set
+    # any key (lora.rank=8) to freeze the base and train adapters alone
     lora: Optional[LoRAConfig] = None
 
     @property
     def tokens_per_iter(self) -> int:
         """Tokens one optimizer step trains on, over all processes together."""
         return self.train.batch_size * self.model.block_size * self.train.grad_accum
+
+
+# --- the values a config may hold ---
+
+SEEDS = 2**63  # seeds are 0 .. SEEDS - 1 (torch.manual_seed takes 64-bit integers)
+
+
+def seed_problem(seed: int) -> str | None:
+    return None if 0 <= seed < SEEDS else f"must be a whole number from 0 to 2**63 - 1, got {seed}"
+
+
+def _non_finite(section: Any, prefix: str) -> list[tuple[str, str]]:
+    """(dotted key, message) for every float that is nan or infinite: they pass any `v <= 0`
+    check."""
+    out = []
+    for f in fields(section):
+        value = getattr(section, f.name)
+        if is_dataclass(value):
+            out += _non_finite(value, f"{prefix}{f.name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            out.append((f"{prefix}{f.name}", f"must be a finite number, got {value}"))
+    return out
+
+
+def problems(cfg: Config, setup: bool = True) -> list[tuple[str, str]]:
+    """(dotted key, message) for each impossible value; with `setup`, also for combinations that
+    cannot run here (`_setup_problems`)."""
+    out = _non_finite(cfg, "")
+    if out:  # nan passes every comparison below
+        return out
+    out = [(f"model.{k}", m) for k, m in cfg.model.problems()]
+    out += _lora_problems(cfg) + _sign_problems(cfg)
+    t, o = cfg.train, cfg.optim
+    n, every = cfg.log.sample_every, t.eval_interval
+    if n > 0 and every > 0 and n % every:
+        fix = every * max(1, round(n / every))
+        msg = f"{n} is not a multiple of train.eval_interval={every} (samples are drawn at evals)"
+        out.append(("log.sample_every", f"{msg}; set log.sample_every={fix}"))
+    if t.dist_timeout <= 0:
+        out.append(
+            ("train.dist_timeout", f"must be a positive number of minutes, got {t.dist_timeout}")
+        )
+    if t.max_time is not None and t.max_time <= 0:
+        out.append(
+            ("train.max_time", f"must be a positive number of seconds or null, got {t.max_time}")
+        )
+    if seed_problem(t.seed):
+        out.append(("train.seed", seed_problem(t.seed)))
+    for key in ("compile", "final_eval"):
+        if str(getattr(t, key)).lower() not in ("auto", "true", "false"):
+            out.append((f"train.{key}", f"must be auto, true or false, got {getattr(t, key)}"))
+    if not 0.0 <= o.min_lr_ratio <= 1.0:
+        out.append(("optim.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}"))
+    if not 0.0 < o.decay_frac <= 1.0:
+        out.append(("optim.decay_frac", f"must be in (0, 1], got {o.decay_frac}"))
+    for k, v in (
+        ("optim.beta1", o.beta1),
+        ("optim.beta2", o.beta2),
+        ("optim.muon_momentum", o.muon_momentum),
+    ):
+        if not 0.0 <= v < 1.0:
+            out.append((k, f"must be in [0, 1), got {v}"))
+    if not cfg.data.dataset or "/" in cfg.data.dataset:
+        out.append(("data.dataset", f"must be a dataset folder name, got {cfg.data.dataset!r}"))
+    return out + (_setup_problems(cfg) if setup else [])
+
+
+def _sign_problems(cfg: Config) -> list[tuple[str, str]]:
+    """The values that must be positive, or not negative, and are not."""
+    t, o = cfg.train, cfg.optim
+    positive = [
+        ("train.eval_interval", t.eval_interval),
+        ("train.eval_iters", t.eval_iters),
+        ("train.batch_size", t.batch_size),
+        ("train.grad_accum", t.grad_accum),
+        ("optim.lr", o.lr),
+        ("log.interval", cfg.log.interval),
+        ("log.sample_tokens", cfg.log.sample_tokens),
+    ]
+    out = [(k, f"must be positive, got {v}") for k, v in positive if v <= 0]
+    non_negative = [
+        ("train.max_iters", t.max_iters),
+        ("train.threads", t.threads),
+        ("train.skip_nonfinite", t.skip_nonfinite),
+        ("optim.warmup_iters", o.warmup_iters),
+        ("optim.weight_decay", o.weight_decay),
+        ("optim.grad_clip", o.grad_clip),
+        ("optim.muon_lr", o.muon_lr),
+        ("optim.muon_weight_decay", o.muon_weight_decay),
+        ("log.sample_every", cfg.log.sample_every),
+    ]
+    out += [(k, f"must not be negative, got {v}") for k, v in non_negative if v < 0]
+    return out
+
+
+def _lora_problems(cfg: Config) -> list[tuple[str, str]]:
+    if cfg.lora is None:
+        return []
+    out = [(f"lora.{k}", m) for k, m in cfg.lora.problems()]
+    if not cfg.train.init_from:
+        msg = (
+            "LoRA adapts a pretrained model, and train.init_from names none; set it (a run of "
+            "ours, a Hugging Face GPT-2 or Llama folder, or a hub name), or set lora=null to "
+            "train every weight"
+        )
+        out.append(("lora", msg))
+    return out
+
+
+def _setup_problems(cfg: Config) -> list[tuple[str, str]]:
+    """Combinations that cannot run: an optimizer with a kind of parallelism, a batch split, CUDA
+    graphs; a window wider than training's inputs (a checkpoint may hold one: a rotary model
+    generates with it)."""
+    t, out, m = cfg.train, [], cfg.model
+    if cfg.optim.name == "muon" and t.parallel == "fsdp":
+        msg = "muon needs whole matrices and cannot run on FSDP shards"
+        out.append(("optim.name", f"{msg}; use train.parallel=ddp or optim.name=adamw"))
+    if m.window and m.block_size and m.window > m.block_size:  # it would cut nothing in training
+        msg = f"{m.window} is more than block_size={m.block_size}, the longest input training reads"
+        out.append(("model.window", f"{msg}; set at most {m.block_size}, or null (no window)"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun
+    if t.grad_accum % world:
+        fix = world * max(1, round(t.grad_accum / world))
+        msg = (
+            f"{t.grad_accum} micro-batches per step (over all processes) cannot be split evenly "
+            "over the"
+        )
+        out.append(
+            (
+                "train.grad_accum",
+                f"{msg} {world} processes; set train.grad_accum={fix} (a multiple of {world})",
+            )
+        )
+    # CUDA graphs cannot accumulate gradients: the graph's outputs become the .grad of the first
+    # micro-step and the next replay overwrites them (pytorch#169545, open; older torch gives
+    # silently wrong gradients)
+    micro_steps = t.grad_accum // world
+    if (
+        t.compile_mode == "reduce-overhead"
+        and micro_steps > 1
+        and str(t.compile).lower() != "false"
+    ):
+        msg = (
+            f"reduce-overhead (CUDA graphs) cannot accumulate gradients over {micro_steps} "
+            "micro-steps per process: each graph replay overwrites the gradients of the one "
+            "before (pytorch#169545)"
+        )
+        fix = f"train.grad_accum={world}, with a larger train.batch_size"
+        out.append(
+            (
+                "train.compile_mode",
+                f"{msg}; use train.compile_mode=default, or one micro-step per process ({fix})",
+            )
+        )
+    return out

@@ -1,7 +1,7 @@
-"""An out_dir guarded before training: writable, written by one train.py at a time, with room for the
-checkpoints, and a run it holds (checkpoints, or metrics.jsonl alone: train.save=false) never overwritten by
-accident (train.resume continues it, train.overwrite deletes it). train.py holds OUT_DIR/.lock for its whole
-run (common/locks.py).
+"""An out_dir guarded before training: writable, written by one train.py at a time, with room for
+the checkpoints, and a run it holds (checkpoints, or metrics.jsonl alone: train.save=false) never
+overwritten by accident (train.resume continues it, train.overwrite deletes it). train.py holds
+OUT_DIR/.lock for its whole run (common/locks.py).
 """
 
 from __future__ import annotations
@@ -16,12 +16,15 @@ from runs.checkpoint import OUT_DIR_ADVICE, is_checkpoint
 from runs.config import Config
 
 LOCK = ".lock"  # in an out_dir: held by the train.py that writes into it
-METRICS = "metrics.jsonl"  # a run's records (training/tracking.py): a run, even one without checkpoints
-RECORDS = (METRICS, "loss.png", "heads_training.png")  # what train.overwrite deletes beside the checkpoints
+# a run's records (training/tracking.py): a run, even one without checkpoints
+METRICS = "metrics.jsonl"
+# what train.overwrite deletes beside the checkpoints
+RECORDS = (METRICS, "loss.png", "heads_training.png")
 
 
 def holds_run(out_dir: Path) -> bool:
-    """Whether out_dir holds a run's checkpoint (last/, best/, or last/ while it was being replaced)."""
+    """Whether out_dir holds a run's checkpoint (last/, best/, or last/ while it was being
+    replaced)."""
     return any(is_checkpoint(out_dir / n) for n in ("last", "best", ".last.old"))
 
 
@@ -38,13 +41,15 @@ def held(out_dir: Path) -> str | None:
 def held_advice(what: str) -> str:
     """What to do about the run `held` found."""
     resume = "continue it with train.resume=true, " if what == "a checkpoint" else ""
-    return f"{resume}start over with train.overwrite=true (deletes it), or pick another train.out_dir"
+    return (
+        f"{resume}start over with train.overwrite=true (deletes it), or pick another train.out_dir"
+    )
 
 
 def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
-    """Fail before training on an out_dir that cannot hold the checkpoints, whose run would be lost, or that
-    another run writes into; with train.overwrite, delete the run it holds. Holds OUT_DIR/.lock from here to
-    the end of the process (the caller's run)."""
+    """Fail before training on an out_dir that cannot hold the checkpoints, whose run would be lost,
+    or that another run writes into; with train.overwrite, delete the run it holds. Holds
+    OUT_DIR/.lock from here to the end of the process (the caller's run)."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / ".write-test"
@@ -59,7 +64,8 @@ def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
         out_dir / LOCK,
         f"train.out_dir {out_dir}",
         exclusive=True,
-        advice="another train.py writes into it: wait for it to end (or stop it), or choose another "
+        advice="another train.py writes into it: wait for it to end (or stop it), or choose "
+        "another "
         "train.out_dir",
     )
     check_not_links(out_dir, ("last", "best"), OUT_DIR_ADVICE)
@@ -75,12 +81,12 @@ def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
 
 
 def check_room(out_dir: Path, cfg: Config, n_params: int) -> None:
-    """Refuse an out_dir (that exists) without room for the checkpoints of `n_params` trained parameters;
-    the dry run calls it too."""
+    """Refuse an out_dir (that exists) without room for the checkpoints of `n_params` trained
+    parameters; the dry run calls it too."""
     need = n_params * 4 * 4 * 2  # weights + AdamW moments, fp32, in last/ and best/ while swapping
     free = shutil.disk_usage(out_dir).free
     if cfg.train.save and free < need:
         raise UserError(
-            f"{out_dir} has {size_text(free)} free; checkpoints need about {size_text(need)}. "
-            "Free some space or choose another train.out_dir"
+            f"{out_dir} has {size_text(free)} free; checkpoints need about {size_text(need)}. Free "
+            "some space or choose another train.out_dir"
         )

@@ -1,10 +1,12 @@
-"""Where and how a run computes: device, precision, threads, compile, and this process's torchrun rank.
+"""Where and how a run computes: device, precision, threads, compile, and this process's torchrun
+rank.
 
-`auto` picks CUDA (each torchrun rank takes cuda:LOCAL_RANK), else Apple MPS, else the CPU; bf16 autocast on
-GPUs with bf16 tensor cores, fp16 with a GradScaler on older ones (T4, V100), fp32 on MPS, and on a CPU bf16
-only where bf16 matrix units pay for the casts (`cpu_auto_precision`); torch.compile on CUDA where Triton
-works. These choices are made here alone: training takes them through `setup`, the dry run through
-`planned`. The rank is read from torchrun's environment; training/distributed.py joins the process group.
+`auto` picks CUDA (each torchrun rank takes cuda:LOCAL_RANK), else Apple MPS, else the CPU; bf16
+autocast on GPUs with bf16 tensor cores, fp16 with a GradScaler on older ones (T4, V100), fp32 on
+MPS, and on a CPU bf16 only where bf16 matrix units pay for the casts (`cpu_auto_precision`);
+torch.compile on CUDA where Triton works. These choices are made here alone: training takes them
+through `setup`, the dry run through `planned`. The rank is read from torchrun's environment;
+training/distributed.py joins the process group.
 """
 
 from __future__ import annotations
@@ -50,9 +52,9 @@ class Runtime:
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def thread_tuner(self, **kwargs) -> ThreadTuner:
-        """A tuner of the CPU thread count for one loop (common/threads.py): off the CPU, under torchrun (the
-        ranks wait for each other, so one rank's steps do not time its threads) and with train.threads set,
-        a no-op."""
+        """A tuner of the CPU thread count for one loop (common/threads.py): off the CPU, under
+        torchrun (the ranks wait for each other, so one rank's steps do not time its threads) and
+        with train.threads set, a no-op."""
         tuned = self.device.type == "cpu" and not self.distributed and not self.threads
         return ThreadTuner(enabled=tuned, **kwargs)
 
@@ -71,7 +73,9 @@ def pick_device(setting: str, local_rank: int = 0) -> torch.device:
             "installed?); use train.device=auto or cpu"
         )
     if setting == "mps" and not mps:
-        raise UserError("train.device=mps but Apple MPS is not available; use train.device=auto or cpu")
+        raise UserError(
+            "train.device=mps but Apple MPS is not available; use train.device=auto or cpu"
+        )
     if setting == "cuda" or (setting == "auto" and cuda):
         return torch.device("cuda", local_rank)
     if setting == "mps" or (setting == "auto" and mps):
@@ -91,13 +95,14 @@ def cpu_has_bf16_matmul() -> bool:
 
 
 def cpu_auto_precision(n_embd: int) -> str:
-    """bf16 on a CPU with bf16 matrix units once the model is wide enough that the faster matrix products
-    clearly outweigh the casts autocast adds around them; fp32 below that (BENCHMARKS.md, "bf16 autocast:
-    where it pays")."""
+    """bf16 on a CPU with bf16 matrix units once the model is wide enough that the faster matrix
+    products clearly outweigh the casts autocast adds around them; fp32 below that (BENCHMARKS.md,
+    "bf16 autocast: where it pays")."""
     return "bf16" if cpu_has_bf16_matmul() and n_embd >= CPU_BF16_MIN_WIDTH else "fp32"
 
 
-CPU_BF16_MIN_WIDTH = 128  # the narrowest model where bf16 gained more than the noise (the section above)
+# the narrowest model where bf16 gained more than the noise (the section above)
+CPU_BF16_MIN_WIDTH = 128
 
 
 def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:
@@ -107,11 +112,14 @@ def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:
             and device.type == "cuda"
             and not torch.cuda.is_bf16_supported(including_emulation=True)
         ):
-            raise UserError("train.precision=bf16 but this GPU has no bf16 support; use fp16 or auto")
+            raise UserError(
+                "train.precision=bf16 but this GPU has no bf16 support; use fp16 or auto"
+            )
         if setting == "fp16" and device.type == "cpu":
             raise UserError("train.precision=fp16 is for GPUs; on a CPU use bf16 or fp32")
         return setting
-    if device.type == "cuda":  # native bf16 only: torch counts emulated bf16 as supported by default
+    # native bf16 only: torch counts emulated bf16 as supported by default
+    if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
     if device.type == "cpu":
         return cpu_auto_precision(n_embd)
@@ -121,9 +129,10 @@ def pick_precision(setting: str, device: torch.device, n_embd: int) -> str:
 def planned(
     device_setting: str, precision_setting: str, n_embd: int, threads: int = 0
 ) -> tuple[Runtime, bool]:
-    """(runtime, present): the dry run's. Where the device is here, `setup`'s (taken: the dry run times steps
-    on it). A CUDA or MPS setting on a machine without one is absent (present False), with the precision such
-    a device would get: auto on CUDA is bf16, as on every GPU the dry run projects to."""
+    """(runtime, present): the dry run's. Where the device is here, `setup`'s (taken: the dry run
+    times steps on it). A CUDA or MPS setting on a machine without one is absent (present False),
+    with the precision such a device would get: auto on CUDA is bf16, as on every GPU the dry run
+    projects to."""
     there = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if not there.get(device_setting, True):
         auto = "bf16" if device_setting == "cuda" else "fp32"
@@ -143,7 +152,9 @@ def torchrun_ranks() -> Ranks:
     """This process's rank under torchrun, read from its environment (rank 0 of 1 without it)."""
     env = os.environ
     rank, world = int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
-    return Ranks(rank, int(env.get("LOCAL_RANK", rank)), world, int(env.get("LOCAL_WORLD_SIZE", world)))
+    return Ranks(
+        rank, int(env.get("LOCAL_RANK", rank)), world, int(env.get("LOCAL_WORLD_SIZE", world))
+    )
 
 
 def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int = 0) -> Runtime:
@@ -161,8 +172,9 @@ def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int
 
 
 def compile_enabled(setting: str, device: torch.device) -> bool:
-    """train.compile: auto turns torch.compile on for CUDA where Triton works (on a CPU it gained little next
-    to its compile time: BENCHMARKS.md, "CPU precision and kernels"); true without Triton is refused."""
+    """train.compile: auto turns torch.compile on for CUDA where Triton works (on a CPU it gained
+    little next to its compile time: BENCHMARKS.md, "CPU precision and kernels"); true without
+    Triton is refused."""
     setting = str(setting).lower()
     if device.type != "cuda":
         return setting == "true"
@@ -171,15 +183,16 @@ def compile_enabled(setting: str, device: torch.device) -> bool:
     if not triton_works():
         if setting == "true":
             raise UserError(
-                "train.compile=true needs Triton, which does not work here (not installed, native Windows, "
-                "or a GPU older than compute capability 7.0); set train.compile=false"
+                "train.compile=true needs Triton, which does not work here (not installed, native "
+                "Windows, or a GPU older than compute capability 7.0); set train.compile=false"
             )
         return False
     return True
 
 
 def triton_works() -> bool:
-    """Whether torch.compile can generate GPU kernels here (the check torch's inductor itself makes)."""
+    """Whether torch.compile can generate GPU kernels here (the check torch's inductor itself
+    makes)."""
     import torch.utils._triton
 
     return torch.utils._triton.has_triton()

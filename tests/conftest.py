@@ -1,5 +1,5 @@
-"""Shared test set-up: offline tokenizer cache, offline wandb, tiny prepared datasets, subprocess runner, and
-the induction model (trained once per session)."""
+"""Shared test set-up: offline tokenizer cache, offline wandb, tiny prepared datasets, subprocess
+runner, and the induction model (trained once per session)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ os.environ.setdefault("WANDB_MODE", "offline")
 # compiled decoding steps and the CPU's measured peak: one folder per test session, never the user's
 os.environ["TINYGPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="tinygpt-cache-")
 os.environ.setdefault("WANDB_SILENT", "true")
-# no background builds of decoding steps (model/decoding.py) behind the tests' backs: the tests of the
-# default set TINYGPT_COMPILE=auto themselves
+# no background builds of decoding steps (sampling/steps.py) behind the tests' backs: the tests of
+# the default set TINYGPT_COMPILE=auto themselves
 os.environ["TINYGPT_COMPILE"] = "never"
 
 
@@ -31,14 +31,19 @@ OPTIONS = {  # every option a hook point must work with, a few at a time
     "rope_gqa": {"pos_emb": "rope", "n_kv_head": 2},
     "window_qk_norm": {"window": 5, "qk_norm": True},
     "attention_only": {"mlp": False, "pos_emb": "rope"},
-    "swiglu_rmsnorm": {"activation": "swiglu", "norm": "rmsnorm", "bias": False, "tie_embeddings": False},
+    "swiglu_rmsnorm": {
+        "activation": "swiglu",
+        "norm": "rmsnorm",
+        "bias": False,
+        "tie_embeddings": False,
+    },
     "relu2_softcap": {"activation": "relu2", "logit_softcap": 5.0, "n_kv_head": 1},
 }
 
 
 def noisy(model, scale: float):
-    """The model with noise of `scale` standard deviations added to every parameter (norms and biases too),
-    so that every tensor matters; from torch's random state as the caller seeded it."""
+    """The model with noise of `scale` standard deviations added to every parameter (norms and
+    biases too), so that every tensor matters; from torch's random state as the caller seeded it."""
     import torch
 
     with torch.no_grad():
@@ -48,8 +53,8 @@ def noisy(model, scale: float):
 
 
 def model_with(options: dict, seed: int = 0):
-    """A small GPT (2 x 4 heads, n_embd 32, vocabulary 40) with the options, its weights perturbed so that
-    every tensor matters."""
+    """A small GPT (2 x 4 heads, n_embd 32, vocabulary 40) with the options, its weights perturbed
+    so that every tensor matters."""
     import torch
 
     from model import GPT, GPTConfig
@@ -77,12 +82,15 @@ def run_script(
         env={**os.environ, **(env or {})},
     )
     if check and result.returncode != 0:
-        raise AssertionError(f"{args} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        raise AssertionError(
+            f"{args} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+        )
     return result
 
 
 def one_line_error(result: subprocess.CompletedProcess, message: str) -> None:
-    """The script failed as a person should see it: exit 2, one `error: ...` line holding `message`."""
+    """The script failed as a person should see it: exit 2, one `error: ...` line holding
+    `message`."""
     assert result.returncode == 2, (result.returncode, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("error: ") and message in lines[-1], result.stderr
@@ -101,7 +109,8 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def train_here(*argv: str) -> None:
-    """train.py's main in this process (no interpreter to start), its signal handlers put back after."""
+    """train.py's main in this process (no interpreter to start), its signal handlers put back
+    after."""
     import train as train_script
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -113,8 +122,8 @@ def train_here(*argv: str) -> None:
 
 
 def script(capsys, main, *argv: str) -> str:
-    """A script's main in this process, as run_cli runs it from the command line; it must succeed; returns
-    its stdout."""
+    """A script's main in this process, as run_cli runs it from the command line; it must succeed;
+    returns its stdout."""
     from common.errors import run_cli
 
     with pytest.raises(SystemExit) as e:
@@ -125,7 +134,8 @@ def script(capsys, main, *argv: str) -> str:
 
 
 def script_error(capsys, main, argv: list[str], message: str) -> None:
-    """A script's main in this process must stop with one line on stderr that holds `message`, exit code 2."""
+    """A script's main in this process must stop with one line on stderr that holds `message`, exit
+    code 2."""
     from common.errors import run_cli
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -158,7 +168,9 @@ TINY = [
 ]
 
 
-def train(data_dir: Path, out: Path, *extra: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+def train(
+    data_dir: Path, out: Path, *extra: str, check: bool = True, **kw
+) -> subprocess.CompletedProcess:
     """python train.py on the default config, shrunk to TINY, with the given overrides."""
     return run_script(
         "train.py",
@@ -181,7 +193,8 @@ def run(data_dir: Path, tmp_path_factory) -> Path:
 
 
 def train_induction(config: str, data_dir: Path, out: Path) -> dict:
-    """Train configs/{config}.yaml with train.py (repeats prepared in data_dir) and score its heads."""
+    """Train configs/{config}.yaml with train.py (repeats prepared in data_dir) and score its
+    heads."""
     import torch
 
     from data.dataset import Dataset
@@ -215,30 +228,33 @@ def repeats_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def induction_run(repeats_dir: Path, tmp_path_factory) -> tuple[Path, dict]:
-    """The out_dir and head scores of `python train.py induction` (about 20 s; shared by test_heads.py and
-    test_explorer.py)."""
+    """The out_dir and head scores of `python train.py induction` (about 20 s; shared by
+    test_heads.py and test_explorer.py)."""
     out = tmp_path_factory.mktemp("induction") / "out"
     return out, train_induction("induction", repeats_dir, out)
 
 
-# Text with code, accents, emoji, CRLF, tabs, runs of spaces, U+2581 and a literal <|endoftext|>: the
-# exported tokenizers must give our ids on it (a character vocabulary is built from it, so it is inside)
+# Text with code, accents, emoji, CRLF, tabs, runs of spaces, U+2581 and a literal <|endoftext|>:
+# the exported tokenizers must give our ids on it (a character vocabulary is built from it, so it is
+# inside)
 MIXED = (
-    "First Citizen:\r\nBefore we proceed any further, hear me speak.\r\n\r\n   All:  Speak, speak!\t(x2)\n"
-    "naïve café — 日本語 🎉👍🏽 ¿qué? Ωmega ▁ \\n\n"
-    "def f(x):\n    return {'a': x ** 2}  # code\n\n\n"
-    "I'm you'll we've HE'S  trailing   \n<|endoftext|>Next 12345 3.14159\u00a0\u3000end "
+    "First Citizen:\r\nBefore we proceed any further, hear me speak.\r\n\r\n   All:  Speak, "
+    "speak!\t(x2)\nnaïve café — 日本語 🎉👍🏽 ¿qué? Ωmega ▁ \\n\ndef f(x):\n    "
+    "return {'a': x ** 2}  # code\n\n\nI'm you'll we've HE'S  trailing   \n<|endoftext|>Next "
+    "12345 3.14159\u00a0\u3000end "
 )
 
 
 @pytest.fixture(scope="session")
 def exportable(tmp_path_factory) -> dict[tuple[str, str], Path]:
-    """Checkpoints with random weights (noise of 0.3 on every parameter, so logits are far apart) for each
-    tokenizer kind (char from MIXED, bpe:512 from Shakespeare, gpt2) and each exportable family: GPT-2 type
-    (the defaults) and Llama type (rotary, RMSNorm, SwiGLU, grouped-query attention, untied head)."""
+    """Checkpoints with random weights (noise of 0.3 on every parameter, so logits are far apart)
+    for each tokenizer kind (char from MIXED, bpe:512 from Shakespeare, gpt2) and each exportable
+    family: GPT-2 type (the defaults) and Llama type (rotary, RMSNorm, SwiGLU, grouped-query
+    attention, untied head)."""
     import torch
 
-    from data.tokenizers import BPETokenizer, CharTokenizer, TrainedBPE
+    from data.bpe import BPETokenizer, TrainedBPE
+    from data.tokenizers import CharTokenizer
     from model import GPT
     from runs import checkpoint
     from runs.config import load_config
@@ -253,8 +269,13 @@ def exportable(tmp_path_factory) -> dict[tuple[str, str], Path]:
     out, runs = tmp_path_factory.mktemp("exportable"), {}
     for kind, meta in metas.items():
         for family, extra in (("gpt2", []), ("llama", llama)):
-            shape = [f"model.vocab_size={meta['vocab_size']}", "model.block_size=128", "model.n_layer=2",
-                     "model.n_head=4", "model.n_embd=64"]  # fmt: skip
+            shape = [
+                f"model.vocab_size={meta['vocab_size']}",
+                "model.block_size=128",
+                "model.n_layer=2",
+                "model.n_head=4",
+                "model.n_embd=64",
+            ]
             cfg = load_config(None, [*shape, *extra]).cfg
             torch.manual_seed(0)
             model = noisy(GPT(cfg.model), 0.3)
@@ -266,7 +287,8 @@ def exportable(tmp_path_factory) -> dict[tuple[str, str], Path]:
 
 
 def tiny_checkpoint(folder: Path, data_dir: Path, *overrides: str) -> Path:
-    """An untrained 1-layer char checkpoint (shakespeare_char's tokenizer) with `overrides`: folder/last."""
+    """An untrained 1-layer char checkpoint (shakespeare_char's tokenizer) with `overrides`:
+    folder/last."""
     from model import GPT
     from runs import checkpoint
     from runs.config import load_config

@@ -1,4 +1,5 @@
-"""tools/bench.py end to end on a tiny config: its JSON, the ratio of two setups, memory against context."""
+"""tools/bench.py end to end on a tiny config: its JSON, the ratio of two setups, memory against
+context."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def test_bench_compare_sample_and_memory(data_dir: Path, tmp_path: Path):
     assert a["setup"] == "A" and b["setup"] == "B" and a["steps_timed"] == b["steps_timed"] == 6
     assert a["tokens_per_iter"] == 8 * 32 and a["tokens_per_s"] > 0 and 0 < a["mfu"] < 1
     assert r["ratio_B_over_A_tokens_per_s"] == round(b["tokens_per_s"] / a["tokens_per_s"], 3)
-    paths = ["fp32", "int8", "fp32 x8 samples", "full recompute", "nanoGPT generator"]  # eager: no compile
+    # eager: no compile
+    paths = ["fp32", "int8", "fp32 x8 samples", "full recompute", "nanoGPT generator"]
     assert [row["path"] for row in r["sample"]] == paths * 2
     assert all(row["tok_s"] > 0 and row["of_floor"] > 0 for row in r["sample"])
     floor = r["sample_floor"][0]
@@ -53,10 +55,14 @@ def test_bench_compare_sample_and_memory(data_dir: Path, tmp_path: Path):
 
 def test_bench_rejects_unknown_measurements():
     result = run_script("-m", "tools.bench", "--only", "speed")
-    assert result.returncode == 2 and "--only takes train, sample, memory, attention" in result.stderr
+    assert (
+        result.returncode == 2 and "--only takes train, sample, memory, attention" in result.stderr
+    )
 
 
-def test_attention_cost_grows_linearly_with_a_window_and_quadratically_with_a_dense_mask(tmp_path: Path):
+def test_attention_cost_grows_linearly_with_a_window_and_quadratically_with_a_dense_mask(
+    tmp_path: Path,
+):
     out, picture = tmp_path / "attention.json", tmp_path / "attention.png"
     args = ["--only", "attention", "--window", "64", "--contexts", "512,1024,2048", "--rounds", "1"]
     run_script("-m", "tools.bench", *args, "--json", str(out), "--plot", str(picture), check=True)
@@ -66,8 +72,13 @@ def test_attention_cost_grows_linearly_with_a_window_and_quadratically_with_a_de
         (512, "window 64"),
         (512, "window 64, dense mask"),
     ]
-    peak = {(r["context"], r["path"]): r["peak_MB"] for r in rows}  # the allocator's count: deterministic
+    # the allocator's count: deterministic
+    peak = {(r["context"], r["path"]): r["peak_MB"] for r in rows}
     assert peak[2048, "window 64"] / peak[1024, "window 64"] < 2.2
     assert peak[2048, "window 64, dense mask"] / peak[1024, "window 64, dense mask"] > 2.5
-    assert peak[2048, "window 64"] < 1.5 * peak[2048, "full causal"] < peak[2048, "window 64, dense mask"]
+    assert (
+        peak[2048, "window 64"]
+        < 1.5 * peak[2048, "full causal"]
+        < peak[2048, "window 64, dense mask"]
+    )
     assert all(r["ms"] > 0 for r in rows) and picture.stat().st_size > 10_000

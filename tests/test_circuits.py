@@ -1,8 +1,9 @@
-"""Heads working together (interp/): factored matrices against the full ones, the processed weights against
-the model's own queries, keys and values, composition and copying scores against TransformerLens on exported
-GPT-2 and Llama folders, attribution patching against activation patching (exact where the model is linear in
-the patched activation), path patching's identities and a hand-computed path, and the circuit of the
-induction model; heads.py's --composition, --attribute and --circuit."""
+"""Heads working together (interp/): factored matrices against the full ones, the processed weights
+against the model's own queries, keys and values, composition and copying scores against
+TransformerLens on exported GPT-2 and Llama folders, attribution patching against activation
+patching (exact where the model is linear in the patched activation), path patching's identities and
+a hand-computed path, and the circuit of the induction model; heads.py's --composition, --attribute
+and --circuit."""
 
 from __future__ import annotations
 
@@ -71,19 +72,23 @@ def test_a_factored_matrix_answers_as_the_full_one():
     torch.testing.assert_close((f @ X).full(), full @ X)
     torch.testing.assert_close((X.T @ f).full(), X.T @ full)
     torch.testing.assert_close((f @ f.T).full(), full @ full.transpose(-2, -1))
-    top = torch.linalg.eigvals(full).abs().sort(descending=True).values[..., :4]  # rank 4: the rest are 0
+    # rank 4: the rest are 0
+    top = torch.linalg.eigvals(full).abs().sort(descending=True).values[..., :4]
     torch.testing.assert_close(f.eigenvalues().abs().sort(descending=True).values, top)
     left, right = Factored(A, B), Factored(A.flip(0), B.flip(0))
     brute = torch.linalg.matrix_norm(full[:, None] @ full.flip(0)[None])
-    brute = brute / (torch.linalg.matrix_norm(full)[:, None] * torch.linalg.matrix_norm(full.flip(0))[None])
+    brute = brute / (
+        torch.linalg.matrix_norm(full)[:, None] * torch.linalg.matrix_norm(full.flip(0))[None]
+    )
     torch.testing.assert_close(composition_scores(left, right), brute)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "rope_gqa", "swiglu_rmsnorm", "relu2_softcap"])
 def test_processed_weights_give_the_models_queries_keys_values_and_outputs(name):
-    """x (the residual entering a layer) through the norm without its scale and shift, times the processed
-    W_Q, W_K, W_V, is the model's q, k, v less what a constant adds (biases, the norm's shift); each head's z
-    through the processed W_O is the attention's output, centred where the model has LayerNorm."""
+    """x (the residual entering a layer) through the norm without its scale and shift, times the
+    processed W_Q, W_K, W_V, is the model's q, k, v less what a constant adds (biases, the norm's
+    shift); each head's z through the processed W_O is the attention's output, centred where the
+    model has LayerNorm."""
     model = model_with(OPTIONS[name])
     cfg, w = model.config, head_weights(model)
     idx = torch.randint(0, V, (2, 10), generator=torch.Generator().manual_seed(2))
@@ -103,7 +108,9 @@ def test_processed_weights_give_the_models_queries_keys_values_and_outputs(name)
             theirs = theirs.repeat_interleave(group, dim=2)
         ours = torch.einsum("btc,hcd->bthd", x, W[1])
         constant = theirs - ours  # biases and the norm's shift: the same at every position
-        torch.testing.assert_close(constant, constant[:1, :1].expand_as(constant), atol=2e-5, rtol=0)
+        torch.testing.assert_close(
+            constant, constant[:1, :1].expand_as(constant), atol=2e-5, rtol=0
+        )
     out = torch.einsum("bthd,hdc->btc", cache["blocks.1.attn.z"].double(), w.W_O[1])
     bias = model.blocks[1].attn.W_O.bias
     expected = cache["blocks.1.attn_out"].double() - (0.0 if bias is None else bias.double())
@@ -113,7 +120,8 @@ def test_processed_weights_give_the_models_queries_keys_values_and_outputs(name)
 
 
 def test_random_heads_compose_at_the_baseline():
-    """A freshly initialised model's heads (Gaussian weights) score what random heads of its shapes score."""
+    """A freshly initialised model's heads (Gaussian weights) score what random heads of its shapes
+    score."""
     torch.manual_seed(0)
     config = load_config(
         None, ["model.vocab_size=50", "model.n_layer=3", "model.n_head=4", "model.n_embd=64"]
@@ -168,10 +176,13 @@ def exported(folder: Path, overrides: list[str]) -> GPT:
     [("gpt2", ["model.activation=gelu_tanh"]), ("llama", [*LLAMA, "model.n_kv_head=2"])],
 )
 def test_composition_and_copying_scores_equal_transformer_lens(family, overrides, tmp_path: Path):
-    """TransformerLens 4 (a TransformerBridge in compatibility mode: HookedTransformer's default processing)
-    on our exported folder: all_composition_scores and the copying score of W_E OV W_U, within 1e-4."""
+    """TransformerLens 4 (a TransformerBridge in compatibility mode: HookedTransformer's default
+    processing) on our exported folder: all_composition_scores and the copying score of W_E OV W_U,
+    within 1e-4."""
     transformers = pytest.importorskip("transformers")
-    bridges = pytest.importorskip("transformer_lens.model_bridge", reason="pip install -e '.[test]'")
+    bridges = pytest.importorskip(
+        "transformer_lens.model_bridge", reason="pip install -e '.[test]'"
+    )
     model = exported(tmp_path / family, overrides)
     kind = transformers.GPT2LMHeadModel if family == "gpt2" else transformers.LlamaForCausalLM
     hf = kind.from_pretrained(tmp_path / family).eval()
@@ -188,7 +199,9 @@ def test_composition_and_copying_scores_equal_transformer_lens(family, overrides
         assert theirs.max() > 0.1  # not all zero
     with torch.no_grad():
         eig = (bridge.W_E @ bridge.OV @ bridge.W_U).eigenvalues.real.double()
-    torch.testing.assert_close(copying_scores(w), eig.sum(-1) / eig.abs().sum(-1), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        copying_scores(w), eig.sum(-1) / eig.abs().sum(-1), atol=1e-4, rtol=0
+    )
 
 
 # --- batched patches, one row each ---
@@ -223,7 +236,8 @@ def test_per_row_edits_patch_each_row_with_its_own_values(monkeypatch):
     together = intervene(model, idx, edits)
     for g in range(2):
         torch.testing.assert_close(together[1 + g], expected[g], rtol=0, atol=1e-5)
-    monkeypatch.setattr(interp.interventions, "ACTIVATION_BYTES", 1)  # a row per pass: values sliced too
+    # a row per pass: values sliced too
+    monkeypatch.setattr(interp.interventions, "ACTIVATION_BYTES", 1)
     for which, rows, logits in passes(model, idx, edits):
         for k, i in enumerate(which):
             reference = model(idx[rows])[0] if i == 0 else expected[i - 1][rows]
@@ -235,9 +249,10 @@ def test_per_row_edits_patch_each_row_with_its_own_values(monkeypatch):
 
 @pytest.mark.parametrize("name", ["gpt2", "attention_only"])
 def test_attribution_equals_activation_patching_where_the_model_is_linear(name):
-    """With the final norm removed, the logit difference is linear in the last layer's MLP output, and in an
-    attention-only model in its heads' outputs too: there the estimate is the patch, to the table's 4
-    decimals. Earlier layers reach it through softmaxes, and there it is only an estimate."""
+    """With the final norm removed, the logit difference is linear in the last layer's MLP output,
+    and in an attention-only model in its heads' outputs too: there the estimate is the patch, to
+    the table's 4 decimals. Earlier layers reach it through softmaxes, and there it is only an
+    estimate."""
     model = model_with(OPTIONS[name])
     model.norm_f = torch.nn.Identity()
     task = prompt_pair(model, *pair(model))
@@ -249,7 +264,10 @@ def test_attribution_equals_activation_patching_where_the_model_is_linear(name):
             estimated[table][last], real[table][last], atol=1.5e-4, rtol=0, err_msg=table
         )
         assert result["correlation"][table] > 0.9
-    assert np.abs(np.array(estimated["head_positions"][0]) - np.array(real["head_positions"][0])).max() > 1e-3
+    assert (
+        np.abs(np.array(estimated["head_positions"][0]) - np.array(real["head_positions"][0])).max()
+        > 1e-3
+    )
     assert estimated["metric_base"] == pytest.approx(real["metric_base"], abs=1e-5)
 
 
@@ -261,7 +279,9 @@ def test_attribution_runs_on_every_option_and_both_directions(name):
         result = attribute(model, t)
         assert np.array(result["head_positions"]).shape == (2, 4, 24)
         assert np.array(result["resid_pre"]).shape == (2, 24)
-        np.testing.assert_allclose(np.array(result["head_positions"]).sum(axis=2), result["heads"], atol=5e-4)
+        np.testing.assert_allclose(
+            np.array(result["head_positions"]).sum(axis=2), result["heads"], atol=5e-4
+        )
 
 
 # --- path patching ---
@@ -275,7 +295,11 @@ def every_receiver(model: GPT) -> list[Receiver]:
         for head in range(cfg.n_head)
         for kind in "qkv"
     ]
-    return [*heads, *(Receiver("mlp", layer) for layer in range(cfg.n_layer) if cfg.mlp), Receiver("logits")]
+    return [
+        *heads,
+        *(Receiver("mlp", layer) for layer in range(cfg.n_layer) if cfg.mlp),
+        Receiver("logits"),
+    ]
 
 
 @pytest.mark.parametrize("name", OPTIONS)
@@ -283,22 +307,29 @@ def test_every_path_clean_is_the_clean_run_and_every_path_corrupted_the_corrupte
     model = model_with(OPTIONS[name])
     task = prompt_pair(model, *pair(model)).noised()  # base: clean; the senders' values: corrupted
     cfg = model.config
-    everyone = [EMBEDDINGS, *((layer, head) for layer in range(cfg.n_layer) for head in range(cfg.n_head))]
-    edits = receiver_edits(model, task, [([], every_receiver(model)), (everyone, every_receiver(model))])
+    everyone = [
+        EMBEDDINGS,
+        *((layer, head) for layer in range(cfg.n_layer) for head in range(cfg.n_head)),
+    ]
+    edits = receiver_edits(
+        model, task, [([], every_receiver(model)), (everyone, every_receiver(model))]
+    )
     logits = intervene(model, task.clean, edits)
     with torch.no_grad():
         clean, corrupted = model(task.clean)[0], model(task.corrupted)[0]
     torch.testing.assert_close(logits[1], clean, rtol=0, atol=1e-4)
     torch.testing.assert_close(logits[2], corrupted, rtol=0, atol=1e-4)
-    effects = path_effects(model, task, [([], every_receiver(model)), (everyone, every_receiver(model))])
+    effects = path_effects(
+        model, task, [([], every_receiver(model)), (everyone, every_receiver(model))]
+    )
     assert effects.tolist() == pytest.approx([0.0, 1.0], abs=1e-3)
 
 
 def test_a_path_through_the_keys_alone_is_the_hand_computed_one():
-    """Sender L0H1's corrupted output reaching L1H2 through its keys only: by hand, the clean residual after
-    layer 0's attention plus what L0H1 wrote differently, then layer 0's MLP on that (recomputed: a path
-    through an MLP counts), through layer 1's norm and W_K, as L1H2's keys (with rotary positions and
-    grouped-query attention: the key head of L1H2's group)."""
+    """Sender L0H1's corrupted output reaching L1H2 through its keys only: by hand, the clean
+    residual after layer 0's attention plus what L0H1 wrote differently, then layer 0's MLP on that
+    (recomputed: a path through an MLP counts), through layer 1's norm and W_K, as L1H2's keys (with
+    rotary positions and grouped-query attention: the key head of L1H2's group)."""
     model = model_with(OPTIONS["rope_gqa"])
     task = prompt_pair(model, *pair(model)).noised()
     block, cfg = model.blocks[1], model.config
@@ -308,7 +339,8 @@ def test_a_path_through_the_keys_alone_is_the_hand_computed_one():
         _, s = run_with_cache(model, task.corrupted, ["blocks.0.attn.z"])
         W_O = model.blocks[0].attn.W_O.weight.view(cfg.n_embd, H, d)[:, 1]  # (C, d): L0H1's slice
         mid = (
-            c["blocks.0.resid_mid"] + (s["blocks.0.attn.z"][:, :, 1] - c["blocks.0.attn.z"][:, :, 1]) @ W_O.T
+            c["blocks.0.resid_mid"]
+            + (s["blocks.0.attn.z"][:, :, 1] - c["blocks.0.attn.z"][:, :, 1]) @ W_O.T
         )
         resid = mid + model.blocks[0].mlp(model.blocks[0].norm2(mid))
         keys = block.attn.W_QKV(block.norm1(resid))[..., H * d : (H + Hk) * d].view(1, -1, Hk, d)
@@ -321,7 +353,9 @@ def test_a_path_through_the_keys_alone_is_the_hand_computed_one():
 
         expected = run_with_hooks(model, task.clean, {"blocks.1.attn.k": put})[0]
     [edits] = receiver_edits(model, task, [([(0, 1)], [Receiver("k", 1, 2)])])
-    torch.testing.assert_close(intervene(model, task.clean, [edits])[1], expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        intervene(model, task.clean, [edits])[1], expected, rtol=0, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("name", OPTIONS)
@@ -330,7 +364,8 @@ def test_the_circuit_and_the_composition_table_on_every_option(name):
     table = composition_table(model)
     assert table["heads"] == [f"L{layer}H{head}" for layer in range(2) for head in range(4)]
     assert all(
-        np.array(table[kind]).shape == (8, 8) and np.array(table[kind])[4:].max() == 0 for kind in "qkv"
+        np.array(table[kind]).shape == (8, 8) and np.array(table[kind])[4:].max() == 0
+        for kind in "qkv"
     )
     circuit = find_circuit(model, prompt_pair(model, *pair(model)))
     assert circuit["nodes"] and {e["kind"] for e in circuit["edges"]} <= {"q", "k", "v"}
@@ -345,12 +380,13 @@ def test_the_circuit_and_the_composition_table_on_every_option(name):
 
 @pytest.mark.slow
 def test_the_circuit_of_the_induction_model(induction_run):
-    """Found without being told: the previous-token head's K edges into the induction heads, its K-composition
-    with each of them above the baseline and above every other layer-0 head's, and the induction heads
-    writing the answer. What is asserted held in six seeds of configs/induction.yaml (1337 and 1 to 5,
-    docs/heads.md): K-composition 0.27-0.36 against 0.126 +- 0.007, the largest of its column in 24 of 24;
-    a K edge (0.05-0.34) into each of the 19 induction heads that carried 0.1 of the copying alone; the
-    induction heads' direct effects summing to 0.59-0.95, layer 0's direct logit attributions 0.05 at most."""
+    """Found without being told: the previous-token head's K edges into the induction heads, its
+    K-composition with each of them above the baseline and above every other layer-0 head's, and the
+    induction heads writing the answer. What is asserted held in six seeds of configs/induction.yaml
+    (1337 and 1 to 5, docs/heads.md): K-composition 0.27-0.36 against 0.126 +- 0.007, the largest of
+    its column in 24 of 24; a K edge (0.05-0.34) into each of the 19 induction heads that carried
+    0.1 of the copying alone; the induction heads' direct effects summing to 0.59-0.95, layer 0's
+    direct logit attributions 0.05 at most."""
     out, scores = induction_run
     loaded = load_model(out)
     model = loaded.model
@@ -360,23 +396,38 @@ def test_the_circuit_of_the_induction_model(induction_run):
     previous = int(np.argmax(scores["previous_token"][0]))
     nodes = {n["name"]: n for n in circuit["nodes"]}
     assert f"L0H{previous}" in nodes and set(induction) <= set(nodes), list(nodes)
-    k_edges = {e["to"]: e for e in circuit["edges"] if e["from"] == f"L0H{previous}" and e["kind"] == "k"}
-    assert all(head in k_edges for head in induction if nodes[head]["effect"] >= 0.1), circuit["edges"]
+    k_edges = {
+        e["to"]: e for e in circuit["edges"] if e["from"] == f"L0H{previous}" and e["kind"] == "k"
+    }
+    assert all(head in k_edges for head in induction if nodes[head]["effect"] >= 0.1), circuit[
+        "edges"
+    ]
     base = circuit["composition_baseline"]
     composition = all_composition_scores(head_weights(model))["k"]
     for head in induction:
         column = composition[:H, H + int(head[3:])]
-        assert column[previous] > base["mean"] + 5 * base["std"] and int(column.argmax()) == previous, column
+        assert (
+            column[previous] > base["mean"] + 5 * base["std"] and int(column.argmax()) == previous
+        ), column
     assert all(nodes[h]["direct_logit_attribution"] > 0 for h in induction)
     assert sum(nodes[h]["direct_effect"] for h in induction) >= 0.5
     for node in circuit["nodes"]:
         if node["layer"] == 0:
-            assert abs(node["direct_effect"]) < EDGE_THRESHOLD and abs(node["direct_logit_attribution"]) < 0.1
+            assert (
+                abs(node["direct_effect"]) < EDGE_THRESHOLD
+                and abs(node["direct_logit_attribution"]) < 0.1
+            )
 
-    # the attribution patching of the induction experiment's prompt pair agrees with activation patching
+    # the attribution patching of the induction experiment's prompt pair agrees with activation
+    # patching
     tokenizer = loaded.tokenizer
-    clean, corrupted = "KLxiQEFBWOmACVzYafwcKLxiQEFBWOmACVzYafw", "KLxiQEFBWOmACVzYafwqKLxiQEFBWOmACVzYafw"
-    task = prompt_pair(model, tokenizer.encode(clean).tolist(), tokenizer.encode(corrupted).tolist())
+    clean, corrupted = (
+        "KLxiQEFBWOmACVzYafwcKLxiQEFBWOmACVzYafw",
+        "KLxiQEFBWOmACVzYafwqKLxiQEFBWOmACVzYafw",
+    )
+    task = prompt_pair(
+        model, tokenizer.encode(clean).tolist(), tokenizer.encode(corrupted).tolist()
+    )
     agreement = compare(model, task, TABLES)["correlation"]
     assert agreement["head_positions"] >= 0.9 and agreement["resid_pre"] >= 0.9, agreement
 
@@ -386,11 +437,24 @@ def test_heads_command_writes_the_composition_the_attribution_and_the_circuit(
     induction_run, tmp_path: Path, capsys
 ):
     out, _ = induction_run
-    clean, corrupted = "KLxiQEFBWOmACVzYafwcKLxiQEFBWOmACVzYafw", "KLxiQEFBWOmACVzYafwqKLxiQEFBWOmACVzYafw"
+    clean, corrupted = (
+        "KLxiQEFBWOmACVzYafwcKLxiQEFBWOmACVzYafw",
+        "KLxiQEFBWOmACVzYafwqKLxiQEFBWOmACVzYafw",
+    )
     result = run_script(
-        "heads.py", str(out), "--composition", "--circuit", "--attribute", clean, corrupted, "--compare",
-        "--out", str(tmp_path), check=True, timeout=240,
-    )  # fmt: skip
+        "heads.py",
+        str(out),
+        "--composition",
+        "--circuit",
+        "--attribute",
+        clean,
+        corrupted,
+        "--compare",
+        "--out",
+        str(tmp_path),
+        check=True,
+        timeout=240,
+    )
     for name in ("composition", "circuit", "attribution"):
         assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
         assert str(tmp_path / f"{name}.json") in result.stdout
@@ -399,9 +463,14 @@ def test_heads_command_writes_the_composition_the_attribution_and_the_circuit(
     model = load_model(out).model
     expected = all_composition_scores(head_weights(model))
     for kind in "qkv":
-        assert np.array(composition[kind]).shape == (8, 8) and np.array(composition[kind])[4:].max() == 0
+        assert (
+            np.array(composition[kind]).shape == (8, 8)
+            and np.array(composition[kind])[4:].max() == 0
+        )
         np.testing.assert_allclose(composition[kind], expected[kind].numpy(), atol=1e-4)
-    assert composition["baseline"] == pytest.approx(composition_baseline(head_weights(model))[0], abs=1e-4)
+    assert composition["baseline"] == pytest.approx(
+        composition_baseline(head_weights(model))[0], abs=1e-4
+    )
     circuit = json.loads((tmp_path / "circuit.json").read_text())
     assert {"nodes", "edges"} <= set(circuit) and circuit["checkpoint"] == str(out / "best")
     assert all(
@@ -427,16 +496,19 @@ def test_heads_command_writes_the_composition_the_attribution_and_the_circuit(
 
 
 def test_heads_command_on_hugging_face_folders(data_dir: Path, tmp_path: Path, capsys):
-    """--composition and --circuit on a prompt pair on exported GPT-2 (learned positions: the position
-    pattern too) and Llama folders (rotary, grouped-query attention); --circuit alone on a model that copies
-    nothing says so."""
+    """--composition and --circuit on a prompt pair on exported GPT-2 (learned positions: the
+    position pattern too) and Llama folders (rotary, grouped-query attention); --circuit alone on a
+    model that copies nothing says so."""
     from conftest import script
 
     import heads as command
 
     chars = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"]
     tokenizer = from_meta(chars)
-    for family, extra in (("gpt2", ["model.activation=gelu_tanh"]), ("llama", [*LLAMA, "model.n_kv_head=1"])):
+    for family, extra in (
+        ("gpt2", ["model.activation=gelu_tanh"]),
+        ("llama", [*LLAMA, "model.n_kv_head=1"]),
+    ):
         shape = [
             "model.vocab_size=65",
             "model.block_size=16",
@@ -451,9 +523,25 @@ def test_heads_command_on_hugging_face_folders(data_dir: Path, tmp_path: Path, c
         folder.mkdir()
         folders.write_model(folder, cfg.model, checkpoint.model_weights(model), chars)
         clean, corrupted = (tokenizer.decode(ids) for ids in pair(model, T=10, vocab=65))
-        sizes = ["--sequences", "2", "--windows", "2", "--data-dir", str(data_dir), "--out", str(heads)]
+        sizes = [
+            "--sequences",
+            "2",
+            "--windows",
+            "2",
+            "--data-dir",
+            str(data_dir),
+            "--out",
+            str(heads),
+        ]
         out = script(
-            capsys, command.main, str(folder), "--composition", "--circuit", clean, corrupted, *sizes
+            capsys,
+            command.main,
+            str(folder),
+            "--composition",
+            "--circuit",
+            clean,
+            corrupted,
+            *sizes,
         )
         assert "K-composition" in out and "circuit of the task: logit difference" in out
         assert (heads / "positional_qk.png").exists() == (family == "gpt2")
@@ -461,4 +549,6 @@ def test_heads_command_on_hugging_face_folders(data_dir: Path, tmp_path: Path, c
     fresh = tmp_path / "fresh"  # weights as initialised: nothing is copied, and --circuit says so
     fresh.mkdir()
     folders.write_model(fresh, cfg.model, checkpoint.model_weights(GPT(cfg.model)), chars)
-    script_error(capsys, command.main, [str(fresh), "--circuit", *sizes], "no better on the clean input")
+    script_error(
+        capsys, command.main, [str(fresh), "--circuit", *sizes], "no better on the clean input"
+    )

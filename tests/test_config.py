@@ -34,7 +34,8 @@ REQUIRED = [
 
 def test_every_shipped_config_loads_and_has_the_cli_contract_keys():
     for path in sorted(CONFIG_DIR.glob("*.yaml")):
-        needs = ["train.init_from=gpt2"] if "init_from: ???" in path.read_text() else []  # fine-tuning
+        # fine-tuning
+        needs = ["train.init_from=gpt2"] if "init_from: ???" in path.read_text() else []
         cfg = load_config(path, needs).cfg
         resolved = yaml.safe_load(to_yaml(cfg))
         for key in REQUIRED:
@@ -48,24 +49,36 @@ def test_a_finetune_config_refuses_to_start_without_pretrained_weights(capsys, t
     import train as train_script
 
     out = f"train.out_dir={tmp_path}"
-    script_error(capsys, train_script.main, ["finetune_shakespeare", out], "train.init_from is required by")
+    script_error(
+        capsys, train_script.main, ["finetune_shakespeare", out], "train.init_from is required by"
+    )
     with pytest.raises(ConfigError, match=r"add train.init_from=gpt2 \(a hub name"):
         load_config("finetune_shakespeare", ["train.max_iters=10"])
-    assert load_config("finetune_shakespeare", ["train.init_from=null"]).cfg.train.init_from is None  # asked
-    assert load_config("finetune_shakespeare_lora").cfg.train.init_from == "gpt2"  # its own, after ???
-    assert load_config("finetune_shakespeare", ["train.init_from=gpt2"]).cfg.train.init_from == "gpt2"
-    (tmp_path / "mine.yaml").write_text("base: finetune_shakespeare\ntrain:\n  init_from: /models/gpt2\n")
+    # asked
+    assert load_config("finetune_shakespeare", ["train.init_from=null"]).cfg.train.init_from is None
+    # its own, after ???
+    assert load_config("finetune_shakespeare_lora").cfg.train.init_from == "gpt2"
+    assert (
+        load_config("finetune_shakespeare", ["train.init_from=gpt2"]).cfg.train.init_from == "gpt2"
+    )
+    (tmp_path / "mine.yaml").write_text(
+        "base: finetune_shakespeare\ntrain:\n  init_from: /models/gpt2\n"
+    )
     assert load_config(tmp_path / "mine.yaml").cfg.train.init_from == "/models/gpt2"
     assert not (tmp_path / "last").exists()
 
 
 def test_base_chain_then_file_then_overrides(tmp_path: Path):
-    (tmp_path / "base.yaml").write_text("model:\n  n_layer: 3\n  n_embd: 96\ntrain:\n  max_iters: 7\n")
+    (tmp_path / "base.yaml").write_text(
+        "model:\n  n_layer: 3\n  n_embd: 96\ntrain:\n  max_iters: 7\n"
+    )
     (tmp_path / "child.yaml").write_text("base: base.yaml\nmodel:\n  n_layer: 5\n")
     request = load_config(tmp_path / "child.yaml", ["train.max_iters=9", "model.window=null"])
     cfg, origins = request.cfg, request.origins
     assert (cfg.model.n_layer, cfg.model.n_embd, cfg.train.max_iters) == (5, 96, 9)
-    assert origins["model.n_embd"].endswith("base.yaml") and origins["model.n_layer"].endswith("child.yaml")
+    assert origins["model.n_embd"].endswith("base.yaml") and origins["model.n_layer"].endswith(
+        "child.yaml"
+    )
     assert origins["train.max_iters"] == "override train.max_iters=9"
 
 
@@ -79,7 +92,8 @@ def test_configs_are_found_by_name():
     [
         (
             ["train.max_iter=5"],
-            "unknown config key train.max_iter (in override train.max_iter=5); did you mean train.max_iters?",
+            "unknown config key train.max_iter (in override train.max_iter=5); did you mean "
+            "train.max_iters?",
         ),
         (
             ["trian.max_iters=5"],
@@ -107,7 +121,10 @@ def test_configs_are_found_by_name():
         (["train.max_time=nan"], "train.max_time: must be a finite number, got nan"),
         (["train.dist_timeout=nan"], "train.dist_timeout: must be a finite number, got nan"),
         (["model.dropout=inf"], "model.dropout: must be a finite number, got inf"),
-        (["train.seed=1180591620717411303424"], "train.seed: must be a whole number from 0 to 2**63 - 1"),
+        (
+            ["train.seed=1180591620717411303424"],
+            "train.seed: must be a whole number from 0 to 2**63 - 1",
+        ),
         (["train.max_iters"], "override 'train.max_iters' must look like section.key=value"),
         (
             ["optim.name=muon", "train.parallel=fsdp"],
@@ -125,7 +142,8 @@ def test_typo_in_a_file_names_the_file(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  n_layers: 3\n")
     with pytest.raises(
-        UserError, match=r"unknown config key model.n_layers \(in .*bad.yaml\); did you mean model.n_layer\?"
+        UserError,
+        match=r"unknown config key model.n_layers \(in .*bad.yaml\); did you mean model.n_layer\?",
     ):
         load_config(bad)
 
@@ -139,7 +157,8 @@ def test_bad_yaml_gives_the_line(tmp_path: Path):
 
 def test_missing_file_and_cycles(tmp_path: Path):
     with pytest.raises(
-        UserError, match=r"config file nope.yaml not found; give a path or one of: .*shakespeare_char"
+        UserError,
+        match=r"config file nope.yaml not found; give a path or one of: .*shakespeare_char",
     ):
         load_config("nope.yaml")
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
@@ -152,7 +171,10 @@ def test_missing_file_and_cycles(tmp_path: Path):
     "args,message",
     [
         (["train.max_iter=5"], "did you mean train.max_iters?"),
-        (["model.n_layer=two"], "model.n_layer: Value 'two' of type 'str' could not be converted to Integer"),
+        (
+            ["model.n_layer=two"],
+            "model.n_layer: Value 'two' of type 'str' could not be converted to Integer",
+        ),
         (["model.n_embd=100", "model.n_head=3"], "model.n_embd: 100 is not divisible by n_head=3"),
         (["configs/missing.yaml"], "config file configs/missing.yaml not found"),
     ],
@@ -169,7 +191,9 @@ def test_print_config_prints_resolved_yaml():
         "train.py", "configs/shakespeare_char.yaml", "model.n_layer=3", "--print-config", check=True
     )
     resolved = yaml.safe_load(result.stdout)
-    assert resolved["model"]["n_layer"] == 3 and resolved["train"]["out_dir"] == "out/shakespeare_char"
+    assert (
+        resolved["model"]["n_layer"] == 3 and resolved["train"]["out_dir"] == "out/shakespeare_char"
+    )
 
 
 def test_integral_floats_are_accepted_for_integer_keys(tmp_path: Path):
@@ -190,34 +214,54 @@ def test_a_config_elsewhere_can_build_on_a_shipped_one_by_name(tmp_path: Path):
     assert (cfg.model.n_layer, cfg.train.out_dir) == (2, "out/shakespeare_char")
     assert load_config(tmp_path / "short.yaml").cfg.data.dataset == "repeats"
     (tmp_path / "lost.yaml").write_text("base: nowhere.yaml\n")
-    with pytest.raises(UserError, match=r"base config nowhere.yaml not found .* among the shipped configs"):
+    with pytest.raises(
+        UserError, match=r"base config nowhere.yaml not found .* among the shipped configs"
+    ):
         load_config(tmp_path / "lost.yaml")
 
 
 def test_train_help_lists_the_configs_and_how_to_override():
     result = run_script("train.py", "--help", check=True, timeout=60)
-    shown = ("usage: python train.py", "shakespeare_char", "runs/config_schema.py", "model.n_layer=6")
+    shown = (
+        "usage: python train.py",
+        "shakespeare_char",
+        "runs/config_schema.py",
+        "model.n_layer=6",
+    )
     for expected in shown:
         assert expected in result.stdout
-    line = next(line for line in result.stdout.splitlines() if line.strip().startswith("induction "))
+    line = next(
+        line for line in result.stdout.splitlines() if line.strip().startswith("induction ")
+    )
     assert "Induction heads" in line  # each config with the first sentence of its opening comment
 
 
 def test_wandb_without_a_login_is_one_line_before_training(tmp_path: Path):
-    env = {"HOME": str(tmp_path), "WANDB_MODE": "", "WANDB_API_KEY": "", "NETRC": str(tmp_path / "netrc")}
-    result = run_script("train.py", "log.wandb=true", f"train.out_dir={tmp_path}/out", env=env, timeout=60)
+    env = {
+        "HOME": str(tmp_path),
+        "WANDB_MODE": "",
+        "WANDB_API_KEY": "",
+        "NETRC": str(tmp_path / "netrc"),
+    }
+    result = run_script(
+        "train.py", "log.wandb=true", f"train.out_dir={tmp_path}/out", env=env, timeout=60
+    )
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "no wandb login" in result.stderr and "wandb login" in result.stderr
     assert "WANDB_MODE=offline" in result.stderr and not (tmp_path / "out").exists()
 
 
 def test_wandb_not_installed_is_one_line_before_training(monkeypatch):
-    """log.wandb=true where wandb is not installed (a bare GPU image): what to install, before training."""
+    """log.wandb=true where wandb is not installed (a bare GPU image): what to install, before
+    training."""
     from training.tracking import check_wandb_login
 
-    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now fails, as where it is missing
+    # import wandb now fails, as where it is missing
+    monkeypatch.setitem(sys.modules, "wandb", None)
     monkeypatch.setenv("WANDB_MODE", "offline")  # a login would not be needed
-    with pytest.raises(UserError, match=r"^log\.wandb=true needs the wandb package: pip install wandb "):
+    with pytest.raises(
+        UserError, match=r"^log\.wandb=true needs the wandb package: pip install wandb "
+    ):
         check_wandb_login()
 
 
@@ -230,23 +274,26 @@ def test_samples_are_drawn_at_evals():
 
 
 def test_messages_name_the_source_and_a_fix(tmp_path: Path):
-    # a learner tweaks the default config from the command line: the line names the override, not the file
-    with pytest.raises(ConfigError, match=r"\(try n_head=4, or n_embd=129\) \(in override model.n_head=3\)$"):
+    # a learner tweaks the default config from the command line: the line names the override, not
+    # the file
+    with pytest.raises(
+        ConfigError, match=r"\(try n_head=4, or n_embd=129\) \(in override model.n_head=3\)$"
+    ):
         load_config(None, ["model.n_head=3"])
     (tmp_path / "mine.yaml").write_text("base: shakespeare_char\nmodel:\n  n_head: 3\n")
     with pytest.raises(ConfigError, match=r"\(in .*mine.yaml\)$"):  # set in the user's own file
         load_config(tmp_path / "mine.yaml")
     with pytest.raises(
-        ConfigError, match=r"^model.window: 100 is more than block_size=64.*; set at most 64, or null"
+        ConfigError,
+        match=r"^model.window: 100 is more than block_size=64.*; set at most 64, or null",
     ):
         load_config(None, ["model.window=100"])
     assert load_config(None, ["model.window=64"]).cfg.model.window == 64
     # text keys take the text: a prompt that YAML would read as a mapping, true as true
     cfg = load_config(None, ["log.sample_prompt=ROMEO:", "train.compile=true"]).cfg
     assert cfg.log.sample_prompt == "ROMEO:" and cfg.train.compile == "true"
-    assert (
-        load_config(None, ['log.sample_prompt="a: b"']).cfg.log.sample_prompt == "a: b"
-    )  # quoted, as before
+    # quoted, as before
+    assert load_config(None, ['log.sample_prompt="a: b"']).cfg.log.sample_prompt == "a: b"
     (tmp_path / "compiled.yaml").write_text("train:\n  compile: true\n  final_eval: false\n")
     saved = yaml.safe_load(to_yaml(load_config(tmp_path / "compiled.yaml").cfg))["train"]
     assert (saved["compile"], saved["final_eval"]) == ("true", "false")
@@ -264,10 +311,17 @@ def test_messages_name_the_source_and_a_fix(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_the_start_line_counts_the_parameters_the_dry_run_counts(capsys, data_dir: Path, tmp_path: Path):
+def test_the_start_line_counts_the_parameters_the_dry_run_counts(
+    capsys, data_dir: Path, tmp_path: Path
+):
     import train as train_script
 
-    args = [f"data.dir={data_dir}", f"train.out_dir={tmp_path}", "train.max_iters=0", "train.eval_iters=1"]
+    args = [
+        f"data.dir={data_dir}",
+        f"train.out_dir={tmp_path}",
+        "train.max_iters=0",
+        "train.eval_iters=1",
+    ]
     dry = script(capsys, train_script.main, *args, "--dry-run")
     count = re.search(r"model +([\d.]+M) parameters", dry).group(1)
     assert count == "0.81M"  # 0.80M without the position embedding, which the start line counted

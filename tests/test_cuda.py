@@ -1,7 +1,7 @@
-"""The CUDA code paths: bf16 and fp16 (GradScaler) training, torch.compile with and without CUDA graphs,
-pinned non-blocking batches, training steps that never wait for the host, attention (windowed and
-document-masked too) and the KV caches on the GPU. Skipped without a CUDA GPU (CI has none); run on a GPU
-machine by tools/gpu_check.sh."""
+"""The CUDA code paths: bf16 and fp16 (GradScaler) training, torch.compile with and without CUDA
+graphs, pinned non-blocking batches, training steps that never wait for the host, attention
+(windowed and document-masked too) and the KV caches on the GPU. Skipped without a CUDA GPU (CI has
+none); run on a GPU machine by tools/gpu_check.sh."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 from conftest import TINY, train
 
 from model import GPT, GPTConfig
-from model.generate import generate
 from runs.config import load_config
+from sampling.generate import generate
 from training.plan import plan_run, run_dataset
 from training.run import start_run, train_step
 
@@ -51,9 +51,11 @@ def test_training_steps_on_cuda_lower_the_loss(data_dir: Path, overrides, precis
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_a_training_step_never_waits_for_the_host(data_dir: Path, precision):
-    """No read-back in a step (the non-finite flag stays on the device, fp16's scaler too): CUDA's sync
-    debug mode turns any synchronising call into an error."""
-    run = _run(data_dir, f"train.precision={precision}", "train.grad_accum=2", "train.compile=false")
+    """No read-back in a step (the non-finite flag stays on the device, fp16's scaler too): CUDA's
+    sync debug mode turns any synchronising call into an error."""
+    run = _run(
+        data_dir, f"train.precision={precision}", "train.grad_accum=2", "train.compile=false"
+    )
     train_step(run, 0)  # first use: allocations, lazy initialisation
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -83,12 +85,21 @@ def test_attention_paths_and_kv_cache_agree_on_cuda():
 
 
 def test_windowed_and_document_attention_and_the_rolling_cache_on_cuda():
-    """model/attention.py's blocks through CUDA's SDPA kernels (a mask: the memory-efficient one)."""
+    """model/local_attention.py's blocks through CUDA's SDPA kernels (a mask: the memory-efficient
+    one)."""
     torch.manual_seed(0)
     cfg = GPTConfig(
-        vocab_size=50, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, window=20,
-        pos_emb="rope", doc_mask=True, doc_token=0,
-    )  # fmt: skip
+        vocab_size=50,
+        block_size=64,
+        n_layer=2,
+        n_head=4,
+        n_kv_head=2,
+        n_embd=64,
+        window=20,
+        pos_emb="rope",
+        doc_mask=True,
+        doc_token=0,
+    )
     m = GPT(cfg).cuda()
     idx = torch.randint(0, 50, (2, 64), device="cuda")
     _, loss = m(idx, idx)
@@ -108,7 +119,9 @@ def test_windowed_and_document_attention_and_the_rolling_cache_on_cuda():
 
 def test_train_py_on_cuda_end_to_end(data_dir: Path, tmp_path: Path):
     out = tmp_path / "out"
-    result = train(data_dir, out, "train.device=cuda", "train.max_iters=30", "train.eval_interval=30")
+    result = train(
+        data_dir, out, "train.device=cuda", "train.max_iters=30", "train.eval_interval=30"
+    )
     assert "device cuda" in result.stdout + result.stderr
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["iter"] == 30 and rows[-1]["val_loss"] < rows[0]["val_loss"]

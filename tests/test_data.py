@@ -1,4 +1,5 @@
-"""Data preparation round trips (char, BPE, local Hugging Face files, streaming) and training batches."""
+"""Data preparation round trips (char, BPE, local Hugging Face files, streaming) and training
+batches."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import torch
 from conftest import ROOT, run_script
 
 from common.errors import UserError
+from data.bpe import BPETokenizer
 from data.dataset import token_dtype
 from data.loader import TokenWindows
 from data.prepare import Recipe, prepare_dataset
 from data.recipes import ready_dataset, recipes
 from data.shards import TokenFiles
 from data.sources import HFText, TextFile
-from data.tokenizers import BPETokenizer, CharTokenizer, UnknownCharacters, from_meta
+from data.tokenizers import CharTokenizer, UnknownCharacters, from_meta
 
 TEXT = (
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 40
@@ -48,7 +50,9 @@ def test_text_file_round_trip(tmp_path: Path, tokenizer: str):
         assert meta.vocab_size == len(set(TEXT))
 
 
-def test_ready_dataset_opens_prepares_on_first_use_or_refuses_in_one_line(data_dir: Path, tmp_path: Path):
+def test_ready_dataset_opens_prepares_on_first_use_or_refuses_in_one_line(
+    data_dir: Path, tmp_path: Path
+):
     """The one way a run or a script gets its dataset: a prepared one opened, a known one handed to
     `first_use` to prepare, an unknown one or one of another tokenizer refused."""
     dataset = ready_dataset("shakespeare_char", data_dir)
@@ -102,10 +106,11 @@ def test_local_hf_dataset_round_trip(tmp_path: Path):
 
 
 def test_a_hf_dataset_without_the_datasets_package_is_one_line(tmp_path: Path, monkeypatch):
-    """datasets is imported only to read a hub or local HF dataset: a machine without it (a bare GPU image)
-    gets a line that says what to install, not a traceback."""
+    """datasets is imported only to read a hub or local HF dataset: a machine without it (a bare GPU
+    image) gets a line that says what to install, not a traceback."""
     write_jsonl(tmp_path / "a.jsonl", ["a", "b", "c"])
-    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets now fails, as where it is missing
+    # import datasets now fails, as where it is missing
+    monkeypatch.setitem(sys.modules, "datasets", None)
     recipe = Recipe(HFText("json", data_files=(str(tmp_path / "a.jsonl"),)), "gpt2")
     with pytest.raises(UserError, match=r"needs the datasets package: pip install datasets$"):
         prepare_dataset(tmp_path / "local", recipe, workers=1)
@@ -113,13 +118,16 @@ def test_a_hf_dataset_without_the_datasets_package_is_one_line(tmp_path: Path, m
 
 @pytest.mark.slow
 def test_hub_corpus_preparation_streams_in_bounded_memory(tmp_path: Path):
-    """The fineweb_edu recipe, pointed at local parquet files standing in for the hub: preparing a corpus
-    four times larger raises the peak memory of the process by far less than the extra text."""
+    """The fineweb_edu recipe, pointed at local parquet files standing in for the hub: preparing a
+    corpus four times larger raises the peak memory of the process by far less than the extra
+    text."""
     pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
 
     rng = np.random.default_rng(0)
-    words = np.array("the of and to in is that for it as was with be by on not he this are or".split())  # noqa: SIM905
+    words = np.array(
+        "the of and to in is that for it as was with be by on not he this are or".split()  # noqa: SIM905
+    )
     files, sizes = [], []
     for f in range(4):
         docs = [" ".join(rng.choice(words, 250)) for _ in range(9000)]
@@ -135,7 +143,9 @@ from data.prepare import prepare_dataset
 from data.recipes import recipes
 recipe = recipes()["fineweb_edu"]
 def peak_after(name, files):
-    source = dataclasses.replace(recipe.source, path="parquet", name=None, data_files=files, val_every=50)
+    source = dataclasses.replace(
+        recipe.source, path="parquet", name=None, data_files=files, val_every=50
+    )
     folder = Path({str(tmp_path)!r}) / name
     meta = prepare_dataset(folder, dataclasses.replace(recipe, source=source), workers=2)
     return meta, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -148,7 +158,9 @@ print(meta.train_tokens, meta.val_tokens, large - small)
     train_tokens, val_tokens, grew_mb = result.stdout.split()
     assert int(train_tokens) > 6_000_000 and int(val_tokens) > 100_000
     extra_mb = sum(sizes[1:])
-    assert float(grew_mb) < extra_mb / 4, f"peak memory grew {grew_mb} MB for {extra_mb:.0f} MB more text"
+    assert float(grew_mb) < extra_mb / 4, (
+        f"peak memory grew {grew_mb} MB for {extra_mb:.0f} MB more text"
+    )
 
 
 def test_token_dtype_boundary():
@@ -158,7 +170,9 @@ def test_token_dtype_boundary():
 def test_char_tokenizer_names_unknown_characters():
     tok = CharTokenizer("abc")
     assert tok.encode("cab").tolist() == [2, 0, 1]
-    with pytest.raises(UnknownCharacters, match="2 character\\(s\\) not in the vocabulary: 'x', 'é'"):
+    with pytest.raises(
+        UnknownCharacters, match="2 character\\(s\\) not in the vocabulary: 'x', 'é'"
+    ):
         tok.encode("abéxa")
 
 
@@ -214,7 +228,11 @@ def test_batches_are_windows_of_the_split(tmp_path: Path):
     data = np.arange(5000, dtype=np.uint16)
     data.tofile(tmp_path / "train.bin")
     tw = TokenWindows(
-        TokenFiles.of(tmp_path / "train.bin", "uint16"), 16, torch.device("cpu"), seed=3, split="train"
+        TokenFiles.of(tmp_path / "train.bin", "uint16"),
+        16,
+        torch.device("cpu"),
+        seed=3,
+        split="train",
     )
     x, y = tw.batch(7, 8)
     assert x.shape == (8, 16) and x.dtype == torch.int64
@@ -223,13 +241,15 @@ def test_batches_are_windows_of_the_split(tmp_path: Path):
     assert torch.equal(tw.batch(7, 8)[0], x)  # a batch depends only on its key
     assert not torch.equal(tw.batch(8, 8)[0], x) and not torch.equal(tw.batch(7, 8, stream=1)[0], x)
     with pytest.raises(UserError, match=r"model.block_size=5000 needs windows of 5001 tokens"):
-        TokenWindows(TokenFiles.of(tmp_path / "train.bin", "uint16"), 5000, torch.device("cpu"), 0, "train")
+        TokenWindows(
+            TokenFiles.of(tmp_path / "train.bin", "uint16"), 5000, torch.device("cpu"), 0, "train"
+        )
 
 
 @pytest.mark.slow
 def test_batches_do_not_grow_resident_memory(tmp_path: Path):
-    """Random windows over a 256 MB split: touching it all would add ~256 MB of resident pages if one
-    memory map were kept open."""
+    """Random windows over a 256 MB split: touching it all would add ~256 MB of resident pages if
+    one memory map were kept open."""
     path = tmp_path / "big.bin"
     with open(path, "wb") as f:
         for _ in range(16):
@@ -258,26 +278,39 @@ print(rss_mb() - before)
         ("[1, 2]", "it holds a list, not an object"),
         ('{"name": "x"}', "it has no tokenizer"),
         ("\x00\x01 garbage", "Expecting value"),
-        ('{"name": "x", "tokenizer": {"kind": "char"}, "vocab_size": 70000, "dtype": "uint16", '
-         '"train_tokens": 5, "val_tokens": 5}', "dtype uint16 cannot hold ids up to 69999"),
-        ('{"name": "x", "tokenizer": {"kind": "char"}, "vocab_size": 65, "dtype": "float32", '
-         '"train_tokens": 5, "val_tokens": 5}', "dtype must be one of uint16, uint32, not 'float32'"),
-        ('{"name": "x", "tokenizer": {"kind": "bpe", "vocab_size": 100277, "encoding": "cl100k_base"}, '
-         '"vocab_size": 100277, "dtype": "uint32", "train_tokens": 5, "val_tokens": 5}',
-         "the BPE encoding 'cl100k_base' is not one tinygpt writes"),
+        (
+            '{"name": "x", "tokenizer": {"kind": "char"}, "vocab_size": 70000, "dtype": "uint16", '
+            '"train_tokens": 5, "val_tokens": 5}',
+            "dtype uint16 cannot hold ids up to 69999",
+        ),
+        (
+            '{"name": "x", "tokenizer": {"kind": "char"}, "vocab_size": 65, "dtype": "float32", '
+            '"train_tokens": 5, "val_tokens": 5}',
+            "dtype must be one of uint16, uint32, not 'float32'",
+        ),
+        (
+            '{"name": "x", "tokenizer": {"kind": "bpe", "vocab_size": 100277, '
+            '"encoding": "cl100k_base"}, "vocab_size": 100277, "dtype": "uint32", '
+            '"train_tokens": 5, "val_tokens": 5}',
+            "the BPE encoding 'cl100k_base' is not one tinygpt writes",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_damaged_meta_json_is_one_line(tmp_path: Path, content: str, message: str):
     from data.dataset import Dataset
 
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "meta.json").write_text(content)
-    with pytest.raises(UserError, match=rf"meta\.json is damaged.*{message}.*prepare the dataset again"):
+    with pytest.raises(
+        UserError, match=rf"meta\.json is damaged.*{message}.*prepare the dataset again"
+    ):
         Dataset.open("x", tmp_path)
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "..", ""])
 def test_a_dataset_name_is_a_name_not_a_path(tmp_path: Path, name: str):
-    result = run_script("prepare.py", name, "--data-dir", str(tmp_path / "data"), "--text-file", __file__)
+    result = run_script(
+        "prepare.py", name, "--data-dir", str(tmp_path / "data"), "--text-file", __file__
+    )
     assert result.returncode == 2 and "must be a plain folder name" in result.stderr, result.stderr
     assert not any(tmp_path.rglob("*.bin"))

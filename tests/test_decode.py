@@ -1,5 +1,6 @@
-"""Decoding paths against their references: the compiled step and int8 weights against full recompute and
-the fp32 model, batches against samples generated one at a time, and sample.py's new options."""
+"""Decoding paths against their references: the compiled step and int8 weights against full
+recompute and the fp32 model, batches against samples generated one at a time, and sample.py's new
+options."""
 
 from __future__ import annotations
 
@@ -11,13 +12,11 @@ import torch.nn.functional as F
 from conftest import run_script, tiny_checkpoint
 from test_model import reference_generate, tiny
 
-from model.decoding import decode_step, prefill
-from model.generate import generate, sample_next
-from model.gpt import FirstSlots
 from model.hooks import hooked
-from model.kv_cache import KVCache
-from model.quantize import Int8Linear, quantize_int8
 from runs import pretrained
+from sampling.generate import decode_step, generate, prefill, sample_next
+from sampling.kv_cache import KVCache
+from sampling.quantize import Int8Linear, quantize_int8
 
 
 def test_sampling_draws_what_multinomial_draws():
@@ -30,9 +29,12 @@ def test_sampling_draws_what_multinomial_draws():
 
 
 @pytest.mark.parametrize("doc_mask", [False, True])
-def test_an_eager_step_attends_over_the_filled_slots_and_gives_the_full_forwards_logits(doc_mask: bool):
-    """A static cache's eager step sees the first position + 1 slots unmasked (`FirstSlots`; with documents a
-    boolean mask over them), through the fast path and through the explicit one a pattern hook switches to."""
+def test_an_eager_step_attends_over_the_filled_slots_and_gives_the_full_forwards_logits(
+    doc_mask: bool,
+):
+    """A static cache's eager step sees the first position + 1 slots unmasked (with documents a
+    boolean mask over them), through the fast path and through the explicit one a pattern hook
+    switches to."""
     model = tiny(doc_mask=doc_mask, doc_token=0)
     tokens = torch.tensor([[5, 9, 0, 3, 7, 1, 0, 4, 8, 2, 6, 3]])
     full, _ = model(tokens)
@@ -43,18 +45,20 @@ def test_an_eager_step_attends_over_the_filled_slots_and_gives_the_full_forwards
         with hooked(model, hooks):
             for p in range(4, tokens.size(1)):
                 position = torch.tensor([p])
-                _, mask = model.attention_inputs(tokens[:, p : p + 1], position, cache, position, p + 1)
-                assert isinstance(mask, FirstSlots) != doc_mask
+                mask = cache.step(position, p + 1).mask(tokens[:, p : p + 1], model.config)
+                assert (mask is None) != doc_mask
                 logits = decode_step(model, tokens[:, p], position, cache)
                 assert torch.allclose(logits, full[:, p], atol=1e-10)
-    assert [x.shape[-1] for x in patterns] == list(range(5, tokens.size(1) + 1))  # the filled slots alone
+    # the filled slots alone
+    assert [x.shape[-1] for x in patterns] == list(range(5, tokens.size(1) + 1))
     assert all(torch.allclose(x.sum(-1), torch.ones(1, dtype=x.dtype)) for x in patterns)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("window", [None, 5])
 def test_compiled_decoding_equals_full_recompute_past_block_size(window):
-    m = tiny(pos_emb="rope", n_kv_head=2, window=window)  # float64: the compiled kernels sum in another order
+    # float64: the compiled kernels sum in another order
+    m = tiny(pos_emb="rope", n_kv_head=2, window=window)
     n = 3 * m.config.block_size  # slides the context several times (with a window: a rolling cache)
     for batch in (1, 2):  # on a CPU, batch 1 compiles with the matrix-vector products decomposed
         prompt = torch.randint(0, 50, (batch, 5))
@@ -93,8 +97,9 @@ def test_rolling_cache_logits_follow_the_full_forward_token_by_token_past_block_
     idx[1, [20, 47]] = 0
     full, _ = m(idx)
     cache = KVCache.for_model(m, 2)
-    prefill, _ = m(idx[:, :8], kv_cache=cache)  # longer than the window: its last 5 keys are kept
-    steps = [m(idx[:, t : t + 1], kv_cache=cache, input_pos=torch.tensor([t]))[0] for t in range(8, T)]
+    # longer than the window: its last 5 keys are kept
+    prefill, _ = m(idx[:, :8], kv_cache=cache.prefill(8))
+    steps = [m(idx[:, t : t + 1], kv_cache=cache.step(torch.tensor([t])))[0] for t in range(8, T)]
     torch.testing.assert_close(torch.cat([prefill, *steps], dim=1), full)
     if doc_mask:  # the documents matter: without them the same model computes something else
         m.config.doc_mask = False
@@ -110,7 +115,9 @@ def test_batched_sampling_is_reproducible_and_greedy_batches_match_single_sample
     assert torch.equal(greedy, alone.expand(3, -1))
 
     def sampled(seed):
-        return torch.stack(list(generate(m, batch, 40, generator=torch.Generator().manual_seed(seed))), 1)
+        return torch.stack(
+            list(generate(m, batch, 40, generator=torch.Generator().manual_seed(seed))), 1
+        )
 
     first = sampled(1)
     assert torch.equal(first, sampled(1)) and not torch.equal(first, sampled(2))
@@ -133,9 +140,10 @@ def test_int8_linear_rounds_each_output_channel_and_computes_with_the_rounded_we
 
 ACROSS_WIDTHS = """
 import torch, torch.nn.functional as F
-from model.quantize import Int8Linear
+from sampling.quantize import Int8Linear
 torch.manual_seed(0)
-for width in [*range(1, 40), 63, 64, 65, 100, 129, 341, 683]:  # n_embd and SwiGLU hidden sizes, odd ones too
+# n_embd and SwiGLU hidden sizes, odd ones too
+for width in [*range(1, 40), 63, 64, 65, 100, 129, 341, 683]:
     q = Int8Linear(torch.nn.Linear(width, 24))
     for rows in (1, 2, 3, 7):  # one decoding step; a prompt or several samples
         x = torch.randn(rows, width)
@@ -147,15 +155,20 @@ print("ok")
 
 @pytest.mark.slow
 def test_int8_linear_takes_every_input_width_and_row_count():
-    # in a process of its own: torch's CPU kernel crashes the process on the widths it does not handle
+    # in a process of its own: torch's CPU kernel crashes the process on the widths it does not
+    # handle
     result = run_script("-c", ACROSS_WIDTHS)
-    assert result.returncode == 0 and result.stdout == "ok\n", (result.returncode, result.stderr[-2000:])
+    assert result.returncode == 0 and result.stdout == "ok\n", (
+        result.returncode,
+        result.stderr[-2000:],
+    )
 
 
 def test_int8_model_tracks_the_fp32_model(run: Path):
     model = pretrained.load_model(run).model
     prompt = torch.tensor([[0]])
-    text = torch.stack(list(generate(model, prompt, 200, temperature=0)), 1)  # the fp32 model's own text
+    # the fp32 model's own text
+    text = torch.stack(list(generate(model, prompt, 200, temperature=0)), 1)
     idx = torch.cat([prompt, text[:, :-1]], dim=1)[:, : model.config.block_size]
     fp32_logits, _ = model(idx)
     int8 = quantize_int8(model)
@@ -173,21 +186,47 @@ def test_sample_cli_batches_and_int8(run: Path):
     one = run_script(*greedy, check=True).stdout
     many = run_script(*greedy, "--num-samples", "3", "--batch-size", "2", check=True).stdout
     assert many.split("\n---------------\n") == [one.rstrip("\n")] * 2 + [one]
-    sampled = run_script("sample.py", str(run), "--num-samples", "3", "--max-new-tokens", "30", check=True)
-    assert len(set(sampled.stdout.split("\n---------------\n"))) == 3  # each sample of a batch its own
+    sampled = run_script(
+        "sample.py", str(run), "--num-samples", "3", "--max-new-tokens", "30", check=True
+    )
+    # each sample of a batch its own
+    assert len(set(sampled.stdout.split("\n---------------\n"))) == 3
     int8 = run_script(*greedy, "--quantize", "int8", check=True).stdout
     assert len(int8) == len(one) and int8.startswith("\n")
 
 
 SHAPES = {  # model shapes whose matrix products have input widths that are not multiples of 16
-    "swiglu": ["model.activation=swiglu", "model.n_embd=32", "model.norm=rmsnorm"],  # hidden width 85
+    # hidden width 85
+    "swiglu": ["model.activation=swiglu", "model.n_embd=32", "model.norm=rmsnorm"],
     "gqa": ["model.pos_emb=rope", "model.n_head=4", "model.n_kv_head=2", "model.n_embd=24"],
     "odd_width": ["model.n_embd=100", "model.n_head=4"],
 }
 OPTION_SETS = [  # every sampling option, a few at a time
-    ["--prompt", "ROMEO:", "--num-samples", "3", "--batch-size", "2", "--top-k", "5", "--top-p", "0.9"],
+    [
+        "--prompt",
+        "ROMEO:",
+        "--num-samples",
+        "3",
+        "--batch-size",
+        "2",
+        "--top-k",
+        "5",
+        "--top-p",
+        "0.9",
+    ],
     ["--prompt", "ROMEO:", "--num-samples", "2", "--quantize", "int8", "--temperature", "0"],
-    ["--prompt-file", "PROMPT", "--quantize", "int8", "--top-k", "3", "--seed", "7", "--device", "cpu"],
+    [
+        "--prompt-file",
+        "PROMPT",
+        "--quantize",
+        "int8",
+        "--top-k",
+        "3",
+        "--seed",
+        "7",
+        "--device",
+        "cpu",
+    ],
 ]
 
 
@@ -197,7 +236,8 @@ def test_sample_cli_takes_every_option_on_every_shape(shape: str, data_dir: Path
     folder = tiny_checkpoint(tmp_path, data_dir, "model.block_size=16", *SHAPES[shape]).parent
     (tmp_path / "prompt.txt").write_text("First Citizen:\n")
     runs = [
-        [str(tmp_path / "prompt.txt") if o == "PROMPT" else o for o in options] for options in OPTION_SETS
+        [str(tmp_path / "prompt.txt") if o == "PROMPT" else o for o in options]
+        for options in OPTION_SETS
     ]
     for options in runs:
         result = run_script("sample.py", str(folder), "--max-new-tokens", "20", *options)

@@ -1,6 +1,6 @@
-"""Which decoding step runs by default (model/decoding.py's `AutoStep`): the compiled one whenever the disk
-holds it; else eager while a background process builds it, switching when it lands; never twice the same
-build, never again after a failed one; and one line on stderr saying which ran."""
+"""Which decoding step runs by default (sampling/steps.py's `AutoStep`): the compiled one whenever
+the disk holds it; else eager while a background process builds it, switching when it lands; never
+twice the same build, never again after a failed one; and one line on stderr saying which ran."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ import torch
 from conftest import run_script
 from test_model import tiny
 
-from model import decoding
-from model.decoding import AutoStep, compile_pays, decoder, how_decoded
-from model.generate import generate
+from sampling import background, compiled
+from sampling import steps as choice
+from sampling.generate import decode_step, eager_step, generate
+from sampling.kv_cache import KVCache
+from sampling.steps import AutoStep, compile_pays, decoder, how_decoded
 
 
 @pytest.fixture
@@ -39,13 +41,25 @@ def wait_for_build(folder: Path, timeout: float = 300) -> Path:
 
 
 @pytest.mark.slow
-def test_sample_decodes_eagerly_while_the_step_builds_then_loads_it_the_next_call(run: Path, auto: Path):
-    args = ("sample.py", str(run), "--temperature", "0", "--max-new-tokens", "40", "--prompt", "ROMEO:")
+def test_sample_decodes_eagerly_while_the_step_builds_then_loads_it_the_next_call(
+    run: Path, auto: Path
+):
+    args = (
+        "sample.py",
+        str(run),
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "40",
+        "--prompt",
+        "ROMEO:",
+    )
     env = {"TINYGPT_COMPILE": "auto", "TINYGPT_CACHE_DIR": str(auto.parent)}
     first = run_script(*args, env=env, check=True)
     line = first.stderr.splitlines()[0]
     assert line.endswith(
-        "decoding step: eager, while the compiled step is built in the background (once for this shape)"
+        "decoding step: eager, while the compiled step is built in the background (once for this "
+        "shape)"
     )
     library = wait_for_build(auto)
     assert not list(auto.glob("*.failed")), (auto / f"{library.stem}.log").read_text()
@@ -56,7 +70,7 @@ def test_sample_decodes_eagerly_while_the_step_builds_then_loads_it_the_next_cal
         second.stderr.splitlines()[0],
     )
     assert second.stdout == first.stdout  # greedy: the compiled step picks the eager step's tokens
-    assert len(list(auto.glob("*.pt2"))) == len(decoding.thread_counts())  # nothing built again
+    assert len(list(auto.glob("*.pt2"))) == len(compiled.thread_counts())  # nothing built again
 
     never = run_script(*args, "--no-compile", env=env, check=True)
     assert never.stderr.splitlines()[0].endswith("decoding step: eager (--no-compile)")
@@ -68,77 +82,89 @@ def test_a_generation_switches_to_the_compiled_step_when_its_build_lands(auto: P
     """The step is eager until the library appears, then compiled, with the same greedy tokens."""
     model, prompt = tiny().float(), torch.tensor([[1, 2, 3]])
     reference = torch.stack(list(generate(model, prompt, 100, temperature=0, compile=False)), 1)
-    monkeypatch.setattr(decoding, "build_in_background", lambda step, key: ("eager, while built", True))
-    with decoder(model, 1, tokens=100) as (cache, step):
+    monkeypatch.setattr(
+        choice, "build_in_background", lambda step, key: ("eager, while built", True)
+    )
+    with decoder(model, 1, None, 100, eager_step) as (cache, step):
         assert isinstance(step, AutoStep) and step.building and torch.get_num_threads() == 1
-        decoding.compile_step(model, cache)  # the build lands: the library is on disk now
+        choice.compile_step(model, cache)  # the build lands: the library is on disk now
     tokens = torch.stack(list(generate(model, prompt, 100, temperature=0)), 1)
     assert torch.equal(tokens, reference)
-    assert torch.backends.mkldnn.enabled  # the eager step's oneDNN switch is its own: training keeps it
+    # the eager step's oneDNN switch is its own: training keeps it
+    assert torch.backends.mkldnn.enabled
     assert how_decoded(model, 1) == (
-        f"eager, then compiled from step {decoding.LOOK_EVERY} (built in the background)"
+        f"eager, then compiled from step {choice.LOOK_EVERY} (built in the background)"
     )
     # one library per thread count: the thread tuner's choice runs the one built for it
-    with decoder(model, 1) as (cache, step):
+    with decoder(model, 1, None, 0, eager_step) as (cache, step):
         token, position = torch.tensor([4]), torch.tensor([3])
-        for threads in decoding.thread_counts():
+        for threads in compiled.thread_counts():
             torch.set_num_threads(threads)
             logits = step.compiled(token, position)
-            assert torch.allclose(logits, decoding.decode_step(model, token, position, cache), atol=1e-5)
-        assert set(decoding._owners) >= set(step.keys)
+            assert torch.allclose(logits, decode_step(model, token, position, cache), atol=1e-5)
+        assert set(compiled._owners) >= set(step.keys)
     # a new model of the same shape loads them at once
     fresh = tiny().float()
     assert how_decoded(fresh, 1) == "eager"
-    with decoder(fresh, 1, tokens=10) as (_, step):
+    with decoder(fresh, 1, None, 10, eager_step) as (_, step):
         assert step.compiled is not None and step.how.startswith("compiled (loaded from the cache")
 
 
 def test_a_failed_build_is_not_tried_again_and_a_claimed_one_not_twice(auto: Path, monkeypatch):
     started = []
-    monkeypatch.setattr(decoding.subprocess, "Popen", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(background.subprocess, "Popen", lambda *a, **k: started.append(a))
     model = tiny(block_size=12).float()  # a shape no other test compiles
-    step = AutoStep(model, decoding.KVCache.for_model(model, 1))
+    step = AutoStep(model, KVCache.for_model(model, 1), eager_step)
     assert step.building and len(started) == 1 and (auto / f"{step.key}.building").exists()
-    assert AutoStep(model, decoding.KVCache.for_model(model, 1)).how == (
+    assert AutoStep(model, KVCache.for_model(model, 1), eager_step).how == (
         "eager, while another process builds the compiled step"
     )
     assert len(started) == 1
 
     claim = auto / f"{step.key}.building"  # a claim older than any build: its process died
-    os.utime(claim, (time.time() - decoding.STALE_S - 1,) * 2)
-    AutoStep(model, decoding.KVCache.for_model(model, 1))
+    os.utime(claim, (time.time() - background.STALE_S - 1,) * 2)
+    AutoStep(model, KVCache.for_model(model, 1), eager_step)
     assert len(started) == 2
 
     claim.unlink()
     (auto / f"{step.key}.failed").write_text("RuntimeError: no compiler\n")
-    failed = AutoStep(model, decoding.KVCache.for_model(model, 1))
+    failed = AutoStep(model, KVCache.for_model(model, 1), eager_step)
     assert not failed.building and len(started) == 2
     marker = auto / f"{step.key}.failed"
-    assert failed.how == f"eager (the compiled step's background build failed: {marker}; --compile shows why)"
+    assert (
+        failed.how
+        == f"eager (the compiled step's background build failed: {marker}; --compile shows why)"
+    )
 
 
 @pytest.mark.slow
-def test_without_a_background_build_the_step_compiles_when_the_tokens_left_pay(auto: Path, monkeypatch):
-    """A GPU's rule, run on the CPU with torch.compile: judged after JUDGED_AFTER eager steps, from the
-    compile time last recorded; the tokens are the eager step's either way."""
+def test_without_a_background_build_the_step_compiles_when_the_tokens_left_pay(
+    auto: Path, monkeypatch
+):
+    """A GPU's rule, run on the CPU with torch.compile: judged after JUDGED_AFTER eager steps, from
+    the compile time last recorded; the tokens are the eager step's either way."""
     model, prompt = tiny(block_size=40).float(), torch.tensor([[1, 2, 3]])
     reference = torch.stack(list(generate(model, prompt, 30, temperature=0, compile=False)), 1)
     steps = []
 
     class WithoutBackground(AutoStep):
-        def __init__(self, model, cache):
-            super().__init__(model, cache, background=False)
+        def __init__(self, model, cache, eager):
+            super().__init__(model, cache, eager, background=False)
             steps.append(self)
 
-    monkeypatch.setattr(decoding, "AutoStep", WithoutBackground)
+    monkeypatch.setattr(choice, "AutoStep", WithoutBackground)
     for recorded, compiles in ((1e9, False), (1e-9, True)):
-        decoding.record_compile_seconds("cpu", recorded)
-        decoding._kept.pop(model, None)
+        compiled.record_compile_seconds("cpu", recorded)
+        choice._kept.pop(model, None)
         tokens = torch.stack(list(generate(model, prompt, 30, temperature=0)), 1)
         assert torch.equal(tokens, reference)
         assert (steps[-1].compiled is not None) == compiles, steps[-1].how
-    assert steps[-1].how == f"eager, then compiled from step {decoding.JUDGED_AFTER} (the tokens left paid)"
-    assert decoding.compile_seconds()["cpu"] > 1e-6  # the compile's own time, for the next judgement
+    assert (
+        steps[-1].how
+        == f"eager, then compiled from step {choice.JUDGED_AFTER} (the tokens left paid)"
+    )
+    # the compile's own time, for the next judgement
+    assert compiled.compile_seconds()["cpu"] > 1e-6
 
 
 def test_compiling_pays_when_the_tokens_left_save_more_than_the_compile_takes():
@@ -150,4 +176,7 @@ def test_compiling_pays_when_the_tokens_left_save_more_than_the_compile_takes():
 def test_a_bad_setting_is_one_line(run: Path):
     result = run_script("sample.py", str(run), env={"TINYGPT_COMPILE": "sometimes"})
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: TINYGPT_COMPILE must be auto, always or never, got 'sometimes'"
+    assert (
+        result.stderr.strip()
+        == "error: TINYGPT_COMPILE must be auto, always or never, got 'sometimes'"
+    )

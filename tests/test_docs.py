@@ -1,15 +1,16 @@
-"""README.md, BENCHMARKS.md and the guides in docs/ stay true: links resolve, and their commands parse.
+"""README.md, BENCHMARKS.md and the guides in docs/ stay true: links resolve, and their commands
+parse.
 
 Cheap checks (a few seconds, nothing trained): every relative link and image points at a file (and a
-`#fragment` at a heading of it); every command in a ```bash block that runs one of the project's scripts
-names one that exists, and its options parse. train.py commands run with --print-config in place of
---dry-run (one subprocess for all of them), which resolves the config name and every section.key=value
-override without training; the other scripts' commands go through the script's own `parse_args(argv)`;
-`bash tools/X.sh` names a file that exists. Commands of other programs (pip, git, python -c, python -m
-pytest) are not checked. Placeholders (OUT_DIR, FILE, ...) are fine where a script takes any path; train.py
-commands need real values. A size the docs quote (the attention explorer's page) is measured. The README
-stays a front page: under 300 lines, linking every guide, its table of configs naming exactly the shipped
-ones, its file structure naming every module.
+`#fragment` at a heading of it); every command in a ```bash block that runs one of the project's
+scripts names one that exists, and its options parse. train.py commands run with --print-config in
+place of --dry-run (one subprocess for all of them), which resolves the config name and every
+section.key=value override without training; the other scripts' commands go through the script's own
+`parse_args(argv)`; `bash tools/X.sh` names a file that exists. Commands of other programs (pip,
+git, python -c, python -m pytest) are not checked. Placeholders (OUT_DIR, FILE, ...) are fine where
+a script takes any path; train.py commands need real values. A size the docs quote (the attention
+explorer's page) is measured. The README stays a front page: under 300 lines, linking every guide,
+its table of configs naming exactly the shipped ones, its file structure naming every module.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def name(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
 
 
-# --- reading the markdown --------------------------------------------------------------------------
+# --- reading the markdown
+# --------------------------------------------------------------------------
 
 
 def bash_blocks(text: str) -> list[str]:
@@ -56,7 +58,8 @@ def prose(text: str) -> str:
 
 
 def slug(heading: str) -> str:
-    """GitHub's anchor for a heading: lower case, punctuation but - and _ dropped, spaces to hyphens."""
+    """GitHub's anchor for a heading: lower case, punctuation but - and _ dropped, spaces to
+    hyphens."""
     text = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
@@ -87,11 +90,13 @@ def broken_links(path: Path) -> list[str]:
     return out
 
 
-# --- reading the commands --------------------------------------------------------------------------
+# --- reading the commands
+# --------------------------------------------------------------------------
 
 
 def shell_lines(block: str) -> list[str]:
-    """The block's command lines: continuations joined, open quotes carried over, heredoc bodies left out."""
+    """The block's command lines: continuations joined, open quotes carried over, heredoc bodies
+    left out."""
     lines, pending, heredoc_end = [], "", None
     for line in block.replace("\\\n", " ").splitlines():
         if heredoc_end is not None:
@@ -110,7 +115,8 @@ def shell_lines(block: str) -> list[str]:
 
 
 def simple_commands(line: str) -> list[list[str]]:
-    """`a && b | c > f` -> [a, b, c] as argument lists, redirections and leading VAR=value dropped."""
+    """`a && b | c > f` -> [a, b, c] as argument lists, redirections and leading VAR=value
+    dropped."""
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     out, current, skip_next = [], [], False
@@ -120,7 +126,8 @@ def simple_commands(line: str) -> list[list[str]]:
         elif token in OPERATORS:
             out.append(current)
             current = []
-        elif re.fullmatch(r"[<>&]*[<>][<>&]*", token):  # > f, >> f, 2>&1 (the 2 came before it), < f
+        # > f, >> f, 2>&1 (the 2 came before it), < f
+        elif re.fullmatch(r"[<>&]*[<>][<>&]*", token):
             if current and current[-1].isdigit():
                 current.pop()
             skip_next = True
@@ -153,7 +160,8 @@ def script_call(argv: list[str]) -> tuple[str, list[str]] | None:
 
 
 def script_calls(text: str) -> list[tuple[str, str, list[str]]]:
-    """(the command as written, script, arguments) for every script call in the text's bash blocks."""
+    """(the command as written, script, arguments) for every script call in the text's bash
+    blocks."""
     out = []
     for block in bash_blocks(text):
         for line in shell_lines(block):
@@ -164,9 +172,11 @@ def script_calls(text: str) -> list[tuple[str, str, list[str]]]:
     return out
 
 
-# --- checking them ---------------------------------------------------------------------------------
+# --- checking them
+# ---------------------------------------------------------------------------------
 
-# Runs train.py's command line for each argument list, as `python train.py ARGS` would, in one process.
+# Runs train.py's command line for each argument list, as `python train.py ARGS` would, in one
+# process.
 TRAIN_DRIVER = r"""
 import contextlib, io, json, runpy, sys
 results = []
@@ -190,7 +200,8 @@ def train_print_config_args(args: list[str]) -> list[str]:
 
 
 def train_problems(argument_lists: list[list[str]]) -> list[str | None]:
-    """For each train.py argument list: None if its config resolves, else the error train.py printed."""
+    """For each train.py argument list: None if its config resolves, else the error train.py
+    printed."""
     if not argument_lists:
         return []
     runs = [train_print_config_args(a) for a in argument_lists]
@@ -203,7 +214,8 @@ def train_problems(argument_lists: list[list[str]]) -> list[str | None]:
     )
     assert result.returncode == 0, result.stderr
     return [
-        None if code == 0 else (last[0] or f"exit code {code}") for code, last in json.loads(result.stdout)
+        None if code == 0 else (last[0] or f"exit code {code}")
+        for code, last in json.loads(result.stdout)
     ]
 
 
@@ -219,7 +231,9 @@ def parse_problem(script: str, args: list[str]) -> str | None:
     except SystemExit as e:
         if e.code not in (0, None):
             return (
-                err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else f"exit code {e.code}"
+                err.getvalue().strip().splitlines()[-1]
+                if err.getvalue().strip()
+                else f"exit code {e.code}"
             )
     return None
 
@@ -244,7 +258,8 @@ def command_problems(texts: dict[str, str]) -> list[str]:
     return problems
 
 
-# --- the tests -------------------------------------------------------------------------------------
+# --- the tests
+# -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("path", DOCS, ids=name)
@@ -262,7 +277,8 @@ def test_commands_name_scripts_that_exist_and_their_options_parse():
 
 @pytest.mark.slow
 def test_the_checks_catch_mistakes():
-    """A misspelt option, a misspelt override, a missing script and a broken link are each reported."""
+    """A misspelt option, a misspelt override, a missing script and a broken link are each
+    reported."""
     text = """
 ```bash
 python sample.py out/x --max-new-tokns 5      # misspelt option
@@ -293,10 +309,8 @@ def test_broken_links_are_reported(tmp_path):
 
 def test_shell_lines_handle_continuations_quotes_and_heredocs():
     block = (
-        "python a.py x \\\n  --y 1   # note\n"
-        "python -c 'import x\nprint(1)'\n"
-        "cat <<'EOF'\npython b.py\nEOF\n"
-        "c.py\n"
+        "python a.py x \\\n  --y 1   # note\npython -c 'import x\nprint(1)'\ncat <<'EOF'\npython "
+        "b.py\nEOF\nc.py\n"
     )
     assert [simple_commands(line) for line in shell_lines(block)] == [
         [["python", "a.py", "x", "--y", "1"]],
@@ -309,9 +323,16 @@ def test_shell_lines_handle_continuations_quotes_and_heredocs():
 
 def test_readme_is_a_front_page():
     lines = README.read_text(encoding="utf-8").splitlines()
-    assert len(lines) < README_MAX_LINES, f"README.md has {len(lines)} lines; move detail into docs/"
-    linked = {(README.parent / t.partition("#")[0]).resolve() for t in LINK.findall(prose("\n".join(lines)))}
-    assert [name(g) for g in GUIDES if g.resolve() not in linked] == [], "guides the README does not link"
+    assert len(lines) < README_MAX_LINES, (
+        f"README.md has {len(lines)} lines; move detail into docs/"
+    )
+    linked = {
+        (README.parent / t.partition("#")[0]).resolve()
+        for t in LINK.findall(prose("\n".join(lines)))
+    }
+    assert [name(g) for g in GUIDES if g.resolve() not in linked] == [], (
+        "guides the README does not link"
+    )
 
 
 def test_readme_config_table_names_the_shipped_configs():
@@ -321,25 +342,30 @@ def test_readme_config_table_names_the_shipped_configs():
 
 
 def test_the_readme_file_structure_names_every_module():
-    """The README's tree is the one map of the code: every package module is named there by its path."""
+    """The README's tree is the one map of the code: every package module is named there by its
+    path."""
     text = README.read_text(encoding="utf-8")
     tree = text[text.index("## File structure") :].split("```")[1]
     named = {word for line in tree.splitlines() for word in line.split()}
     packages = ("common", "model", "data", "interp", "hf", "gguf_export", "runs", "training")
-    modules = [p for pkg in packages for p in sorted((ROOT / pkg).rglob("*.py")) if p.name != "__init__.py"]
+    modules = [
+        p for pkg in packages for p in sorted((ROOT / pkg).rglob("*.py")) if p.name != "__init__.py"
+    ]
     missing = [name(p) for p in modules if name(p) not in named]
     assert not missing, f"modules the README's file structure does not name: {missing}"
     scripts = [p.name for p in ROOT.glob("*.py")]
     assert [s for s in scripts if s not in named] == []
 
 
-# --- figures the docs quote, measured --------------------------------------------------------------
+# --- figures the docs quote, measured
+# --------------------------------------------------------------
 
 
 def explorer_page_kb() -> float:
-    """The size of heads.md's example page (`heads.py out/induction --prompt P --html`), measured on a model
-    of configs/induction.yaml's shape with random weights: the page holds every head's weights on the prompt
-    at 8 bits, so its size depends on the shape and the prompt, not on what was learned."""
+    """The size of heads.md's example page (`heads.py out/induction --prompt P --html`), measured on
+    a model of configs/induction.yaml's shape with random weights: the page holds every head's
+    weights on the prompt at 8 bits, so its size depends on the shape and the prompt, not on what
+    was learned."""
     import dataclasses
 
     import torch
@@ -358,11 +384,22 @@ def explorer_page_kb() -> float:
     cfg = dataclasses.replace(load_config("induction").cfg.model, vocab_size=tokenizer.vocab_size)
     torch.manual_seed(0)
     L, H = cfg.n_layer, cfg.n_head
-    scores = {**{r: [[0.5] * H] * L for r in ROLES}, "icl_score": -2.0, "repeat_loss_first_half": 4.0,
-              "repeat_loss_second_half": 0.3, "repeat_length": 32, "icl_positions": [5, 63]}  # fmt: skip
+    scores = {
+        **{r: [[0.5] * H] * L for r in ROLES},
+        "icl_score": -2.0,
+        "repeat_loss_first_half": 4.0,
+        "repeat_loss_second_half": 0.3,
+        "repeat_length": 32,
+        "icl_positions": [5, 63],
+    }
     ids = tokenizer.encode(prompt).tolist()
     return (
-        len(render(page_data(GPT(cfg).eval(), ids, tokenizer, scores, "out/induction/best")).encode()) / 1e3
+        len(
+            render(
+                page_data(GPT(cfg).eval(), ids, tokenizer, scores, "out/induction/best")
+            ).encode()
+        )
+        / 1e3
     )
 
 

@@ -1,4 +1,5 @@
-"""train.py --dry-run: its memory model against autograd and measured peaks, its time against a run."""
+"""train.py --dry-run: its memory model against autograd and measured peaks, its time against a
+run."""
 
 from __future__ import annotations
 
@@ -27,7 +28,14 @@ OPTIONS = [
     {"dropout": 0.1, "mlp": False},
     {"window": 20},  # a dense mask: T < 256
     {"window": 40, "block_size": 300},  # blocks of 40, the last one padded
-    {"window": 64, "block_size": 256, "pos_emb": "rope", "n_kv_head": 2, "doc_mask": True, "doc_token": 0},
+    {
+        "window": 64,
+        "block_size": 256,
+        "pos_emb": "rope",
+        "n_kv_head": 2,
+        "doc_mask": True,
+        "doc_token": 0,
+    },
     {"window": 32, "block_size": 256, "dropout": 0.1},  # the blocks through SDPA's math path
 ]
 
@@ -65,7 +73,9 @@ def saved_bytes(model: GPT, idx: torch.Tensor, precision: str) -> int:
 )
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_activation_model_counts_what_autograd_keeps(options: dict, precision: str):
-    m = GPTConfig(**{"vocab_size": 65, "block_size": 48, "n_layer": 2, "n_head": 4, "n_embd": 64, **options})
+    m = GPTConfig(
+        **{"vocab_size": 65, "block_size": 48, "n_layer": 2, "n_head": 4, "n_embd": 64, **options}
+    )
     torch.manual_seed(0)
     model = GPT(m)
     got = saved_bytes(model, torch.randint(0, 65, (3, m.block_size)), precision)
@@ -108,8 +118,9 @@ MEMORY_CONFIGS = {
 
 @pytest.mark.slow
 def test_predicted_peak_memory_is_within_30_percent_of_the_measured_one(data_dir: Path):
-    """Two real steps of each config in a fresh process (bench.py's measure: the peak resident memory they
-    add), less the file-backed pages of PyTorch's code they page in, against the prediction less weights."""
+    """Two real steps of each config in a fresh process (bench.py's measure: the peak resident
+    memory they add), less the file-backed pages of PyTorch's code they page in, against the
+    prediction less weights."""
     runs = [["shakespeare_char", f"data.dir={data_dir}", *o] for o in MEMORY_CONFIGS.values()]
     with mp.get_context("spawn").Pool(len(runs)) as pool:  # a fresh process each, side by side
         measured = pool.map(measure._memory_probe, runs)
@@ -124,16 +135,22 @@ def test_predicted_peak_memory_is_within_30_percent_of_the_measured_one(data_dir
         assert abs(predicted / measured - 1) <= 0.3, rows
 
 
+# the second: 128 windows a forward, logits capped at 256 MiB, and their log-softmax
 EVAL_CONFIGS = {  # the exact val eval at the end is these runs' peak
     "default": [],  # 1,024 windows of 64 tokens a forward: a block's activations
-    "8192 vocabulary": ["model.vocab_size=8192", "model.n_layer=2", "model.n_embd=64", "train.batch_size=8"],
-}  # the second: 128 windows a forward, logits capped at 256 MiB, and their log-softmax
+    "8192 vocabulary": [
+        "model.vocab_size=8192",
+        "model.n_layer=2",
+        "model.n_embd=64",
+        "train.batch_size=8",
+    ],
+}
 
 
 @pytest.mark.slow
 def test_the_final_evals_memory_is_counted_within_30_percent_of_the_measured_peak(data_dir: Path):
-    """Two real steps and the exact val eval in a fresh process (the peak resident memory they add) against
-    the larger of the training's and the eval's predictions, less the weights."""
+    """Two real steps and the exact val eval in a fresh process (the peak resident memory they add)
+    against the larger of the training's and the eval's predictions, less the weights."""
     runs = [
         ["shakespeare_char", f"data.dir={data_dir}", "train.final_eval=true", *o]
         for o in EVAL_CONFIGS.values()
@@ -152,7 +169,13 @@ def test_the_final_evals_memory_is_counted_within_30_percent_of_the_measured_pea
         final = memory.final_eval_memory(cfg, precision, "cpu", batch, params) - 4 * params.total
         training = memory.memory(cfg, precision, "cpu", params).training
         rows.append(
-            (name, precision, round(training / 2**20, 1), round(final / 2**20, 1), round(added - code, 1))
+            (
+                name,
+                precision,
+                round(training / 2**20, 1),
+                round(final / 2**20, 1),
+                round(added - code, 1),
+            )
         )
     print("memory (config, precision, training MB, final eval MB, measured MB):", rows)
     for _, _, training, final, measured in rows:
@@ -165,7 +188,13 @@ def dry_run(*args: str) -> str:
 
 @pytest.mark.slow
 def test_dry_run_predicts_a_real_runs_time(data_dir: Path, tmp_path: Path):
-    args = [*TINY, "model.n_embd=64", "model.block_size=64", "train.batch_size=16", "train.max_iters=200"]
+    args = [
+        *TINY,
+        "model.n_embd=64",
+        "model.block_size=64",
+        "train.batch_size=16",
+        "train.max_iters=200",
+    ]
     args.append("train.eval_interval=100")
     errors = []
     for attempt in range(2):  # a shared machine can stall either timing for a second: measure twice
@@ -177,7 +206,9 @@ def test_dry_run_predicts_a_real_runs_time(data_dir: Path, tmp_path: Path):
         for line in ("model ", "compute ", "tokens ", "memory ", "checkpoint ", "speed ", "time "):
             assert f"\n{line}" in report, report
         assert "200 iterations = 204,800 tokens = 0.20 epochs" in report
-        ms = float(re.search(r"speed +([\d,.]+) ms per iteration", report).group(1).replace(",", ""))
+        ms = float(
+            re.search(r"speed +([\d,.]+) ms per iteration", report).group(1).replace(",", "")
+        )
         train(data_dir, out, *args[len(TINY) :])
         elapsed = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["elapsed_s"]
         predicted = 200 * ms / 1e3
@@ -203,26 +234,32 @@ def test_dry_run_of_a_gpu_config_without_a_gpu_projects_from_flops():
         r"activation checkpointing: ([\d.]+) GiB less than without it \(([\d.]+) GiB\)", recomputed
     )
     peak = float(re.search(r"peak ([\d.]+) GiB training", recomputed).group(1))
-    assert saving and float(saving.group(2)) == float(re.search(r"peak ([\d.]+) GiB", report).group(1))
+    assert saving and float(saving.group(2)) == float(
+        re.search(r"peak ([\d.]+) GiB", report).group(1)
+    )
     assert abs(float(saving.group(2)) - float(saving.group(1)) - peak) < 0.15, recomputed
-    assert "+24% FLOPs" in recomputed  # the blocks' forward again: (855 - 6 x 38.6) / 3 of 855 MFLOP
+    # the blocks' forward again: (855 - 6 x 38.6) / 3 of 855 MFLOP
+    assert "+24% FLOPs" in recomputed
     hours = [float(re.search(r"H100 ([\d.]+) h", r).group(1)) for r in (report, recomputed)]
     assert abs(hours[1] / hours[0] - 1.24) < 0.02, hours
-    with pytest.raises(UserError, match="dataset nothing_here is not prepared, so its vocabulary is unknown"):
+    with pytest.raises(
+        UserError, match="dataset nothing_here is not prepared, so its vocabulary is unknown"
+    ):
         estimate.dry_run(load_config(None, ["data.dataset=nothing_here"]))
 
 
 @pytest.mark.parametrize(
     "overrides",
     [
-        pytest.param(  # the issue's: past the val split's 111,540 tokens, and 69 GiB of memory (not timed)
-            ["model.block_size=200000"], marks=pytest.mark.slow
-        ),
+        # the issue's: past the val split's 111,540 tokens, and 69 GiB of memory (not timed)
+        pytest.param(["model.block_size=200000"], marks=pytest.mark.slow),
         [*TINY, "log.sample_every=10", "log.sample_prompt=ROMEO€"],  # a character without an id
     ],
     ids=["block-size-past-a-split", "sample-prompt"],
 )
-def test_the_dry_run_refuses_what_the_real_run_refuses_in_the_same_line(overrides, data_dir: Path, tmp_path):
+def test_the_dry_run_refuses_what_the_real_run_refuses_in_the_same_line(
+    overrides, data_dir: Path, tmp_path
+):
     from training.plan import plan_run, run_dataset
     from training.run import check_before_training, start_run
 
@@ -232,13 +269,16 @@ def test_the_dry_run_refuses_what_the_real_run_refuses_in_the_same_line(override
         request = load_config("shakespeare_char", args)
         check_before_training(start_run(plan_run(request, run_dataset(request))))
     with pytest.raises(UserError) as dry:
-        estimate.dry_run(load_config("shakespeare_char", [*args, f"train.out_dir={tmp_path / 'dry'}"]))
+        estimate.dry_run(
+            load_config("shakespeare_char", [*args, f"train.out_dir={tmp_path / 'dry'}"])
+        )
     assert str(dry.value) == str(real.value)
     assert not (tmp_path / "dry").exists()
 
 
 def real_and_dry_refusals(args: list[str]) -> tuple[str, str]:
-    """The one line the real run stops with before training, and the dry run's, for the same arguments."""
+    """The one line the real run stops with before training, and the dry run's, for the same
+    arguments."""
     from training.plan import plan_run, run_dataset
     from training.run import check_before_training, start_run
 
@@ -251,7 +291,9 @@ def real_and_dry_refusals(args: list[str]) -> tuple[str, str]:
 
 
 @pytest.mark.slow  # two real runs built and two dry runs: 9 s on a crowded machine
-def test_the_dry_run_refuses_an_out_dir_the_real_run_refuses(data_dir: Path, tmp_path: Path, monkeypatch):
+def test_the_dry_run_refuses_an_out_dir_the_real_run_refuses(
+    data_dir: Path, tmp_path: Path, monkeypatch
+):
     out = tmp_path / "out"
     out.mkdir()
     (tmp_path / "elsewhere").mkdir()
@@ -267,8 +309,9 @@ def test_the_dry_run_refuses_an_out_dir_the_real_run_refuses(data_dir: Path, tmp
 
 @pytest.mark.slow  # 24 steps: a second on a quiet machine, 18 s on a crowded one
 def test_the_dry_runs_steps_go_through_the_thread_tuner_and_are_timed_at_its_choice(data_dir: Path):
-    """A tuner whose clock says one thread is faster (as beside a busy process) moves the steps to one thread
-    at its first scheduled try; the steps timed are those after it, at the count it chose."""
+    """A tuner whose clock says one thread is faster (as beside a busy process) moves the steps to
+    one thread at its first scheduled try; the steps timed are those after it, at the count it
+    chose."""
     from common.threads import DEFAULT_THREADS, ThreadTuner
     from training.plan import plan_run, run_dataset
     from training.run import start_run
@@ -279,44 +322,63 @@ def test_the_dry_runs_steps_go_through_the_thread_tuner_and_are_timed_at_its_cho
     run = start_run(plan_run(request, run_dataset(request)))
     now = [0.0]
 
-    def clock() -> float:  # each step reads the clock twice: one thread's steps take 10 ms, more take 30
+    # each step reads the clock twice: one thread's steps take 10 ms, more take 30
+    def clock() -> float:
         now[0] += 0.005 if torch.get_num_threads() == 1 else 0.015
         return now[0]
 
-    torch.set_num_threads(DEFAULT_THREADS)  # from every core, as a run starts: another test may have left 1
+    # from every core, as a run starts: another test may have left 1
+    torch.set_num_threads(DEFAULT_THREADS)
     run.tuner = ThreadTuner(clock=clock)
     try:
         timing = measure.time_steps(run, budget_s=0.0)
         assert run.tuner.count == 1 and timing.threads == 1 and timing.steps == 3
-        assert timing.after == 21 and run.tuner.step == 23  # 0-20 before the choice (16: the try, 17-20)
+        # 0-20 before the choice (16: the try, 17-20)
+        assert timing.after == 21 and run.tuner.step == 23
     finally:
         torch.set_num_threads(DEFAULT_THREADS)
 
 
 def training_seconds(report: str) -> float:
-    """The dry run's predicted training time, from its time line ("training 14 s", "training 2.5 min")."""
+    """The dry run's predicted training time, from its time line ("training 14 s", "training 2.5
+    min")."""
     amount, unit = re.search(r"time +training ([\d.]+) (s|min|h)", report).groups()
     return float(amount) * {"s": 1, "min": 60, "h": 3600}[unit]
 
 
 @pytest.mark.slow
-def test_beside_a_busy_process_the_dry_run_predicts_the_real_runs_time_within_1_5x(data_dir: Path, tmp_path):
+def test_beside_a_busy_process_the_dry_run_predicts_the_real_runs_time_within_1_5x(
+    data_dir: Path, tmp_path
+):
     from common.threads import busy_neighbour
 
-    args = [*TINY, "model.n_embd=64", "model.block_size=64", "train.batch_size=16", "train.max_iters=200"]
+    args = [
+        *TINY,
+        "model.n_embd=64",
+        "model.block_size=64",
+        "train.batch_size=16",
+        "train.max_iters=200",
+    ]
     args.append("train.eval_interval=200")
     ratios = []
     with busy_neighbour():
-        for attempt in range(2):  # a shared machine can stall either timing for a second: measure twice
+        # a shared machine can stall either timing for a second: measure twice
+        for attempt in range(2):
             out = tmp_path / f"out{attempt}"
             report = dry_run(
-                "configs/shakespeare_char.yaml", f"data.dir={data_dir}", f"train.out_dir={out}", *args
+                "configs/shakespeare_char.yaml",
+                f"data.dir={data_dir}",
+                f"train.out_dir={out}",
+                *args,
             )
             assert "CPU thread" in report, report
             train(data_dir, out, *args[len(TINY) :])
             elapsed = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["elapsed_s"]
             ratios.append(training_seconds(report) / elapsed)
-            print(f"beside a busy process: {training_seconds(report)} s predicted, {elapsed:.2f} s measured")
+            print(
+                f"beside a busy process: {training_seconds(report)} s predicted, {elapsed:.2f} s "
+                "measured"
+            )
             if 1 / 1.5 <= ratios[-1] <= 1.5:
                 break
     assert any(1 / 1.5 <= r <= 1.5 for r in ratios), (ratios, report)
@@ -327,14 +389,17 @@ def test_the_dry_run_reports_the_final_evals_peak(data_dir: Path, tmp_path: Path
     from common.files import size_text
 
     if torch.cuda.is_available():
-        pytest.skip("a CUDA GPU is visible: the dry run would time real steps")  # cuda: no steps timed here
+        # cuda: no steps timed here
+        pytest.skip("a CUDA GPU is visible: the dry run would time real steps")
     args = [f"data.dir={data_dir}", f"train.out_dir={tmp_path}", "train.device=cuda"]
     report = estimate.dry_run(load_config("shakespeare_char", args))
     cfg = with_vocabulary(load_config("shakespeare_char", args).cfg, 65)
     params = memory.count_params(cfg.model)
-    peak = memory.final_eval_memory(cfg, "bf16", "cuda", 1024, params)  # 1,024 windows of 64 a forward
+    # 1,024 windows of 64 a forward
+    peak = memory.final_eval_memory(cfg, "bf16", "cuda", 1024, params)
     assert (
-        f"the exact val eval at the end (train.final_eval): peak {size_text(peak)}, the run's peak" in report
+        f"the exact val eval at the end (train.final_eval): peak {size_text(peak)}, the run's peak"
+        in report
     )
     assert "exact val eval" not in estimate.dry_run(
         load_config("shakespeare_char", [*args, "train.final_eval=false"])

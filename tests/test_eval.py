@@ -1,9 +1,11 @@
-"""Knowing what was trained: the exact loss over every val token, bits per byte, multiple choice, curves.
+"""Knowing what was trained: the exact loss over every val token, bits per byte, multiple choice,
+curves.
 
-The exact eval is checked against a plain computation over every val token, the window scheme against the
-definition (every token predicted once, with the context the stride promises), bytes against the text's own
-UTF-8 length for a character and a BPE tokenizer, multiple choice on held-out Shakespeare (true continuations
-against scrambled ones) for a trained and an untrained model, and plot.py / loss.png as files a person reads.
+The exact eval is checked against a plain computation over every val token, the window scheme
+against the definition (every token predicted once, with the context the stride promises), bytes
+against the text's own UTF-8 length for a character and a BPE tokenizer, multiple choice on held-out
+Shakespeare (true continuations against scrambled ones) for a trained and an untrained model, and
+plot.py / loss.png as files a person reads.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import torch.nn.functional as F
 from conftest import TINY, train
 
 from common.errors import UserError
+from data.bpe import BPETokenizer
 from data.evalsets import read_choices
 from data.recipes import SHAKESPEARE
-from data.tokenizers import BPETokenizer, CharTokenizer, from_meta
+from data.tokenizers import CharTokenizer, from_meta
 from model import GPT, GPTConfig
 from runs import pretrained
 from runs.config import load_config
@@ -32,8 +35,8 @@ from training.evaluation import evaluate_tokens, window_batch, windows
 
 @pytest.fixture(scope="module")
 def trained(data_dir: Path, tmp_path_factory) -> Path:
-    """A tiny model trained long enough to know which characters follow which (val loss ~2.5), with the exact
-    eval at the end and a sample at the last eval."""
+    """A tiny model trained long enough to know which characters follow which (val loss ~2.5), with
+    the exact eval at the end and a sample at the last eval."""
     out = tmp_path_factory.mktemp("trained") / "out"
     result = train(
         data_dir,
@@ -60,15 +63,17 @@ def test_windows_predict_every_token_once_with_the_promised_context():
         assert sorted(positions.tolist()) == list(range(1, len(tokens)))  # 1 .. n-1, each once
         assert (y[y >= 0] == tokens[positions]).all()
         assert (x == tokens[np.minimum(starts[:, None] + np.arange(block), len(tokens) - 1)]).all()
-        context = (np.arange(block)[None, :] + 1).repeat(len(starts), 0)[y >= 0]  # tokens seen per prediction
+        # tokens seen per prediction
+        context = (np.arange(block)[None, :] + 1).repeat(len(starts), 0)[y >= 0]
         later = positions > block
         assert context[later].min() >= block - (stride or block) + 1
 
 
 @pytest.mark.slow
 def test_exact_val_loss_matches_a_plain_computation(trained: Path, data_dir: Path, capsys):
-    """eval.py's loss over every val token against a plain loop over the same tokens, and the final eval of
-    train.py (metrics.jsonl, the done line) against eval.py on the same (last) checkpoint."""
+    """eval.py's loss over every val token against a plain loop over the same tokens, and the final
+    eval of train.py (metrics.jsonl, the done line) against eval.py on the same (last)
+    checkpoint."""
     import eval as command
 
     command.main([str(trained / "last"), "--json"])
@@ -79,7 +84,8 @@ def test_exact_val_loss_matches_a_plain_computation(trained: Path, data_dir: Pat
     )
     T, nats = model.config.block_size, 0.0
     with torch.no_grad():
-        for s in range(0, len(val) - 1, T * 256):  # 256 windows at a time; the last window is shorter
+        # 256 windows at a time; the last window is shorter
+        for s in range(0, len(val) - 1, T * 256):
             chunk = val[s : s + T * 256 + 1]
             full = (len(chunk) - 1) // T
             x, y = chunk[: full * T].view(full, T), chunk[1 : full * T + 1].view(full, T)
@@ -90,15 +96,21 @@ def test_exact_val_loss_matches_a_plain_computation(trained: Path, data_dir: Pat
     assert r["tokens"] == len(val) - 1 == r["bytes"]  # Shakespeare is ASCII: one byte per character
     assert abs(r["loss"] - nats / (len(val) - 1)) < 1e-4
     assert (
-        abs(r["bpb"] - r["loss"] / math.log(2)) < 1e-4 and abs(r["perplexity"] - math.exp(r["loss"])) < 1e-2
+        abs(r["bpb"] - r["loss"] / math.log(2)) < 1e-4
+        and abs(r["perplexity"] - math.exp(r["loss"])) < 1e-2
     )
     final = json.loads((trained / "metrics.jsonl").read_text().splitlines()[-1])
-    assert abs(final["final_val_loss"] - r["loss"]) < 1e-4 and final["final_val_tokens"] == len(val) - 1
+    assert (
+        abs(final["final_val_loss"] - r["loss"]) < 1e-4
+        and final["final_val_tokens"] == len(val) - 1
+    )
     assert abs(final["final_val_bpb"] - r["bpb"]) < 1e-4 and "val_bpb" in final
     stdout = (trained / "stdout.txt").read_text()
     assert f"final val loss {final['final_val_loss']:.4f} (exact" in stdout
     assert (
-        "sample at iteration 400" in stdout and "\nROMEO:" in stdout and final["sample"].startswith("ROMEO:")
+        "sample at iteration 400" in stdout
+        and "\nROMEO:" in stdout
+        and final["sample"].startswith("ROMEO:")
     )
     command.main([str(trained), "--stride", "16"])
     table = capsys.readouterr().out
@@ -111,7 +123,11 @@ def test_bits_per_byte_count_the_texts_bytes_for_characters_and_bpe():
     for tokenizer in (char, bpe):
         ids = tokenizer.encode(text)
         torch.manual_seed(0)
-        model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16))
+        model = GPT(
+            GPTConfig(
+                vocab_size=tokenizer.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16
+            )
+        )
         result = evaluate_tokens(model, ids, tokenizer.byte_lengths(), batch_size=4)
         first = len(tokenizer.decode(ids[:1]).encode("utf-8"))  # the first token is not predicted
         assert result.bytes == len(text.encode("utf-8")) - first and result.tokens == len(ids) - 1
@@ -119,9 +135,11 @@ def test_bits_per_byte_count_the_texts_bytes_for_characters_and_bpe():
     assert bpe.byte_lengths()[bpe.eot_token] == 0  # <|endoftext|> stands for no text
 
 
-def choices_file(path: Path, n: int = 80, ending: int = 14, context: int = 40, seed: int = 0) -> Path:
-    """Multiple-choice items from the held-out end of Shakespeare: the true continuation after a space, and
-    three scrambles of its characters."""
+def choices_file(
+    path: Path, n: int = 80, ending: int = 14, context: int = 40, seed: int = 0
+) -> Path:
+    """Multiple-choice items from the held-out end of Shakespeare: the true continuation after a
+    space, and three scrambles of its characters."""
     text = Path(SHAKESPEARE).read_text()[-60_000:]  # the val split is the last 10%
     rng = random.Random(seed)
     lines = []
@@ -139,7 +157,9 @@ def choices_file(path: Path, n: int = 80, ending: int = 14, context: int = 40, s
         label = rng.randrange(4)
         endings[0], endings[label] = endings[label], endings[0]
         lines.append(
-            json.dumps({"ctx": text[at - context : at], "endings": endings, "label": label, "id": n})
+            json.dumps(
+                {"ctx": text[at - context : at], "endings": endings, "label": label, "id": n}
+            )
         )
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -155,7 +175,8 @@ def test_multiple_choice_far_above_chance_trained_and_at_chance_untrained(
     command.main([str(trained), "--choices", str(path), "--json"])
     r = json.loads(capsys.readouterr().out)
     assert r["items"] == 80 and r["chance"] == 0.25
-    assert min(r[k] for k in ("acc", "acc_per_token", "acc_per_char", "acc_per_byte")) >= 0.6  # vs shuffled
+    # vs shuffled
+    assert min(r[k] for k in ("acc", "acc_per_token", "acc_per_char", "acc_per_byte")) >= 0.6
     loaded = pretrained.load_model(trained)
     model, tokenizer_meta = loaded.model, loaded.tokenizer_meta
     tokenizer = from_meta(tokenizer_meta)
@@ -172,7 +193,9 @@ def test_eval_refuses_bad_inputs_with_one_line(trained: Path, tmp_path: Path):
     import eval as command
 
     (tmp_path / "snow.txt").write_text("il neige ☃ é\n")
-    (tmp_path / "bad.jsonl").write_text('{"ctx": "a", "endings": ["b", "c"], "label": 0}\n{"ctx": "a"}\n')
+    (tmp_path / "bad.jsonl").write_text(
+        '{"ctx": "a", "endings": ["b", "c"], "label": 0}\n{"ctx": "a"}\n'
+    )
     (tmp_path / "label.jsonl").write_text('{"ctx": "a", "endings": ["b", "c"], "label": 2}\n')
     for args, message in (
         (["--stride", "0"], "--stride must be between 1 and the model's context 32, got 0"),
@@ -204,13 +227,17 @@ def test_a_sample_prompt_the_vocabulary_lacks_stops_before_training(data_dir: Pa
         "log.sample_every=250",
         "log.sample_prompt=é",
     ]
-    with pytest.raises(UserError, match=r"^the prompt has 1 character\(s\) not in the vocabulary: 'é'"):
+    with pytest.raises(
+        UserError, match=r"^the prompt has 1 character\(s\) not in the vocabulary: 'é'"
+    ):
         command.main(["configs/shakespeare_char.yaml", *args])
     assert not (out / "last").exists()
 
 
 @pytest.mark.slow
-def test_plot_overlays_runs_and_every_run_draws_its_curves(trained: Path, run: Path, tmp_path: Path):
+def test_plot_overlays_runs_and_every_run_draws_its_curves(
+    trained: Path, run: Path, tmp_path: Path
+):
     from matplotlib.image import imread
 
     import plot as command
@@ -221,7 +248,8 @@ def test_plot_overlays_runs_and_every_run_draws_its_curves(trained: Path, run: P
     command.main([str(run), str(trained), "--metric", "val_bpb", "--x", "time", "--out", str(png)])
     assert imread(png).shape[0] >= 400
     labels = command.labels([str(run), str(trained)])
-    assert labels[0].startswith(f"{run}\n") and "train.max_iters=60" in labels[0]  # the keys below the run
+    # the keys below the run
+    assert labels[0].startswith(f"{run}\n") and "train.max_iters=60" in labels[0]
     assert "optim.lr=0.003" in labels[1] and "train.eval_interval=200" in labels[1]
     for args, message in (
         ([str(tmp_path / "nowhere")], "no run at .*nowhere: the folder does not exist"),

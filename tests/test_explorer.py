@@ -1,8 +1,9 @@
-"""The attention explorer (interp/explorer.py, `heads.py --html`): the page's data against the model's
-attention weights, its size bound, and the page itself in a real browser: headless Chromium driven by
-Playwright, the file opened from disk, a head clicked, tokens and map cells hovered, and the weights it shows
-compared with `GPT.attention_weights`. The browser tests skip, saying why, where Chromium (Debian's `chromium`
-package, or the browser at $CHROMIUM) or Playwright is missing."""
+"""The attention explorer (interp/explorer.py, `heads.py --html`): the page's data against the
+model's attention weights, its size bound, and the page itself in a real browser: headless Chromium
+driven by Playwright, the file opened from disk, a head clicked, tokens and map cells hovered, and
+the weights it shows compared with `GPT.attention_weights`. The browser tests skip, saying why,
+where Chromium (Debian's `chromium` package, or the browser at $CHROMIUM) or Playwright is
+missing."""
 
 from __future__ import annotations
 
@@ -90,15 +91,25 @@ def test_the_page_holds_every_weight_to_half_a_step():
     n = repeated["repeat_length"]
     assert n == min(64 // 2, len(CHARS)) and repeated["seed"] == 0
     assert repeated["ids"] == repeated_tokens(len(CHARS), n, 1, seed=0)[0].tolist()
-    assert np.abs(stored(repeated, 2, 3) - attention(model, repeated["ids"])).max() <= 0.5 * STEP + 1e-6
-    assert data["colormap"][0] == "#440154" and data["colormap"][255] == "#fde725"  # viridis, as the PNGs
+    assert (
+        np.abs(stored(repeated, 2, 3) - attention(model, repeated["ids"])).max()
+        <= 0.5 * STEP + 1e-6
+    )
+    # viridis, as the PNGs
+    assert data["colormap"][0] == "#440154" and data["colormap"][255] == "#fde725"
 
 
 def fake_ablation(n_layer: int, n_head: int) -> dict:
     """An ablation result in the shape ablate_heads returns (values random)."""
     rng = np.random.default_rng(1)
     tables = {m: rng.normal(0, 1, (n_layer, n_head)).round(4).tolist() for m in METRICS}
-    return {"kind": "mean", "windows": 4, "sequences": 4, "clean": dict.fromkeys(METRICS, 1.5), **tables}
+    return {
+        "kind": "mean",
+        "windows": 4,
+        "sequences": 4,
+        "clean": dict.fromkeys(METRICS, 1.5),
+        **tables,
+    }
 
 
 def test_the_page_holds_the_lens_the_attributions_and_the_ablation():
@@ -114,19 +125,27 @@ def test_the_page_holds_the_lens_the_attributions_and_the_ablation():
             logit_lens(model, view["ids"], top=LENS_TOP),
             direct_attribution(model, view["ids"]),
         )
-        assert view["lens"]["stages"] == lens["stages"] and view["lens"]["top_ids"] == lens["top_ids"]
+        assert (
+            view["lens"]["stages"] == lens["stages"] and view["lens"]["top_ids"] == lens["top_ids"]
+        )
         for key in ("top_probs", "loss"):
-            assert np.abs(np.array(view["lens"][key]) - np.array(lens[key])).max() <= 5e-4 + 1e-7, key
+            assert np.abs(np.array(view["lens"][key]) - np.array(lens[key])).max() <= 5e-4 + 1e-7, (
+                key
+            )
         named = {i for stage in lens["top_ids"] for position in stage for i in position}
-        assert view["lens"]["labels"] == {str(i): token_labels([i], tokenizer)[0] for i in sorted(named)}
+        assert view["lens"]["labels"] == {
+            str(i): token_labels([i], tokenizer)[0] for i in sorted(named)
+        }
         assert view["attribution"]["terms"] == attribution["terms"]
         stored = np.array(view["attribution"]["values"])
         assert np.abs(stored - np.array(attribution["values"])).max() <= 5e-4 + 1e-7
     assert page_data(model, ids, tokenizer, fake_scores(2, 3), "a model")["ablation"] is None
-    assert data["composition"] == composition_table(model) and data["circuit"] is None  # the weights alone
+    # the weights alone
+    assert data["composition"] == composition_table(model) and data["circuit"] is None
     circuit = {"nodes": [], "edges": []}
     assert (
-        page_data(model, ids, tokenizer, fake_scores(2, 3), "a model", circuit=circuit)["circuit"] == circuit
+        page_data(model, ids, tokenizer, fake_scores(2, 3), "a model", circuit=circuit)["circuit"]
+        == circuit
     )
 
 
@@ -163,7 +182,10 @@ def test_the_budget_keeps_the_most_leading_tokens_that_fit():
         fit = tokens_that_fit(heads, tokens, budget)
         assert heads * fit * (fit + 1) // 2 <= budget or fit == 1
         assert fit == tokens or heads * (fit + 1) * (fit + 2) // 2 > budget
-    assert tokens_that_fit(36, 256, MAX_WEIGHTS) == 256 and tokens_that_fit(144, 1024, MAX_WEIGHTS) == 166
+    assert (
+        tokens_that_fit(36, 256, MAX_WEIGHTS) == 256
+        and tokens_that_fit(144, 1024, MAX_WEIGHTS) == 166
+    )
     assert tokens_that_fit(10**7, 50, MAX_WEIGHTS) == 1
 
 
@@ -173,7 +195,9 @@ def test_a_long_prompt_is_cut_to_exact_leading_rows(monkeypatch):
     ids = np.random.default_rng(1).integers(0, len(CHARS), 30).tolist()
     monkeypatch.setattr(interp.explorer, "MAX_WEIGHTS", 6 * 12 * 13 // 2)  # 6 heads x 12 tokens
     prompt = page_data(model, ids, tokenizer, fake_scores(2, 3), "cut")["views"][0]
-    assert len(prompt["tokens"]) == 12 and prompt["total_tokens"] == 30 and prompt["ids"] == ids[:12]
+    assert (
+        len(prompt["tokens"]) == 12 and prompt["total_tokens"] == 30 and prompt["ids"] == ids[:12]
+    )
     whole = attention(model, ids)[:, :, :12, :12]  # causal: the first rows do not see what follows
     assert np.abs(stored(prompt, 2, 3) - whole).max() <= 0.5 * STEP + 1e-6
 
@@ -182,11 +206,13 @@ def test_prompt_text_cannot_close_the_data_block():
     tokenizer = CharTokenizer(CHARS)
     ids = tokenizer.encode("</script><script>alert('x')</script>").tolist()
     page = render(page_data(tiny_model(), ids, tokenizer, fake_scores(2, 3), "</title><b>"))
-    assert page.count("</script>") == 2 and page.count("<script") == 2  # the data block and the script
+    # the data block and the script
+    assert page.count("</script>") == 2 and page.count("<script") == 2
     assert "<title>attention · &lt;/title&gt;&lt;b&gt;</title>" in page
 
 
-# --- in a browser ----------------------------------------------------------------------------------------
+# --- in a browser
+# ----------------------------------------------------------------------------------------
 
 FLAGS = [  # no sandbox (CI runs as root), no GPU, and nothing that phones home
     "--headless",
@@ -206,10 +232,13 @@ def browser():
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="Playwright is not installed (pip install -e '.[test]')"
     )
-    executable = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    executable = (
+        os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    )
     if not executable:
         pytest.skip(
-            "no Chromium: install Debian's chromium package (apt-get install chromium) or set CHROMIUM"
+            "no Chromium: install Debian's chromium package (apt-get install chromium) or set "
+            "CHROMIUM"
         )
     with sync_api.sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=executable, args=FLAGS)
@@ -219,12 +248,15 @@ def browser():
 
 @contextmanager
 def opened(browser, path: Path):
-    """The page at `path` from disk; on leaving, checks it logged no error and requested nothing else."""
+    """The page at `path` from disk; on leaving, checks it logged no error and requested nothing
+    else."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(10_000)
     requests, errors = [], []
     page.on("request", lambda request: requests.append(request.url))
-    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.on(
+        "console", lambda message: errors.append(message.text) if message.type == "error" else None
+    )
     page.on("pageerror", lambda error: errors.append(str(error)))
     try:
         page.goto(path.as_uri())
@@ -256,7 +288,9 @@ def hover_cell(page, query: int, key: int) -> float:
     layout = page.evaluate("mapLayout()")
     box = page.locator("#map").bounding_box()
     margin, cell = layout["margin"], layout["cell"]
-    page.mouse.move(box["x"] + margin + (key + 0.5) * cell, box["y"] + margin + (query + 0.5) * cell)
+    page.mouse.move(
+        box["x"] + margin + (key + 0.5) * cell, box["y"] + margin + (query + 0.5) * cell
+    )
     text = page.inner_text("#readout .cell")
     assert text.startswith(f"query {query} ") and f"→ key {key} " in text, text
     return float(text.rsplit(": ", 1)[1])
@@ -305,7 +339,8 @@ def test_the_page_in_a_browser_shows_the_models_weights(browser, induction_run, 
             str(i) for i in strongest[:2]
         )
 
-        # one head: the query's weights on every key, and its strongest key the one after the earlier copy
+        # one head: the query's weights on every key, and its strongest key the one after the
+        # earlier copy
         page.click(f'.head[data-layer="1"][data-head="{induction}"]')
         page.hover(f'#tokens .token[data-index="{q}"]')
         shown = shown_weights(page)
@@ -334,29 +369,41 @@ def test_the_page_in_a_browser_shows_the_models_weights(browser, induction_run, 
         # a cell of the full map
         assert abs(hover_cell(page, 30, 11) - weights[0, previous, 30, 11]) <= SHOWN
 
-        # each head's ablation effect under its role, for the metric chosen, as head_ablation.json has it
+        # each head's ablation effect under its role, for the metric chosen, as head_ablation.json
+        # has it
         ablation = json.loads((tmp_path / "head_ablation.json").read_text())
         for metric in ("val_loss", "repeat_loss_second_half"):
             page.select_option("#ablation-metric", metric)
             for layer, head in ((1, induction), (0, previous)):
                 line = page.inner_text(f'.head[data-layer="{layer}"][data-head="{head}"] .ablation')
-                assert abs(signed_value(line.removeprefix("Δ ")) - ablation[metric][layer][head]) <= 0.0051
+                assert (
+                    abs(signed_value(line.removeprefix("Δ ")) - ablation[metric][layer][head])
+                    <= 0.0051
+                )
         assert page.locator("#ablation-tables table").count() == len(METRICS)
 
-        # the logit lens: each cell's probability and loss of the true next token, as the model has them
+        # the logit lens: each cell's probability and loss of the true next token, as the model has
+        # them
         lens = logit_lens(model, ids)
         for stage, position in ((0, 3), (2, 25), (2, 38)):
-            title = page.get_attribute(f'#lens td[data-stage="{stage}"][data-position="{position}"]', "title")
-            p, loss = (float(x) for x in re.search(r"p (\d\.\d{3}), loss (\d+\.\d{3})", title).groups())
+            title = page.get_attribute(
+                f'#lens td[data-stage="{stage}"][data-position="{position}"]', "title"
+            )
+            p, loss = (
+                float(x) for x in re.search(r"p (\d\.\d{3}), loss (\d+\.\d{3})", title).groups()
+            )
             assert abs(loss - lens["loss"][stage][position]) <= 0.0011, title
             assert abs(p - math.exp(-lens["loss"][stage][position])) <= 0.0011, title
 
         # a token clicked: which heads pushed its prediction up or down, from direct_attribution
         page.click('#tokens .token[data-index="30"]')
         pushes = head_attributions(direct_attribution(model, ids), 2, 4)[29].ravel()
-        shown = page.eval_on_selector_all("#attribution-heads td", "tds => tds.map(t => t.textContent)")
+        shown = page.eval_on_selector_all(
+            "#attribution-heads td", "tds => tds.map(t => t.textContent)"
+        )
         assert max(abs(signed_value(text) - v) for text, v in zip(shown, pushes)) <= 0.0051
-        assert len(shown) == 8 and max(pushes[4:]) > 1.0 > max(abs(pushes[:4]))  # layer 1 copies the token
+        # layer 1 copies the token
+        assert len(shown) == 8 and max(pushes[4:]) > 1.0 > max(abs(pushes[:4]))
         assert f"“{PROMPT[30]}” (token 30)" in page.inner_text("#attribution-title")
         page.click('#tokens .token[data-index="30"]')  # unpinned
 
@@ -366,31 +413,41 @@ def test_the_page_in_a_browser_shows_the_models_weights(browser, induction_run, 
         page.check('input[value="query"]')
         n = min(model.config.block_size // 2, 32)
         demo = repeated_tokens(tokenizer.vocab_size, n, 1, seed=0)[0].tolist()
-        labels = page.eval_on_selector_all("#tokens .token", "tokens => tokens.map(t => t.textContent)")
-        assert labels == token_labels(demo, tokenizer) and f"stripe {n - 1} left" in page.inner_text(
-            "#view-note"
+        labels = page.eval_on_selector_all(
+            "#tokens .token", "tokens => tokens.map(t => t.textContent)"
         )
-        assert abs(hover_cell(page, n + 5, 6) - attention(model, demo)[1, induction, n + 5, 6]) <= SHOWN
+        assert labels == token_labels(
+            demo, tokenizer
+        ) and f"stripe {n - 1} left" in page.inner_text("#view-note")
+        assert (
+            abs(hover_cell(page, n + 5, 6) - attention(model, demo)[1, induction, n + 5, 6])
+            <= SHOWN
+        )
         check_composition_and_circuit(page, model, scores, tmp_path, previous, induction)
         page.screenshot(path=tmp_path / "explorer.png", full_page=True)
     assert (tmp_path / "explorer.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def check_composition_and_circuit(page, model, scores, folder: Path, previous: int, induction: int) -> None:
-    """The composition matrix's readout for (previous-token head, induction head), and the circuit's K edge
-    between them and its numbers, as circuit.json has them; a click on a node opens its head."""
+def check_composition_and_circuit(
+    page, model, scores, folder: Path, previous: int, induction: int
+) -> None:
+    """The composition matrix's readout for (previous-token head, induction head), and the circuit's
+    K edge between them and its numbers, as circuit.json has them; a click on a node opens its
+    head."""
     page.click('#composition-kinds button[data-kind="k"]')
     layout = page.evaluate("compositionLayout()")
     box = page.locator("#composition").bounding_box()
     writer, reader, margin, cell = previous, 4 + induction, layout["margin"], layout["cell"]
-    page.mouse.move(box["x"] + margin + (reader + 0.5) * cell, box["y"] + margin + (writer + 0.5) * cell)
+    page.mouse.move(
+        box["x"] + margin + (reader + 0.5) * cell, box["y"] + margin + (writer + 0.5) * cell
+    )
     table, roles = composition_table(model), head_roles(scores)
     role = lambda layer, head: f"{roles[layer][head]['role']} {roles[layer][head]['score']:.2f}"  # noqa: E731
     score = table["k"][writer][reader]
     assert page.inner_text("#composition-readout") == (
-        f"L0H{previous} ({role(0, previous)}) → L1H{induction} ({role(1, induction)}): K-composition "
-        f"{score:.3f}, {score / table['baseline']:.1f}× the random baseline {table['baseline']:.3f} ± "
-        f"{table['baseline_std']:.3f}"
+        f"L0H{previous} ({role(0, previous)}) → L1H{induction} ({role(1, induction)}): "
+        f"K-composition {score:.3f}, {score / table['baseline']:.1f}× the random baseline "
+        f"{table['baseline']:.3f} ± {table['baseline_std']:.3f}"
     )
     circuit = json.loads((folder / "circuit.json").read_text())
     [edge] = [
@@ -403,8 +460,8 @@ def check_composition_and_circuit(page, model, scores, folder: Path, previous: i
     )
     drawn.dispatch_event("mouseenter")
     assert page.inner_text("#circuit-readout") == (
-        f"L0H{previous} → L1H{induction} through its K: effect {signed(edge['effect'])}, K-composition "
-        f"{edge['composition']:.3f}"
+        f"L0H{previous} → L1H{induction} through its K: effect {signed(edge['effect'])}, "
+        f"K-composition {edge['composition']:.3f}"
     )
     assert page.locator("#circuit-svg .edge").count() == len(circuit["edges"]) + sum(
         abs(n["direct_effect"]) >= circuit["thresholds"]["edge"] for n in circuit["nodes"]
@@ -425,10 +482,14 @@ def test_the_browser_says_when_the_prompt_is_cut_and_shows_its_text_as_text(
     text = "</script><b>bold?</b> & 'all'\n" * 2
     ids = tokenizer.encode(text).tolist()
     monkeypatch.setattr(interp.explorer, "MAX_WEIGHTS", 6 * 40 * 41 // 2)
-    path = write_page(tmp_path / "attention.html", tiny_model(), ids, tokenizer, fake_scores(2, 3), "cut")
+    path = write_page(
+        tmp_path / "attention.html", tiny_model(), ids, tokenizer, fake_scores(2, 3), "cut"
+    )
     with opened(browser, path) as page:
         note = page.inner_text("#view-note")
         assert f"the prompt has {len(ids)} tokens; this page shows the first 40" in note
-        labels = page.eval_on_selector_all("#tokens .token", "tokens => tokens.map(t => t.textContent)")
+        labels = page.eval_on_selector_all(
+            "#tokens .token", "tokens => tokens.map(t => t.textContent)"
+        )
         assert labels == token_labels(ids[:40], tokenizer)  # "<b>" shown, not parsed
         assert page.locator("#tokens b").count() == 0

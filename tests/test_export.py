@@ -1,6 +1,7 @@
-"""export.py's edges: every option in the way named at once; grouped-query attention with learned positions
-exported as GPT-2 (its key/value heads repeated: transformers' GPT-2 and llama.cpp compute our logits); a
-.gguf written into a folder that does not exist yet, as a folder export is; hints a shell can paste."""
+"""export.py's edges: every option in the way named at once; grouped-query attention with learned
+positions exported as GPT-2 (its key/value heads repeated: transformers' GPT-2 and llama.cpp compute
+our logits); a .gguf written into a folder that does not exist yet, as a folder export is; hints a
+shell can paste."""
 
 from __future__ import annotations
 
@@ -26,13 +27,17 @@ transformers.logging.set_verbosity_error()
 def test_every_option_in_the_way_is_named_at_once(data_dir: Path, tmp_path: Path, capsys):
     two = tiny_checkpoint(tmp_path / "two", data_dir, "model.window=4", "model.pos_emb=rope")
     message = (
-        "cannot export: 3 options have no exact equivalent in transformers' GPT-2 or Llama models: "
-        "model.norm=layernorm with rotary positions (Llama uses rmsnorm); model.activation=gelu with rotary "
-        "positions (Llama uses swiglu); model.window=4 (sliding-window attention); train without them"
+        "cannot export: 3 options have no exact equivalent in transformers' GPT-2 or Llama "
+        "models: model.norm=layernorm with rotary positions (Llama uses rmsnorm); "
+        "model.activation=gelu with rotary positions (Llama uses swiglu); model.window=4 "
+        "(sliding-window attention); train without them"
     )
     script_error(capsys, export_script.main, [str(two), str(tmp_path / "hf")], message)
     script_error(
-        capsys, export_script.main, [str(two), str(tmp_path / "it.gguf")], "in llama.cpp's GPT-2 or Llama"
+        capsys,
+        export_script.main,
+        [str(two), str(tmp_path / "it.gguf")],
+        "in llama.cpp's GPT-2 or Llama",
     )
     assert not (tmp_path / "hf").exists() and not (tmp_path / "it.gguf").exists()
     gqa = GPTConfig(vocab_size=65, n_head=4, n_kv_head=2, n_embd=32)
@@ -44,9 +49,16 @@ def test_every_option_in_the_way_is_named_at_once(data_dir: Path, tmp_path: Path
 
 @pytest.fixture(scope="module")
 def gqa_gpt2(data_dir: Path, tmp_path_factory) -> Path:
-    """A learned-position checkpoint with 4 query heads sharing 2 key/value heads, noise on every weight."""
-    shape = ["model.vocab_size=65", "model.block_size=64", "model.n_layer=2", "model.n_head=4",
-             "model.n_embd=32", "model.n_kv_head=2"]  # fmt: skip
+    """A learned-position checkpoint with 4 query heads sharing 2 key/value heads, noise on every
+    weight."""
+    shape = [
+        "model.vocab_size=65",
+        "model.block_size=64",
+        "model.n_layer=2",
+        "model.n_head=4",
+        "model.n_embd=32",
+        "model.n_kv_head=2",
+    ]
     cfg = load_config(None, shape).cfg
     torch.manual_seed(0)
     model = noisy(GPT(cfg.model), 0.3)
@@ -75,13 +87,16 @@ def test_grouped_query_attention_with_learned_positions_exports_as_gpt2(
         torch.testing.assert_close(back(idx)[0], model(idx)[0], rtol=0, atol=1e-5)
 
 
-def test_a_gguf_goes_into_a_new_folder_and_its_hint_is_shell_quoted(gqa_gpt2: Path, tmp_path: Path, capsys):
+def test_a_gguf_goes_into_a_new_folder_and_its_hint_is_shell_quoted(
+    gqa_gpt2: Path, tmp_path: Path, capsys
+):
     dest = tmp_path / "new folder" / "it's.gguf"
     out = script(capsys, export_script.main, str(gqa_gpt2), str(dest))
     assert f"llama-cli -m {shlex.quote(str(dest))} -p PROMPT" in out and "'\"'\"'" in out
     assert dest.is_file() and [p.name for p in dest.parent.iterdir()] == [dest.name]
     (tmp_path / "a file").write_text("mine")
-    blocked = str(tmp_path / "a file" / "it.gguf")  # the folder cannot be made: one line, nothing written
+    # the folder cannot be made: one line, nothing written
+    blocked = str(tmp_path / "a file" / "it.gguf")
     script_error(capsys, export_script.main, [str(gqa_gpt2), blocked], "could not write")
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     f32 = llama_cpp.GGML_TYPE_F32  # a float32 KV cache: only llama.cpp's GELU table rounds
@@ -91,9 +106,11 @@ def test_a_gguf_goes_into_a_new_folder_and_its_hint_is_shell_quoted(gqa_gpt2: Pa
         assert int(llm.metadata["gpt2.attention.head_count_kv"]) == 4
         ids = torch.randint(0, 65, (40,), generator=torch.Generator().manual_seed(3)).tolist()
         llm.eval(ids)
-        theirs = torch.tensor(llm.scores[: len(ids), :65])  # a char vocabulary gains <|endoftext|> at 65
+        # a char vocabulary gains <|endoftext|> at 65
+        theirs = torch.tensor(llm.scores[: len(ids), :65])
     finally:
         llm.close()
     with torch.no_grad():
         ours = pretrained.load_model(gqa_gpt2).model(torch.tensor([ids]))[0][0]
-    torch.testing.assert_close(theirs, ours, rtol=0, atol=2e-2)  # llama.cpp's GELU reads a float16 table
+    # llama.cpp's GELU reads a float16 table
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=2e-2)

@@ -1,12 +1,12 @@
-"""Faults a real user's machine produces: crafted checkpoint files, a full disk on every write path, closed
-terminals and pipes, the signals that end a job, two writers at once, a run that diverges, a torn
-metrics.jsonl, tampered data and inputs, Ctrl-C anywhere.
+"""Faults a real user's machine produces: crafted checkpoint files, a full disk on every write path,
+closed terminals and pipes, the signals that end a job, two writers at once, a run that diverges, a
+torn metrics.jsonl, tampered data and inputs, Ctrl-C anywhere.
 
-Each is made for real, on the real scripts where the fault is the process's: files are crafted on disk
-(`crafted_state`); a full disk is a file-size limit on the script's process (`full_disk`: RLIMIT_FSIZE
-makes a write past the limit fail partway through the file, as a full disk does, with EFBIG where a full
-disk gives ENOSPC: the code treats every failed write alike, and no test needs root or a small
-filesystem); signals and closed pipes reach the running process.
+Each is made for real, on the real scripts where the fault is the process's: files are crafted on
+disk (`crafted_state`); a full disk is a file-size limit on the script's process (`full_disk`:
+RLIMIT_FSIZE makes a write past the limit fail partway through the file, as a full disk does, with
+EFBIG where a full disk gives ENOSPC: the code treats every failed write alike, and no test needs
+root or a small filesystem); signals and closed pipes reach the running process.
 """
 
 from __future__ import annotations
@@ -28,15 +28,16 @@ from conftest import ROOT, TINY, one_line_error, run_script, train
 
 from common.errors import UserError
 from runs import checkpoint, out_dir, pretrained
+from runs.checkpoint import Progress, TrainState, rng_state
 from runs.config import load_config
-from runs.train_state import Progress, TrainState, rng_state
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def popen(*args: str, **kw) -> subprocess.Popen:
-    """A script of the project started as a user would, its output piped, and Ctrl-C reaching it as from a
-    terminal: a suite started in the background has SIGINT ignored, which would stay ignored across exec."""
+    """A script of the project started as a user would, its output piped, and Ctrl-C reaching it as
+    from a terminal: a suite started in the background has SIGINT ignored, which would stay ignored
+    across exec."""
     return subprocess.Popen(
         [sys.executable, *args],
         cwd=ROOT,
@@ -49,19 +50,26 @@ def popen(*args: str, **kw) -> subprocess.Popen:
 
 
 def full_disk(max_bytes: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run a script where no file may grow past `max_bytes` (SIGXFSZ ignored, so the write fails instead)."""
+    """Run a script where no file may grow past `max_bytes` (SIGXFSZ ignored, so the write fails
+    instead)."""
 
     def limit() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an ignored signal stays ignored across exec
         resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
 
     return subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, preexec_fn=limit
+        [sys.executable, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=limit,
     )
 
 
 def crafted_state(folder: Path, change: Callable[[dict], object]) -> None:
-    """Rewrite folder/state.pt as `change` leaves it (or as the list it returns: a state of another shape)."""
+    """Rewrite folder/state.pt as `change` leaves it (or as the list it returns: a state of another
+    shape)."""
     state = torch.load(folder / "state.pt", weights_only=True)
     result = change(state)
     torch.save(result if isinstance(result, list) else state, folder / "state.pt")
@@ -92,12 +100,18 @@ def copy(resumable: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_a_crafted_optimizer_moment_is_one_line_not_a_segfault(data_dir: Path, copy: Path):
-    """An exp_avg of 7 numbers for a 65 x 32 embedding: the fused AdamW kernel wrote past it (rc 139)."""
+    """An exp_avg of 7 numbers for a 65 x 32 embedding: the fused AdamW kernel wrote past it (rc
+    139)."""
     crafted_state(
-        copy / "last", lambda s: s["optimizer"]["state"]["token_emb.weight"].update(exp_avg=torch.zeros(7))
+        copy / "last",
+        lambda s: s["optimizer"]["state"]["token_emb.weight"].update(exp_avg=torch.zeros(7)),
     )
-    result = train(data_dir, copy, "train.max_iters=4", "train.resume=true", "optim.impl=fused", check=False)
-    one_line_error(result, "the exp_avg of token_emb.weight is [7] torch.float32, not [65, 32] torch.float32")
+    result = train(
+        data_dir, copy, "train.max_iters=4", "train.resume=true", "optim.impl=fused", check=False
+    )
+    one_line_error(
+        result, "the exp_avg of token_emb.weight is [7] torch.float32, not [65, 32] torch.float32"
+    )
 
 
 def _moment(s: dict) -> dict:
@@ -118,17 +132,23 @@ F64, U8, I64 = torch.float64, torch.uint8, torch.int64
         (lambda s: s.pop("rng"), "state.pt is damaged: it has no rng"),
         (lambda s: s.update(iter="x"), "its iter is 'x'"),
         (lambda s: s.update(best_val_loss=float("nan")), "its best_val_loss is nan"),
-        (lambda s: _moment(s).update(exp_avg_sq=torch.zeros(65, 32, dtype=F64)), "is [65, 32] torch.float64"),
+        (
+            lambda s: _moment(s).update(exp_avg_sq=torch.zeros(65, 32, dtype=F64)),
+            "is [65, 32] torch.float64",
+        ),
         (lambda s: _moment(s).update(step=torch.zeros(3)), "the step of token_emb.weight is [3]"),
         (lambda s: _moment(s).pop("exp_avg"), "token_emb.weight holds ['exp_avg_sq', 'step']"),
         (lambda s: _moment(s).update(exp_avg=torch.zeros(32, 65).t()), "is not contiguous"),
         (lambda s: s["optimizer"]["state"].update(evil={}), "state for 'evil', which the model"),
         (lambda s: s["optimizer"].update(param_groups=[]), "2 param_groups expected"),
         (lambda s: s["rng"].update(torch=torch.zeros(10, dtype=U8)), "state for torch is [10]"),
-        (lambda s: s["rng"].update(numpy=("MT19937", torch.zeros(5, dtype=I64), 0, 0, 0.0)), "for numpy"),
+        (
+            lambda s: s["rng"].update(numpy=("MT19937", torch.zeros(5, dtype=I64), 0, 0, 0.0)),
+            "for numpy",
+        ),
         (lambda s: s["rng"].update(python=(3, (1, 2), None)), "for python is refused"),
     ],
-)  # fmt: skip
+)
 def test_every_tensor_and_number_of_state_pt_is_checked_before_use(
     data_dir: Path, copy: Path, change, message
 ):
@@ -136,7 +156,9 @@ def test_every_tensor_and_number_of_state_pt_is_checked_before_use(
     from training.run import start_run
 
     crafted_state(copy / "last", change)
-    request = load_config("shakespeare_char", [f"data.dir={data_dir}", f"train.out_dir={copy}", *TINY])
+    request = load_config(
+        "shakespeare_char", [f"data.dir={data_dir}", f"train.out_dir={copy}", *TINY]
+    )
     request.cfg.train.resume = True
     with pytest.raises(UserError, match=r"damaged|does not fit") as e:
         start_run(plan_run(request, run_dataset(request)))
@@ -144,18 +166,29 @@ def test_every_tensor_and_number_of_state_pt_is_checked_before_use(
 
 
 def test_param_groups_are_the_live_optimizers(data_dir: Path, copy: Path):
-    """Nothing of a saved param group is taken, numbers (even damaged ones) nor kernel flags: the config's
-    win (what may change on resume is applied); the moments are restored."""
+    """Nothing of a saved param group is taken, numbers (even damaged ones) nor kernel flags: the
+    config's win (what may change on resume is applied); the moments are restored."""
     from training.plan import plan_run, run_dataset
     from training.run import start_run
 
-    damaged = {"fused": False, "foreach": True, "lr": "fast", "base_lr": 0.5, "betas": (0.9,), "eps": 1.0}
+    damaged = {
+        "fused": False,
+        "foreach": True,
+        "lr": "fast",
+        "base_lr": 0.5,
+        "betas": (0.9,),
+        "eps": 1.0,
+    }
     crafted_state(copy / "last", lambda s: s["optimizer"]["param_groups"][0].update(damaged))
-    request = load_config("shakespeare_char", [f"data.dir={data_dir}", f"train.out_dir={copy}", *TINY])
+    request = load_config(
+        "shakespeare_char", [f"data.dir={data_dir}", f"train.out_dir={copy}", *TINY]
+    )
     request.cfg.train.resume = True
     run = start_run(plan_run(request, run_dataset(request)))
     group = run.optimizers[0].param_groups[0]
-    assert group["fused"] is True and group["foreach"] is None and tuple(group["betas"]) == (0.9, 0.99)
+    assert (
+        group["fused"] is True and group["foreach"] is None and tuple(group["betas"]) == (0.9, 0.99)
+    )
     assert group["base_lr"] == group["lr"] == request.cfg.optim.lr and group["eps"] == 1e-8
     assert run.optimizers[0].state[run.model.token_emb.weight]["exp_avg"].abs().sum() > 0
 
@@ -163,7 +196,8 @@ def test_param_groups_are_the_live_optimizers(data_dir: Path, copy: Path):
 def test_a_checkpoint_config_is_data_never_interpolated(copy: Path):
     text = (copy / "last" / "config.yaml").read_text()
     text = text.replace("sample_prompt: null", "sample_prompt: ${oc.env:HOME}")
-    text = text.replace("wandb_run_name: null", "wandb_run_name: '${'")  # not even valid interpolation syntax
+    # not even valid interpolation syntax
+    text = text.replace("wandb_run_name: null", "wandb_run_name: '${'")
     (copy / "last" / "config.yaml").write_text(text)
     cfg = checkpoint.Checkpoint(copy / "last").config()
     assert cfg.log.sample_prompt == "${oc.env:HOME}" and cfg.log.wandb_run_name == "${"
@@ -174,14 +208,18 @@ def test_a_checkpoint_config_is_data_never_interpolated(copy: Path):
     assert checkpoint.Checkpoint(copy / "again").config() == cfg
 
 
-def test_the_weights_are_checked_against_the_config_before_any_model_is_built(copy: Path, monkeypatch):
-    """config.yaml says n_embd 65536 (a 51 GB model for GPT-2's vocabulary): one line, nothing built."""
+def test_the_weights_are_checked_against_the_config_before_any_model_is_built(
+    copy: Path, monkeypatch
+):
+    """config.yaml says n_embd 65536 (a 51 GB model for GPT-2's vocabulary): one line, nothing
+    built."""
     text = (copy / "last" / "config.yaml").read_text().replace("n_embd: 32", "n_embd: 65536")
     (copy / "last" / "config.yaml").write_text(text)
     from model import gpt
 
     built = []
-    monkeypatch.setattr(gpt.GPT, "to", lambda self, *a, **k: built.append(self) or self)  # a real model moves
+    # a real model moves
+    monkeypatch.setattr(gpt.GPT, "to", lambda self, *a, **k: built.append(self) or self)
     with pytest.raises(
         UserError, match=r"token_emb\.weight is \[65, 32\] in the file, \[65, 65536\] by the config"
     ):
@@ -192,14 +230,19 @@ def test_the_weights_are_checked_against_the_config_before_any_model_is_built(co
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ({"kind": "bpe", "vocab_size": 100277, "encoding": "cl100k_base"}, "is not one tinygpt writes"),
+        (
+            {"kind": "bpe", "vocab_size": 100277, "encoding": "cl100k_base"},
+            "is not one tinygpt writes",
+        ),
         ([1, 2, 3], "the tokenizer is a list"),
         ({"kind": "sentencepiece", "vocab_size": 65}, "unknown tokenizer kind 'sentencepiece'"),
         ("short", "the char tokenizer has 60 characters, not vocab_size 65"),
         ("unsorted", "the char tokenizer's characters are not each once, in order"),
     ],
 )
-def test_a_checkpoint_tokenizer_is_only_what_tinygpt_writes(copy: Path, monkeypatch, content, message):
+def test_a_checkpoint_tokenizer_is_only_what_tinygpt_writes(
+    copy: Path, monkeypatch, content, message
+):
     import tiktoken
 
     monkeypatch.setattr(tiktoken, "get_encoding", lambda name: pytest.fail(f"tried to load {name}"))
@@ -217,18 +260,21 @@ def test_a_checkpoint_tokenizer_is_only_what_tinygpt_writes(copy: Path, monkeypa
 
 def test_ids_past_a_tokenizer_decode_to_nothing():
     """A padded model (more rows than the tokenizer has tokens) may sample an id past it."""
-    from data.tokenizers import BPETokenizer, CharTokenizer
+    from data.bpe import BPETokenizer
+    from data.tokenizers import CharTokenizer
 
     assert CharTokenizer("ab").decode([0, 7, 1]) == "ab"
     gpt2 = BPETokenizer("gpt2")
-    assert gpt2.decode([15496, 50300]) == "Hello" and gpt2.stream_decoder()([15496, 50300]) == "Hello"
+    assert (
+        gpt2.decode([15496, 50300]) == "Hello" and gpt2.stream_decoder()([15496, 50300]) == "Hello"
+    )
 
 
 # --- signals and closed output: the run goes on, or ends with its checkpoint ---
 
 
 def test_scheduler_and_terminal_signals_ask_for_a_stop():
-    from training.run import StopRequest
+    from training.stopping import StopRequest
 
     stop = StopRequest(verbose=False)
     try:
@@ -270,8 +316,11 @@ def wait_for(stream, text: bytes, timeout: float = 120) -> bytes:
 
 @pytest.mark.slow
 def test_a_closed_terminal_ends_training_with_a_checkpoint(data_dir: Path, tmp_path: Path):
-    """SIGHUP after the terminal went away (its output closed): finish the step, write last/, exit 129."""
-    proc = start_training(data_dir, tmp_path / "out", "train.max_iters=100000", "train.eval_interval=1000")
+    """SIGHUP after the terminal went away (its output closed): finish the step, write last/, exit
+    129."""
+    proc = start_training(
+        data_dir, tmp_path / "out", "train.max_iters=100000", "train.eval_interval=1000"
+    )
     wait_for(proc.stdout, b"iter 0:")
     time.sleep(0.5)
     proc.stdout.close()
@@ -283,8 +332,11 @@ def test_a_closed_terminal_ends_training_with_a_checkpoint(data_dir: Path, tmp_p
 
 @pytest.mark.slow
 def test_train_piped_into_head_keeps_training(data_dir: Path, tmp_path: Path):
-    """`train.py | head -3`: the reader goes after 3 lines; training goes on to its last checkpoint."""
-    proc = start_training(data_dir, tmp_path / "out", "train.max_iters=60", "train.eval_interval=30")
+    """`train.py | head -3`: the reader goes after 3 lines; training goes on to its last
+    checkpoint."""
+    proc = start_training(
+        data_dir, tmp_path / "out", "train.max_iters=60", "train.eval_interval=30"
+    )
     for _ in range(3):
         proc.stdout.readline()
     proc.stdout.close()
@@ -292,7 +344,9 @@ def test_train_piped_into_head_keeps_training(data_dir: Path, tmp_path: Path):
     assert proc.wait(timeout=120) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err
     assert checkpoint.Checkpoint(tmp_path / "out" / "last").train_state().progress.iter == 60
-    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["iter"] for r in rows] == [0, 30, 60]
 
 
@@ -333,7 +387,12 @@ def test_a_diverged_eval_never_replaces_the_last_good_checkpoint(data_dir: Path,
 
     # allowed to skip many: it skips, but never ends "done" on a model that is not finite
     result = train(
-        data_dir, tmp_path / "b", *EXPLODE, "train.max_iters=5", "train.skip_nonfinite=1000", check=False
+        data_dir,
+        tmp_path / "b",
+        *EXPLODE,
+        "train.max_iters=5",
+        "train.skip_nonfinite=1000",
+        check=False,
     )
     one_line_error(result, "the eval at iteration 5 is not finite")
     assert "the run ended on it" in result.stderr and "done:" not in result.stdout
@@ -343,12 +402,21 @@ def test_a_diverged_eval_never_replaces_the_last_good_checkpoint(data_dir: Path,
 
 @pytest.mark.slow
 def test_resume_repairs_a_torn_metrics_file(data_dir: Path, copy: Path):
-    """A crash left a row past the checkpoint (iteration 6) and a torn last line: resume drops both, and
-    loss.png and plot.py read the file."""
-    row = {"iter": 6, "train_loss": 1.0, "val_loss": 1.0, "lr": 0.001, "tokens": 1, "elapsed_s": 1.0}
+    """A crash left a row past the checkpoint (iteration 6) and a torn last line: resume drops both,
+    and loss.png and plot.py read the file."""
+    row = {
+        "iter": 6,
+        "train_loss": 1.0,
+        "val_loss": 1.0,
+        "lr": 0.001,
+        "tokens": 1,
+        "elapsed_s": 1.0,
+    }
     with open(copy / "metrics.jsonl", "a") as f:
         f.write(json.dumps(row) + '\n{"iter": 8, "train_lo')
-    result = train(data_dir, copy, "train.max_iters=4", "train.resume=true", "log.plot=true", check=False)
+    result = train(
+        data_dir, copy, "train.max_iters=4", "train.resume=true", "log.plot=true", check=False
+    )
     assert result.returncode == 0, result.stderr
     assert "dropped 1 torn line(s) and 1 row(s) past iteration 2" in result.stderr
     assert [r["iter"] for r in strict_rows(copy / "metrics.jsonl")] == [0, 2, 4]
@@ -374,9 +442,16 @@ def test_a_full_disk_during_training_keeps_last(data_dir: Path, copy: Path):
         *TINY,
     ]
     result = full_disk(
-        50_000, *args, "train.max_iters=4", "train.eval_interval=2", "train.resume=true", "log.plot=true"
+        50_000,
+        *args,
+        "train.max_iters=4",
+        "train.eval_interval=2",
+        "train.resume=true",
+        "log.plot=true",
     )
-    one_line_error(result, f"could not write checkpoint {copy / 'last'} (File too large); it needs about")
+    one_line_error(
+        result, f"could not write checkpoint {copy / 'last'} (File too large); it needs about"
+    )
     assert "the previous one is untouched" in result.stderr
     assert (copy / "last" / "state.pt").read_bytes() == before and leftovers(copy) == []
     assert ((copy / "loss.png").read_bytes() if (copy / "loss.png").exists() else None) == picture
@@ -387,10 +462,15 @@ def test_a_picture_that_cannot_be_written_costs_no_checkpoint(data_dir: Path, tm
     out = tmp_path / "out"
     (out / "loss.png").mkdir(parents=True)  # in the way: the picture cannot be renamed into place
     (out / "loss.png" / "x").write_text("x")
-    result = train(data_dir, out, "train.max_iters=4", "train.eval_interval=2", "log.plot=true", check=False)
+    result = train(
+        data_dir, out, "train.max_iters=4", "train.eval_interval=2", "log.plot=true", check=False
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr.count(f"warning: could not write {out / 'loss.png'}") == 1
-    assert checkpoint.Checkpoint(out / "last").train_state().progress.iter == 4 and leftovers(out) == []
+    assert (
+        checkpoint.Checkpoint(out / "last").train_state().progress.iter == 4
+        and leftovers(out) == []
+    )
 
 
 @pytest.mark.slow
@@ -399,10 +479,13 @@ def test_pictures_and_appended_lines_on_a_full_disk(tmp_path: Path):
 from pathlib import Path
 from common.errors import run_cli
 from common.files import append_line
-from interp.curves import plot_run
+from training.curves import plot_run
 
 def main(argv):
-    rows = [dict(iter=i, train_loss=3 - i, val_loss=3 - i, lr=1e-3, tokens=i, elapsed_s=i) for i in range(3)]
+    rows = [
+        dict(iter=i, train_loss=3 - i, val_loss=3 - i, lr=1e-3, tokens=i, elapsed_s=i)
+        for i in range(3)
+    ]
     metrics = Path({str(tmp_path)!r}) / "metrics.jsonl"
     metrics.write_text("x" * 9_990)
     try:
@@ -415,9 +498,9 @@ run_cli(main)
 """
     result = full_disk(10_000, "-c", script)
     lines = result.stdout.strip().splitlines()
-    assert lines[0].startswith(f"could not write {tmp_path / 'metrics.jsonl'} (File too large)") and lines[
-        0
-    ].endswith(" 9990")
+    assert lines[0].startswith(
+        f"could not write {tmp_path / 'metrics.jsonl'} (File too large)"
+    ) and lines[0].endswith(" 9990")
     one_line_error(result, f"could not write {tmp_path / 'loss.png'} (File too large)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
 
@@ -427,29 +510,40 @@ def test_prepare_on_a_full_disk(tmp_path: Path):
     result = full_disk(200_000, "prepare.py", "x", "--text-file", text, "--data-dir", str(tmp_path))
     one_line_error(
         result,
-        f"could not write {tmp_path / 'x' / 'train-00000.bin'} (File too large); it needs about 1.9 MiB",
+        f"could not write {tmp_path / 'x' / 'train-00000.bin'} (File too large); it needs about "
+        "1.9 MiB",
     )
-    assert "then run the same command again: it continues from the last complete shard" in result.stderr
-    assert list(tmp_path.iterdir()) == []  # nothing complete to continue from: the folder it made goes
+    assert (
+        "then run the same command again: it continues from the last complete shard"
+        in result.stderr
+    )
+    # nothing complete to continue from: the folder it made goes
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
 def test_heads_and_export_on_a_full_disk(run: Path, data_dir: Path, tmp_path: Path):
-    heads = full_disk(20_000, "heads.py", str(run), "--data-dir", str(data_dir), "--out", str(tmp_path / "h"))
-    one_line_error(heads, f"could not write {tmp_path / 'h' / 'attention_layer0.png'} (File too large)")
+    heads = full_disk(
+        20_000, "heads.py", str(run), "--data-dir", str(data_dir), "--out", str(tmp_path / "h")
+    )
+    one_line_error(
+        heads, f"could not write {tmp_path / 'h' / 'attention_layer0.png'} (File too large)"
+    )
     assert list((tmp_path / "h").iterdir()) == []
     export = full_disk(20_000, "export.py", str(run), str(tmp_path / "hf"))
     one_line_error(export, f"could not write the export {tmp_path / 'hf'} (File too large)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h"]
 
 
-# --- one writer: a lock per out_dir and per dataset, released by the OS however the process ends ---
+# --- one writer: a lock per out_dir and per dataset, released by the OS however the process ends
+# ---
 
 
 @pytest.mark.slow
 def test_one_writer_per_out_dir_and_dataset(data_dir: Path, tmp_path: Path):
     out = tmp_path / "out"
-    # its one checkpoint at iteration 0: `again` resumes it below train.max_iters=4, however fast it ran
+    # its one checkpoint at iteration 0: `again` resumes it below train.max_iters=4, however fast it
+    # ran
     first = start_training(data_dir, out, "train.max_iters=100000", "train.eval_interval=100000")
     try:
         wait_for(first.stdout, b"iteration 10/")  # past its first checkpoint
@@ -457,11 +551,15 @@ def test_one_writer_per_out_dir_and_dataset(data_dir: Path, tmp_path: Path):
         one_line_error(
             second, f"train.out_dir {out} is in use by process {first.pid}; another train.py writes"
         )
-        prepare = run_script("prepare.py", "shakespeare_char", "--data-dir", str(data_dir), "--overwrite")
-        one_line_error(
-            prepare, f"dataset shakespeare_char ({data_dir / 'shakespeare_char'}) is in use by process"
+        prepare = run_script(
+            "prepare.py", "shakespeare_char", "--data-dir", str(data_dir), "--overwrite"
         )
-        assert str(first.pid) in prepare.stderr.split("in use by")[1].split(";")[0]  # (this test's too)
+        one_line_error(
+            prepare,
+            f"dataset shakespeare_char ({data_dir / 'shakespeare_char'}) is in use by process",
+        )
+        # (this test's too)
+        assert str(first.pid) in prepare.stderr.split("in use by")[1].split(";")[0]
     finally:
         first.kill()  # kill -9: no stale lock is left behind
         first.wait(timeout=60)
@@ -499,7 +597,9 @@ def test_two_preparations_of_one_name(tmp_path: Path):
     from data.dataset import Dataset
 
     dataset = Dataset.open("x", tmp_path)
-    assert dataset.meta.vocab_size == 2048 and len(dataset.split("train")) == dataset.meta.train_tokens
+    assert (
+        dataset.meta.vocab_size == 2048 and len(dataset.split("train")) == dataset.meta.train_tokens
+    )
 
 
 def test_a_symlinked_checkpoint_folder_is_one_line(run: Path, tmp_path: Path):
@@ -528,7 +628,8 @@ def interrupted(proc: subprocess.Popen, timeout: float = 60) -> tuple[str, float
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=timeout)[1].decode()
-    assert proc.returncode in (130, -signal.SIGINT), err  # before main, Python ends as killed by SIGINT
+    # before main, Python ends as killed by SIGINT
+    assert proc.returncode in (130, -signal.SIGINT), err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted"), err
     return err, time.monotonic() - sent
 
@@ -540,8 +641,8 @@ def test_ctrl_c_while_train_starts(data_dir: Path, tmp_path: Path):
     assert not (tmp_path / "out" / "last").exists()
 
 
-# Python that sends itself Ctrl-C the moment numpy is first asked for (in a script, torch's C start asks),
-# then runs the script named by its first argument
+# Python that sends itself Ctrl-C the moment numpy is first asked for (in a script, torch's C start
+# asks), then runs the script named by its first argument
 CTRL_C_WHEN_NUMPY_LOADS = """
 import os, runpy, signal, sys
 
@@ -558,8 +659,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def test_ctrl_c_while_torch_loads_numpy(data_dir: Path, tmp_path: Path):
-    """torch's C start dropped a Ctrl-C that landed while it loaded numpy: training went on with numpy
-    half-loaded and failed minutes later with a RecursionError (a CI run of the test above)."""
+    """torch's C start dropped a Ctrl-C that landed while it loaded numpy: training went on with
+    numpy half-loaded and failed minutes later with a RecursionError (a CI run of the test
+    above)."""
     out = tmp_path / "out"
     args = ("configs/shakespeare_char.yaml", f"data.dir={data_dir}", f"train.out_dir={out}", *TINY)
     proc = popen("-c", CTRL_C_WHEN_NUMPY_LOADS, "train.py", *args)
@@ -595,7 +697,10 @@ def test_run_cli_turns_ctrl_c_into_one_line(capsys):
 
     with pytest.raises(SystemExit) as e:
         run_cli(main, [], interrupted="interrupted; nothing was written")
-    assert e.value.code == 130 and capsys.readouterr().err.strip() == "interrupted; nothing was written"
+    assert (
+        e.value.code == 130
+        and capsys.readouterr().err.strip() == "interrupted; nothing was written"
+    )
 
 
 # --- tampered data and inputs: one line ---
@@ -613,7 +718,10 @@ def tampered(data_dir: Path, tmp_path: Path) -> Path:
     [
         (lambda b: b + b"\x00", "is damaged: 223,081 bytes are not a whole number of uint16 ids"),
         (lambda b: b[:-2], "holds 111,539 ids but meta.json says 111,540"),
-        (lambda b: b[:10] + (100).to_bytes(2, "little") + b[12:], "holds id 100, past the vocabulary of 65"),
+        (
+            lambda b: b[:10] + (100).to_bytes(2, "little") + b[12:],
+            "holds id 100, past the vocabulary of 65",
+        ),
     ],
 )
 def test_a_tampered_split_is_one_line(tampered: Path, damage, message):
@@ -632,7 +740,9 @@ def test_a_tampered_split_is_one_line(tampered: Path, damage, message):
 def test_heads_refuses_ids_past_the_vocabulary(run: Path, tampered: Path, tmp_path: Path):
     val = tampered / "shakespeare_char" / "val.bin"
     val.write_bytes(val.read_bytes()[:10] + (70).to_bytes(2, "little") + val.read_bytes()[12:])
-    result = run_script("heads.py", str(run), "--data-dir", str(tampered), "--out", str(tmp_path / "h"))
+    result = run_script(
+        "heads.py", str(run), "--data-dir", str(tampered), "--out", str(tmp_path / "h")
+    )
     one_line_error(result, "holds id 70, past the vocabulary of 65")
 
 
@@ -642,7 +752,9 @@ def test_windows_of_a_split_too_large_to_check_check_each_batch(tmp_path: Path):
 
     path = tmp_path / "x.bin"
     torch.arange(100, dtype=torch.int16).numpy().astype("uint16").tofile(path)
-    windows = TokenWindows(TokenFiles.of(path, "uint16"), 8, torch.device("cpu"), 0, "train", max_id=50)
+    windows = TokenWindows(
+        TokenFiles.of(path, "uint16"), 8, torch.device("cpu"), 0, "train", max_id=50
+    )
     with pytest.raises(UserError, match=r"holds id \d+, past the vocabulary of 50"):
         for key in range(20):
             windows.batch(key, 4)
@@ -651,7 +763,10 @@ def test_windows_of_a_split_too_large_to_check_check_each_batch(tmp_path: Path):
 @pytest.mark.slow
 def test_a_prompt_that_is_not_utf8_is_one_line(run: Path):
     result = subprocess.run(
-        [sys.executable, "sample.py", str(run), "--prompt", b"\xff"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "sample.py", str(run), "--prompt", b"\xff"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     one_line_error(result, "the prompt is not valid UTF-8 text")
 
@@ -660,7 +775,9 @@ def test_a_prompt_that_is_not_utf8_is_one_line(run: Path):
 def test_preparing_into_a_read_only_folder(tmp_path: Path):
     tmp_path.chmod(0o555)
     try:
-        result = run_script("prepare.py", "x", "--text-file", __file__, "--data-dir", str(tmp_path / "d"))
+        result = run_script(
+            "prepare.py", "x", "--text-file", __file__, "--data-dir", str(tmp_path / "d")
+        )
     finally:
         tmp_path.chmod(0o755)
     one_line_error(result, f"could not write {tmp_path / 'd' / 'x'} (Permission denied)")

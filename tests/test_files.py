@@ -1,5 +1,6 @@
-"""The user's files (issue 39): every file tinygpt writes gets the mode a plain open(path, "w") gives under
-the user's umask; every text a person gives is read one way (UTF-8, no byte-order mark, CRLF read as LF)."""
+"""The user's files (issue 39): every file tinygpt writes gets the mode a plain open(path, "w")
+gives under the user's umask; every text a person gives is read one way (UTF-8, no byte-order mark,
+CRLF read as LF)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def test_safetensors_and_atomic_writes_get_the_umask_mode(tmp_path: Path):
 
     old = os.umask(0o002)
     try:
-        save_tensors({"x": torch.zeros(2)}, tmp_path / "w.safetensors")  # safetensors alone makes it 0600
+        # safetensors alone makes it 0600
+        save_tensors({"x": torch.zeros(2)}, tmp_path / "w.safetensors")
         atomic_write(tmp_path / "a.txt", "x")
     finally:
         os.umask(old)
@@ -58,14 +60,22 @@ def test_safetensors_and_atomic_writes_get_the_umask_mode(tmp_path: Path):
 
 @pytest.mark.slow
 def test_every_file_written_gets_the_mode_of_a_plain_open(data_dir: Path, tmp_path: Path, capsys):
-    """A run (checkpoints, metrics, loss.png), a prepared dataset, both exports, the heads' pictures, scores
-    and explorer page, and plot.py's picture, all written under umask 027: each file is what open(path, "w")
-    makes there (0640), none 0600 (safetensors, mkstemp) and none 0644 (a mode fixed in the code)."""
+    """A run (checkpoints, metrics, loss.png), a prepared dataset, both exports, the heads'
+    pictures, scores and explorer page, and plot.py's picture, all written under umask 027: each
+    file is what open(path, "w") makes there (0640), none 0600 (safetensors, mkstemp) and none 0644
+    (a mode fixed in the code)."""
     old = os.umask(0o027)
     try:
         out, text = tmp_path / "run", tmp_path / "text.txt"
-        train_here("configs/shakespeare_char.yaml", f"data.dir={data_dir}", f"train.out_dir={out}", *TINY,
-                   "train.max_iters=2", "train.eval_interval=1", "log.plot=true")  # fmt: skip
+        train_here(
+            "configs/shakespeare_char.yaml",
+            f"data.dir={data_dir}",
+            f"train.out_dir={out}",
+            *TINY,
+            "train.max_iters=2",
+            "train.eval_interval=1",
+            "log.plot=true",
+        )
         text.write_text(TEXT)
         script(
             capsys,
@@ -78,8 +88,20 @@ def test_every_file_written_gets_the_mode_of_a_plain_open(data_dir: Path, tmp_pa
         )
         script(capsys, export_script.main, str(out), str(tmp_path / "hf"))
         script(capsys, export_script.main, str(out), str(tmp_path / "model.gguf"))
-        script(capsys, heads_script.main, str(out), "--prompt", "ROMEO:", "--html", "--windows", "4",
-               "--sequences", "2", "--out", str(tmp_path / "heads"))  # fmt: skip
+        script(
+            capsys,
+            heads_script.main,
+            str(out),
+            "--prompt",
+            "ROMEO:",
+            "--html",
+            "--windows",
+            "4",
+            "--sequences",
+            "2",
+            "--out",
+            str(tmp_path / "heads"),
+        )
         script(capsys, plot_script.main, str(out), "--out", str(tmp_path / "runs.png"))
         with open(tmp_path / "plain", "w"):
             pass
@@ -88,7 +110,17 @@ def test_every_file_written_gets_the_mode_of_a_plain_open(data_dir: Path, tmp_pa
     plain = stat.S_IMODE((tmp_path / "plain").stat().st_mode)
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     kinds = {p.suffix for p in files}
-    assert {".safetensors", ".yaml", ".json", ".pt", ".jsonl", ".png", ".html", ".gguf", ".bin"} <= kinds
+    assert {
+        ".safetensors",
+        ".yaml",
+        ".json",
+        ".pt",
+        ".jsonl",
+        ".png",
+        ".html",
+        ".gguf",
+        ".bin",
+    } <= kinds
     assert plain == 0o640 and {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {
         str(p): oct(plain) for p in files
     }
@@ -105,8 +137,11 @@ def test_a_windows_file_reads_as_the_same_text(tmp_path: Path):
 
 
 @pytest.mark.parametrize("block", [5, 8, 64, 1 << 18])
-def test_text_file_blocks_read_crlf_and_a_mark_as_text_mode(tmp_path: Path, monkeypatch, block: int):
-    """Blocks that cut a \\r\\n in two, a val split that starts between them: the same text as whole."""
+def test_text_file_blocks_read_crlf_and_a_mark_as_text_mode(
+    tmp_path: Path, monkeypatch, block: int
+):
+    """Blocks that cut a \\r\\n in two, a val split that starts between them: the same text as
+    whole."""
     monkeypatch.setattr(sources, "BLOCK", block)
     path = tmp_path / "w.txt"
     path.write_bytes(windows(TEXT))
@@ -125,14 +160,19 @@ def test_a_file_that_is_not_utf8_is_one_line(data_dir: Path, tmp_path: Path, cap
     bad.write_bytes("café\n".encode("latin1"))
     ckpt = str(tiny_checkpoint(tmp_path / "m", data_dir))
     message = "latin1.txt is not UTF-8 text (byte 0xe9 at offset 3); convert it"
-    script_error(capsys, sample_script.main, [ckpt, "--prompt-file", str(bad)], f"prompt file {bad}")
+    script_error(
+        capsys, sample_script.main, [ckpt, "--prompt-file", str(bad)], f"prompt file {bad}"
+    )
     script_error(capsys, sample_script.main, [ckpt, "--prompt-file", str(bad)], message)
     script_error(capsys, eval_script.main, [ckpt, "--text-file", str(bad)], message)
 
 
-def test_prepare_and_eval_read_a_notepad_file_as_sample_does(data_dir: Path, tmp_path: Path, capsys):
-    """prepare.py --text-file: no U+FEFF and no \\r in the vocabulary; eval.py --text-file on the same file
-    with a char model whose vocabulary has no \\r: the same loss as the file saved with LF."""
+def test_prepare_and_eval_read_a_notepad_file_as_sample_does(
+    data_dir: Path, tmp_path: Path, capsys
+):
+    """prepare.py --text-file: no U+FEFF and no \\r in the vocabulary; eval.py --text-file on the
+    same file with a char model whose vocabulary has no \\r: the same loss as the file saved with
+    LF."""
     crlf, lf = tmp_path / "crlf.txt", tmp_path / "lf.txt"
     crlf.write_bytes(windows(TEXT))
     lf.write_bytes(TEXT.encode("utf-8"))
@@ -146,7 +186,14 @@ def test_prepare_and_eval_read_a_notepad_file_as_sample_does(data_dir: Path, tmp
     tiny_checkpoint(tmp_path / "m", data_dir)
     losses = [
         json.loads(
-            script(capsys, eval_script.main, str(tmp_path / "m" / "last"), "--text-file", str(f), "--json")
+            script(
+                capsys,
+                eval_script.main,
+                str(tmp_path / "m" / "last"),
+                "--text-file",
+                str(f),
+                "--json",
+            )
         )
         for f in (crlf, lf)
     ]

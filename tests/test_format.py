@@ -1,15 +1,15 @@
-"""The checkpoint format, guarded: a run written by an earlier tinygpt still samples, evaluates and resumes as
-it did when it was written.
+"""The checkpoint format, guarded: a run written by an earlier tinygpt still samples, evaluates and
+resumes as it did when it was written.
 
-Users upgrade tinygpt with runs on disk. tests/fixtures/format_v1/ is such a run, kept as it was written
-(its README says by which commit and command): a 2-layer character model trained for 1,500 iterations on
-tiny Shakespeare with dropout, in fp32 on the CPU, its folder as train.py leaves it (last/, best/,
-metrics.jsonl). The values below were recorded from it by the code that wrote it. Dropout makes a resumed
-run's losses depend on the random generators it restores, so a state.pt read back wrongly shows (resumed
-with another torch generator state, the val loss at 2,000 ends 0.0016 away). Token
-counts, iterations and the greedy text compare exactly; losses to 1e-4, since another CPU's kernels round
-differently. A format that must change gets a version field and a one-line message for what it no longer
-reads, and this test says which.
+Users upgrade tinygpt with runs on disk. tests/fixtures/format_v1/ is such a run, kept as it was
+written (its README says by which commit and command): a 2-layer character model trained for 1,500
+iterations on tiny Shakespeare with dropout, in fp32 on the CPU, its folder as train.py leaves it
+(last/, best/, metrics.jsonl). The values below were recorded from it by the code that wrote it.
+Dropout makes a resumed run's losses depend on the random generators it restores, so a state.pt read
+back wrongly shows (resumed with another torch generator state, the val loss at 2,000 ends 0.0016
+away). Token counts, iterations and the greedy text compare exactly; losses to 1e-4, since another
+CPU's kernels round differently. A format that must change gets a version field and a one-line
+message for what it no longer reads, and this test says which.
 """
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ def test_the_fixture_samples_as_it_did(capsys):
 def test_the_fixture_evaluates_as_it_did(capsys, data_dir: Path):
     import eval as eval_script
 
-    result = json.loads(script(capsys, eval_script.main, str(FIXTURE), "--data-dir", str(data_dir), "--json"))
+    result = json.loads(
+        script(capsys, eval_script.main, str(FIXTURE), "--data-dir", str(data_dir), "--json")
+    )
     assert result["checkpoint"] == str(FIXTURE / "best") and result["tokenizer"] == "char"
     assert (result["tokens"], result["bytes"]) == (111_539, 111_539)
     assert close(result["loss"], 2.43219) and close(result["bpb"], 3.50891)
@@ -79,12 +81,18 @@ def test_the_fixture_evaluates_as_it_did(capsys, data_dir: Path):
 def test_the_fixture_resumes_as_it_did(data_dir: Path, tmp_path: Path):
     out = tmp_path / "run"
     shutil.copytree(FIXTURE, out)
-    # recorded when a longer budget stretched the schedule over it from iteration 0; now a resumed run goes
-    # on from where its schedule was (docs/training.md), so the copy says 2,000: the same schedule, no change
+    # recorded when a longer budget stretched the schedule over it from iteration 0; now a resumed
+    # run goes on from where its schedule was (docs/training.md), so the copy says 2,000: the same
+    # schedule, no change
     config = out / "last" / "config.yaml"
     config.write_text(config.read_text().replace("max_iters: 1500", "max_iters: 2000"))
     before = metrics(out)
-    resumed = [f"data.dir={data_dir}", f"train.out_dir={out}", "train.max_iters=2000", "train.resume=true"]
+    resumed = [
+        f"data.dir={data_dir}",
+        f"train.out_dir={out}",
+        "train.max_iters=2000",
+        "train.resume=true",
+    ]
     train_here(*ARGS, *resumed)
     rows = metrics(out)
     assert rows[:4] == before and [r["iter"] for r in rows] == [0, 500, 1000, 1500, 2000]

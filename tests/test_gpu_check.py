@@ -1,7 +1,8 @@
-"""tools/gpu_check.sh without a GPU: its usage, and every command it would run (`--dry-run`) names a script,
-module, test file and options that exist, with a config and overrides that resolve, on both devices: a stale
-path (the old `bench.py`) or a renamed key fails here, not on a lent GPU. The whole rehearsal on the CPU
-(GPU_CHECK_DEVICE=cpu, about 2 minutes) is run by hand (docs/gpu.md); tools/versions.py is run here."""
+"""tools/gpu_check.sh without a GPU: its usage, and every command it would run (`--dry-run`) names a
+script, module, test file and options that exist, with a config and overrides that resolve, on both
+devices: a stale path (the old `bench.py`) or a renamed key fails here, not on a lent GPU. The whole
+rehearsal on the CPU (GPU_CHECK_DEVICE=cpu, about 2 minutes) is run by hand (docs/gpu.md);
+tools/versions.py is run here."""
 
 from __future__ import annotations
 
@@ -32,7 +33,11 @@ def gpu_check(*args: str, **env: str) -> subprocess.CompletedProcess:
 def test_usage_says_how_to_prepare_check_and_rehearse():
     result = gpu_check("--help")
     assert result.returncode == 0
-    for line in ("bash tools/gpu_check.sh prepare", "GPU_CHECK_DEVICE=cpu bash tools/gpu_check.sh", "carry"):
+    for line in (
+        "bash tools/gpu_check.sh prepare",
+        "GPU_CHECK_DEVICE=cpu bash tools/gpu_check.sh",
+        "carry",
+    ):
         assert line in result.stdout
     assert gpu_check("nonsense").returncode == 2
 

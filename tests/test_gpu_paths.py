@@ -1,5 +1,5 @@
-"""GPU and multi-GPU readiness, checked on the CPU where the defects reproduce: preparation before the process
-group, a CPU GradScaler, mocked GPU capabilities, host syncs counted."""
+"""GPU and multi-GPU readiness, checked on the CPU where the defects reproduce: preparation before
+the process group, a CPU GradScaler, mocked GPU capabilities, host syncs counted."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import torch.utils._triton
 from conftest import TINY
 
 from common.errors import ConfigError, UserError
-from runs import runtime, train_state
+from runs import checkpoint, runtime
 from runs.config import load_config
 from runs.runtime import Runtime
-from training import distributed
+from training import distributed, resume
 from training.plan import plan_run, run_dataset
-from training.run import Agreement, Clock, StopRequest, start_run, train_step
+from training.run import start_run, train_step
+from training.stopping import Clock, StopRequest, SyncedStop
 
 
 def test_several_machines_need_the_dataset_prepared_first(monkeypatch, tmp_path: Path):
@@ -38,7 +39,9 @@ def test_several_machines_need_the_dataset_prepared_first(monkeypatch, tmp_path:
 def test_other_local_ranks_wait_for_the_files_while_local_rank_0_works(monkeypatch, tmp_path: Path):
     monkeypatch.setattr(distributed, "GIVE_UP_S", 0.2)
     ready, beat = tmp_path / "data" / "meta.json", tmp_path / ".data.preparing"
-    waiting = Runtime(torch.device("cpu"), "fp32", rank=1, local_rank=1, world_size=2, local_world_size=2)
+    waiting = Runtime(
+        torch.device("cpu"), "fp32", rank=1, local_rank=1, world_size=2, local_world_size=2
+    )
 
     def local_rank_0():  # works for 0.6 s, three times the give-up time, touching its file
         for _ in range(6):
@@ -77,10 +80,11 @@ def poison(run, value: float = float("nan")) -> torch.Tensor:
 
 
 def test_fp16_loss_scaling_survives_a_skipped_step(data_dir: Path):
-    """fp16 with train.skip_nonfinite: the step after a skipped one used to raise in unscale_ (update() had
-    not run). GradScaler("cpu") and fused AdamW reproduce it on the CPU."""
+    """fp16 with train.skip_nonfinite: the step after a skipped one used to raise in unscale_
+    (update() had not run). GradScaler("cpu") and fused AdamW reproduce it on the CPU."""
     run = tiny_run(data_dir, "train.skip_nonfinite=1", "optim.impl=fused")
-    run.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)  # what train.precision=fp16 uses on a GPU
+    # what train.precision=fp16 uses on a GPU
+    run.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     saved = poison(run)
     _, _, finite = train_step(run, 0)
     assert not bool(finite)
@@ -88,12 +92,13 @@ def test_fp16_loss_scaling_survives_a_skipped_step(data_dir: Path):
         run.model.token_emb.weight.copy_(saved)
     _, _, finite = train_step(run, 1)
     assert bool(finite)
-    assert run.scaler.get_scale() == 2.0**9  # halved after the non-finite gradients, as GradScaler does
+    # halved after the non-finite gradients, as GradScaler does
+    assert run.scaler.get_scale() == 2.0**9
 
 
 class HostReads:
-    """Counts the ways Python reads a tensor's value back (each a host sync on a GPU; numpy() is not one:
-    it refuses CUDA tensors)."""
+    """Counts the ways Python reads a tensor's value back (each a host sync on a GPU; numpy() is not
+    one: it refuses CUDA tensors)."""
 
     METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu")
 
@@ -112,11 +117,15 @@ class HostReads:
 
 
 @pytest.mark.parametrize("optimizer", ["optim.name=adamw", "optim.name=muon"])
-def test_a_step_never_reads_back_and_a_non_finite_one_changes_nothing(data_dir: Path, monkeypatch, optimizer):
+def test_a_step_never_reads_back_and_a_non_finite_one_changes_nothing(
+    data_dir: Path, monkeypatch, optimizer
+):
     run = tiny_run(data_dir, optimizer, "optim.impl=fused")
     train_step(run, 0)  # optimizer state exists from here on
     params = {n: p.detach().clone() for n, p in run.model.named_parameters()}
-    state = [{k: v.clone() for k, v in s.items()} for opt in run.optimizers for s in opt.state.values()]
+    state = [
+        {k: v.clone() for k, v in s.items()} for opt in run.optimizers for s in opt.state.values()
+    ]
     saved = poison(run, float("inf"))
     params["token_emb.weight"] = run.model.token_emb.weight.detach().clone()
     reads = HostReads(monkeypatch)
@@ -127,7 +136,8 @@ def test_a_step_never_reads_back_and_a_non_finite_one_changes_nothing(data_dir: 
     for name, p in run.model.named_parameters():
         assert torch.equal(p, params[name]), name  # skipped on the device: nothing moved
     after = [s for opt in run.optimizers for s in opt.state.values()]
-    assert all(torch.equal(a[k], b[k]) for a, b in zip(state, after) for k in a)  # nor the optimizer state
+    # nor the optimizer state
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(state, after) for k in a)
     with torch.no_grad():
         run.model.token_emb.weight.copy_(saved)
     _, _, finite = train_step(run, 3)
@@ -136,15 +146,15 @@ def test_a_step_never_reads_back_and_a_non_finite_one_changes_nothing(data_dir: 
 
 def test_torchrun_ranks_agree_on_stopping_at_log_steps_only(data_dir: Path, monkeypatch):
     run = tiny_run(data_dir, "log.interval=10", "train.eval_interval=25")
-    run.rt.world_size = 2  # as under torchrun: every agreement is an all-reduce that waits for the other rank
+    # as under torchrun: every agreement is an all-reduce that waits for the other rank
+    run.rt.world_size = 2
     calls = []
     monkeypatch.setattr(distributed, "agree", lambda values, rt: calls.append(values) or values)
     stop, clock = StopRequest(verbose=False), Clock()
     try:
-        agreed = Agreement(run.rt, stop, clock, sync_every=(10, 25))
-        seen = [
-            agreed.now(it) for it in range(3, 31)
-        ]  # a resumed run: agrees at once, then at 10, 20, 25, 30
+        agreed = SyncedStop(run.rt, stop, clock, sync_every=(10, 25))
+        # a resumed run: agrees at once, then at 10, 20, 25, 30
+        seen = [agreed.now(it) for it in range(3, 31)]
         assert len(calls) == 5
         stop.signum = 15  # SIGTERM arrives at iteration 31: acted on at the next log step
         assert [agreed.now(it)[0] for it in range(31, 41)] == [0] * 9 + [15]
@@ -155,8 +165,8 @@ def test_torchrun_ranks_agree_on_stopping_at_log_steps_only(data_dir: Path, monk
 
 
 def fake_gpus(monkeypatch, count: int) -> tuple[torch.Generator, ...]:
-    """`count` visible GPUs as far as torch.cuda's random-state functions can tell: CPU generators stand in
-    for the devices' default generators, and the current device is GPU 0."""
+    """`count` visible GPUs as far as torch.cuda's random-state functions can tell: CPU generators
+    stand in for the devices' default generators, and the current device is GPU 0."""
     generators = tuple(torch.Generator().manual_seed(i) for i in range(count))
     monkeypatch.setattr(torch.cuda, "default_generators", generators)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -168,18 +178,21 @@ def fake_gpus(monkeypatch, count: int) -> tuple[torch.Generator, ...]:
     return generators
 
 
-def test_resume_with_fewer_visible_gpus_restores_this_devices_generator(monkeypatch, tmp_path: Path):
+def test_resume_with_fewer_visible_gpus_restores_this_devices_generator(
+    monkeypatch, tmp_path: Path
+):
     gpus = fake_gpus(monkeypatch, 2)  # saved by a process that saw 2 GPUs
-    torch.save(train_state.rng_state(), tmp_path / "state.pt")
+    torch.save(checkpoint.rng_state(), tmp_path / "state.pt")
     saved = gpus[0].get_state()
-    gpus = fake_gpus(monkeypatch, 1)  # resumed where 1 is visible: used to raise (an index past the devices)
-    train_state.set_rng_state(torch.load(tmp_path / "state.pt", weights_only=True))
+    # resumed where 1 is visible: used to raise (an index past the devices)
+    gpus = fake_gpus(monkeypatch, 1)
+    resume.set_rng_state(torch.load(tmp_path / "state.pt", weights_only=True))
     assert torch.equal(gpus[0].get_state(), saved)
 
 
 def fake_gpu(monkeypatch, capability: tuple[int, int]) -> torch.device:
-    """A visible GPU of this compute capability, for the precision choice (bf16 is native from 8.0; torch
-    emulates it on older GPUs and counts that as supported unless asked not to)."""
+    """A visible GPU of this compute capability, for the precision choice (bf16 is native from 8.0;
+    torch emulates it on older GPUs and counts that as supported unless asked not to)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
@@ -191,34 +204,46 @@ def fake_gpu(monkeypatch, capability: tuple[int, int]) -> torch.device:
     return torch.device("cuda", 0)
 
 
-@pytest.mark.parametrize("capability, precision", [((7, 5), "fp16"), ((7, 0), "fp16"), ((8, 0), "bf16")])
-def test_auto_precision_on_a_t4_or_v100_is_fp16_with_loss_scaling(monkeypatch, capability, precision):
+@pytest.mark.parametrize(
+    "capability, precision", [((7, 5), "fp16"), ((7, 0), "fp16"), ((8, 0), "bf16")]
+)
+def test_auto_precision_on_a_t4_or_v100_is_fp16_with_loss_scaling(
+    monkeypatch, capability, precision
+):
     cuda = fake_gpu(monkeypatch, capability)  # T4 7.5, V100 7.0 (free notebooks), A100 8.0
     assert runtime.pick_precision("auto", cuda, 768) == precision
-    assert runtime.pick_precision("bf16", cuda, 768) == "bf16"  # asked for: emulated where not native
+    # asked for: emulated where not native
+    assert runtime.pick_precision("bf16", cuda, 768) == "bf16"
 
 
-def test_the_dry_run_predicts_the_precision_training_chooses_on_a_gpu_without_native_bf16(monkeypatch):
-    """The dry run used to choose the precision itself, counting emulated bf16 as supported: on a T4 or a
-    V100 it predicted a bf16 run where training runs in fp16. Both ask runs/runtime.py now."""
+def test_the_dry_run_predicts_the_precision_training_chooses_on_a_gpu_without_native_bf16(
+    monkeypatch,
+):
+    """The dry run used to choose the precision itself, counting emulated bf16 as supported: on a T4
+    or a V100 it predicted a bf16 run where training runs in fp16. Both ask runs/runtime.py now."""
     from training import estimate
 
     cuda = fake_gpu(monkeypatch, (7, 5))  # a T4
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (15 * 2**30, 16 * 2**30))
     monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: False)
     trained = runtime.pick_precision("auto", cuda, 768)  # what training's runtime.setup chooses
-    report = estimate.dry_run(
-        load_config("gpt2", ["train.device=cuda"])
-    )  # its dataset is not prepared: no timing
-    assert trained == "fp16" and "training on cuda in fp16" in report and "in fp32 instead" in report, report
+    # its dataset is not prepared: no timing
+    report = estimate.dry_run(load_config("gpt2", ["train.device=cuda"]))
+    assert (
+        trained == "fp16" and "training on cuda in fp16" in report and "in fp32 instead" in report
+    ), report
     fake_gpu(monkeypatch, (8, 0))  # an A100: native bf16
-    assert "training on cuda in bf16" in estimate.dry_run(load_config("gpt2", ["train.device=cuda"]))
+    assert "training on cuda in bf16" in estimate.dry_run(
+        load_config("gpt2", ["train.device=cuda"])
+    )
 
 
 def test_compile_needs_a_working_triton_on_cuda(monkeypatch):
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: False)  # native Windows, GPUs before 7.0
-    assert not runtime.compile_enabled("auto", cuda)  # used to turn on, then crash at the first forward
+    # native Windows, GPUs before 7.0
+    monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: False)
+    # used to turn on, then crash at the first forward
+    assert not runtime.compile_enabled("auto", cuda)
     with pytest.raises(UserError, match=r"train\.compile=true needs Triton"):
         runtime.compile_enabled("true", cuda)
     assert runtime.compile_enabled("True", cpu)  # the CPU backend generates C++, not Triton
@@ -230,7 +255,8 @@ def test_compile_needs_a_working_triton_on_cuda(monkeypatch):
 def test_cuda_graphs_with_gradient_accumulation_are_refused(monkeypatch):
     bad = ["train.compile_mode=reduce-overhead", "train.grad_accum=4"]
     with pytest.raises(
-        ConfigError, match=r"train\.compile_mode: reduce-overhead \(CUDA graphs\) cannot accumulate "
+        ConfigError,
+        match=r"train\.compile_mode: reduce-overhead \(CUDA graphs\) cannot accumulate ",
     ):
         load_config("gpt2", bad)
     monkeypatch.setenv("WORLD_SIZE", "4")  # one micro-step per process: fine
@@ -239,8 +265,9 @@ def test_cuda_graphs_with_gradient_accumulation_are_refused(monkeypatch):
 
 
 def test_bench_memory_where_there_is_no_proc_is_not_measured(data_dir: Path, monkeypatch):
-    """macOS and Windows have no /proc/self/clear_refs (nor do some sandboxes): bench.py crashed there, after
-    all its timing rounds. Now the CPU memory is 'not measured' and everything else is reported."""
+    """macOS and Windows have no /proc/self/clear_refs (nor do some sandboxes): bench.py crashed
+    there, after all its timing rounds. Now the CPU memory is 'not measured' and everything else is
+    reported."""
     import builtins
 
     from training import measure
@@ -270,7 +297,8 @@ def test_bench_memory_where_there_is_no_proc_is_not_measured(data_dir: Path, mon
         ("A100-PCIE-40GB", "bf16", 312.0),  # older drivers leave out "NVIDIA "
         ("Tesla T4", "fp16", 65.0),
         ("Tesla T4", "bf16", None),  # no bf16 tensor cores
-        ("NVIDIA RTX 6000 Ada Generation", "bf16", None),  # not in the table: no MFU rather than a wrong one
+        # not in the table: no MFU rather than a wrong one
+        ("NVIDIA RTX 6000 Ada Generation", "bf16", None),
     ],
 )
 def test_gpu_peaks_are_matched_by_exact_product_name(name, precision, tflops):
@@ -280,13 +308,17 @@ def test_gpu_peaks_are_matched_by_exact_product_name(name, precision, tflops):
 
 
 def test_a_cuda_batch_is_one_pinned_buffer_copied_once(data_dir: Path, monkeypatch):
-    """x and y are views of one (batch, block_size + 1) window array: pinning them separately kept their
-    strides and sent each through a pageable copy. Now the whole array is pinned, copied once, sliced on
-    the device. The CUDA calls are recorded (CI has no GPU), the values checked against the CPU's."""
+    """x and y are views of one (batch, block_size + 1) window array: pinning them separately kept
+    their strides and sent each through a pageable copy. Now the whole array is pinned, copied once,
+    sliced on the device. The CUDA calls are recorded (CI has no GPU), the values checked against
+    the CPU's."""
     from data.loader import TokenWindows
     from data.shards import TokenFiles
 
-    path, cuda = TokenFiles.of(data_dir / "shakespeare_char" / "train.bin", "uint16"), torch.device("cuda", 0)
+    path, cuda = (
+        TokenFiles.of(data_dir / "shakespeare_char" / "train.bin", "uint16"),
+        torch.device("cuda", 0),
+    )
     x_cpu, y_cpu = TokenWindows(path, 32, torch.device("cpu"), 1337, "train").batch(7, 8)
     pinned, copies = [], []
     real_empty = torch.empty
@@ -314,4 +346,6 @@ def test_a_cuda_batch_is_one_pinned_buffer_copied_once(data_dir: Path, monkeypat
     assert [(t is pinned[0], device, non_blocking) for t, device, non_blocking in copies] == [
         (True, cuda, True)
     ]
-    assert torch.equal(x, x_cpu) and torch.equal(y, y_cpu) and x.is_contiguous() and y.is_contiguous()
+    assert (
+        torch.equal(x, x_cpu) and torch.equal(y, y_cpu) and x.is_contiguous() and y.is_contiguous()
+    )

@@ -1,5 +1,6 @@
-"""Head role scores against hand-built attention patterns, the repeats dataset, the plots, heads.py, and the
-induction experiment: a 2-layer attention-only model forms an induction head, a 1-layer one cannot."""
+"""Head role scores against hand-built attention patterns, the repeats dataset, the plots, heads.py,
+and the induction experiment: a 2-layer attention-only model forms an induction head, a 1-layer one
+cannot."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def test_text_scores_of_hand_built_heads():
     }
     for role, values in expected.items():  # one row per window, the same patterns in each
         assert (
-            scores[role].shape == (3, 4) and scores[role].tolist() == [pytest.approx(values, abs=1e-6)] * 3
+            scores[role].shape == (3, 4)
+            and scores[role].tolist() == [pytest.approx(values, abs=1e-6)] * 3
         ), role
 
 
@@ -77,8 +79,14 @@ def test_repeat_scores_of_hand_built_heads():
     previous = pattern(2 * N, lambda q: max(q - 1, 0))
     scores = repeat_scores(heads(induction, duplicate, previous, uniform(2 * N)), N)
     uniform_score = sum(1 / (q + 1) for q in range(N, 2 * N)) / N  # second-half queries
-    assert scores["induction"].tolist() == [pytest.approx([1.0, 0.0, 0.0, uniform_score], abs=1e-6)] * 3
-    assert scores["duplicate_token"].tolist() == [pytest.approx([0.0, 1.0, 0.0, uniform_score], abs=1e-6)] * 3
+    assert (
+        scores["induction"].tolist()
+        == [pytest.approx([1.0, 0.0, 0.0, uniform_score], abs=1e-6)] * 3
+    )
+    assert (
+        scores["duplicate_token"].tolist()
+        == [pytest.approx([0.0, 1.0, 0.0, uniform_score], abs=1e-6)] * 3
+    )
 
 
 def test_repeated_tokens_are_two_copies_of_distinct_tokens():
@@ -106,7 +114,8 @@ def test_repeat_losses_and_icl_score_of_hand_built_logits():
 
     block = 40
     early, late = icl_positions(block)
-    assert (early, late) == (3, 39)  # the 4th and the 40th token: a tenth of the context, and all of it
+    # the 4th and the 40th token: a tenth of the context, and all of it
+    assert (early, late) == (3, 39)
     targets = torch.randint(0, V, (8, block), generator=torch.Generator().manual_seed(0))
     logits = torch.zeros(8, block, V)
     logits[:, late].scatter_(1, targets[:, late, None], 100.0)  # the late prediction is certain
@@ -129,9 +138,8 @@ SCORES = {
 
 def test_strongest_heads_and_flat_scores():
     assert strongest_heads(SCORES) == (
-        "induction L1H0 0.93 | previous-token L0H0 0.88 | duplicate-token L0H1 0.30 | "
-        "first-token L1H1 0.60 | current-token L0H1 0.70 | ICL -1.23 | "
-        "repeat loss 4.00 -> 0.25"
+        "induction L1H0 0.93 | previous-token L0H0 0.88 | duplicate-token L0H1 0.30 | first-token "
+        "L1H1 0.60 | current-token L0H1 0.70 | ICL -1.23 | repeat loss 4.00 -> 0.25"
     )
     assert flat_scores(SCORES) == {
         "heads/induction_max": 0.93,
@@ -166,12 +174,16 @@ def test_plot_training_draws_scores_next_to_the_loss(tmp_path: Path):
 @pytest.fixture
 def val_windows(tmp_path: Path) -> TokenWindows:
     np.random.default_rng(0).integers(0, 30, 5000).astype(np.uint16).tofile(tmp_path / "val.bin")
-    return TokenWindows(TokenFiles.of(tmp_path / "val.bin", "uint16"), 16, torch.device("cpu"), 0, "val")
+    return TokenWindows(
+        TokenFiles.of(tmp_path / "val.bin", "uint16"), 16, torch.device("cpu"), 0, "val"
+    )
 
 
 def test_scores_keep_the_mode_and_the_global_rng(val_windows: TokenWindows):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=3, n_embd=24, dropout=0.1)).train()
+    model = GPT(
+        GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=3, n_embd=24, dropout=0.1)
+    ).train()
     rng = torch.get_rng_state()
     scores = score_heads(model, val_windows, seed=1)
     assert model.training and torch.equal(torch.get_rng_state(), rng)
@@ -182,7 +194,8 @@ def test_scores_keep_the_mode_and_the_global_rng(val_windows: TokenWindows):
         )
     assert scores["repeat_length"] == 8 and scores["icl_positions"] == [0, 15]
     model.eval()
-    assert scores == score_heads(model, val_windows, seed=1) and not model.training  # dropout was off
+    # dropout was off
+    assert scores == score_heads(model, val_windows, seed=1) and not model.training
     assert scores["induction"] != score_heads(model, val_windows, seed=2)["induction"]
 
 
@@ -199,7 +212,9 @@ def test_scores_of_a_large_model_are_computed_in_chunks(val_windows: TokenWindow
 
 
 def test_repeats_dataset_is_deterministic_periodic_and_distinct():
-    source = Repeats(train_chars=5000, val_chars=3000, min_len=5, max_len=9, min_repeats=3, max_repeats=3)
+    source = Repeats(
+        train_chars=5000, val_chars=3000, min_len=5, max_len=9, min_repeats=3, max_repeats=3
+    )
     source.check()
     val = "".join(source.documents("val"))
     assert (
@@ -208,10 +223,13 @@ def test_repeats_dataset_is_deterministic_periodic_and_distinct():
     )
     assert set(val) <= set(source.alphabet)
     rng = np.random.default_rng(0)
-    for _ in range(20):  # a chunk is one segment of distinct characters written three times, back to back
+    # a chunk is one segment of distinct characters written three times, back to back
+    for _ in range(20):
         chunk = "".join(source._chunk(rng, np.array(list(source.alphabet))))
         length = len(chunk) // 3
-        assert 5 <= length <= 9 and chunk == chunk[:length] * 3 and len(set(chunk[:length])) == length
+        assert (
+            5 <= length <= 9 and chunk == chunk[:length] * 3 and len(set(chunk[:length])) == length
+        )
     with pytest.raises(UserError, match="distinct segments of up to 60"):
         Repeats(max_len=60).check()
 
@@ -224,7 +242,9 @@ def test_two_layers_form_a_previous_token_head_and_an_induction_head(induction_r
     _, scores = induction_run
     assert max(scores["induction"][1]) >= 0.4, strongest_heads(scores)
     assert max(scores["previous_token"][0]) >= 0.4, strongest_heads(scores)
-    assert scores["repeat_loss_second_half"] < 0.3 * scores["repeat_loss_first_half"], strongest_heads(scores)
+    assert scores["repeat_loss_second_half"] < 0.3 * scores["repeat_loss_first_half"], (
+        strongest_heads(scores)
+    )
     assert scores["icl_score"] < -1.0
 
 
@@ -232,11 +252,15 @@ def test_two_layers_form_a_previous_token_head_and_an_induction_head(induction_r
 def test_one_layer_forms_no_induction_head(repeats_dir: Path, tmp_path: Path):
     scores = train_induction("induction_1layer", repeats_dir, tmp_path / "out")
     assert max(scores["induction"][0]) < 0.4, strongest_heads(scores)
-    assert scores["repeat_loss_second_half"] > 0.6 * scores["repeat_loss_first_half"], strongest_heads(scores)
+    assert scores["repeat_loss_second_half"] > 0.6 * scores["repeat_loss_first_half"], (
+        strongest_heads(scores)
+    )
 
 
 @pytest.mark.slow
-def test_heads_command_prints_the_roles_and_draws_the_maps(induction_run, repeats_dir: Path, tmp_path: Path):
+def test_heads_command_prints_the_roles_and_draws_the_maps(
+    induction_run, repeats_dir: Path, tmp_path: Path
+):
     out, scores = induction_run
     result = run_script(
         "heads.py",
@@ -253,8 +277,15 @@ def test_heads_command_prints_the_roles_and_draws_the_maps(induction_run, repeat
         timeout=120,
     )
     assert "induction" in result.stdout and "previous-token" in result.stdout
-    assert "L0 " in result.stdout and "L1 " in result.stdout and "heads with a role" in result.stdout
-    for name in ("attention_layer0.png", "attention_layer1.png", "attention_L1H2.png", "head_scores.png"):
+    assert (
+        "L0 " in result.stdout and "L1 " in result.stdout and "heads with a role" in result.stdout
+    )
+    for name in (
+        "attention_layer0.png",
+        "attention_layer1.png",
+        "attention_L1H2.png",
+        "head_scores.png",
+    ):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG", name
     saved = json.loads((tmp_path / "head_scores.json").read_text())
     assert saved["induction"] == scores["induction"] and saved["checkpoint"] == str(out / "best")

@@ -1,10 +1,12 @@
-"""Hugging Face interop, checked against transformers itself (offline: tiny random models made here).
+"""Hugging Face interop, checked against transformers itself (offline: tiny random models made
+here).
 
-Import (train.init_from, sample.py and heads.py on a model folder): GPT-2 and Llama folders give transformers'
-logits and greedy tokens. Export (export.py): trained GPT-2 and Llama style models load with
-AutoModelForCausalLM, AutoTokenizer and pipeline and give our logits, greedy text and token ids. The round
-trip keeps every weight; fine-tuning a GPT-2 folder on `shakespeare` trains and resumes; bad inputs are one
-line each. tinygpt itself never imports transformers: the tests use it as the reference.
+Import (train.init_from, sample.py and heads.py on a model folder): GPT-2 and Llama folders give
+transformers' logits and greedy tokens. Export (export.py): trained GPT-2 and Llama style models
+load with AutoModelForCausalLM, AutoTokenizer and pipeline and give our logits, greedy text and
+token ids. The round trip keeps every weight; fine-tuning a GPT-2 folder on `shakespeare` trains and
+resumes; bad inputs are one line each. tinygpt itself never imports transformers: the tests use it
+as the reference.
 """
 
 from __future__ import annotations
@@ -16,7 +18,16 @@ import pytest
 import tiktoken
 import torch
 import transformers
-from conftest import LLAMA, TINY, noisy, run_script, script, script_error, tiny_checkpoint, train_here
+from conftest import (
+    LLAMA,
+    TINY,
+    noisy,
+    run_script,
+    script,
+    script_error,
+    tiny_checkpoint,
+    train_here,
+)
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForCausalLM,
@@ -35,30 +46,33 @@ from data.prepare import prepare_dataset
 from data.recipes import SHAKESPEARE, recipes
 from data.tokenizers import from_meta
 from model import GPT
-from model.generate import generate
 from runs import checkpoint, pretrained
 from runs.config import load_config
+from sampling.generate import generate
 
 transformers.logging.set_verbosity_error()
 MIXED = (
-    "First Citizen:\nBefore we proceed any further, hear me speak.\n\n   All:  Speak, speak!\t(x2)\n"
-    "naïve café — 日本語 🎉👍🏽 ¿qué? Ωmega\n"
-    "def f(x):\n    return {'a': x ** 2}  # code\n\n\n"
-    "I'm you'll we've HE'S  trailing   \n<|endoftext|>Next document 12345 3.14159\u00a0\u3000end "
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n\n   All:  Speak, "
+    "speak!\t(x2)\nnaïve café — 日本語 🎉👍🏽 ¿qué? Ωmega\ndef f(x):\n    return {'a': x ** 2}  # "
+    "code\n\n\nI'm you'll we've HE'S  trailing   \n<|endoftext|>Next document 12345 "
+    "3.14159\u00a0\u3000end "
 )
-# Only probe-reported modules: tinygpt's train/sample path must not import them (tokenizers: export only)
+# Only probe-reported modules: tinygpt's train/sample path must not import them (tokenizers: export
+# only)
 PROBE = (
     "import atexit, runpy, sys; atexit.register(lambda: print('\\nimported:', sorted(m for m in "
-    "('transformers', 'tokenizers') if m in sys.modules), file=sys.stderr)); sys.argv = sys.argv[1:]; "
-    "runpy.run_path(sys.argv[0], run_name='__main__')"
+    "('transformers', 'tokenizers') if m in sys.modules), file=sys.stderr)); sys.argv = "
+    "sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 )
 
 
 def perturbed(model: torch.nn.Module) -> torch.nn.Module:
-    """The model with noise on every parameter (norm weights and biases too), so every tensor matters."""
+    """The model with noise on every parameter (norm weights and biases too), so every tensor
+    matters."""
     torch.manual_seed(0)
     noisy(model, 0.05)
-    model.generation_config.eos_token_id = None  # greedy generation runs its full length, as ours does
+    # greedy generation runs its full length, as ours does
+    model.generation_config.eos_token_id = None
     return model.eval()
 
 
@@ -74,8 +88,8 @@ def hf_gpt2(tmp_path_factory) -> tuple[Path, GPT2LMHeadModel]:
 
 @pytest.fixture(scope="module")
 def hf_llama(tmp_path_factory) -> tuple[Path, LlamaForCausalLM]:
-    """A Llama with grouped-query attention (4 heads, 2 key/value heads) and an untied LM head, saved in
-    shards (model-0000N-of-0000M.safetensors and their index), as large models are."""
+    """A Llama with grouped-query attention (4 heads, 2 key/value heads) and an untied LM head,
+    saved in shards (model-0000N-of-0000M.safetensors and their index), as large models are."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=97,
@@ -122,7 +136,9 @@ def greedy(model: GPT, ids: list[int], n: int) -> list[int]:
 def test_imported_models_compute_what_transformers_computes(name, hf_gpt2, hf_llama):
     folder, theirs = hf_gpt2 if name == "gpt2" else hf_llama
     model = ours(folder)
-    idx = torch.randint(0, model.config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1))
+    idx = torch.randint(
+        0, model.config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1)
+    )
     with torch.no_grad():  # a full context, fp32
         torch.testing.assert_close(model(idx)[0], theirs(idx).logits, rtol=0, atol=1e-5)
     prompt = idx[:1, :8]
@@ -144,7 +160,9 @@ def test_sample_and_heads_read_a_model_folder(hf_gpt2, bpe_data: Path, tmp_path:
         "20",
     )
     enc = tiktoken.get_encoding("r50k_base")
-    expected = theirs.generate(torch.tensor([enc.encode("ROMEO:")]), do_sample=False, max_new_tokens=20)
+    expected = theirs.generate(
+        torch.tensor([enc.encode("ROMEO:")]), do_sample=False, max_new_tokens=20
+    )
     assert out == enc.decode(expected[0].tolist()) + "\n"
     out = script(
         capsys,
@@ -181,7 +199,13 @@ def char_models(data_dir: Path, tmp_path_factory) -> dict[str, Path]:
     llama = [*LLAMA, "model.n_kv_head=1"]
     runs = {"gpt2": out / "gpt2", "llama": out / "llama"}
     for name, extra in (("gpt2", []), ("llama", llama)):
-        train_here("shakespeare_char", f"data.dir={data_dir}", f"train.out_dir={runs[name]}", *common, *extra)
+        train_here(
+            "shakespeare_char",
+            f"data.dir={data_dir}",
+            f"train.out_dir={runs[name]}",
+            *common,
+            *extra,
+        )
     return runs
 
 
@@ -195,13 +219,17 @@ def test_exported_char_models_load_in_transformers(name, char_models, tmp_path: 
     theirs = AutoModelForCausalLM.from_pretrained(dest).eval()
     loaded = pretrained.load_model(run)
     model, tokenizer_meta = loaded.model, loaded.tokenizer_meta
-    idx = torch.randint(0, model.config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(2))
+    idx = torch.randint(
+        0, model.config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(2)
+    )
     with torch.no_grad():
         torch.testing.assert_close(theirs(idx).logits, model(idx)[0], rtol=0, atol=1e-5)
 
     tokenizer, ours_tok = AutoTokenizer.from_pretrained(dest), from_meta(tokenizer_meta)
     corpus = (
-        Path(SHAKESPEARE).read_text()[-3000:] + "  All:   Speak,  speak!\n\n\n  " + "".join(ours_tok.chars)
+        Path(SHAKESPEARE).read_text()[-3000:]
+        + "  All:   Speak,  speak!\n\n\n  "
+        + "".join(ours_tok.chars)
     )
     assert tokenizer(corpus)["input_ids"] == ours_tok.encode(corpus).tolist()
     assert tokenizer.decode(tokenizer(corpus)["input_ids"]) == corpus
@@ -210,8 +238,18 @@ def test_exported_char_models_load_in_transformers(name, char_models, tmp_path: 
     generator = transformers.pipeline("text-generation", model=str(dest))
     text = generator("ROMEO:", max_new_tokens=50, do_sample=False)[0]["generated_text"]
     assert text == "ROMEO:" + ours_tok.decode(greedy(model, ours_tok.encode("ROMEO:").tolist(), 50))
-    args = ("sample.py", str(run), "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "50")
-    result = run_script("-c", PROBE, *args, check=True)  # and by sample.py, which never imports transformers
+    args = (
+        "sample.py",
+        str(run),
+        "--prompt",
+        "ROMEO:",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "50",
+    )
+    # and by sample.py, which never imports transformers
+    result = run_script("-c", PROBE, *args, check=True)
     assert result.stdout == text + "\n" and "imported: []" in result.stderr
 
 
@@ -239,7 +277,9 @@ def test_round_trip_export_then_init_from_keeps_every_weight(
         )
         before = load_file(str(checkpoint.find(run).folder / "model.safetensors"))
         after = load_file(str(out / "last" / "model.safetensors"))
-        assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+        assert before.keys() == after.keys() and all(
+            torch.equal(before[k], after[k]) for k in before
+        )
         saved = load_config(out / "last" / "config.yaml").cfg
         assert saved.train.init_from == str(tmp_path / name)
 
@@ -248,8 +288,14 @@ def test_round_trip_export_then_init_from_keeps_every_weight(
 
 
 def finetune_args(folder: Path, data: Path, out: Path) -> list[str]:
-    """configs/finetune_shakespeare.yaml from a GPT-2 folder, shrunk: context 32 (of its 64), a few steps."""
-    shrink = ["train.eval_interval=4", "train.eval_iters=1", "train.batch_size=2", "train.grad_accum=1"]
+    """configs/finetune_shakespeare.yaml from a GPT-2 folder, shrunk: context 32 (of its 64), a few
+    steps."""
+    shrink = [
+        "train.eval_interval=4",
+        "train.eval_iters=1",
+        "train.batch_size=2",
+        "train.grad_accum=1",
+    ]
     return [
         "finetune_shakespeare",
         f"train.init_from={folder}",
@@ -268,20 +314,25 @@ def finetuned(hf_gpt2, bpe_data: Path, tmp_path_factory) -> Path:
     args = finetune_args(folder, bpe_data, out)
     result = run_script("-c", PROBE, "train.py", *args, "train.max_iters=8", check=True)
     assert "starting from the weights of" in result.stdout
-    assert "imported: []" in result.stderr  # training from a transformers folder never imports transformers
+    # training from a transformers folder never imports transformers
+    assert "imported: []" in result.stderr
     return out
 
 
 @pytest.mark.slow
 def test_finetuning_a_gpt2_folder_trains_and_resumes(finetuned: Path, hf_gpt2, bpe_data: Path):
     rows = [json.loads(line) for line in (finetuned / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iter"] for r in rows] == [0, 4, 8] and rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.1
+    assert [r["iter"] for r in rows] == [0, 4, 8] and rows[-1]["val_loss"] < rows[0][
+        "val_loss"
+    ] - 0.1
     files = sorted(p.name for p in (finetuned / "last").iterdir())
     assert files == ["config.yaml", "model.safetensors", "state.pt", "tinygpt_tokenizer.json"]
     cfg = load_config(finetuned / "last" / "config.yaml").cfg
     assert cfg.train.init_from == str(hf_gpt2[0]) and cfg.model.block_size == 32
     assert (cfg.model.n_embd, cfg.model.activation, cfg.model.n_layer) == (32, "gelu_tanh", 2)
-    train_here(*finetune_args(hf_gpt2[0], bpe_data, finetuned), "train.max_iters=12", "train.resume=true")
+    train_here(
+        *finetune_args(hf_gpt2[0], bpe_data, finetuned), "train.max_iters=12", "train.resume=true"
+    )
     rows = [json.loads(line) for line in (finetuned / "metrics.jsonl").read_text().splitlines()]
     assert [r["iter"] for r in rows] == [0, 4, 8, 12]
 
@@ -306,15 +357,21 @@ def test_exported_gpt2_tokenizer_is_tiktokens(finetuned: Path, tmp_path: Path):
         torch.testing.assert_close(
             theirs(torch.tensor([ids])).logits, model(torch.tensor([ids]))[0], rtol=0, atol=1e-5
         )
-    expected = theirs.generate(torch.tensor([ids[:4]]), do_sample=False, max_new_tokens=28)[0, 4:].tolist()
+    expected = theirs.generate(torch.tensor([ids[:4]]), do_sample=False, max_new_tokens=28)[
+        0, 4:
+    ].tolist()
     assert greedy(model, ids[:4], 28) == expected
 
 
 # --- bad inputs: one line, exit 2 ---
 
 
-def test_bad_inputs_are_one_line(hf_gpt2, char_models, no_model_keys, data_dir: Path, tmp_path: Path, capsys):
-    empty, bert, pickled, qk, full = (tmp_path / n for n in ("empty", "bert", "pickled", "qk", "full"))
+def test_bad_inputs_are_one_line(
+    hf_gpt2, char_models, no_model_keys, data_dir: Path, tmp_path: Path, capsys
+):
+    empty, bert, pickled, qk, full = (
+        tmp_path / n for n in ("empty", "bert", "pickled", "qk", "full")
+    )
     for folder in (empty, bert, pickled, full):
         folder.mkdir()
     (bert / "config.json").write_text('{"model_type": "bert"}')
@@ -326,30 +383,66 @@ def test_bad_inputs_are_one_line(hf_gpt2, char_models, no_model_keys, data_dir: 
     tiny_checkpoint(qk, data_dir, "model.qk_norm=true")
 
     def init(source: Path, *more: str) -> list[str]:
-        return [str(no_model_keys), f"data.dir={data_dir}", f"train.out_dir={tmp_path / 'out'}",
-                f"train.init_from={source}", *more]  # fmt: skip
+        return [
+            str(no_model_keys),
+            f"data.dir={data_dir}",
+            f"train.out_dir={tmp_path / 'out'}",
+            f"train.init_from={source}",
+            *more,
+        ]
 
     gpt2 = hf_gpt2[0]
     cases = [
         (train_script.main, init(empty), "and no Hugging Face model (it has no config.json)"),
-        (train_script.main, init(bert), "holds a bert model; tinygpt reads model_type gpt2 and llama"),
-        (train_script.main, init(gpt2), "uses tokenizer gpt2 BPE (50257 tokens; assumed: the folder has no "
-                                        "tokenizer files), but data.dataset shakespeare_char has char (65 "
-                                        "characters)"),
-        (train_script.main, init(gpt2, "model.n_layer=3"), "model.n_layer=3 (in override model.n_layer=3) "
-                                                           "contradicts train.init_from"),
-        (train_script.main, init(gpt2, "model.block_size=65"), "has block_size=64 (it may only be lowered)"),
+        (
+            train_script.main,
+            init(bert),
+            "holds a bert model; tinygpt reads model_type gpt2 and llama",
+        ),
+        (
+            train_script.main,
+            init(gpt2),
+            "uses tokenizer gpt2 BPE (50257 tokens; assumed: the folder has no tokenizer files), "
+            "but data.dataset shakespeare_char has char (65 "
+            "characters)",
+        ),
+        (
+            train_script.main,
+            init(gpt2, "model.n_layer=3"),
+            "model.n_layer=3 (in override model.n_layer=3) contradicts train.init_from",
+        ),
+        (
+            train_script.main,
+            init(gpt2, "model.block_size=65"),
+            "has block_size=64 (it may only be lowered)",
+        ),
         (train_script.main, init(pickled), "holds its weights only as pytorch_model.bin, a pickle"),
-        (export_script.main, [str(qk), str(tmp_path / "x")], "cannot export: model.qk_norm=true (QK-norm) "
-                                                             "has no exact equivalent"),
-        (export_script.main, [str(char_models["gpt2"]), str(full)], "is not empty; pass --overwrite"),
-        (export_script.main, [str(qk), str(tmp_path / "qk.gguf")],
-         "cannot export: model.qk_norm=true (QK-norm) has no exact equivalent in llama.cpp's"),
-        (export_script.main, [str(char_models["gpt2"]), str(taken), "--dtype", "f16"],
-         "taken.gguf exists; pass --overwrite"),
-        (export_script.main, [str(char_models["gpt2"]), str(tmp_path / "y"), "--dtype", "q8_0"],
-         "--dtype is for GGUF files"),
-    ]  # fmt: skip
+        (
+            export_script.main,
+            [str(qk), str(tmp_path / "x")],
+            "cannot export: model.qk_norm=true (QK-norm) has no exact equivalent",
+        ),
+        (
+            export_script.main,
+            [str(char_models["gpt2"]), str(full)],
+            "is not empty; pass --overwrite",
+        ),
+        (
+            export_script.main,
+            [str(qk), str(tmp_path / "qk.gguf")],
+            "cannot export: model.qk_norm=true (QK-norm) has no exact equivalent in llama.cpp's",
+        ),
+        (
+            export_script.main,
+            [str(char_models["gpt2"]), str(taken), "--dtype", "f16"],
+            "taken.gguf exists; pass --overwrite",
+        ),
+        (
+            export_script.main,
+            [str(char_models["gpt2"]), str(tmp_path / "y"), "--dtype", "q8_0"],
+            "--dtype is for GGUF files",
+        ),
+    ]
     for main, argv, message in cases:
         script_error(capsys, main, argv, message)
     assert not (tmp_path / "x").exists() and [p.name for p in full.iterdir()] == ["keep.txt"]

@@ -1,7 +1,7 @@
-"""Hook points (model/hooks.py) on every model option: unused or reading-only hooks change no output bit,
-the cached activations are what the model computes (checked against each other and against the explicit
-attention path), replacing activations with themselves changes nothing, replacements act, and bad names
-are refused."""
+"""Hook points (model/hooks.py) on every model option: unused or reading-only hooks change no output
+bit, the cached activations are what the model computes (checked against each other and against the
+explicit attention path), replacing activations with themselves changes nothing, replacements act,
+and bad names are refused."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from conftest import OPTIONS, model_with, replay
 
 from model import GPT
-from model.generate import generate
 from model.hooks import HookPoint, hooked, point_names, run_with_cache, run_with_hooks
+from sampling.generate import generate
 
 
 def tokens(B: int = 2, T: int = 16, seed: int = 1) -> torch.Tensor:
@@ -56,8 +56,10 @@ def test_cached_activations_are_what_the_model_computes(name):
         for layer, block in enumerate(model.blocks):
             at = f"blocks.{layer}."
             assert cache[at + "attn.z"].shape == (B, T, cfg.n_head, cfg.head_dim)
-            assert torch.equal(cache[at + "attn.pattern"], weights[layer])  # the explicit path's weights
-            qkv = block.attn.W_QKV(block.norm1(cache[at + "resid_pre"]))  # q, k, v before QK-norm, rotary
+            # the explicit path's weights
+            assert torch.equal(cache[at + "attn.pattern"], weights[layer])
+            # q, k, v before QK-norm, rotary
+            qkv = block.attn.W_QKV(block.norm1(cache[at + "resid_pre"]))
             H, Hk, d = cfg.n_head, cfg.kv_heads, cfg.head_dim
             for point, part in zip("qkv", qkv.split([H * d, Hk * d, Hk * d], dim=-1)):
                 assert torch.equal(cache[at + "attn." + point], part.view(B, T, -1, d))
@@ -101,16 +103,22 @@ def test_a_replaced_pattern_weights_the_values(name):
 
     with torch.no_grad():
         _, cache = run_with_cache(model, idx, ["blocks.1.resid_pre"])
-        run_with_hooks(model, idx, {"blocks.1.attn.pattern": lambda w, name: own, "blocks.1.attn.z": keep})
+        run_with_hooks(
+            model, idx, {"blocks.1.attn.pattern": lambda w, name: own, "blocks.1.attn.z": keep}
+        )
         qkv = block.attn.W_QKV(block.norm1(cache["blocks.1.resid_pre"]))
-        values = qkv[..., -cfg.kv_heads * cfg.head_dim :].view(*idx.shape, cfg.kv_heads, cfg.head_dim)
-    torch.testing.assert_close(seen["z"], values.repeat_interleave(cfg.n_head // cfg.kv_heads, dim=2))
+        values = qkv[..., -cfg.kv_heads * cfg.head_dim :].view(
+            *idx.shape, cfg.kv_heads, cfg.head_dim
+        )
+    torch.testing.assert_close(
+        seen["z"], values.repeat_interleave(cfg.n_head // cfg.kv_heads, dim=2)
+    )
 
 
 @pytest.mark.parametrize("name", ["gpt2", "rope_gqa", "window_qk_norm"])
 def test_zeroed_keys_make_attention_uniform_and_replaced_values_are_what_heads_average(name):
-    """Keys of 0 score every key alike (rotary and QK-norm leave 0 at 0): each query spreads its attention
-    evenly over the keys it may see, and its output z is the mean of their values."""
+    """Keys of 0 score every key alike (rotary and QK-norm leave 0 at 0): each query spreads its
+    attention evenly over the keys it may see, and its output z is the mean of their values."""
     model, idx = model_with(OPTIONS[name]), tokens()
     cfg, T = model.config, idx.size(1)
     window = cfg.window or T
@@ -131,7 +139,9 @@ def test_zeroed_keys_make_attention_uniform_and_replaced_values_are_what_heads_a
         cache["blocks.1.attn.pattern"], uniform.expand_as(cache["blocks.1.attn.pattern"])
     )
     expected = (uniform @ torch.arange(T, dtype=torch.float32))[None, :, None, None]
-    torch.testing.assert_close(cache["blocks.1.attn.z"], expected.expand_as(cache["blocks.1.attn.z"]))
+    torch.testing.assert_close(
+        cache["blocks.1.attn.z"], expected.expand_as(cache["blocks.1.attn.z"])
+    )
 
 
 def run_with_hooks_cache(model, idx, hooks):
@@ -150,13 +160,19 @@ def test_a_block_may_run_on_a_bigger_batch_and_hooks_nest():
     model, idx = model_with({}), tokens(B=1)
     with torch.no_grad():
         clean = model(idx)[0]
-        grown, _ = run_with_hooks(model, idx, {"blocks.1.resid_pre": lambda x, name: x.repeat(3, 1, 1)})
+        grown, _ = run_with_hooks(
+            model, idx, {"blocks.1.resid_pre": lambda x, name: x.repeat(3, 1, 1)}
+        )
         assert grown.shape == (3, *clean.shape[1:])
         torch.testing.assert_close(grown, clean.expand(3, -1, -1), rtol=0, atol=1e-6)
 
         calls = []
         with hooked(model, {"blocks.0.attn.z": lambda z, name: calls.append(("outer", name))}):
-            zero = {"blocks.0.attn.z": lambda z, name: calls.append(("inner", name)) or torch.zeros_like(z)}
+            zero = {
+                "blocks.0.attn.z": lambda z, name: (
+                    calls.append(("inner", name)) or torch.zeros_like(z)
+                )
+            }
             with hooked(model, zero):
                 inner = model(idx)[0]
             model(idx)
@@ -180,7 +196,10 @@ def test_hooks_run_during_cached_generation():
     with hooked(model, {"blocks.0.attn.z": record, "blocks.1.attn.pattern": record}):
         hooked_run = torch.cat(list(generate(model, prompt, 4, temperature=0)))
     assert torch.equal(plain, hooked_run)
-    assert ("blocks.0.attn.z", (1, 5, 4, 8)) in shapes and ("blocks.0.attn.z", (1, 1, 4, 8)) in shapes
+    assert ("blocks.0.attn.z", (1, 5, 4, 8)) in shapes and (
+        "blocks.0.attn.z",
+        (1, 1, 4, 8),
+    ) in shapes
     assert any(name == "blocks.1.attn.pattern" and shape[2] == 1 for name, shape in shapes)
 
 
@@ -195,13 +214,16 @@ def test_bad_point_names_say_what_is_wrong():
         with pytest.raises(ValueError, match=message), hooked(m, {name: lambda x, n: None}):
             pass
     assert no_hooks_left(model)
-    assert "blocks.0.mlp_out" not in point_names(attention_only) and len(point_names(model)) == 2 * 10
+    assert (
+        "blocks.0.mlp_out" not in point_names(attention_only) and len(point_names(model)) == 2 * 10
+    )
 
 
 def test_hook_points_are_plain_attributes_of_their_modules_in_forward_order():
-    """An unused point costs an attribute read and a None check: nn.Module's __getattr__ (where submodules
-    are found) would cost the eager decoding step about 4% (BENCHMARKS.md, "Interventions: ablation's time
-    and the hooks' cost"), so each point also sits in its parent's __dict__, also after a deepcopy."""
+    """An unused point costs an attribute read and a None check: nn.Module's __getattr__ (where
+    submodules are found) would cost the eager decoding step about 4% (BENCHMARKS.md,
+    "Interventions: ablation's time and the hooks' cost"), so each point also sits in its parent's
+    __dict__, also after a deepcopy."""
     model = model_with({})
     for m in (model, copy.deepcopy(model)):
         for module in m.modules():

@@ -1,6 +1,7 @@
-"""What each command loads of ours, measured with `python -X importtime`: a plain run reads only what it uses
-(Hugging Face, LoRA, the dry run's estimators, Muon, the repeats generator and head scores are imported
-where they are used). The limits are issue 38's: a learner reads what a command loads."""
+"""What each command loads of ours, measured with `python -X importtime`: a plain run reads only
+what it uses (Hugging Face, LoRA, the dry run's estimators, Muon, the repeats generator and head
+scores are imported where they are used). The limits are issue 38's: a learner reads what a command
+loads."""
 
 from __future__ import annotations
 
@@ -18,9 +19,14 @@ OURS = ("common", "model", "data", "interp", "hf", "gguf_export", "runs", "train
 
 
 def loaded(*argv: str) -> tuple[list[str], int]:
-    """Our modules (package __init__ files count) that `python -X importtime ARGV` imports; their lines."""
+    """Our modules (package __init__ files count) that `python -X importtime ARGV` imports; their
+    lines."""
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", *argv], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [sys.executable, "-X", "importtime", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     names = set()
@@ -38,9 +44,15 @@ def loaded(*argv: str) -> tuple[list[str], int]:
 
 @pytest.fixture(scope="module")
 def default_run(data_dir: Path, tmp_path_factory) -> Path:
-    """The default config as a user runs it (evals, samples, the exact eval, loss.png), only shorter."""
+    """The default config as a user runs it (evals, samples, the exact eval, loss.png), only
+    shorter."""
     out = tmp_path_factory.mktemp("imports") / "out"
-    config = ["train.max_iters=4", "train.eval_interval=2", "train.eval_iters=1", "log.sample_every=2"]
+    config = [
+        "train.max_iters=4",
+        "train.eval_interval=2",
+        "train.eval_iters=1",
+        "log.sample_every=2",
+    ]
     train(data_dir, out, *config, "log.plot=true", "train.final_eval=true", "log.sample_tokens=4")
     return out
 
@@ -53,9 +65,18 @@ def test_the_default_run_loads_at_most_40_of_our_modules(data_dir: Path, tmp_pat
         "train.max_iters=2",
         "train.eval_interval=2",
         "train.eval_iters=1",
-    )  # as the default config runs: evals, checkpoints, loss.png, the exact eval at the end; no samples
+        # as the default config runs: evals, checkpoints, loss.png, the exact eval at the end; no
+        # samples
+    )
     assert len(names) <= 40 and lines <= 6000, (len(names), lines, names)
-    for unused in ("hf", "model.lora", "training.muon", "training.estimate", "data.repeats", "interp.scores"):
+    for unused in (
+        "hf",
+        "model.lora",
+        "training.muon",
+        "training.estimate",
+        "data.repeats",
+        "interp.scores",
+    ):
         assert unused not in names, unused
 
 

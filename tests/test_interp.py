@@ -1,7 +1,8 @@
-"""Interventions (interp/): batched edited passes against one forward per edit, zero ablation against a model
-whose W_O reads zeros, activation patching's identities, the logit lens against the model's logits, direct
-attributions summing to the logit; TransformerLens as an independent reference on an exported GPT-2; the
-induction experiment (which heads the copying needs); and heads.py's --ablate, --patch and --lens."""
+"""Interventions (interp/): batched edited passes against one forward per edit, zero ablation
+against a model whose W_O reads zeros, activation patching's identities, the logit lens against the
+model's logits, direct attributions summing to the logit; TransformerLens as an independent
+reference on an exported GPT-2; the induction experiment (which heads the copying needs); and
+heads.py's --ablate, --patch and --lens."""
 
 from __future__ import annotations
 
@@ -38,18 +39,23 @@ def tokens(B: int = 2, T: int = 16, seed: int = 1) -> torch.Tensor:
 @pytest.fixture
 def val_windows(tmp_path: Path) -> TokenWindows:
     np.random.default_rng(0).integers(0, V, 4000).astype(np.uint16).tofile(tmp_path / "val.bin")
-    return TokenWindows(TokenFiles.of(tmp_path / "val.bin", "uint16"), 24, torch.device("cpu"), 0, "val")
+    return TokenWindows(
+        TokenFiles.of(tmp_path / "val.bin", "uint16"), 24, torch.device("cpu"), 0, "val"
+    )
 
 
 def zeroed_heads(model: GPT, heads, value=0.0):
-    """Hooks that set the heads' z to `value` (a number, or per layer a (T, H, d) tensor of means)."""
+    """Hooks that set the heads' z to `value` (a number, or per layer a (T, H, d) tensor of
+    means)."""
 
     def edit(layer):
         def fn(z, name):
             z = z.clone()
             for at, head in heads:
                 if at == layer:
-                    z[:, :, head] = value[layer][: z.size(1), head] if isinstance(value, list) else value
+                    z[:, :, head] = (
+                        value[layer][: z.size(1), head] if isinstance(value, list) else value
+                    )
             return z
 
         return fn
@@ -64,7 +70,9 @@ def zeroed_heads(model: GPT, heads, value=0.0):
 def test_zero_ablating_every_head_equals_a_model_whose_W_O_reads_zeros(name):
     model, idx = model_with(OPTIONS[name]), tokens()
     cfg = model.config
-    every = [Edit("z", layer, 0.0, head=h) for layer in range(cfg.n_layer) for h in range(cfg.n_head)]
+    every = [
+        Edit("z", layer, 0.0, head=h) for layer in range(cfg.n_layer) for h in range(cfg.n_head)
+    ]
     logits = intervene(model, idx, [every])
     silent = copy.deepcopy(model)
     with torch.no_grad():
@@ -153,7 +161,9 @@ def test_patching_a_run_with_its_own_activations_changes_nothing(name):
         clean, cache = run_with_cache(model, idx, names)
         for name_ in names:  # one point at a time, and all at once
             assert torch.equal(run_with_hooks(model, idx, {name_: replay(cache)})[0], clean), name_
-        assert torch.equal(run_with_hooks(model, idx, dict.fromkeys(names, replay(cache)))[0], clean)
+        assert torch.equal(
+            run_with_hooks(model, idx, dict.fromkeys(names, replay(cache)))[0], clean
+        )
 
 
 @pytest.mark.parametrize("name", ["gpt2", "rope_gqa", "attention_only"])
@@ -173,8 +183,14 @@ def test_patching_everything_from_the_clean_run_gives_the_clean_logits(name):
             for i in range(cfg.n_layer)
             for h in range(cfg.n_head)
         ]
-        edits += [Edit("mlp_out", i, cache[f"blocks.{i}.mlp_out"][0]) for i in range(cfg.n_layer) if cfg.mlp]
-        torch.testing.assert_close(intervene(model, corrupt_idx, [edits])[1], clean, rtol=0, atol=1e-5)
+        edits += [
+            Edit("mlp_out", i, cache[f"blocks.{i}.mlp_out"][0])
+            for i in range(cfg.n_layer)
+            if cfg.mlp
+        ]
+        torch.testing.assert_close(
+            intervene(model, corrupt_idx, [edits])[1], clean, rtol=0, atol=1e-5
+        )
 
 
 def test_patch_scores_the_restored_fraction_of_the_logit_difference():
@@ -203,12 +219,17 @@ def test_patch_scores_the_restored_fraction_of_the_logit_difference():
             z[:, :, 2] = cache[name][:, :, 2]
             return z
 
-        logits = run_with_hooks(model, torch.tensor([corrupted]), {"blocks.1.attn.z": put})[0][0, -1]
+        logits = run_with_hooks(model, torch.tensor([corrupted]), {"blocks.1.attn.z": put})[0][
+            0, -1
+        ]
     ld = float(logits[a] - logits[b])
     ld_clean, ld_corrupt = result["logit_diff_clean"], result["logit_diff_corrupted"]
     expected = (ld - ld_corrupt) / (ld_clean - ld_corrupt)
     assert result["heads"][1][2] == pytest.approx(expected, abs=1e-4)
-    assert np.array(result["attn_out"]).shape == (2, 12) and np.array(result["mlp_out"]).shape == (2, 12)
+    assert np.array(result["attn_out"]).shape == (2, 12) and np.array(result["mlp_out"]).shape == (
+        2,
+        12,
+    )
     with pytest.raises(ValueError, match="the most likely next"):
         patch(model, clean, clean)
     with pytest.raises(ValueError, match="equal"):
@@ -225,10 +246,15 @@ def test_the_logit_lens_ends_at_the_models_prediction(name):
     lens = logit_lens(model, ids, top=4)
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.tensor([ids]))[0][0].float(), dim=-1)
-    assert len(lens["stages"]) == model.config.n_layer + 1 and np.array(lens["top_ids"]).shape == (3, 14, 4)
+    assert len(lens["stages"]) == model.config.n_layer + 1 and np.array(lens["top_ids"]).shape == (
+        3,
+        14,
+        4,
+    )
     assert lens["top_ids"][-1] == logp.topk(4).indices.tolist()
     true = -logp[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
-    assert lens["loss"][-1] == true.tolist()  # exactly: the same final norm and head on the same residual
+    # exactly: the same final norm and head on the same residual
+    assert lens["loss"][-1] == true.tolist()
     assert lens["loss"][0] != lens["loss"][-1]
 
 
@@ -272,9 +298,12 @@ def exported_gpt2(run: Path, dest: Path) -> GPT:
 
 
 def bridge_of(folder: Path):
-    """TransformerLens's TransformerBridge on the folder, offline (the model and tokenizer given)."""
+    """TransformerLens's TransformerBridge on the folder, offline (the model and tokenizer
+    given)."""
     transformers = pytest.importorskip("transformers")
-    bridges = pytest.importorskip("transformer_lens.model_bridge", reason="pip install -e '.[test]'")
+    bridges = pytest.importorskip(
+        "transformer_lens.model_bridge", reason="pip install -e '.[test]'"
+    )
     hf = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     return bridges.TransformerBridge.boot_transformers(
@@ -289,7 +318,9 @@ def test_transformer_lens_agrees_on_head_outputs_patterns_ablations_and_attribut
     model = exported_gpt2(run, tmp_path / "gpt2")
     bridge = bridge_of(tmp_path / "gpt2")
     cfg = model.config
-    val = Dataset.open("shakespeare_char", data_dir).windows("val", cfg.block_size, torch.device("cpu"), 0)
+    val = Dataset.open("shakespeare_char", data_dir).windows(
+        "val", cfg.block_size, torch.device("cpu"), 0
+    )
     x, y = val.batch(0, 4, stream=2)
 
     with torch.no_grad():
@@ -306,7 +337,8 @@ def test_transformer_lens_agrees_on_head_outputs_patterns_ablations_and_attribut
                 atol=1e-4,
             )
 
-    # every head ablated, zero and mean, with TransformerLens's hooks; the same metrics of its logits
+    # every head ablated, zero and mean, with TransformerLens's hooks; the same metrics of its
+    # logits
     n = min(cfg.block_size // 2, cfg.vocab_size)
     rep = repeated_tokens(cfg.vocab_size, n, 4, seed=0)
     reference = val.batch(0, 4, stream=3)[0]
@@ -318,7 +350,12 @@ def test_transformer_lens_agrees_on_head_outputs_patterns_ablations_and_attribut
             text = bridge.run_with_hooks(x, fwd_hooks=hooks)
             first, second = repeat_losses(bridge.run_with_hooks(rep, fwd_hooks=hooks), rep, n)
         return np.array(
-            [token_losses(text, y).mean(), first.mean(), second.mean(), icl_differences(text, y).mean()]
+            [
+                token_losses(text, y).mean(),
+                first.mean(),
+                second.mean(),
+                icl_differences(text, y).mean(),
+            ]
         )
 
     def replace(head, value):
@@ -338,16 +375,17 @@ def test_transformer_lens_agrees_on_head_outputs_patterns_ablations_and_attribut
                 name = f"blocks.{layer}.attn.hook_z"
                 value = 0.0 if kind == "zero" else ref_cache[name][:, :, head].mean(dim=0)
                 change = their_metrics([(name, replace(head, value))]) - clean
-                assert [result[m][layer][head] for m in METRICS] == pytest.approx(change, abs=1e-4), (
-                    kind,
-                    layer,
-                    head,
-                )
+                assert [result[m][layer][head] for m in METRICS] == pytest.approx(
+                    change, abs=1e-4
+                ), (kind, layer, head)
 
-    # direct logit attribution: TransformerLens with the final norm folded into the unembedding (its DLA
-    # convention) and nothing centred, so that its terms are ours
+    # direct logit attribution: TransformerLens with the final norm folded into the unembedding (its
+    # DLA convention) and nothing centred, so that its terms are ours
     bridge.enable_compatibility_mode(
-        disable_warnings=True, center_writing_weights=False, center_unembed=False, fold_value_biases=False
+        disable_warnings=True,
+        center_writing_weights=False,
+        center_unembed=False,
+        fold_value_biases=False,
     )
     ids = x[0].tolist()
     with torch.no_grad():
@@ -357,13 +395,17 @@ def test_transformer_lens_agrees_on_head_outputs_patterns_ablations_and_attribut
         attrs = cache.logit_attrs(stack, tokens=targets, batch_slice=0, has_batch_dim=False)[:, :-1]
     heads = head_attributions(direct_attribution(model, ids), cfg.n_layer, cfg.n_head)
     torch.testing.assert_close(
-        torch.tensor(heads.reshape(len(ids) - 1, -1).T, dtype=torch.float32), attrs.float(), rtol=0, atol=1e-4
+        torch.tensor(heads.reshape(len(ids) - 1, -1).T, dtype=torch.float32),
+        attrs.float(),
+        rtol=0,
+        atol=1e-4,
     )
 
 
 # --- the induction experiment: which heads the copying needs ---
 
-PREVIOUS_TOKEN = 0.3  # a layer-0 head with at least this previous-token score counts as one (see the test)
+# a layer-0 head with at least this previous-token score counts as one (see the test)
+PREVIOUS_TOKEN = 0.3
 
 
 def induction_val(out: Path, repeats_dir: Path) -> tuple[GPT, TokenWindows]:
@@ -379,31 +421,39 @@ def induction_val(out: Path, repeats_dir: Path) -> tuple[GPT, TokenWindows]:
 def test_copying_needs_the_induction_heads_and_the_previous_token_heads_below_them(
     induction_run, repeats_dir: Path
 ):
-    """Margins measured over six seeds of configs/induction.yaml (1337, the default, and 1 to 5; zero
-    ablation, 16 [R, R] sequences): the induction heads together raise the second-half loss to 1.09-1.14x
-    the first half's; each alone +0.32 to +2.03, at most 0.47 of all of them together; layer 0's
-    previous-token heads together +2.88 to +5.19 (0.75 to 1.4x the gap between the halves); and layer 0's
-    heads write almost nothing towards the copied token themselves (direct attributions 0.05 at most, layer
-    1's heads 5.3 or more in all): layer 1 reads what they wrote (K-composition)."""
+    """Margins measured over six seeds of configs/induction.yaml (1337, the default, and 1 to 5;
+    zero ablation, 16 [R, R] sequences): the induction heads together raise the second-half loss to
+    1.09-1.14x the first half's; each alone +0.32 to +2.03, at most 0.47 of all of them together;
+    layer 0's previous-token heads together +2.88 to +5.19 (0.75 to 1.4x the gap between the
+    halves); and layer 0's heads write almost nothing towards the copied token themselves (direct
+    attributions 0.05 at most, layer 1's heads 5.3 or more in all): layer 1 reads what they wrote
+    (K-composition)."""
     out, scores = induction_run
     model, val = induction_val(out, repeats_dir)
     H = model.config.n_head
     induction = [(1, h) for h in range(H) if scores["induction"][1][h] >= THRESHOLD]
     previous = [(0, h) for h in range(H) if scores["previous_token"][0][h] >= PREVIOUS_TOKEN]
     assert induction and previous
-    result = ablate(model, val, [induction, *([head] for head in induction), previous], "zero", sequences=16)
-    first, second = result["clean"]["repeat_loss_first_half"], result["clean"]["repeat_loss_second_half"]
+    result = ablate(
+        model, val, [induction, *([head] for head in induction), previous], "zero", sequences=16
+    )
+    first, second = (
+        result["clean"]["repeat_loss_first_half"],
+        result["clean"]["repeat_loss_second_half"],
+    )
     raised = [e["repeat_loss_second_half"] for e in result["effects"]]
     together, alone, below = raised[0], raised[1:-1], raised[-1]
     assert second + together >= 0.95 * first, (first, second, together)  # no copying left
     assert all(0.2 <= r <= 0.6 * together for r in alone), (alone, together)  # each does part of it
-    assert below >= 0.5 * (first - second), (below, first, second)  # and needs layer 0's previous-token heads
+    # and needs layer 0's previous-token heads
+    assert below >= 0.5 * (first - second), (below, first, second)
 
     n = 32
     direct = []
     for seed in range(8):
         ids = repeated_tokens(model.config.vocab_size, n, 1, seed)[0].tolist()
-        direct.append(head_attributions(direct_attribution(model, ids), 2, H)[n:])  # predictions of the copy
+        # predictions of the copy
+        direct.append(head_attributions(direct_attribution(model, ids), 2, H)[n:])
     direct = np.concatenate(direct).mean(axis=0)
     assert np.abs(direct[0]).max() <= 0.1 and direct[1].sum() >= 2.0, direct
 
@@ -413,7 +463,10 @@ def test_heads_command_ablates_patches_and_reads_the_lens(
     induction_run, repeats_dir: Path, tmp_path: Path, capsys
 ):
     out, _ = induction_run
-    clean, corrupted = "KLxiQEFBWOmACVzYafwcKLxiQEFBWOmACVzYafw", "KLxiQEFBWOmACVzYafwqKLxiQEFBWOmACVzYafw"
+    clean, corrupted = (
+        "KLxiQEFBWOmACVzYafwcKLxiQEFBWOmACVzYafw",
+        "KLxiQEFBWOmACVzYafwqKLxiQEFBWOmACVzYafw",
+    )
     result = run_script(
         "heads.py",
         str(out),
@@ -436,7 +489,10 @@ def test_heads_command_ablates_patches_and_reads_the_lens(
     for name in ("head_ablation", "patching", "lens"):
         assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
         assert str(tmp_path / f"{name}.json") in result.stdout
-    assert not (tmp_path / "head_scores.json").exists() and not (tmp_path / "attention_layer0.png").exists()
+    assert (
+        not (tmp_path / "head_scores.json").exists()
+        and not (tmp_path / "attention_layer0.png").exists()
+    )
     assert (
         "zero ablation of each head" in result.stdout
         and "the clean run predicts “c”, the corrupted one “q”" in result.stdout
@@ -449,7 +505,8 @@ def test_heads_command_ablates_patches_and_reads_the_lens(
     assert all(saved[k] == expected[k] for k in ("clean", *METRICS, "groups"))
     assert saved["precision"] == "fp32"  # --precision auto: float32 below width 128 on a CPU
     assert saved["groups"][0]["heads"] == ["L1H0", "L1H1", "L1H2", "L1H3"]
-    assert saved["groups"][1]["val_loss"] == pytest.approx(saved["val_loss"][0][0], abs=2e-4)  # one head
+    # one head
+    assert saved["groups"][1]["val_loss"] == pytest.approx(saved["val_loss"][0][0], abs=2e-4)
     assert "L1H0 L1H1 L1H2 L1H3 removed together: val_loss +" in result.stdout
     patched = json.loads((tmp_path / "patching.json").read_text())
     assert patched["resid_pre"][0][19] == pytest.approx(1.0, abs=1e-3)  # where the prompts differ
@@ -475,7 +532,10 @@ def test_heads_command_ablates_patches_and_reads_the_lens(
         assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, (args, err)
 
     # --precision bf16: the same effects, to bf16's rounding
-    assert command.main([str(out), "--ablate", "--precision", "bf16", "--out", str(tmp_path / "bf16")]) == 0
+    assert (
+        command.main([str(out), "--ablate", "--precision", "bf16", "--out", str(tmp_path / "bf16")])
+        == 0
+    )
     low = json.loads((tmp_path / "bf16" / "head_ablation.json").read_text())
     assert low["precision"] == "bf16" and ", bf16)" in capsys.readouterr().out
     for m in METRICS:

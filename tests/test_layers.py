@@ -1,9 +1,11 @@
-"""The code's layers go one way: common <- model <- data <- interp <- hf <- gguf_export <- runs <- training
-<- scripts, one name means one thing, and no module or function grows past what a reader takes in at once.
+"""The code's layers go one way: common <- model <- sampling <- data <- interp <- hf <- gguf_export
+<- runs <- training <- scripts, one name means one thing, and no module or function grows past what
+a reader takes in at once.
 
-Every import of every module (lazy ones inside functions included) is read from the source with `ast`:
-a package may import only from itself and the packages below it, scripts (the top-level .py files) import
-packages and never each other, and no chain of imports between files comes back to where it started.
+Every import of every module (lazy ones inside functions included) is read from the source with
+`ast`: a package may import only from itself and the packages below it, scripts (the top-level .py
+files) import packages and never each other, and no chain of imports between files comes back to
+where it started.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # bottom first; scripts sit on top
-LAYERS = ["common", "model", "data", "interp", "hf", "gguf_export", "runs", "training"]
+LAYERS = ["common", "model", "sampling", "data", "interp", "hf", "gguf_export", "runs", "training"]
 
 
 def modules() -> dict[str, Path]:
-    """Dotted module name -> file, for the packages, the top-level scripts and the tools (scripts too)."""
-    found = {p.stem: p for p in ROOT.glob("*.py")} | {f"tools.{p.stem}": p for p in ROOT.glob("tools/*.py")}
+    """Dotted module name -> file, for the packages, the top-level scripts and the tools (scripts
+    too)."""
+    found = {p.stem: p for p in ROOT.glob("*.py")} | {
+        f"tools.{p.stem}": p for p in ROOT.glob("tools/*.py")
+    }
     for package in LAYERS:
         for p in (ROOT / package).rglob("*.py"):
             parts = p.relative_to(ROOT).with_suffix("").parts
@@ -68,7 +73,9 @@ def test_packages_import_only_downwards_and_scripts_never_import_scripts():
 def test_no_import_cycles_between_files():
     edges = graph()
     # a package's __init__ re-exporting its own modules is not a cycle of files
-    edges = {a: {b for b in bs if not (a == b.rsplit(".", 1)[0] and "." in b)} for a, bs in edges.items()}
+    edges = {
+        a: {b for b in bs if not (a == b.rsplit(".", 1)[0] and "." in b)} for a, bs in edges.items()
+    }
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     cycles = []
 
@@ -91,7 +98,7 @@ def test_the_check_sees_real_imports():
     edges = graph()
     assert "model" in edges["training.run"] or "model.gpt" in edges["training.run"]
     assert "common.errors" in edges["data.prepare"]
-    assert layer("sample") == len(LAYERS) and layer("data.loader") == 2
+    assert layer("sample") == len(LAYERS) and layer("data.loader") == 3
     assert "hf.folders" in edges["runs.pretrained"] and "model" in edges["hf.convert"]
 
 
@@ -99,12 +106,15 @@ SCRIPT_NAMES = {"main", "parse_args", "check_args"}  # every script has its own
 
 
 def test_no_public_name_is_defined_in_two_modules():
-    """One name for one thing: a public function or class is defined once (scripts' entry points aside)."""
+    """One name for one thing: a public function or class is defined once (scripts' entry points
+    aside)."""
     where: dict[str, list[str]] = {}
     for name, path in modules().items():
         script = layer(name) == len(LAYERS)
         for node in ast.parse(path.read_text(encoding="utf-8")).body:
-            public = isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_")
+            public = isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith(
+                "_"
+            )
             if public and not (script and node.name in SCRIPT_NAMES):
                 where.setdefault(node.name, []).append(name)
     twice = {n: ms for n, ms in where.items() if len(ms) > 1}
@@ -116,42 +126,61 @@ MAX_FUNCTION_LINES = 60  # a function past it: split it, or give a long loop hea
 
 
 def package_modules_and_scripts() -> dict[str, Path]:
-    """The modules the size rules hold for: every package's and the top-level scripts (not tools/)."""
+    """The modules the size rules hold for: every package's and the top-level scripts (not
+    tools/)."""
     return {name: path for name, path in modules().items() if not name.startswith("tools.")}
 
 
 def too_long(name: str, path: Path) -> list[str]:
-    """The module itself, if over MAX_MODULE_LINES, and each of its functions over MAX_FUNCTION_LINES
-    (decorators and docstrings counted, as a reader reads them)."""
+    """The module itself, if over MAX_MODULE_LINES, and each of its functions over
+    MAX_FUNCTION_LINES (decorators and docstrings counted, as a reader reads them)."""
     text = path.read_text(encoding="utf-8")
-    found = [f"{name} ({len(text.splitlines())} lines)"] if len(text.splitlines()) > MAX_MODULE_LINES else []
+    found = (
+        [f"{name} ({len(text.splitlines())} lines)"]
+        if len(text.splitlines()) > MAX_MODULE_LINES
+        else []
+    )
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            lines = node.end_lineno - min([d.lineno for d in node.decorator_list] + [node.lineno]) + 1
+            lines = (
+                node.end_lineno - min([d.lineno for d in node.decorator_list] + [node.lineno]) + 1
+            )
             if lines > MAX_FUNCTION_LINES:
                 found.append(f"{name}.{node.name} ({lines} lines)")
     return found
 
 
 def test_no_module_over_500_lines_and_no_function_over_60():
-    found = [f for name, path in package_modules_and_scripts().items() for f in too_long(name, path)]
-    assert not found, f"over {MAX_MODULE_LINES} lines a module, {MAX_FUNCTION_LINES} a function: {found}"
+    found = [
+        f for name, path in package_modules_and_scripts().items() for f in too_long(name, path)
+    ]
+    assert not found, (
+        f"over {MAX_MODULE_LINES} lines a module, {MAX_FUNCTION_LINES} a function: {found}"
+    )
 
 
 def test_no_tool_function_over_60():
-    """tools/ keeps the function rule too (not yet the module one: tools/bench.py is one command, and a tool
-    may not import another)."""
+    """tools/ keeps the function rule too (not yet the module one: tools/bench.py is one command,
+    and a tool may not import another)."""
     tools = {name: path for name, path in modules().items() if name.startswith("tools.")}
-    found = [f for name, path in tools.items() for f in too_long(name, path) if f.startswith(f"{name}.")]
+    found = [
+        f for name, path in tools.items() for f in too_long(name, path) if f.startswith(f"{name}.")
+    ]
     assert "tools.bench" in tools
     assert not found, f"over {MAX_FUNCTION_LINES} lines a function: {found}"
 
 
 def test_the_length_check_sees_real_lengths(tmp_path: Path):
-    """A 61-line function (its decorator counted) and a module of 501 lines are caught; 60 and 500 pass."""
+    """A 61-line function (its decorator counted) and a module of 501 lines are caught; 60 and 500
+    pass."""
     body = "\n".join(f"    x{i} = {i}" for i in range(59))
-    (tmp_path / "m.py").write_text(f"@decorated\ndef f():\n{body}\n" + "\n" * (MAX_MODULE_LINES - 61))
+    (tmp_path / "m.py").write_text(
+        f"@decorated\ndef f():\n{body}\n" + "\n" * (MAX_MODULE_LINES - 61)
+    )
     assert too_long("m", tmp_path / "m.py") == ["m.f (61 lines)"]
     (tmp_path / "m.py").write_text(f"def f():\n{body}\n" + "\n" * (MAX_MODULE_LINES - 59))
     assert too_long("m", tmp_path / "m.py") == [f"m ({MAX_MODULE_LINES + 1} lines)"]
-    assert "runs.checkpoint" in package_modules_and_scripts() and "train" in package_modules_and_scripts()
+    assert (
+        "runs.checkpoint" in package_modules_and_scripts()
+        and "train" in package_modules_and_scripts()
+    )

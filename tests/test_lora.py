@@ -1,14 +1,15 @@
-"""LoRA fine-tuning (model/lora.py, the lora config section) for real, against independent references.
+"""LoRA fine-tuning (model/lora.py, the lora config section) for real, against independent
+references.
 
-The layer against the matrix arithmetic it stands for (a low-rank update of a fused matrix, or one per
-projection in it). Then tiny char models trained here as bases, GPT-2 style (a run of ours) and Llama style
-(grouped-query attention, untied head; exported by export.py, so train.init_from reads a Hugging Face
-folder), fine-tuned with rank-8 adapters on all four projections on a text of their vocabulary that they
-have not seen: the loss falls, the base stays bit for bit what it was (frozen, no optimizer state),
-checkpoints hold the adapters alone and resume exactly; sample.py, eval.py and heads.py read them; the merged
-export gives the adapter model's logits in transformers, and PEFT loads the --adapter folder onto the base's
-export with those logits too, and merges it into the weights export.py wrote. Bad settings and a moved or
-changed base are one line each.
+The layer against the matrix arithmetic it stands for (a low-rank update of a fused matrix, or one
+per projection in it). Then tiny char models trained here as bases, GPT-2 style (a run of ours) and
+Llama style (grouped-query attention, untied head; exported by export.py, so train.init_from reads a
+Hugging Face folder), fine-tuned with rank-8 adapters on all four projections on a text of their
+vocabulary that they have not seen: the loss falls, the base stays bit for bit what it was (frozen,
+no optimizer state), checkpoints hold the adapters alone and resume exactly; sample.py, eval.py and
+heads.py read them; the merged export gives the adapter model's logits in transformers, and PEFT
+loads the --adapter folder onto the base's export with those logits too, and merges it into the
+weights export.py wrote. Bad settings and a moved or changed base are one line each.
 """
 
 from __future__ import annotations
@@ -38,16 +39,17 @@ from data.dataset import Dataset
 from data.tokenizers import from_meta
 from model import GPT, GPTConfig
 from model.config import TARGETS, LoRAConfig
-from model.generate import generate
 from model.lora import LoRALinear, adapter_weights, add_lora, merge, parts
 from runs import pretrained
 from runs.config import from_arguments, load_config
+from sampling.generate import generate
 from training.evaluation import evaluate_tokens
 from training.plan import plan_run, run_dataset
 from training.run import start_run, train_step
 
 transformers.logging.set_verbosity_error()
-HAMLET = "To be, or not to be, that is the question:\n" * 1000  # new to a model of Shakespeare's plays
+# new to a model of Shakespeare's plays
+HAMLET = "To be, or not to be, that is the question:\n" * 1000
 # train.threads=1: the same bases every run (a count the tuner may not change, common/threads.py)
 BASE = [*TINY, "train.max_iters=150", "train.eval_interval=150", "optim.lr=1e-2", "train.threads=1"]
 LLAMA_GQA = [*LLAMA, "model.n_kv_head=1"]
@@ -56,7 +58,8 @@ ALL = "lora.targets=[W_QKV,W_O,W_in,W_out]"
 
 def digest(folder: Path) -> dict[str, str]:
     return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*.*")
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in folder.rglob("*.*")
     }
 
 
@@ -71,7 +74,15 @@ def hamlet(data_dir: Path, tmp_path_factory) -> Path:
     text = tmp_path_factory.mktemp("text") / "hamlet.txt"
     text.write_text(HAMLET)
     vocab = str(data_dir / "shakespeare_char")
-    argv = ["hamlet", "--text-file", str(text), "--tokenizer-from", vocab, "--data-dir", str(data_dir)]
+    argv = [
+        "hamlet",
+        "--text-file",
+        str(text),
+        "--tokenizer-from",
+        vocab,
+        "--data-dir",
+        str(data_dir),
+    ]
     assert prepare_script.main(argv) == 0
     return data_dir
 
@@ -90,14 +101,19 @@ def bases(data_dir: Path, tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("bases")
     train_here("shakespeare_char", f"data.dir={data_dir}", f"train.out_dir={out / 'gpt2'}", *BASE)
     train_here(
-        "shakespeare_char", f"data.dir={data_dir}", f"train.out_dir={out / 'llama-run'}", *BASE, *LLAMA_GQA
+        "shakespeare_char",
+        f"data.dir={data_dir}",
+        f"train.out_dir={out / 'llama-run'}",
+        *BASE,
+        *LLAMA_GQA,
     )
     assert export_script.main([str(out / "llama-run"), str(out / "llama")]) == 0
     return {"gpt2": out / "gpt2", "llama": out / "llama"}
 
 
 def lora_args(config: Path, base: Path, data: Path, out: Path, *more: str) -> list[str]:
-    """A rank-8 LoRA fine-tune of `base` on hamlet; a constant learning rate: runs of any length agree."""
+    """A rank-8 LoRA fine-tune of `base` on hamlet; a constant learning rate: runs of any length
+    agree."""
     return [
         str(config),
         f"data.dir={data}",
@@ -113,20 +129,23 @@ def lora_args(config: Path, base: Path, data: Path, out: Path, *more: str) -> li
         "train.eval_interval=20",
         "log.plot=false",
         "train.final_eval=false",
-        "train.threads=1",  # bit for bit across runs: a count the tuner may not change (common/threads.py)
+        # bit for bit across runs: a count the tuner may not change (common/threads.py)
+        "train.threads=1",
         *more,
     ]
 
 
 @pytest.fixture(scope="module")
 def tuned(bases, hamlet: Path, config: Path, tmp_path_factory) -> dict[str, Path]:
-    """40 iterations of a LoRA fine-tune of each base (all four projections, adapter dropout 0.1); the bases'
-    files are checked to be untouched by it."""
+    """40 iterations of a LoRA fine-tune of each base (all four projections, adapter dropout 0.1);
+    the bases' files are checked to be untouched by it."""
     out = tmp_path_factory.mktemp("tuned")
     before = {name: digest(folder) for name, folder in bases.items()}
     for name, base in bases.items():
         train_here(
-            *lora_args(config, base, hamlet, out / name, ALL, "lora.dropout=0.1", "train.max_iters=40")
+            *lora_args(
+                config, base, hamlet, out / name, ALL, "lora.dropout=0.1", "train.max_iters=40"
+            )
         )
     assert {name: digest(folder) for name, folder in bases.items()} == before
     return {name: out / name for name in bases}
@@ -149,9 +168,13 @@ def test_the_layer_is_the_low_rank_update_it_stands_for():
     trained = {n for n, p in model.named_parameters() if p.requires_grad}
     n_adapters = sum(p.numel() for n, p in model.named_parameters() if n in trained)
     attention = 12 * 2 * 16 * 8  # 12 x layers x n_embd x context
-    assert model.flops_per_token(8) == 4 * n_base + 6 * n_adapters + attention  # frozen: no weight gradient
+    # frozen: no weight gradient
+    assert model.flops_per_token(8) == 4 * n_base + 6 * n_adapters + attention
     assert trained == {
-        f"blocks.{i}.{owner}.{t}.lora_{ab}" for i in range(2) for t, owner in TARGETS.items() for ab in "AB"
+        f"blocks.{i}.{owner}.{t}.lora_{ab}"
+        for i in range(2)
+        for t, owner in TARGETS.items()
+        for ab in "AB"
     }
     layer = model.blocks[0].attn.W_QKV
     assert parts(cfg, "W_QKV") == layer.parts == [16, 8, 8] and layer.lora_A.shape == (6, 16)
@@ -194,9 +217,15 @@ def test_only_the_adapters_train(bases, hamlet: Path, config: Path, tmp_path: Pa
 def test_a_lora_finetune_trains_and_its_checkpoint_holds_the_adapters(tuned, bases):
     for name, run in tuned.items():
         rows = metrics(run)
-        assert [r[0] for r in rows] == [0, 20, 40] and rows[-1][2] < rows[0][2] - 0.1, rows  # val loss falls
+        # val loss falls
+        assert [r[0] for r in rows] == [0, 20, 40] and rows[-1][2] < rows[0][2] - 0.1, rows
         files = sorted(p.name for p in (run / "last").iterdir())
-        assert files == ["adapters.safetensors", "config.yaml", "state.pt", "tinygpt_tokenizer.json"]
+        assert files == [
+            "adapters.safetensors",
+            "config.yaml",
+            "state.pt",
+            "tinygpt_tokenizer.json",
+        ]
         with safe_open(str(run / "last" / "adapters.safetensors"), "pt") as f:
             names, recorded = set(f.keys()), f.metadata()
         assert names == set(adapter_weights(dict.fromkeys(names))) and len(names) == 2 * 4 * 2
@@ -240,7 +269,15 @@ def test_sample_eval_and_heads_read_a_lora_checkpoint(tuned, hamlet: Path, tmp_p
     assert abs(loss - exact) < 1e-5
 
     out = script(
-        capsys, heads_script.main, str(run), "--out", str(tmp_path), "--sequences", "2", "--windows", "2"
+        capsys,
+        heads_script.main,
+        str(run),
+        "--out",
+        str(tmp_path),
+        "--sequences",
+        "2",
+        "--windows",
+        "2",
     )
     assert "heads with a role" in out and (tmp_path / "head_scores.json").is_file()
 
@@ -249,11 +286,15 @@ def test_sample_eval_and_heads_read_a_lora_checkpoint(tuned, hamlet: Path, tmp_p
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_merged_export_and_peft_adapter_give_the_adapter_models_logits(name, tuned, bases, tmp_path, capsys):
+def test_merged_export_and_peft_adapter_give_the_adapter_models_logits(
+    name, tuned, bases, tmp_path, capsys
+):
     run = tuned[name]
     model = pretrained.load_model(run, merge=False).model
     base_model = pretrained.load_model(bases[name]).model
-    idx = torch.randint(0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3))
+    idx = torch.randint(
+        0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3)
+    )
     with torch.no_grad():
         ours = model(idx)[0]
         assert (ours - base_model(idx)[0]).abs().max() > 0.1  # the adapters matter
@@ -263,7 +304,8 @@ def test_merged_export_and_peft_adapter_give_the_adapter_models_logits(name, tun
         merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
         torch.testing.assert_close(merged(idx).logits, ours, rtol=0, atol=1e-5)
 
-        base_folder = bases[name]  # the Llama base is a Hugging Face folder already; ours is exported
+        # the Llama base is a Hugging Face folder already; ours is exported
+        base_folder = bases[name]
         if not (base_folder / "config.json").is_file():
             base_folder = tmp_path / "base"
             script(capsys, export_script.main, str(bases[name]), str(base_folder))
@@ -275,7 +317,8 @@ def test_merged_export_and_peft_adapter_give_the_adapter_models_logits(name, tun
         base = AutoModelForCausalLM.from_pretrained(base_folder)
         peft_model = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
         torch.testing.assert_close(peft_model(idx).logits, ours, rtol=0, atol=1e-5)
-        # PEFT's own merge (its transposes for GPT-2's Conv1D, its q/k/v) gives the weights export.py wrote
+        # PEFT's own merge (its transposes for GPT-2's Conv1D, its q/k/v) gives the weights
+        # export.py wrote
         theirs = peft_model.merge_and_unload().state_dict()
         for key, tensor in merged.state_dict().items():
             torch.testing.assert_close(theirs[key], tensor, rtol=0, atol=1e-6)
@@ -300,13 +343,16 @@ def test_a_lora_run_exports_to_gguf_with_its_adapters_merged(name, tuned, tmp_pa
         type_v=f32,
         verbose=False,
     )
-    ids = torch.randint(0, model.config.vocab_size, (32,), generator=torch.Generator().manual_seed(4))
+    ids = torch.randint(
+        0, model.config.vocab_size, (32,), generator=torch.Generator().manual_seed(4)
+    )
     llm.eval(ids.tolist())
     with torch.no_grad():
         ours = model(ids[None])[0][0]
     theirs = torch.tensor(llm.scores[:32])[:, : model.config.vocab_size]
     llm.close()
-    tolerance = 1e-3 if name == "llama" else 2e-2  # llama.cpp's GELU is a float16 table (tests/test_gguf.py)
+    # llama.cpp's GELU is a float16 table (tests/test_gguf.py)
+    tolerance = 1e-3 if name == "llama" else 2e-2
     torch.testing.assert_close(theirs, ours, rtol=0, atol=tolerance)
 
 
@@ -324,19 +370,41 @@ def test_bad_lora_settings_and_a_moved_or_changed_base_are_one_line(
         return lora_args(config, base, hamlet, tmp_path / "out", *more)
 
     cases = [
-        (train_script.main, [str(config), f"data.dir={hamlet}", "lora.rank=8"],
-         "lora: LoRA adapts a pretrained model, and train.init_from names none"),
-        (train_script.main, lora(copy, "lora.rank=0"),
-         "lora.rank: must be at least 1, got 0 (in override lora.rank=0)"),
-        (train_script.main, lora(copy, "lora.targets=[W_QKV,q_proj]"),
-         "lora.targets: unknown projection q_proj; choose from W_QKV, W_O, W_in, W_out"),
-        (train_script.main, lora(attention_only, "lora.targets=[W_out]"),
-         "the model has no MLP (model.mlp=false)"),
-        (train_script.main, [*lora_args(config, bases["gpt2"], hamlet, tuned["gpt2"], ALL), "lora.rank=4",
-                             "train.resume=true"], "has lora.rank=8 but the config says 4"),
-        (export_script.main, [str(bases["gpt2"]), str(tmp_path / "x"), "--adapter"],
-         "is not a LoRA checkpoint"),
-    ]  # fmt: skip
+        (
+            train_script.main,
+            [str(config), f"data.dir={hamlet}", "lora.rank=8"],
+            "lora: LoRA adapts a pretrained model, and train.init_from names none",
+        ),
+        (
+            train_script.main,
+            lora(copy, "lora.rank=0"),
+            "lora.rank: must be at least 1, got 0 (in override lora.rank=0)",
+        ),
+        (
+            train_script.main,
+            lora(copy, "lora.targets=[W_QKV,q_proj]"),
+            "lora.targets: unknown projection q_proj; choose from W_QKV, W_O, W_in, W_out",
+        ),
+        (
+            train_script.main,
+            lora(attention_only, "lora.targets=[W_out]"),
+            "the model has no MLP (model.mlp=false)",
+        ),
+        (
+            train_script.main,
+            [
+                *lora_args(config, bases["gpt2"], hamlet, tuned["gpt2"], ALL),
+                "lora.rank=4",
+                "train.resume=true",
+            ],
+            "has lora.rank=8 but the config says 4",
+        ),
+        (
+            export_script.main,
+            [str(bases["gpt2"]), str(tmp_path / "x"), "--adapter"],
+            "is not a LoRA checkpoint",
+        ),
+    ]
     for main, argv, message in cases:
         script_error(capsys, main, argv, message)
     assert not (tmp_path / "out" / "last").exists() and not (tmp_path / "x").exists()
@@ -345,7 +413,9 @@ def test_bad_lora_settings_and_a_moved_or_changed_base_are_one_line(
     train_here(*lora(copy, "train.max_iters=0"))
     sample = [str(tmp_path / "out"), "--max-new-tokens", "5"]
     copy.rename(tmp_path / "moved")
-    script_error(capsys, sample_script.main, sample, f"the base model of LoRA checkpoint {tmp_path / 'out'}")
+    script_error(
+        capsys, sample_script.main, sample, f"the base model of LoRA checkpoint {tmp_path / 'out'}"
+    )
     script_error(capsys, sample_script.main, sample, "is missing (moved or deleted?)")
     (tmp_path / "moved").rename(copy)
     script(capsys, sample_script.main, *sample)  # back in place: it runs
@@ -359,11 +429,17 @@ def test_bad_lora_settings_and_a_moved_or_changed_base_are_one_line(
     script_error(capsys, train_script.main, resume, changed)
 
 
-def test_the_dry_run_of_a_lora_finetune_counts_the_base_and_the_adapters(bases, hamlet: Path, config, capsys):
-    args = lora_args(config, bases["gpt2"], hamlet, "unused", "model.block_size=16", "train.max_iters=10")
+def test_the_dry_run_of_a_lora_finetune_counts_the_base_and_the_adapters(
+    bases, hamlet: Path, config, capsys
+):
+    args = lora_args(
+        config, bases["gpt2"], hamlet, "unused", "model.block_size=16", "train.max_iters=10"
+    )
     assert train_script.main([*args, "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "2 layers x 32, 2 heads, context 16, vocabulary 65" in out  # the base's shape, block_size lowered
-    n = 2 * (8 * (32 + 96) + 8 * (32 + 32))  # A and B of rank 8 on W_QKV (32 -> 96) and W_O, in 2 layers
+    # the base's shape, block_size lowered
+    assert "2 layers x 32, 2 heads, context 16, vocabulary 65" in out
+    # A and B of rank 8 on W_QKV (32 -> 96) and W_O, in 2 layers
+    n = 2 * (8 * (32 + 96) + 8 * (32 + 32))
     assert f"lora        rank 8 on W_QKV, W_O: {n / 1e6:,.3f}M parameters train" in out
     assert f"checkpoint  {size_text(n * 12)} on disk" in out and "speed" in out

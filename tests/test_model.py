@@ -1,4 +1,5 @@
-"""The network against a naive reference, the causal mask, the KV cache, init and parameter counts."""
+"""The network against a naive reference, the causal mask, the KV cache, init and parameter
+counts."""
 
 from __future__ import annotations
 
@@ -9,13 +10,18 @@ import torch
 import torch.nn as nn
 
 from model import GPT, GPTConfig
-from model.generate import generate
-from model.kv_cache import KVCache
+from sampling.generate import generate
+from sampling.kv_cache import KVCache
 
 OPTIONS = {
     "gpt2": {},
     "modern": dict(
-        pos_emb="rope", norm="rmsnorm", qk_norm=True, activation="relu2", tie_embeddings=False, bias=False
+        pos_emb="rope",
+        norm="rmsnorm",
+        qk_norm=True,
+        activation="relu2",
+        tie_embeddings=False,
+        bias=False,
     ),
     "gqa_window_swiglu": dict(n_kv_head=2, window=5, activation="swiglu", pos_emb="rope"),
     "attn_only_softcap": dict(mlp=False, logit_softcap=15.0),
@@ -40,7 +46,8 @@ def tiny(**kw) -> GPT:
 
 
 def naive_forward(m: GPT, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The same network written out position by position, head by head, with no library attention."""
+    """The same network written out position by position, head by head, with no library
+    attention."""
     cfg = m.config
     B, T = idx.shape
     H, H_kv, d = cfg.n_head, cfg.kv_heads, cfg.head_dim
@@ -88,13 +95,17 @@ def naive_forward(m: GPT, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.T
                         [rotate(t, j) for j, t in enumerate(ks)],
                     )
                 for i in range(T):
-                    visible = [j for j in range(T) if j <= i and (cfg.window is None or j > i - cfg.window)]
+                    visible = [
+                        j for j in range(T) if j <= i and (cfg.window is None or j > i - cfg.window)
+                    ]
                     scores = torch.stack([qs[i] @ ks[j] / math.sqrt(d) for j in visible])
                     w = torch.exp(scores - scores.max())
                     w = w / w.sum()
                     for wj, j in zip(w, visible):
                         weights[b, head, i, j] = wj
-                        out[b, i, head * d : (head + 1) * d] += wj * v[b, j, kvh * d : (kvh + 1) * d]
+                        out[b, i, head * d : (head + 1) * d] += (
+                            wj * v[b, j, kvh * d : (kvh + 1) * d]
+                        )
         all_weights.append(weights)
         x = x + linear(out, block.attn.W_O)
         if block.mlp is not None:
@@ -122,12 +133,14 @@ def test_sdpa_explicit_and_naive_reference_agree(name):
     fast, _ = m(idx)
     explicit, weights = m.attention_weights(idx)
     reference, ref_weights = naive_forward(m, idx)
-    # float64 throughout; the rotary tables are float32 (as in training), hence 1e-6 rather than 1e-12
+    # float64 throughout; the rotary tables are float32 (as in training), hence 1e-6 rather than
+    # 1e-12
     torch.testing.assert_close(fast, reference, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(explicit, reference, rtol=1e-6, atol=1e-7)
     for w, rw in zip(weights, ref_weights):
         torch.testing.assert_close(w, rw, rtol=1e-6, atol=1e-8)
-        torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))  # each query's weights sum to 1
+        # each query's weights sum to 1
+        torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
 
 
 @pytest.mark.parametrize("name", OPTIONS)
@@ -148,8 +161,8 @@ def test_changing_a_future_token_never_changes_an_earlier_output(name):
 
 def reference_generate(m: GPT, prompt: list[int], n: int) -> list[int]:
     """Greedy decoding with a full forward pass per token, following the documented window policy:
-    at most block_size tokens; when exceeded, keep the last block_size // 2. A model with a window and
-    rotary positions never slides: its forward takes the whole sequence so far."""
+    at most block_size tokens; when exceeded, keep the last block_size // 2. A model with a window
+    and rotary positions never slides: its forward takes the whole sequence so far."""
     seq, start = list(prompt[-m.config.block_size :]), 0
     for _ in range(n):
         window = torch.tensor([seq[start:]])
@@ -175,11 +188,12 @@ def test_kv_cache_logits_match_full_forward_and_crop_semantics_within_context():
     idx = torch.randint(0, 50, (2, 16))
     full, _ = m(idx)
     cache = KVCache.for_model(m, 2)
-    prefill, _ = m(idx[:, :6], kv_cache=cache)
-    steps = [m(idx[:, t : t + 1], kv_cache=cache, input_pos=torch.tensor([t]))[0] for t in range(6, 16)]
+    prefill, _ = m(idx[:, :6], kv_cache=cache.prefill(6))
+    steps = [m(idx[:, t : t + 1], kv_cache=cache.step(torch.tensor([t])))[0] for t in range(6, 16)]
     torch.testing.assert_close(torch.cat([prefill, *steps], dim=1), full)
     with pytest.raises(IndexError):
-        m(idx[:, :1], kv_cache=cache, input_pos=torch.tensor([16]))  # the cache holds block_size slots
+        # the cache holds block_size slots
+        m(idx[:, :1], kv_cache=cache.step(torch.tensor([16])))
 
 
 def test_batched_generation_is_rowwise():
@@ -193,12 +207,15 @@ def test_batched_generation_is_rowwise():
 def test_parameter_counts_match_nanogpt():
     with torch.device("meta"):
         gpt2 = GPT(GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768))
-        char = GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2))
+        char = GPT(
+            GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2)
+        )
     assert gpt2.num_params() == 123_653_376  # nanoGPT prints "number of parameters: 123.65M"
     assert gpt2.num_params(non_embedding=False) == 124_439_808  # GPT-2 small
     C, L = 384, 6  # per block: 2 LayerNorms, W_QKV, W_O, MLP in and out, all with biases
     block = 2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
-    assert char.num_params() == L * block + 65 * C + 2 * C  # + tied token embedding + final LayerNorm
+    # + tied token embedding + final LayerNorm
+    assert char.num_params() == L * block + 65 * C + 2 * C
 
 
 def test_gpt2_initialisation_scales_residual_projections():
@@ -209,8 +226,14 @@ def test_gpt2_initialisation_scales_residual_projections():
     assert abs(m.blocks[0].mlp.W_out.weight.std().item() - target) < 0.1 * target
     assert abs(m.blocks[0].attn.W_QKV.weight.std().item() - 0.02) < 0.002
     assert m.lm_head.weight is m.token_emb.weight
-    zero = GPT(GPTConfig(vocab_size=100, block_size=64, n_layer=2, n_head=4, n_embd=64, zero_init_proj=True))
-    assert torch.all(zero.blocks[1].attn.W_O.weight == 0) and torch.all(zero.blocks[1].mlp.W_out.weight == 0)
+    zero = GPT(
+        GPTConfig(
+            vocab_size=100, block_size=64, n_layer=2, n_head=4, n_embd=64, zero_init_proj=True
+        )
+    )
+    assert torch.all(zero.blocks[1].attn.W_O.weight == 0) and torch.all(
+        zero.blocks[1].mlp.W_out.weight == 0
+    )
 
 
 @pytest.mark.parametrize(
@@ -224,7 +247,9 @@ def test_gpt2_initialisation_scales_residual_projections():
     ],
 )
 def test_config_validation_names_the_field(field, value, expected):
-    cfg = GPTConfig(**{**dict(vocab_size=10, block_size=8, n_layer=1, n_head=4, n_embd=32), field: value})
+    cfg = GPTConfig(
+        **{**dict(vocab_size=10, block_size=8, n_layer=1, n_head=4, n_embd=32), field: value}
+    )
     with pytest.raises(
         ValueError, match=expected.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
     ):
@@ -250,17 +275,20 @@ def test_a_tiny_model_overfits_one_batch():
 def test_explicit_mlp_width_and_norm_eps():
     llama = tiny(**OPTIONS["llama"])
     assert (
-        llama.blocks[0].mlp.W_in.weight.shape == (2 * 24, 32) and llama.blocks[0].mlp.W_out.in_features == 24
+        llama.blocks[0].mlp.W_in.weight.shape == (2 * 24, 32)
+        and llama.blocks[0].mlp.W_out.in_features == 24
     )
     assert llama.blocks[0].norm1.eps == 1e-5 and llama.norm_f.eps == 1e-5
-    default = tiny()  # the defaults are unchanged: 4 x n_embd, LayerNorm's 1e-5, RMSNorm's dtype epsilon
+    # the defaults are unchanged: 4 x n_embd, LayerNorm's 1e-5, RMSNorm's dtype epsilon
+    default = tiny()
     assert default.blocks[0].mlp.W_in.out_features == 128 and default.blocks[0].norm1.eps == 1e-5
     assert tiny(norm="rmsnorm").norm_f.eps is None
 
 
 def test_dropout_draws_masks_in_training_alone():
-    """Every dropout of the model (embeddings, attention's and the MLP's outputs) zeroes numbers in training,
-    with the masks torch's generator draws; in evaluation it is the identity, the same tensor."""
+    """Every dropout of the model (embeddings, attention's and the MLP's outputs) zeroes numbers in
+    training, with the masks torch's generator draws; in evaluation it is the identity, the same
+    tensor."""
     idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
     model = tiny(dropout=0.5).float()
     with torch.no_grad():
@@ -270,7 +298,10 @@ def test_dropout_draws_masks_in_training_alone():
         first = model(idx)[0]
         torch.manual_seed(1)
         assert torch.equal(model(idx)[0], first) and not torch.allclose(first, evaluated)
-        names, zeroed = {m: name for name, m in model.named_modules() if isinstance(m, nn.Dropout)}, {}
+        names, zeroed = (
+            {m: name for name, m in model.named_modules() if isinstance(m, nn.Dropout)},
+            {},
+        )
 
         def share(module: nn.Module, args, out: torch.Tensor) -> None:
             zeroed[names[module]] = (out == 0).float().mean().item()
@@ -280,11 +311,13 @@ def test_dropout_draws_masks_in_training_alone():
         model(idx)
     assert len(zeroed) == 2 * 2 + 1 and all(0.3 < share < 0.7 for share in zeroed.values()), zeroed
     x = torch.ones(3)
-    assert model.drop.eval()(x) is x and tiny().drop.train()(x) is x  # the identity: p = 0 or evaluation
+    # the identity: p = 0 or evaluation
+    assert model.drop.eval()(x) is x and tiny().drop.train()(x) is x
 
 
 def saved_bytes(model: GPT, idx: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
-    """(bytes of the tensors autograd packs for backward during the forward, the gradients after it)."""
+    """(bytes of the tensors autograd packs for backward during the forward, the gradients after
+    it)."""
     kept = []
 
     def pack(t):
@@ -301,9 +334,9 @@ def saved_bytes(model: GPT, idx: torch.Tensor) -> tuple[int, list[torch.Tensor]]
 
 @pytest.mark.parametrize("name", [*OPTIONS, "dropout"])
 def test_activation_checkpointing_gives_the_same_gradients_and_keeps_no_block_activations(name):
-    """fp32, bit for bit: the recomputed activations are the ones the forward computed (dropout's masks
-    included). Each layer adds exactly its input to what the forward keeps for backward, the (B, T, C)
-    residual stream (and its positions), where without it each adds all its activations."""
+    """fp32, bit for bit: the recomputed activations are the ones the forward computed (dropout's
+    masks included). Each layer adds exactly its input to what the forward keeps for backward, the
+    (B, T, C) residual stream, where without it each adds all its activations."""
     options = {"dropout": 0.1} if name == "dropout" else OPTIONS[name]
     idx = torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(0))
     kept = {}
@@ -317,6 +350,9 @@ def test_activation_checkpointing_gives_the_same_gradients_and_keeps_no_block_ac
         assert kept[layers] < plain_bytes / 2
         with torch.no_grad():  # evaluation and generation: nothing to recompute, the same logits
             model.eval()
-            assert torch.equal(model(idx)[0], tiny(n_layer=layers, **options).float().eval()(idx)[0])
+            assert torch.equal(
+                model(idx)[0], tiny(n_layer=layers, **options).float().eval()(idx)[0]
+            )
     B, T = idx.shape
-    assert kept[4] - kept[2] == 2 * (B * T * 32 * 4 + T * 8)  # two more layers: x in fp32, positions in int64
+    # two more layers: their inputs x, in fp32
+    assert kept[4] - kept[2] == 2 * B * T * 32 * 4

@@ -1,4 +1,5 @@
-"""Optimisers and schedules: parameter groups, Muon, the schedule shapes, and the wall-time budget."""
+"""Optimisers and schedules: parameter groups, Muon, the schedule shapes, and the wall-time
+budget."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ def test_weight_decay_only_on_matrices_and_embeddings():
     (opt,) = make_optimizers(m, OptimConfig(weight_decay=0.1), torch.device("cpu"))
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert all(p.dim() == 2 for p in decay["params"]) and all(
+        p.dim() == 1 for p in no_decay["params"]
+    )
     assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == sum(
         p.numel() for p in m.parameters()
     )
@@ -56,7 +59,8 @@ def test_batched_muon_matches_torch_muon():
     from training.muon import Muon
 
     torch.manual_seed(0)
-    shapes = [(96, 32), (32, 32), (128, 32), (32, 128), (48, 64)]  # tall, square, wide: padded batches
+    # tall, square, wide: padded batches
+    shapes = [(96, 32), (32, 32), (128, 32), (32, 128), (48, 64)]
     ours = [torch.nn.Parameter(torch.randn(s) * 0.02) for s in shapes]
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     a = Muon(ours, lr=0.02, momentum=0.95, weight_decay=0.1)
@@ -74,10 +78,14 @@ def test_batched_muon_matches_torch_muon():
 
 def test_muon_takes_the_hidden_matrices_and_trains():
     m = tiny_model(tie_embeddings=False)
-    adamw, muon = make_optimizers(m, OptimConfig(name="muon", lr=3e-3, muon_lr=0.02), torch.device("cpu"))
+    adamw, muon = make_optimizers(
+        m, OptimConfig(name="muon", lr=3e-3, muon_lr=0.02), torch.device("cpu")
+    )
     names = {id(p): n for n, p in m.named_parameters()}
     muon_names = {names[id(p)] for g in muon.param_groups for p in g["params"]}
-    assert muon_names == {n for n, p in m.named_parameters() if p.dim() == 2 and n.startswith("blocks.")}
+    assert muon_names == {
+        n for n, p in m.named_parameters() if p.dim() == 2 and n.startswith("blocks.")
+    }
     adam_names = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
     assert {
         "token_emb.weight",
@@ -101,14 +109,20 @@ def test_schedules():
     cos = OptimConfig(schedule="cosine", warmup_iters=10, min_lr_ratio=0.1)
     assert lr_factor(0, 0.0, cos) == pytest.approx(0.1)  # warmup: (it + 1) / warmup_iters
     assert lr_factor(9, 0.0, cos) == pytest.approx(1.0)
-    # then the decay over the rest of the run (200 iterations: 190 after the warmup), from the peak itself
+    # then the decay over the rest of the run (200 iterations: 190 after the warmup), from the peak
+    # itself
     assert lr_factor(10, 10 / 200, cos) == pytest.approx(1.0)
     assert lr_factor(105, 105 / 200, cos) == pytest.approx(0.1 + 0.9 * 0.5)
     assert lr_factor(100, 1.0, cos) == pytest.approx(0.1)
-    # by time (progress ahead of the iterations): the warmup's share as the pace says, 0.25 * 10 / 50
-    assert lr_factor(50, 0.25, cos) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.2 / 0.95)))
+    # by time (progress ahead of the iterations): the warmup's share as the pace says, 0.25 * 10 /
+    # 50
+    assert lr_factor(50, 0.25, cos) == pytest.approx(
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.2 / 0.95))
+    )
     wsd = OptimConfig(schedule="wsd", warmup_iters=0, min_lr_ratio=0.0, decay_frac=0.2)
-    assert [lr_factor(0, p, wsd) for p in (0.0, 0.5, 0.8, 0.9, 1.0)] == pytest.approx([1, 1, 1, 0.5, 0])
+    assert [lr_factor(0, p, wsd) for p in (0.0, 0.5, 0.8, 0.9, 1.0)] == pytest.approx(
+        [1, 1, 1, 0.5, 0]
+    )
     const = OptimConfig(schedule="constant", warmup_iters=0)
     assert lr_factor(5, 0.99, const) == 1.0
     m = tiny_model()
@@ -123,12 +137,14 @@ def test_a_warmup_as_long_as_the_run_is_a_warning():
     assert "optim.warmup_iters=100 is not below train.max_iters=100" in message
     assert message.endswith("set optim.warmup_iters=10")
     assert schedule_warning(OptimConfig(warmup_iters=99), t) is None
-    assert schedule_warning(OptimConfig(warmup_iters=100), TrainConfig(max_iters=0)) is None  # an eval alone
+    # an eval alone
+    assert schedule_warning(OptimConfig(warmup_iters=100), TrainConfig(max_iters=0)) is None
 
 
 @pytest.mark.slow
 def test_a_short_run_reaches_optim_lr_then_decays_to_its_floor(data_dir: Path, tmp_path: Path):
-    # a learner's 40-iteration run: optim.lr at the warmup's end (it was 97% of it, 28% for 100 of 300)
+    # a learner's 40-iteration run: optim.lr at the warmup's end (it was 97% of it, 28% for 100 of
+    # 300)
     out = tmp_path / "out"
     train(
         data_dir,
@@ -138,7 +154,10 @@ def test_a_short_run_reaches_optim_lr_then_decays_to_its_floor(data_dir: Path, t
         "optim.lr=2e-3",
         "optim.min_lr_ratio=0.1",
     )
-    lrs = {r["iter"]: r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    lrs = {
+        r["iter"]: r["lr"]
+        for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    }
     assert lrs[5] == pytest.approx(2e-3, rel=1e-6)  # TINY's warmup_iters=5
     assert max(lrs.values()) == lrs[5] and lrs[10] < lrs[5]
     assert lrs[40] == pytest.approx(2e-4, rel=1e-6)  # the floor at the end
@@ -161,19 +180,24 @@ def test_a_time_budget_ends_with_the_lr_decayed_and_a_final_eval(data_dir: Path,
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["iter"] == 0 and rows[-1]["iter"] > 0
     assert 4.0 <= rows[-1]["elapsed_s"] < 6.0
-    assert rows[-1]["lr"] == pytest.approx(1e-4, rel=1e-6)  # the floor: the schedule followed the clock
+    # the floor: the schedule followed the clock
+    assert rows[-1]["lr"] == pytest.approx(1e-4, rel=1e-6)
 
 
 def test_muon_iterates_in_fp32_on_a_cpu_without_bf16_matrix_instructions(monkeypatch):
-    """Emulated bf16 matrix products made a Muon step many times slower there (BENCHMARKS.md, "Muon")."""
+    """Emulated bf16 matrix products made a Muon step many times slower there (BENCHMARKS.md,
+    "Muon")."""
     from training import muon
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(muon, "cpu_has_bf16_matmul", lambda: False)
-    assert muon.iteration_dtype(cpu) == torch.float32 and muon.iteration_dtype(cuda) == torch.bfloat16
+    assert (
+        muon.iteration_dtype(cpu) == torch.float32 and muon.iteration_dtype(cuda) == torch.bfloat16
+    )
     monkeypatch.setattr(muon, "cpu_has_bf16_matmul", lambda: True)
     assert muon.iteration_dtype(cpu) == torch.bfloat16
-    # in fp32 the iteration is the same map, only finer: it agrees with the bf16 one to bf16 precision
+    # in fp32 the iteration is the same map, only finer: it agrees with the bf16 one to bf16
+    # precision
     G = torch.randn(3, 32, 96, generator=torch.Generator().manual_seed(0))
     fp32, bf16 = muon.newton_schulz(G), muon.newton_schulz(G.bfloat16())
     assert fp32.dtype == torch.float32 and bf16.dtype == torch.bfloat16

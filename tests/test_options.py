@@ -1,6 +1,6 @@
-"""Every script's options before, after and between its positional arguments (issue 39): the same namespace
-each way, options with optional or many values included; a command line no order fixes keeps argparse's
-error."""
+"""Every script's options before, after and between its positional arguments (issue 39): the same
+namespace each way, options with optional or many values included; a command line no order fixes
+keeps argparse's error."""
 
 from __future__ import annotations
 
@@ -33,7 +33,11 @@ CASES = {  # script: (its positionals, groups of options as a user types them)
         ["out/run"],
         [["--ablate", "mean"], ["--circuit", "AB", "CD"], ["--patch", "AB", "CD"], ["--lens"]],
     ),
-    "eval": (eval_script, ["out/a", "out/b"], [["--text-file", "t.txt"], ["--json"], ["--stride", "4"]]),
+    "eval": (
+        eval_script,
+        ["out/a", "out/b"],
+        [["--text-file", "t.txt"], ["--json"], ["--stride", "4"]],
+    ),
     "export": (export_script, ["out/run", "m.gguf"], [["--dtype", "q8_0"], ["--overwrite"]]),
     "plot": (plot_script, ["out/a", "out/b"], [["--metric", "train_loss"], ["--out", "x.png"]]),
     "prepare": (
@@ -50,7 +54,8 @@ CASES = {  # script: (its positionals, groups of options as a user types them)
 
 
 def orders(positionals: list[str], groups: list[list[str]]):
-    """The options all before the positionals, all after, between them, and in reversed order each way."""
+    """The options all before the positionals, all after, between them, and in reversed order each
+    way."""
     flat = [a for g in groups for a in g]
     back = [a for g in reversed(groups) for a in g]
     yield [*positionals, *flat]
@@ -79,7 +84,10 @@ def test_an_optional_value_does_not_swallow_the_run(capsys):
     assert (args.name, args.data_files) == ("mine", ["a.jsonl"])
     with pytest.raises(SystemExit) as e:  # nothing to give back: argparse's own error
         heads_script.parse_args(["--ablate"])
-    assert e.value.code == 2 and "the following arguments are required: out_dir" in capsys.readouterr().err
+    assert (
+        e.value.code == 2
+        and "the following arguments are required: out_dir" in capsys.readouterr().err
+    )
     with pytest.raises(SystemExit):
         sample_script.parse_args(["out/run", "--bogus"])
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
@@ -100,7 +108,12 @@ def test_train_flags_go_anywhere(capsys):
 
 @pytest.mark.slow
 def test_the_issue_command_runs(run, tmp_path):
-    """`python heads.py --ablate OUT_DIR` ablates OUT_DIR's heads (it used to stop: out_dir required)."""
-    result = run_script("heads.py", "--ablate", str(run), "--out", str(tmp_path), "--sequences", "4")
+    """`python heads.py --ablate OUT_DIR` ablates OUT_DIR's heads (it used to stop: out_dir
+    required)."""
+    result = run_script(
+        "heads.py", "--ablate", str(run), "--out", str(tmp_path), "--sequences", "4"
+    )
     assert result.returncode == 0, result.stderr
-    assert "ablation" in result.stdout and (tmp_path / "head_ablation.json").is_file(), result.stdout
+    assert "ablation" in result.stdout and (tmp_path / "head_ablation.json").is_file(), (
+        result.stdout
+    )

@@ -1,8 +1,9 @@
 """Resuming with changed values, as a learner does it: train, tweak the command line, resume, look.
 
-The rule (docs/training.md, "Stopping and resuming"; training/resume.py's KEPT_ON_RESUME): what may change is
-applied and named in the resume line, the checkpoint's config.yaml records what ran, a longer budget
-continues the schedule from where it was; what may not change stops in one line saying where to go instead.
+The rule (docs/training.md, "Stopping and resuming"; training/resume.py's KEPT_ON_RESUME): what may
+change is applied and named in the resume line, the checkpoint's config.yaml records what ran, a
+longer budget continues the schedule from where it was; what may not change stops in one line saying
+where to go instead.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import pytest
 import yaml
 from conftest import one_line_error, train
 
+from runs.checkpoint import Progress
 from runs.config import TrainConfig
-from runs.train_state import Progress
 from training.optim import schedule_progress
 
-RUN = ("optim.lr=2e-3", "train.eval_interval=20", "log.interval=20")  # cosine to 2e-4 (min_lr_ratio 0.1)
+# cosine to 2e-4 (min_lr_ratio 0.1)
+RUN = ("optim.lr=2e-3", "train.eval_interval=20", "log.interval=20")
 
 
 def evals(out: Path) -> dict[int, float]:
@@ -41,20 +43,25 @@ def test_a_learner_lowers_the_lr_and_trains_longer(data_dir: Path, tmp_path: Pat
     train(data_dir, out, *RUN, "train.max_iters=40")
     assert evals(out)[40] == pytest.approx(2e-4, rel=1e-12)  # decayed to its floor
 
-    # more iterations (and evals): the schedule goes on from where it was, at its floor; it does not climb
-    longer = train(data_dir, out, *RUN, "train.max_iters=60", "train.eval_interval=10", "train.resume=true")
-    assert resume_line(longer).endswith(
-        "; changed: train.max_iters 40 -> 60, train.eval_interval 20 -> 10 (learning rate 0.0002; the "
-        "schedule goes on from 100% done to its end at the new budget)"
+    # more iterations (and evals): the schedule goes on from where it was, at its floor; it does not
+    # climb
+    longer = train(
+        data_dir, out, *RUN, "train.max_iters=60", "train.eval_interval=10", "train.resume=true"
     )
-    assert (
-        evals(out)[50] == evals(out)[60] == pytest.approx(2e-4, rel=1e-12)
-    )  # stretched: 7.3e-4 at 40, 3.4e-4 at 50
+    assert resume_line(longer).endswith(
+        "; changed: train.max_iters 40 -> 60, train.eval_interval 20 -> 10 (learning rate 0.0002; "
+        "the schedule goes on from 100% done to its end at the new budget)"
+    )
+    # stretched: 7.3e-4 at 40, 3.4e-4 at 50
+    assert evals(out)[50] == evals(out)[60] == pytest.approx(2e-4, rel=1e-12)
 
     # a lower learning rate: applied (state.pt's 2e-3 no longer wins), named, and recorded
     lower = train(data_dir, out, *RUN, "train.max_iters=80", "optim.lr=1e-5", "train.resume=true")
     line = resume_line(lower)
-    assert "changed: train.max_iters 60 -> 80, train.eval_interval 10 -> 20, optim.lr 0.002 -> 1e-05" in line
+    assert (
+        "changed: train.max_iters 60 -> 80, train.eval_interval 10 -> 20, optim.lr 0.002 -> 1e-05"
+        in line
+    )
     assert "(learning rate 0.0002 -> 1e-06; the schedule goes on from 100% done" in line
     assert evals(out)[80] == pytest.approx(1e-6, rel=1e-12)
     assert recorded(out)["optim"]["lr"] == 1e-5 and recorded(out)["train"]["max_iters"] == 80
@@ -71,20 +78,33 @@ def test_what_a_resumed_run_cannot_change_stops_in_one_line(data_dir: Path, tmp_
     before = (out / "metrics.jsonl").read_text()
 
     fewer = train(data_dir, out, *RUN, "train.max_iters=10", "train.resume=true", check=False)
-    one_line_error(fewer, "at iteration 20, past train.max_iters=10: nothing to train; raise train.max_iters")
-    timed = train(
-        data_dir, out, *RUN, "train.max_iters=30", "train.max_time=0.01", "train.resume=true", check=False
+    one_line_error(
+        fewer, "at iteration 20, past train.max_iters=10: nothing to train; raise train.max_iters"
     )
-    one_line_error(timed, "s, past train.max_time=0.01: nothing to train; raise train.max_time above")
+    timed = train(
+        data_dir,
+        out,
+        *RUN,
+        "train.max_iters=30",
+        "train.max_time=0.01",
+        "train.resume=true",
+        check=False,
+    )
+    one_line_error(
+        timed, "s, past train.max_time=0.01: nothing to train; raise train.max_time above"
+    )
     args = (*RUN, "optim.name=muon", "train.max_iters=30", "train.resume=true")
     muon = train(data_dir, out, *args, check=False)
     how = f"from its weights: train.init_from={out / 'last'} train.out_dir=NEW optim.name=muon"
     one_line_error(
         muon,
-        "has optim.name=adamw but the config says muon; a resumed run keeps its optimizer (state.pt holds "
+        "has optim.name=adamw but the config says muon; a resumed run keeps its optimizer "
+        "(state.pt holds "
         f"its state): resume with optim.name=adamw, or start a new run {how}",
     )
-    assert (out / "metrics.jsonl").read_text() == before and recorded(out)["train"]["max_iters"] == 20
+    assert (out / "metrics.jsonl").read_text() == before and recorded(out)["train"][
+        "max_iters"
+    ] == 20
 
     # the way the line gives: a new run from the checkpoint's weights, with the other optimizer
     new = tmp_path / "new"
@@ -99,8 +119,11 @@ def test_a_new_budget_spreads_what_was_left_of_the_schedule():
     done = [schedule_progress(Progress(iter=i, **anchor), 0.0, longer) for i in (50, 100, 150, 200)]
     assert done == [0.5, 0.75, 1.0, 1.0]
     timed = TrainConfig(max_iters=10**6, max_time=300.0)  # half the time spent at 100 s: 200 s left
-    assert schedule_progress(Progress(schedule_elapsed=100.0, schedule_done=0.5), 200.0, timed) == 0.75
-    for it, elapsed in ((7, 0.0), (333, 12.5), (5000, 299.0)):  # no anchor: exactly the plain schedule
+    assert (
+        schedule_progress(Progress(schedule_elapsed=100.0, schedule_done=0.5), 200.0, timed) == 0.75
+    )
+    # no anchor: exactly the plain schedule
+    for it, elapsed in ((7, 0.0), (333, 12.5), (5000, 299.0)):
         assert schedule_progress(Progress(iter=it), elapsed, timed) == min(
             1.0, max(it / 10**6, elapsed / 300.0)
         )

@@ -13,9 +13,9 @@ from conftest import noisy, run_script, script
 import heads as heads_script
 import sample as sample_script
 from model import GPT
-from model.generate import sample_next
 from runs import checkpoint, pretrained
 from runs.config import load_config
+from sampling.generate import sample_next
 
 
 def test_temperature_zero_is_argmax():
@@ -37,9 +37,13 @@ def test_top_k_and_top_p_restrict_the_support():
 
 def test_sampling_frequencies_follow_temperature():
     logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]])).repeat(20000, 1)
-    counts = torch.bincount(sample_next(logits, 1.0, generator=torch.Generator().manual_seed(1)), minlength=3)
+    counts = torch.bincount(
+        sample_next(logits, 1.0, generator=torch.Generator().manual_seed(1)), minlength=3
+    )
     assert abs(counts[0].item() / 20000 - 0.5) < 0.02
-    sharp = torch.bincount(sample_next(logits, 0.5, generator=torch.Generator().manual_seed(1)), minlength=3)
+    sharp = torch.bincount(
+        sample_next(logits, 0.5, generator=torch.Generator().manual_seed(1)), minlength=3
+    )
     assert abs(sharp[0].item() / 20000 - 2 / 3) < 0.02  # p^2 renormalised: .25/(.25+.0625+.0625)
 
 
@@ -50,7 +54,15 @@ def test_sample_cli_is_reproducible_and_streams_the_prompt(run: Path):
     assert first.stdout == second.stdout and first.stdout.startswith("ROMEO:")
     assert len(first.stdout) == len("ROMEO:") + 100 + 1  # one character per token, then a newline
     other = run_script(
-        "sample.py", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "100", "--seed", "2", check=True
+        "sample.py",
+        str(run),
+        "--prompt",
+        "ROMEO:",
+        "--max-new-tokens",
+        "100",
+        "--seed",
+        "2",
+        check=True,
     )
     assert other.stdout != first.stdout
     greedy = run_script(
@@ -72,7 +84,8 @@ def test_a_top_k_above_the_vocabulary_is_capped_with_a_note(run: Path):
     args = ("sample.py", str(run), "--max-new-tokens", "30", "--seed", "3")
     capped = run_script(*args, "--top-k", "1000", check=True)
     assert "note: --top-k 1000 is more than the vocabulary's 65 tokens: capped" in capped.stderr
-    assert capped.stdout == run_script(*args, check=True).stdout  # all 65 tokens: as without --top-k
+    # all 65 tokens: as without --top-k
+    assert capped.stdout == run_script(*args, check=True).stdout
 
 
 @pytest.mark.slow
@@ -106,7 +119,11 @@ def test_bad_sampling_input_is_one_line(run: Path, args, message):
 @pytest.mark.slow
 def test_missing_and_damaged_checkpoints(run: Path, tmp_path: Path):
     result = run_script("sample.py", str(tmp_path / "nowhere"))
-    assert result.returncode == 2 and "no checkpoint at" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        result.returncode == 2
+        and "no checkpoint at" in result.stderr
+        and "Traceback" not in result.stderr
+    )
     result = run_script("sample.py", "README.md")
     assert result.returncode == 2 and "README.md is a file, not a checkpoint" in result.stderr
     damaged = tmp_path / "damaged"
@@ -122,14 +139,25 @@ def test_missing_and_damaged_checkpoints(run: Path, tmp_path: Path):
 
 @pytest.mark.slow
 def test_compile_with_several_samples_compiles_their_batch(run: Path):
-    args = ("sample.py", str(run), "--temperature", "0", "--max-new-tokens", "12", "--num-samples", "2")
+    args = (
+        "sample.py",
+        str(run),
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "12",
+        "--num-samples",
+        "2",
+    )
     eager = run_script(*args, check=True)
     compiled = run_script(*args, "--compile", check=True, timeout=240)
     assert compiled.stdout == eager.stdout
     assert "decoding step: compiled (--compile)" in compiled.stderr
-    # on a CPU the step is built ahead of time for batch 2 (CUDA compiles in the process, without a word)
+    # on a CPU the step is built ahead of time for batch 2 (CUDA compiles in the process, without a
+    # word)
     assert torch.cuda.is_available() or "compiling the decoding step at batch 2" in compiled.stderr
-    # the compile has its own line, and is no part of the prompt's time (it was: "1 tokens in 37,356.9 ms")
+    # the compile has its own line, and is no part of the prompt's time (it was: "1 tokens in
+    # 37,356.9 ms")
     ready = r"^decoding step ready in [\d,.]+ s \(compiled or loaded, batch 2;"
     assert re.search(ready, compiled.stderr, re.M), compiled.stderr
     prompt_ms = re.search(r"^prompt: [\d,]+ tokens in ([\d,.]+) ms", compiled.stderr, re.M)[1]
@@ -152,10 +180,21 @@ def test_a_windowed_rotary_model_reads_a_prompt_longer_than_its_context(
     torch.manual_seed(0)
     model = noisy(GPT(cfg.model), 0.3)  # logits far apart: greedy choices without near ties
     chars = json.loads((data_dir / "shakespeare_char" / "meta.json").read_text())["tokenizer"]
-    ckpt = checkpoint.write_checkpoint(tmp_path / "run", "last", checkpoint.model_weights(model), cfg, chars)
+    ckpt = checkpoint.write_checkpoint(
+        tmp_path / "run", "last", checkpoint.model_weights(model), cfg, chars
+    )
     prompt = "First Citizen: Before we proceed"  # 32 tokens, 4 contexts
-    out = script(capsys, sample_script.main, str(ckpt), "--prompt", prompt, "--temperature", "0",
-                 "--max-new-tokens", "12")  # fmt: skip
+    out = script(
+        capsys,
+        sample_script.main,
+        str(ckpt),
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "12",
+    )
     loaded = pretrained.load_model(ckpt)
     ids = loaded.tokenizer.encode(prompt).tolist()
     with torch.no_grad():  # the reference: a full forward over everything so far, for each token

@@ -1,6 +1,6 @@
-"""Preparation in shards: every source continues from a position, a killed preparation continues from its last
-complete shard with the same bins, a full disk or a dropped connection keeps what is done, and every reader
-takes sharded datasets and those prepared before shards alike."""
+"""Preparation in shards: every source continues from a position, a killed preparation continues
+from its last complete shard with the same bins, a full disk or a dropped connection keeps what is
+done, and every reader takes sharded datasets and those prepared before shards alike."""
 
 from __future__ import annotations
 
@@ -31,13 +31,16 @@ from data.sources import Documents, HFText, TextFile
 from model import GPT, GPTConfig
 from training.evaluation import evaluate_tokens
 
-WORDS = "the of and to in is that for it as was with be by on not he this are or his from at which".split()  # noqa: SIM905
+WORDS = "the of and to in is that for it as was with be by on not he this are or his from at which"
+WORDS = WORDS.split()
 
 
 def jsonl_corpus(folder: Path, docs: int, files: int = 3) -> tuple[str, ...]:
     """`docs` documents of 20-120 words (some empty rows among them) in `files` JSON-lines files."""
     rng = np.random.default_rng(0)
-    rows = [" ".join(rng.choice(WORDS, rng.integers(20, 120))) if i % 97 else "" for i in range(docs)]
+    rows = [
+        " ".join(rng.choice(WORDS, rng.integers(20, 120))) if i % 97 else "" for i in range(docs)
+    ]
     paths = []
     for f in range(files):
         path = folder / f"part{f}.jsonl"
@@ -57,8 +60,8 @@ def bins(folder: Path) -> dict[str, bytes]:
 
 
 def continued(make, split: str, cut: int) -> tuple[list[str], list[str]]:
-    """The split read whole, and read again as its first `cut` documents then the rest from the position
-    after them."""
+    """The split read whole, and read again as its first `cut` documents then the rest from the
+    position after them."""
     whole = list(make(split, None))
     docs = make(split, None)
     first = list(itertools.islice(docs, cut))  # pulls `cut` documents, not one more
@@ -72,7 +75,8 @@ def test_a_hugging_face_split_continues_from_its_position(tmp_path: Path, stream
     for split, cut in (("train", 250), ("val", 30)):
         whole, again = continued(source.documents, split, cut)
         assert again == whole and len(whole) > cut
-    position = json.loads(json.dumps(source.documents("train").position()))  # survives progress.json
+    # survives progress.json
+    position = json.loads(json.dumps(source.documents("train").position()))
     assert list(source.documents("train", position)) == list(source.documents("train"))
 
 
@@ -86,9 +90,11 @@ def test_text_files_and_repeats_continue_from_their_positions():
 def test_documents_say_the_size_of_their_split(tmp_path: Path):
     files = jsonl_corpus(tmp_path, 600)
     streamed = HFText("json", data_files=files, streaming=True).documents("train")
-    assert streamed.size is None  # nothing says how many rows the files hold (the hub's metadata may)
+    # nothing says how many rows the files hold (the hub's metadata may)
+    assert streamed.size is None
     local = HFText("json", data_files=files, val_every=7)
-    assert local.documents("train").size == 600 - 600 // 7  # rows; the empty ones make it an estimate
+    # rows; the empty ones make it an estimate
+    assert local.documents("train").size == 600 - 600 // 7
     assert TextFile(SHAKESPEARE).documents("val").size == TextFile(SHAKESPEARE).split_bytes("val")
 
 
@@ -109,7 +115,8 @@ def test_sharded_and_single_file_splits_read_alike(both: Path):
     single, sharded = Dataset.open("single", both), Dataset.open("sharded", both)
     assert [n for n, _ in single.meta.files("train")] == ["train.bin"]
     assert [n for n, _ in sharded.meta.files("train")] == ["train-00000.bin", "train-00001.bin"]
-    assert sharded.meta.files("val") == [("val.bin", sharded.meta.val_tokens)]  # one shard: one file
+    # one shard: one file
+    assert sharded.meta.files("val") == [("val.bin", sharded.meta.val_tokens)]
     a, b = single.split("train"), sharded.split("train")
     assert len(a) == len(b) == single.meta.train_tokens
     edge = b.ends[0]
@@ -121,7 +128,8 @@ def test_sharded_and_single_file_splits_read_alike(both: Path):
     for key in range(50):  # windows across the shards' boundary included
         x, y = single.windows("train", 64, cpu, 0).batch(key, 32)
         assert all(
-            torch.equal(p, q) for p, q in zip((x, y), sharded.windows("train", 64, cpu, 0).batch(key, 32))
+            torch.equal(p, q)
+            for p, q in zip((x, y), sharded.windows("train", 64, cpu, 0).batch(key, 32))
         )
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=65, block_size=32, n_layer=1, n_head=2, n_embd=16))
@@ -158,7 +166,8 @@ OLD_META = """{{
 
 @pytest.mark.slow
 def test_a_dataset_prepared_before_shards_trains_and_evaluates(both: Path, tmp_path: Path):
-    """The layout every earlier version wrote: train.bin, val.bin and a meta.json without `shards`."""
+    """The layout every earlier version wrote: train.bin, val.bin and a meta.json without
+    `shards`."""
     old = tmp_path / "data" / "old"
     old.mkdir(parents=True)
     single = Dataset.open("single", both).meta
@@ -228,13 +237,15 @@ def complete_shards(folder: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_a_killed_preparation_continues_from_its_last_shard(tmp_path: Path):
-    """SIGKILL in the middle of a multi-shard split: the same command keeps the complete shards, reads again
-    only what came after the last one (less than a shard of text), and ends with the same files as a
-    preparation that was never stopped."""
+    """SIGKILL in the middle of a multi-shard split: the same command keeps the complete shards,
+    reads again only what came after the last one (less than a shard of text), and ends with the
+    same files as a preparation that was never stopped."""
     text = tmp_path / "big.txt"
     text.write_text(Path(SHAKESPEARE).read_text(encoding="utf-8") * 8, encoding="utf-8")
     env = {**os.environ, "TQDM_DISABLE": "1"}
-    first = subprocess.Popen(preparation(tmp_path / "data", text), cwd=ROOT, env=env, stderr=subprocess.PIPE)
+    first = subprocess.Popen(
+        preparation(tmp_path / "data", text), cwd=ROOT, env=env, stderr=subprocess.PIPE
+    )
     folder = tmp_path / "data" / "big"
     deadline = time.monotonic() + 120
     while len(complete_shards(folder)) < 2 and first.poll() is None and time.monotonic() < deadline:
@@ -246,7 +257,9 @@ def test_a_killed_preparation_continues_from_its_last_shard(tmp_path: Path):
     shards = complete_shards(folder)
     assert len(shards) >= 2 and not (folder / "meta.json").exists()
 
-    again = run_script(*preparation(tmp_path / "data", text)[1:], env={"TQDM_DISABLE": "1"}, check=True)
+    again = run_script(
+        *preparation(tmp_path / "data", text)[1:], env={"TQDM_DISABLE": "1"}, check=True
+    )
     said = [line for line in again.stderr.splitlines() if line.startswith("continuing")]
     assert said == [
         f"continuing the preparation in {folder}: kept train: {len(shards)} shards "
@@ -263,8 +276,9 @@ def test_a_killed_preparation_continues_from_its_last_shard(tmp_path: Path):
 
 @pytest.mark.slow
 def test_a_killed_streaming_preparation_continues_from_the_iterator_state(tmp_path: Path):
-    """The fineweb_edu path on local files: a streaming Hugging Face dataset, killed after its second shard,
-    continued from datasets' own iterator state: the same files as a preparation never stopped."""
+    """The fineweb_edu path on local files: a streaming Hugging Face dataset, killed after its
+    second shard, continued from datasets' own iterator state: the same files as a preparation never
+    stopped."""
     files = jsonl_corpus(tmp_path, 12_000)
 
     def command(data_dir: Path) -> list[str]:
@@ -305,7 +319,8 @@ def test_a_killed_streaming_preparation_continues_from_the_iterator_state(tmp_pa
 
 
 class Failing:
-    """A source that fails like a dropped connection after `after` documents, while `failing` is set."""
+    """A source that fails like a dropped connection after `after` documents, while `failing` is
+    set."""
 
     separate_documents, unit = True, "doc"
 
@@ -372,9 +387,14 @@ def test_a_dropped_connection_and_a_full_disk_keep_the_complete_shards(tmp_path:
     straight = prepare_dataset(
         tmp_path / "straight", Recipe(source.source, "gpt2"), workers=1, shard_tokens=50_000
     )
-    assert meta.shards == straight.shards and not (tmp_path / "web" / shard_writer.PROGRESS_FILE).exists()
+    assert (
+        meta.shards == straight.shards
+        and not (tmp_path / "web" / shard_writer.PROGRESS_FILE).exists()
+    )
     ours, theirs = bins(tmp_path / "web"), bins(tmp_path / "straight")
-    assert ours.keys() == theirs.keys() and all(ours[k] == theirs[k] for k in ours if k != "meta.json")
+    assert ours.keys() == theirs.keys() and all(
+        ours[k] == theirs[k] for k in ours if k != "meta.json"
+    )
 
 
 def test_another_command_starts_afresh_and_says_so(tmp_path: Path, capsys):
@@ -388,10 +408,13 @@ def test_another_command_starts_afresh_and_says_so(tmp_path: Path, capsys):
     )
     progress.save()
     (folder / "train-00000.bin").write_bytes(b"\0\0")
-    prepare_dataset(tmp_path / "x", Recipe(TextFile(str(text)), "char"), workers=1, shard_tokens=400_000)
+    prepare_dataset(
+        tmp_path / "x", Recipe(TextFile(str(text)), "char"), workers=1, shard_tokens=400_000
+    )
     err = capsys.readouterr().err
     assert (
-        f"the unfinished preparation in {folder} was asked for another shard_tokens: starting afresh" in err
+        f"the unfinished preparation in {folder} was asked for another shard_tokens: starting "
+        "afresh" in err
     )
     assert sorted(p.name for p in folder.iterdir()) == [
         ".lock",

@@ -1,13 +1,14 @@
-"""Exports that other tools open with their defaults (offline, on tests/conftest.py's `exportable` models:
-char, bpe:512 and GPT-2 BPE, each GPT-2 and Llama type).
+"""Exports that other tools open with their defaults (offline, on tests/conftest.py's `exportable`
+models: char, bpe:512 and GPT-2 BPE, each GPT-2 and Llama type).
 
-- lm-evaluation-harness (`--model hf`, a local multiple-choice task in its YAML format): its loglikelihood
-  of every ending is minus our total loss (`choice_losses`, what eval.py --choices scores) within 1e-4 (or
-  1e-5 of it: these random weights make endings cost ~60 nats, and float32 rounds that), and
-  its acc, acc_norm and acc_bytes are eval.py's acc, acc_per_char and acc_per_byte.
-- TransformerLens (`TransformerBridge.boot_transformers` on the folder): it tokenizes as we do (a char
-  export gets no BOS; a BPE export its <|endoftext|>, which is one of our ids), and its logits and attention
-  patterns are our model's on the same tokens.
+- lm-evaluation-harness (`--model hf`, a local multiple-choice task in its YAML format): its
+  loglikelihood of every ending is minus our total loss (`choice_losses`, what eval.py --choices
+  scores) within 1e-4 (or 1e-5 of it: these random weights make endings cost ~60 nats, and float32
+  rounds that), and its acc, acc_norm and acc_bytes are eval.py's acc, acc_per_char and
+  acc_per_byte.
+- TransformerLens (`TransformerBridge.boot_transformers` on the folder): it tokenizes as we do (a
+  char export gets no BOS; a BPE export its <|endoftext|>, which is one of our ids), and its logits
+  and attention patterns are our model's on the same tokens.
 - transformers' pipeline("text-generation"): its greedy text is sample.py --temperature 0's.
 """
 
@@ -29,10 +30,22 @@ from runs import pretrained
 from training.choices import choice_losses
 
 KINDS = [(kind, family) for kind in ("char", "bpe:512", "gpt2") for family in ("gpt2", "llama")]
-# items whose texts are inside every test vocabulary (the char one is MIXED's characters); endings of
-# different lengths in tokens, characters and bytes, so the normalisations can disagree
-PIECES = ["Before we proceed", "naïve café", "return {'a': x ** 2}", "Speak, speak!", "trailing", "Ωmega",
-          "def f(x):", "I'm you'll we've", "日本語 🎉", "Next 12345", "hear me speak.", "All:"]  # fmt: skip
+# items whose texts are inside every test vocabulary (the char one is MIXED's characters); endings
+# of different lengths in tokens, characters and bytes, so the normalisations can disagree
+PIECES = [
+    "Before we proceed",
+    "naïve café",
+    "return {'a': x ** 2}",
+    "Speak, speak!",
+    "trailing",
+    "Ωmega",
+    "def f(x):",
+    "I'm you'll we've",
+    "日本語 🎉",
+    "Next 12345",
+    "hear me speak.",
+    "All:",
+]
 TASK = """task: tinygpt_choices
 dataset_path: json
 dataset_kwargs:
@@ -68,7 +81,9 @@ def task(tmp_path_factory) -> Path:
     for n in range(8):
         ctx = ["First Citizen:", "def f(x):", "naïve café —", "All:  Speak,"][n % 4]
         endings = [PIECES[(n + 3 * k) % len(PIECES)] for k in range(4)]
-        lines.append(json.dumps({"ctx": ctx, "endings": endings, "label": n % 4}, ensure_ascii=False))
+        lines.append(
+            json.dumps({"ctx": ctx, "endings": endings, "label": n % 4}, ensure_ascii=False)
+        )
     (folder / "choices.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (folder / "tinygpt_choices.yaml").write_text(TASK.format(path=folder / "choices.jsonl"))
     return folder
@@ -105,7 +120,9 @@ def test_lm_eval_agrees_with_eval_choices(
         # 1e-4, or float32's rounding of the ~60 nats an ending costs under these random weights
         torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-4)
     ours = json.loads(
-        script(capsys, eval_script.main, str(run), "--choices", str(task / "choices.jsonl"), "--json")
+        script(
+            capsys, eval_script.main, str(run), "--choices", str(task / "choices.jsonl"), "--json"
+        )
     )
     theirs = result["results"]["tinygpt_choices"]
     assert (theirs["acc,none"], theirs["acc_norm,none"], theirs["acc_bytes,none"]) == (
@@ -136,7 +153,9 @@ def test_transformer_lens_boots_the_exports_as_ours(kind, family, exportable, fo
     ours, patterns = model.attention_weights(tokens)
     torch.testing.assert_close(logits, ours, rtol=0, atol=1e-4)
     for layer, pattern in enumerate(patterns):
-        torch.testing.assert_close(cache[f"blocks.{layer}.attn.hook_pattern"], pattern, rtol=0, atol=5e-5)
+        torch.testing.assert_close(
+            cache[f"blocks.{layer}.attn.hook_pattern"], pattern, rtol=0, atol=5e-5
+        )
 
 
 @pytest.mark.parametrize(("kind", "family"), KINDS)
@@ -146,5 +165,13 @@ def test_pipeline_generates_sample_pys_greedy_text(kind, family, exportable, fol
     generator = transformers.pipeline("text-generation", model=str(folders[kind, family]))
     prompt = "def f(x):"
     text = generator(prompt, max_new_tokens=20, do_sample=False)[0]["generated_text"]
-    args = [str(exportable[kind, family]), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "20"]
+    args = [
+        str(exportable[kind, family]),
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "20",
+    ]
     assert script(capsys, sample_script.main, *args) == text + "\n"

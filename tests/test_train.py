@@ -1,4 +1,5 @@
-"""train.py for real: short runs as subprocesses, checkpoints, metrics, determinism, resume, wandb."""
+"""train.py for real: short runs as subprocesses, checkpoints, metrics, determinism, resume,
+wandb."""
 
 from __future__ import annotations
 
@@ -36,12 +37,20 @@ def test_a_short_run_writes_checkpoints_and_metrics(run: Path):
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in weights)
     assert "lm_head.weight" not in weights  # tied to token_emb.weight
     state = torch.load(run / "last" / "state.pt", weights_only=True)
-    assert state["iter"] == 60 and abs(state["best_val_loss"] - min(r["val_loss"] for r in rows)) < 1e-4
+    assert (
+        state["iter"] == 60
+        and abs(state["best_val_loss"] - min(r["val_loss"] for r in rows)) < 1e-4
+    )
 
 
 def test_checkpoint_load_gives_the_same_model(run: Path):
     loaded = pretrained.load_model(run / "last")
-    model, cfg, tokenizer_meta, ckpt = loaded.model, loaded.config, loaded.tokenizer_meta, loaded.where
+    model, cfg, tokenizer_meta, ckpt = (
+        loaded.model,
+        loaded.config,
+        loaded.tokenizer_meta,
+        loaded.where,
+    )
     saved = load_file(str(run / "last" / "model.safetensors"))
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, saved["token_emb.weight" if name == "lm_head.weight" else name])
@@ -65,8 +74,14 @@ def test_save_load_round_trip_in_process(tmp_path: Path):
     ).cfg
     torch.manual_seed(0)
     m = GPT(cfg.model)
-    chars = {"kind": "char", "vocab_size": 30, "chars": [chr(c) for c in range(ord("A"), ord("A") + 30)]}
-    checkpoint.write_checkpoint(tmp_path, "last", checkpoint.model_weights(torch.compile(m)), cfg, chars)
+    chars = {
+        "kind": "char",
+        "vocab_size": 30,
+        "chars": [chr(c) for c in range(ord("A"), ord("A") + 30)],
+    }
+    checkpoint.write_checkpoint(
+        tmp_path, "last", checkpoint.model_weights(torch.compile(m)), cfg, chars
+    )
     loaded = pretrained.load_model(tmp_path).model
     x = torch.randint(0, 30, (2, 8))
     assert torch.equal(loaded(x)[0], m.eval()(x)[0])
@@ -75,7 +90,8 @@ def test_save_load_round_trip_in_process(tmp_path: Path):
 def interrupt(
     data_dir: Path, out: Path, *args: str, after: str, sig: int = signal.SIGINT
 ) -> subprocess.CompletedProcess:
-    """Start a run, send `sig` once stdout shows the line starting with `after`, and wait for it to stop."""
+    """Start a run, send `sig` once stdout shows the line starting with `after`, and wait for it to
+    stop."""
     cmd = [
         sys.executable,
         "train.py",
@@ -106,7 +122,8 @@ def interrupt(
 @pytest.mark.slow
 def test_same_seed_same_losses_and_interrupted_resume_is_exact(data_dir: Path, tmp_path: Path):
     args = ("train.max_iters=200", "train.eval_interval=50", "model.dropout=0.1", "log.interval=7")
-    args += ("train.threads=1",)  # bit for bit: a count the tuner may not change (common/threads.py)
+    # bit for bit: a count the tuner may not change (common/threads.py)
+    args += ("train.threads=1",)
     straight, again, split = tmp_path / "straight", tmp_path / "again", tmp_path / "split"
     train(data_dir, straight, *args)
     train(data_dir, again, *args)
@@ -121,7 +138,8 @@ def test_same_seed_same_losses_and_interrupted_resume_is_exact(data_dir: Path, t
         return [(r["iter"], r["train_loss"], r["val_loss"], r["tokens"]) for r in rows]
 
     assert losses(metrics(straight)) == losses(metrics(again))  # deterministic on CPU
-    assert losses(metrics(split)) == losses(metrics(straight))  # evals before and after the interruption
+    # evals before and after the interruption
+    assert losses(metrics(split)) == losses(metrics(straight))
     a = load_file(str(straight / "last" / "model.safetensors"))
     b = load_file(str(split / "last" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -158,12 +176,14 @@ def test_wandb_offline_run_files(data_dir: Path, tmp_path: Path):
 
 @pytest.mark.slow
 def test_a_compiled_runs_compile_is_its_own_line_not_training_time(data_dir: Path, tmp_path: Path):
-    """train.compile=true compiles at the first step: said in its own line, and not counted in training
-    seconds (metrics.jsonl's elapsed_s, the done line) nor in the first tokens/s."""
+    """train.compile=true compiles at the first step: said in its own line, and not counted in
+    training seconds (metrics.jsonl's elapsed_s, the done line) nor in the first tokens/s."""
     out = tmp_path / "out"
     args = ("train.compile=true", "train.max_iters=4", "train.eval_interval=2", "log.interval=2")
     result = train(data_dir, out, *args)
-    compiled = [line for line in result.stdout.splitlines() if line.startswith("compiled the model in ")]
+    compiled = [
+        line for line in result.stdout.splitlines() if line.startswith("compiled the model in ")
+    ]
     assert len(compiled) == 1, result.stdout
     seconds = float(compiled[0].split()[4].rstrip("s"))
     rows = metrics(out)

@@ -1,5 +1,5 @@
-"""Trust: interruption, kill -9 during checkpoint writes, non-finite losses, out_dir problems, safe loading,
-mismatched checkpoints, and one clear line for every bad input."""
+"""Trust: interruption, kill -9 during checkpoint writes, non-finite losses, out_dir problems, safe
+loading, mismatched checkpoints, and one clear line for every bad input."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from conftest import ROOT, TINY, one_line_error, run_script, train
 
 from common.errors import UserError
 from runs import checkpoint, out_dir, pretrained
-from runs.train_state import Progress, TrainState, rng_state
+from runs.checkpoint import Progress, TrainState, rng_state
 
 
 def start(data_dir: Path, out: Path, *args: str) -> subprocess.Popen:
@@ -45,7 +45,9 @@ def start(data_dir: Path, out: Path, *args: str) -> subprocess.Popen:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_writes_a_checkpoint_and_says_how_to_resume(data_dir: Path, tmp_path: Path, sig, code):
+def test_a_signal_writes_a_checkpoint_and_says_how_to_resume(
+    data_dir: Path, tmp_path: Path, sig, code
+):
     proc = start(data_dir, tmp_path / "out", "train.max_iters=100000", "train.eval_interval=1000")
     for line in proc.stdout:
         if line.startswith("iter 0:"):
@@ -60,7 +62,7 @@ def test_a_signal_writes_a_checkpoint_and_says_how_to_resume(data_dir: Path, tmp
 
 
 def test_a_second_interrupt_exits_at_once(monkeypatch, capsys):
-    from training.run import StopRequest
+    from training.stopping import StopRequest
 
     exits = []
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
@@ -78,8 +80,8 @@ def test_a_second_interrupt_exits_at_once(monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_kill_9_at_random_moments_leaves_a_loadable_checkpoint(data_dir: Path, tmp_path: Path):
-    """A model big enough that writing its checkpoint takes a good share of each (frequent) eval, killed
-    again and again at random moments, resumed each time."""
+    """A model big enough that writing its checkpoint takes a good share of each (frequent) eval,
+    killed again and again at random moments, resumed each time."""
     out = tmp_path / "out"
     rng = random.Random(0)
     args = [
@@ -92,7 +94,9 @@ def test_kill_9_at_random_moments_leaves_a_loadable_checkpoint(data_dir: Path, t
     ]
     last_iter = -1
     for _ in range(8):
-        resume = ["train.resume=true"] if (out / "last").exists() or (out / ".last.old").exists() else []
+        resume = (
+            ["train.resume=true"] if (out / "last").exists() or (out / ".last.old").exists() else []
+        )
         proc = start(data_dir, out, *args, *resume)
         for line in proc.stdout:  # wait until it trains, then kill at a random moment
             if line.startswith("iter "):
@@ -115,9 +119,8 @@ def test_non_finite_loss_stops_with_the_last_good_checkpoint(data_dir: Path, tmp
     result = train(data_dir, tmp_path / "a", *explode, check=False)
     one_line_error(result, "non-finite loss or gradient at iteration 1")
     assert f"Last good checkpoint: {tmp_path / 'a' / 'last'}" in result.stderr
-    assert (
-        checkpoint.Checkpoint(tmp_path / "a" / "last").train_state().progress.iter == 0
-    )  # written before the explosion
+    # written before the explosion
+    assert checkpoint.Checkpoint(tmp_path / "a" / "last").train_state().progress.iter == 0
     skipping = train(data_dir, tmp_path / "b", *explode, "train.skip_nonfinite=2", check=False)
     assert skipping.stdout.count("step skipped") == 2
     one_line_error(skipping, "non-finite loss or gradient at iteration 3")
@@ -138,12 +141,16 @@ def test_too_little_disk_is_reported_before_training(monkeypatch, tmp_path: Path
     from runs.config import load_config
 
     cfg = load_config(None).cfg
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000)
+    )
     with pytest.raises(UserError, match="has 1000 B free; checkpoints need about"):
         out_dir.check_out_dir(tmp_path / "out", cfg, n_params=10**6)
 
 
-def test_disk_full_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_path: Path, run: Path):
+def test_disk_full_while_writing_keeps_the_previous_checkpoint(
+    monkeypatch, tmp_path: Path, run: Path
+):
     loaded = pretrained.load_model(run / "last")
     model, cfg, tok = loaded.model, loaded.config, loaded.tokenizer_meta
     weights = checkpoint.model_weights(model)
@@ -185,7 +192,12 @@ def test_pickled_code_in_a_checkpoint_never_runs(run: Path, data_dir: Path, tmp_
     with open(out / "last" / "state.pt", "wb") as f:  # as torch.save would write it
         torch.save({"iter": Payload(marker)}, f)
     result = train(
-        data_dir, out, "train.max_iters=4", "train.eval_interval=1", "train.resume=true", check=False
+        data_dir,
+        out,
+        "train.max_iters=4",
+        "train.eval_interval=1",
+        "train.resume=true",
+        check=False,
     )
     one_line_error(result, "state.pt is damaged or holds something other than tensors and numbers")
     with open(out / "last" / "model.safetensors", "wb") as f:
@@ -196,10 +208,14 @@ def test_pickled_code_in_a_checkpoint_never_runs(run: Path, data_dir: Path, tmp_
 
 
 @pytest.mark.slow
-def test_resuming_a_different_model_or_tokenizer_is_refused(run: Path, data_dir: Path, tmp_path: Path):
+def test_resuming_a_different_model_or_tokenizer_is_refused(
+    run: Path, data_dir: Path, tmp_path: Path
+):
     out = tmp_path / "out"
     train(data_dir, out, "train.max_iters=2", "train.eval_interval=2")
-    result = train(data_dir, out, "train.max_iters=4", "train.resume=true", "model.n_layer=3", check=False)
+    result = train(
+        data_dir, out, "train.max_iters=4", "train.resume=true", "model.n_layer=3", check=False
+    )
     one_line_error(result, "has model.n_layer=2 but the config says 3")
     # same vocabulary size (65 characters), different characters
     from data.prepare import Recipe, prepare_dataset
@@ -207,8 +223,12 @@ def test_resuming_a_different_model_or_tokenizer_is_refused(run: Path, data_dir:
 
     text = "".join(chr(c) for c in range(0x100, 0x100 + 65)) * 200
     (tmp_path / "other.txt").write_text(text, encoding="utf-8")
-    prepare_dataset(data_dir / "other", Recipe(TextFile(str(tmp_path / "other.txt")), "char"), workers=1)
-    result = train(data_dir, out, "train.max_iters=4", "train.resume=true", "data.dataset=other", check=False)
+    prepare_dataset(
+        data_dir / "other", Recipe(TextFile(str(tmp_path / "other.txt")), "char"), workers=1
+    )
+    result = train(
+        data_dir, out, "train.max_iters=4", "train.resume=true", "data.dataset=other", check=False
+    )
     one_line_error(result, "was trained with another tokenizer (its chars differs")
 
 

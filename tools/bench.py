@@ -1,15 +1,17 @@
 """Measure training and sampling speed, memory and MFU for a config.
 
-    python -m tools.bench [CONFIG] [section.key=value ...]                   # one setup
-    python -m tools.bench [CONFIG] [k=v ...] --compare [CONFIG2] [k=v ...]    # two setups, alternately
-    options: --steps N --rounds R --warmup W --only train,sample,memory --sample-tokens N --json PATH --busy
-    python -m tools.bench --only attention [--window W] [--contexts 256,512,...] [--plot PATH]  # its cost
+    python -m tools.bench [CONFIG] [section.key=value ...]                  # one setup
+    python -m tools.bench [CONFIG] [k=v ...] --compare [CONFIG2] [k=v ...]   # two, alternately
+    options: --steps N --rounds R --warmup W --only train,sample,memory --sample-tokens N
+             --json PATH --busy
+    python -m tools.bench --only attention [--window W] [--contexts 256,512,...] [--plot PATH]
     python -m tools.bench CONFIG --only positions      # decoding speed against the position reached
 
-Training runs the real train step (medians over rounds x steps after warm-up, MFU, peak memory); sampling
-times each decoding path against the floor memory bandwidth sets; memory is training's at batch 1 as the
-context grows. --compare alternates the two setups' rounds in one process, so their ratio holds on a noisy
-machine (B defaults to A's config plus B's overrides). How each is measured: docs/development.md, "Tools".
+Training runs the real train step (medians over rounds x steps after warm-up, MFU, peak memory);
+sampling times each decoding path against the floor memory bandwidth sets; memory is training's at
+batch 1 as the context grows. --compare alternates the two setups' rounds in one process, so their
+ratio holds on a noisy machine (B defaults to A's config plus B's overrides). How each is measured:
+docs/development.md, "Tools".
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ import torch
 from common import json_text
 from common.errors import UserError, run_cli
 from common.threads import busy_neighbour
-from model.attention import LocalSpan
-from model.generate import generate, sample_next
-from model.gpt import attend, causal_mask
-from model.quantize import quantize_int8
+from model.gpt import attend
+from model.local_attention import LocalSpan, attend_locally, band_mask
 from runs.config import Config, from_arguments
 from runs.runtime import Runtime, setup
+from sampling.generate import generate, sample_next
+from sampling.quantize import quantize_int8
 from training.hardware import peak_flops
 from training.measure import measure_training_memory
 from training.plan import plan_run, run_dataset
@@ -44,7 +46,8 @@ from training.run import Run, start_run, train_step
 CONTEXTS = (512, 1024, 2048, 4096)
 ATTENTION_CONTEXTS = tuple(256 * 2**i for i in range(7))  # 256 ... 16,384
 ATTENTION_SHAPE = (1, 4, 32)  # batch, heads, head size
-DENSE_MASK_UP_TO = 8192  # past it, the dense-mask window's mask is a gigabyte of floats and seconds a round
+# past it, the dense-mask window's mask is a gigabyte of floats and seconds a round
+DENSE_MASK_UP_TO = 8192
 POSITIONS = (100, 1000, 4000)
 POSITION_SPAN = 100  # steps timed around each position
 
@@ -71,7 +74,8 @@ class Setup:
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[list[str]]]:
-    """The options, and each setup's `CONFIG [section.key=value ...]` (the groups --compare separates)."""
+    """The options, and each setup's `CONFIG [section.key=value ...]` (the groups --compare
+    separates)."""
     options = {"--steps", "--rounds", "--warmup", "--only", "--sample-tokens", "--json"}
     options |= {"--window", "--contexts", "--plot"}
     groups, flags = [[]], []
@@ -90,19 +94,28 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[list[str]]]:
         i += 1
     p = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=10, help="timed steps per round (default 10)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds; setups alternate each round (default 5)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compile happens here)")
-    p.add_argument("--only", default="train,sample,memory", help="which measurements (default: all)")
+    p.add_argument(
+        "--rounds", type=int, default=5, help="rounds; setups alternate each round (default 5)"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=5, help="untimed steps first (compile happens here)"
+    )
+    p.add_argument(
+        "--only", default="train,sample,memory", help="which measurements (default: all)"
+    )
     p.add_argument("--sample-tokens", type=int, default=1000)
     p.add_argument(
         "--busy",
         action="store_true",
-        help="train and sample: the rounds again beside a busy process (a Python loop), the ratio reported",
+        help="train and sample: the rounds again beside a busy process (a Python loop), the ratio "
+        "reported",
     )
     p.add_argument(
         "--json", default="bench/last.json", help="where to write the results (default %(default)s)"
     )
-    p.add_argument("--window", type=int, default=256, help="--only attention: the window (default 256)")
+    p.add_argument(
+        "--window", type=int, default=256, help="--only attention: the window (default 256)"
+    )
     p.add_argument(
         "--contexts",
         default=",".join(map(str, ATTENTION_CONTEXTS)),
@@ -114,7 +127,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[list[str]]]:
         help="--only attention: the picture (default %(default)s)",
     )
     args = p.parse_args(flags)
-    if len(groups) == 2 and (not groups[1] or "=" in groups[1][0]):  # B: A's config and overrides, then B's
+    # B: A's config and overrides, then B's
+    if len(groups) == 2 and (not groups[1] or "=" in groups[1][0]):
         groups[1] = groups[0] + groups[1]
     return args, groups
 
@@ -137,10 +151,10 @@ def build_setup(s: Setup, main_threads: int) -> None:
 
 
 def timed_steps(s: Setup, n: int, record: bool, busy: bool = False) -> None:
-    """n training steps of setup s, at the thread count its tuner picks as train.py's loop does (beside a
-    busy process with `busy`); on CUDA, its memory: what the first (warm-up) steps leave allocated
-    (optimizer state) is the setup's, and each timed round's peak is taken above what is allocated before
-    it, so the other setup's weights never count."""
+    """n training steps of setup s, at the thread count its tuner picks as train.py's loop does
+    (beside a busy process with `busy`); on CUDA, its memory: what the first (warm-up) steps leave
+    allocated (optimizer state) is the setup's, and each timed round's peak is taken above what is
+    allocated before it, so the other setup's weights never count."""
     torch.set_num_threads(s.threads)
     cuda = s.run.rt.device.type == "cuda"
     if cuda:
@@ -189,7 +203,8 @@ def train_result(s: Setup) -> dict:
 
 
 def busy_result(quiet: list[float], busy: list[float]) -> dict:
-    """--busy: the median step (seconds each) beside the busy process, and its time over the quiet one's."""
+    """--busy: the median step (seconds each) beside the busy process, and its time over the quiet
+    one's."""
     if not busy:
         return {}
     slower = statistics.median(busy) / statistics.median(quiet)
@@ -213,7 +228,9 @@ def memory_scaling(s: Setup) -> list[dict]:
         else:
             measured = measure_training_memory(args)
             mb = measured[0] if measured else None
-        rows.append({"setup": s.label, "context": T, "peak_train_mem_MB": round(mb, 1) if mb else None})
+        rows.append(
+            {"setup": s.label, "context": T, "peak_train_mem_MB": round(mb, 1) if mb else None}
+        )
     for a, b in itertools.pairwise(rows):
         if a["peak_train_mem_MB"] and b["peak_train_mem_MB"]:
             b["growth_vs_previous"] = round(b["peak_train_mem_MB"] / a["peak_train_mem_MB"], 2)
@@ -222,8 +239,9 @@ def memory_scaling(s: Setup) -> list[dict]:
 
 def peak_allocated(fn, device: torch.device) -> float:
     """Bytes allocated at most above what was allocated before, while fn() runs: CUDA's allocator
-    statistics; on a CPU the running sum of torch.profiler's memory events (the allocator's own, so memory
-    a caching malloc keeps from earlier work does not hide a peak, as the resident size would)."""
+    statistics; on a CPU the running sum of torch.profiler's memory events (the allocator's own, so
+    memory a caching malloc keeps from earlier work does not hide a peak, as the resident size
+    would)."""
     if device.type == "cuda":
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
@@ -244,16 +262,19 @@ def peak_allocated(fn, device: torch.device) -> float:
 
 
 def attention_paths(window: int) -> dict:
-    """name -> (attention(q, k, v), longest T measured): full causal, the window in blocks, the window as a
-    dense mask."""
+    """name -> (attention(q, k, v), longest T measured): full causal, the window in blocks, the
+    window as a dense mask."""
 
     def dense(q, k, v):
         T = q.size(2)
-        return attend(q, k, v, causal_mask(torch.arange(T, device=q.device), T, window), 0.0)
+        return attend(q, k, v, band_mask(T, T, 0, window, q.device), 0.0)
 
     return {
         "full causal": (lambda q, k, v: attend(q, k, v, None, 0.0), math.inf),
-        f"window {window}": (lambda q, k, v: attend(q, k, v, LocalSpan(window), 0.0), math.inf),
+        f"window {window}": (
+            lambda q, k, v: attend_locally(q, k, v, LocalSpan(window), 0.0),
+            math.inf,
+        ),
         f"window {window}, dense mask": (dense, DENSE_MASK_UP_TO),
     }
 
@@ -263,7 +284,8 @@ def attention_cost(rt: Runtime, window: int, contexts: list[int], rounds: int) -
     B, H, d = ATTENTION_SHAPE
     paths = attention_paths(window)
     inputs = {
-        T: [torch.randn(B, H, T, d, device=rt.device, requires_grad=True) for _ in range(3)] for T in contexts
+        T: [torch.randn(B, H, T, d, device=rt.device, requires_grad=True) for _ in range(3)]
+        for T in contexts
     }
     cases = [(T, name) for T in contexts for name, (_, longest) in paths.items() if longest >= T]
 
@@ -280,7 +302,8 @@ def attention_cost(rt: Runtime, window: int, contexts: list[int], rounds: int) -
         step(*case)
         repeats[case] = max(1, min(50, round(0.05 / (time.perf_counter() - start))))
     times: dict = {case: [] for case in cases}
-    for _ in range(rounds):  # alternate, so slow spells of a shared machine hit every path and length
+    # alternate, so slow spells of a shared machine hit every path and length
+    for _ in range(rounds):
         for case in cases:
             start = time.perf_counter()
             for _ in range(repeats[case]):
@@ -308,14 +331,17 @@ def attention_cost(rt: Runtime, window: int, contexts: list[int], rounds: int) -
 
 def draw_attention_cost(rows: list[dict], path: Path, title: str) -> None:
     """Time and peak memory against T on log-log axes, one line per path, with T and T^2 guide lines
-    through the first point of full causal attention (matplotlib's object API, as interp/curves.py)."""
+    through the first point of full causal attention (matplotlib's object API, as
+    training/curves.py)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import NullFormatter
 
     fig = Figure(figsize=(10, 4.2), dpi=90, layout="constrained")
     axes = fig.subplots(1, 2)
     names = list(dict.fromkeys(r["path"] for r in rows))
-    for ax, key, label in zip(axes, ("ms", "peak_MB"), ("forward + backward, ms", "peak memory, MB")):
+    for ax, key, label in zip(
+        axes, ("ms", "peak_MB"), ("forward + backward, ms", "peak memory, MB")
+    ):
         for name in names:
             mine = [r for r in rows if r["path"] == name]
             ax.plot([r["context"] for r in mine], [r[key] for r in mine], marker="o", label=name)
@@ -323,7 +349,9 @@ def draw_attention_cost(rows: list[dict], path: Path, title: str) -> None:
         ts = sorted({r["context"] for r in rows})
         for power, style in ((1, ":"), (2, "--")):
             guide = [first[key] * (t / first["context"]) ** power for t in ts]
-            ax.plot(ts, guide, style, color="grey", linewidth=1, label="∝ T" if power == 1 else "∝ T²")
+            ax.plot(
+                ts, guide, style, color="grey", linewidth=1, label="∝ T" if power == 1 else "∝ T²"
+            )
         ax.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel=label)
         ax.set_xticks(ts, [f"{t:,}" for t in ts], fontsize=7)
         ax.xaxis.set_minor_formatter(NullFormatter())
@@ -335,8 +363,8 @@ def draw_attention_cost(rows: list[dict], path: Path, title: str) -> None:
 
 
 def decode_by_position(s: Setup, rounds: int) -> list[dict]:
-    """Seconds per generated token around each of POSITIONS (see the module docstring), medians over the
-    steps of all rounds."""
+    """Seconds per generated token around each of POSITIONS (see the module docstring), medians over
+    the steps of all rounds."""
     model = s.run.model.eval()
     torch.set_num_threads(s.threads)
     n = max(POSITIONS) + POSITION_SPAN // 2
@@ -344,7 +372,8 @@ def decode_by_position(s: Setup, rounds: int) -> list[dict]:
     steps: dict[int, list[float]] = {p: [] for p in POSITIONS}
     for _ in range(rounds):
         last = time.perf_counter()
-        tokens = generate(model, decode_prompt(s.rt), n, 1.0, None, None, gen, compile=False)  # eager
+        # eager
+        tokens = generate(model, decode_prompt(s.rt), n, 1.0, None, None, gen, compile=False)
         for i, token in enumerate(tokens):
             token.item()  # the step is done
             now = time.perf_counter()
@@ -370,15 +399,19 @@ def decode_by_position(s: Setup, rounds: int) -> list[dict]:
 def nanogpt_generate(
     model: torch.nn.Module, idx: torch.Tensor, n_tokens: int, generator: torch.Generator
 ) -> None:
-    """nanoGPT's generator, for comparison: crop to the last block_size tokens, one full forward per token."""
+    """nanoGPT's generator, for comparison: crop to the last block_size tokens, one full forward per
+    token."""
     for _ in range(n_tokens):
         logits, _ = model(idx[:, -model.config.block_size :], last_only=True)
-        idx = torch.cat([idx, sample_next(logits[:, -1], 1.0, None, None, generator)[:, None]], dim=1)
+        idx = torch.cat(
+            [idx, sample_next(logits[:, -1], 1.0, None, None, generator)[:, None]], dim=1
+        )
 
 
 def weight_bytes_per_token(model: torch.nn.Module) -> int:
-    """Bytes of weights one decoding step reads: every parameter and buffer once (a tied weight once), but
-    one row of a table it looks up (embeddings, rotary tables) unless the LM head reads the table whole."""
+    """Bytes of weights one decoding step reads: every parameter and buffer once (a tied weight
+    once), but one row of a table it looks up (embeddings, rotary tables) unless the LM head reads
+    the table whole."""
     tensors = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     lookups = [model.token_emb.weight] + [model.pos_emb.weight] * (model.pos_emb is not None)
     lookups += [b for name, b in model.named_buffers() if name.startswith("rope_")]
@@ -390,12 +423,15 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
 
 
 def read_bandwidth(model: torch.nn.Module, rt: Runtime) -> float:
-    """Bytes/s of the fastest read torch makes of the model's own weight matrices, one after the other as a
-    step reads them (a sum over each, which streams its bytes at the width of the vector units; median of 20
-    passes), with whatever the CPU's caches keep between passes kept too: a step at batch 1 cannot read them
-    faster. (A matrix-vector product over them is slower: that is what the compiled step improves on.)"""
+    """Bytes/s of the fastest read torch makes of the model's own weight matrices, one after the
+    other as a step reads them (a sum over each, which streams its bytes at the width of the vector
+    units; median of 20 passes), with whatever the CPU's caches keep between passes kept too: a step
+    at batch 1 cannot read them faster. (A matrix-vector product over them is slower: that is what
+    the compiled step improves on.)"""
     tables = {id(model.token_emb.weight)} - {id(model.lm_head.weight)}  # looked up a row at a time
-    matrices = [w.detach().float() for w in model.parameters() if w.dim() == 2 and id(w) not in tables]
+    matrices = [
+        w.detach().float() for w in model.parameters() if w.dim() == 2 and id(w) not in tables
+    ]
     n_bytes, times = sum(w.numel() * 4 for w in matrices), []
     for i in range(23):
         start = time.perf_counter()
@@ -408,7 +444,8 @@ def read_bandwidth(model: torch.nn.Module, rt: Runtime) -> float:
 
 
 def memory_bandwidth(rt: Runtime, n_bytes: int = 256 * 2**20) -> float:
-    """Bytes/s of the same read over a buffer far larger than any cache: the memory's own bandwidth."""
+    """Bytes/s of the same read over a buffer far larger than any cache: the memory's own
+    bandwidth."""
     buffer, times = torch.ones(n_bytes // 4, device=rt.device), []
     for i in range(8):
         start = time.perf_counter()
@@ -423,18 +460,25 @@ def decode_prompt(rt: Runtime, batch: int = 1) -> torch.Tensor:
     return torch.zeros((batch, 1), dtype=torch.long, device=rt.device)
 
 
-def decoders(model: torch.nn.Module, compiled: bool) -> dict[str, tuple[torch.nn.Module, int, bool]]:
-    """The decoding paths this tool times: name -> (model, batch size, compile); the compiled ones when the
-    setup compiles (train.compile)."""
+def decoders(
+    model: torch.nn.Module, compiled: bool
+) -> dict[str, tuple[torch.nn.Module, int, bool]]:
+    """The decoding paths this tool times: name -> (model, batch size, compile); the compiled ones
+    when the setup compiles (train.compile)."""
     int8 = quantize_int8(copy.deepcopy(model))
-    paths = {"fp32": (model, 1, False), "int8": (int8, 1, False), "fp32 x8 samples": (model, 8, False)}
+    paths = {
+        "fp32": (model, 1, False),
+        "int8": (int8, 1, False),
+        "fp32 x8 samples": (model, 8, False),
+    }
     if compiled:
         paths |= {f"{k} compiled": (m, b, True) for k, (m, b, _) in paths.items()}
     return paths
 
 
 def timed_seconds(rt: Runtime, gen: torch.Generator, fn) -> float:
-    """Seconds fn() takes to finish, the generator reseeded first so every path draws the same tokens."""
+    """Seconds fn() takes to finish, the generator reseeded first so every path draws the same
+    tokens."""
     gen.manual_seed(0)
     start = time.perf_counter()
     fn()
@@ -445,25 +489,33 @@ def timed_seconds(rt: Runtime, gen: torch.Generator, fn) -> float:
 def decode_call(
     rt: Runtime, gen: torch.Generator, m, batch: int, compile: bool, n: int, use_cache: bool = True
 ):
-    """A call that generates n tokens from a one-token prompt at temperature 1, as sample.py's loop does."""
+    """A call that generates n tokens from a one-token prompt at temperature 1, as sample.py's loop
+    does."""
     prompt = decode_prompt(rt, batch)
     return lambda: deque(generate(m, prompt, n, 1.0, None, None, gen, use_cache, compile), 0)
 
 
-def sampling_times(s: Setup, paths: dict, n_tokens: int, rounds: int, busy: bool) -> tuple[dict, ...]:
-    """The decoding paths timed: (compile seconds, times, times beside a busy process, read bandwidths), the
-    times per path in seconds for the whole n_tokens, one per round."""
+def sampling_times(
+    s: Setup, paths: dict, n_tokens: int, rounds: int, busy: bool
+) -> tuple[dict, ...]:
+    """The decoding paths timed: (compile seconds, times, times beside a busy process, read
+    bandwidths), the times per path in seconds for the whole n_tokens, one per round."""
     model, rt, gen = paths["fp32"][0], s.rt, torch.Generator(device=s.rt.device)
-    compile_s = {name: timed_seconds(rt, gen, decode_call(rt, gen, *p, n=8)) for name, p in paths.items()}
+    compile_s = {
+        name: timed_seconds(rt, gen, decode_call(rt, gen, *p, n=8)) for name, p in paths.items()
+    }
     times, busy_times, bandwidth = {name: [] for name in paths}, {name: [] for name in paths}, []
     for _ in range(rounds):  # alternate, so slow spells of a shared machine hit every path
-        torch.set_num_threads(s.threads)  # every core reads, whatever count the last decoding settled on
+        # every core reads, whatever count the last decoding settled on
+        torch.set_num_threads(s.threads)
         bandwidth.append(read_bandwidth(model, rt))
         for name, p in paths.items():
             times[name].append(timed_seconds(rt, gen, decode_call(rt, gen, *p, n=n_tokens)))
             if busy:
                 with busy_neighbour():
-                    busy_times[name].append(timed_seconds(rt, gen, decode_call(rt, gen, *p, n=n_tokens)))
+                    busy_times[name].append(
+                        timed_seconds(rt, gen, decode_call(rt, gen, *p, n=n_tokens))
+                    )
     full = decode_call(rt, gen, model, 1, False, n=n_tokens, use_cache=False)
     times["full recompute"] = [timed_seconds(rt, gen, full)]
     times["nanoGPT generator"] = [
@@ -475,8 +527,8 @@ def sampling_times(s: Setup, paths: dict, n_tokens: int, rounds: int, busy: bool
 def sampling_rows(
     s: Setup, paths: dict, timed: tuple[dict, ...], floor_s: float, n_tokens: int
 ) -> list[dict]:
-    """One row per decoding path from sampling_times' `timed`: tokens/s, against the floor (`floor_s`
-    seconds a step) and against nanoGPT's generator."""
+    """One row per decoding path from sampling_times' `timed`: tokens/s, against the floor
+    (`floor_s` seconds a step) and against nanoGPT's generator."""
     compile_s, times, busy_times, _ = timed
     nanogpt_step = statistics.median(times["nanoGPT generator"]) / n_tokens
     rows = []
@@ -489,7 +541,8 @@ def sampling_rows(
                 "batch": batch,
                 "tok_s": round(batch / step, 1),
                 "ms_per_step": round(step * 1e3, 2),
-                "of_floor": float(f"{floor_s / step:.3g}"),  # the floor's time per step over this path's
+                # the floor's time per step over this path's
+                "of_floor": float(f"{floor_s / step:.3g}"),
                 "vs_nanogpt": round(batch * nanogpt_step / step, 1),
                 "compile_s": round(compile_s[name], 1) if name in paths and paths[name][2] else "",
             }
@@ -501,11 +554,11 @@ def sampling_rows(
 
 
 def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[dict, list[dict]]:
-    """Decoding speed against the memory-bandwidth floor, generating n_tokens at temperature 1 from a
-    one-token prompt, in fp32 as sample.py generates, in int8, 8 samples at once, and compiled when the setup
-    compiles: the paths alternate over `rounds`, each timed on the whole n_tokens (medians), between
-    measurements of the read bandwidth. Then, once each, full recompute over the same windows and nanoGPT's
-    generator. Returns (the floor, one row per path)."""
+    """Decoding speed against the memory-bandwidth floor, generating n_tokens at temperature 1 from
+    a one-token prompt, in fp32 as sample.py generates, in int8, 8 samples at once, and compiled
+    when the setup compiles: the paths alternate over `rounds`, each timed on the whole n_tokens
+    (medians), between measurements of the read bandwidth. Then, once each, full recompute over the
+    same windows and nanoGPT's generator. Returns (the floor, one row per path)."""
     model = s.run.model.eval()
     torch.set_num_threads(s.threads)
     paths = decoders(model, compiled=s.run.compiled)
@@ -519,8 +572,8 @@ def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[
 
 
 def floor_row(s: Setup, weights: int, int8_weights: int, read: float) -> dict:
-    """The sampling floor's row: the bytes a step reads over the fastest read of them (`read`, bytes/s), and
-    over the memory's own bandwidth, measured here."""
+    """The sampling floor's row: the bytes a step reads over the fastest read of them (`read`,
+    bytes/s), and over the memory's own bandwidth, measured here."""
     memory = memory_bandwidth(s.rt)
     return {
         "setup": s.label,
@@ -541,7 +594,8 @@ def format_table(rows: list[dict]) -> str:
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
     line = "  ".join(k.ljust(w) for k, w in zip(keys, widths))
     return "\n".join(
-        [line, "-" * len(line)] + ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+        [line, "-" * len(line)]
+        + ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
     )
 
 
@@ -558,8 +612,14 @@ def attention_section(args: argparse.Namespace, groups: list) -> dict:
     rows = attention_cost(rt, args.window, contexts, args.rounds)
     print(format_table(rows))
     B, H, d = ATTENTION_SHAPE
-    where = f"{torch.get_num_threads()} threads" if rt.device.type == "cpu" else torch.cuda.get_device_name()
-    title = f"attention forward + backward, B={B}, H={H}, d={d}, fp32, on {rt.device.type} ({where})"
+    where = (
+        f"{torch.get_num_threads()} threads"
+        if rt.device.type == "cpu"
+        else torch.cuda.get_device_name()
+    )
+    title = (
+        f"attention forward + backward, B={B}, H={H}, d={d}, fp32, on {rt.device.type} ({where})"
+    )
     draw_attention_cost(rows, Path(args.plot), title)
     print(f"picture in {args.plot}", file=sys.stderr)
     return {"attention": rows, "attention_device": f"{rt.device} ({where})"}
@@ -569,7 +629,9 @@ def main(argv: list[str]) -> int:
     args, groups = parse_args(argv)
     only = set(args.only.split(","))
     if not only <= {"train", "sample", "memory", "attention", "positions"}:
-        raise UserError(f"--only takes train, sample, memory, attention and/or positions, got {args.only}")
+        raise UserError(
+            f"--only takes train, sample, memory, attention and/or positions, got {args.only}"
+        )
     results: dict = {
         "command": "python -m tools.bench " + " ".join(argv),
         "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -589,10 +651,12 @@ def main(argv: list[str]) -> int:
     if "train" in only:
         for s in setups:
             timed_steps(s, args.warmup, record=False)
-        for _ in range(args.rounds):  # alternate, so slow spells of a shared machine hit every setup
+        # alternate, so slow spells of a shared machine hit every setup
+        for _ in range(args.rounds):
             for s in setups:
                 timed_steps(s, args.steps, record=True)
-        with busy_neighbour(args.busy):  # the same again beside a busy process, once the tuners settled
+        # the same again beside a busy process, once the tuners settled
+        with busy_neighbour(args.busy):
             for s in setups if args.busy else []:
                 timed_steps(s, 4 * args.warmup, record=False)
             for _ in range(args.rounds if args.busy else 0):

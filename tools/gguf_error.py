@@ -1,14 +1,15 @@
-"""What a GGUF export costs in accuracy, and what llama.cpp gains in speed: a run exported at each --dtype and
-run in llama.cpp (llama-cpp-python) against our own model on the same windows of its val text.
+"""What a GGUF export costs in accuracy, and what llama.cpp gains in speed: a run exported at each
+--dtype and run in llama.cpp (llama-cpp-python) against our own model on the same windows of its val
+text.
 
     python -m tools.gguf_error out/shakespeare_char [--windows 32] [--dtypes f32 f16 q8_0] [--speed]
                                [--tokens 50] [--prompt ROMEO:] [--rounds 5] [--busy]
 
-Per dtype: the file's size, the largest logit error, the mean error in log probability, the val loss both
-ways, argmax agreement, and for a char model the probability of the <|endoftext|> the GGUF adds. --speed
-times greedy tokens after --prompt in llama.cpp (1 and 2 threads) and in our loop (eager and --compile),
-alternating, medians of --rounds; --busy beside a busy process. tests/test_gguf.py holds the errors to
-their bounds; BENCHMARKS.md, "GGUF export", has the figures.
+Per dtype: the file's size, the largest logit error, the mean error in log probability, the val loss
+both ways, argmax agreement, and for a char model the probability of the <|endoftext|> the GGUF
+adds. --speed times greedy tokens after --prompt in llama.cpp (1 and 2 threads) and in our loop
+(eager and --compile), alternating, medians of --rounds; --busy beside a busy process.
+tests/test_gguf.py holds the errors to their bounds; BENCHMARKS.md, "GGUF export", has the figures.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import torch
 
 from common.errors import UserError
 from common.threads import busy_neighbour
-from model.generate import generate
 from runs.pretrained import load_model
+from sampling.generate import generate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,10 +37,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def llama(path: Path, n_ctx: int, threads: int = 2):
     import llama_cpp
 
-    return llama_cpp.Llama(str(path), n_ctx=n_ctx, logits_all=True, n_threads=threads, verbose=False)
+    return llama_cpp.Llama(
+        str(path), n_ctx=n_ctx, logits_all=True, n_threads=threads, verbose=False
+    )
 
 
-def file_errors(run: str, dtype: str, windows: list[list[int]], ours: torch.Tensor, folder: Path) -> dict:
+def file_errors(
+    run: str, dtype: str, windows: list[list[int]], ours: torch.Tensor, folder: Path
+) -> dict:
     """The errors of the GGUF at `dtype` against our logits `ours` (float64) on `windows`."""
     path = folder / f"{dtype}.gguf"
     export = [sys.executable, "export.py", run, str(path), "--dtype", dtype, "--overwrite"]
@@ -70,16 +75,24 @@ def file_errors(run: str, dtype: str, windows: list[list[int]], ours: torch.Tens
     return result
 
 
-def speed(run: str, path: Path, prompt: list[int], n: int, rounds: int = 5, busy: bool = False) -> dict:
-    """Tokens/s of greedy decoding, n tokens after `prompt`, medians of rounds alternating between llama.cpp
-    (1 and 2 threads) and our loop as sample.py runs it (each token read back), eager and compiled; each
-    round beside a busy process with `busy`. A round times the prompt and every token, both sides alike."""
+def speed(
+    run: str, path: Path, prompt: list[int], n: int, rounds: int = 5, busy: bool = False
+) -> dict:
+    """Tokens/s of greedy decoding, n tokens after `prompt`, medians of rounds alternating between
+    llama.cpp (1 and 2 threads) and our loop as sample.py runs it (each token read back), eager and
+    compiled; each round beside a busy process with `busy`. A round times the prompt and every
+    token, both sides alike."""
     model = load_model(run).model
-    if len(prompt) + n > model.config.block_size:  # llama.cpp stops at its context; ours would slide
+    # llama.cpp stops at its context; ours would slide
+    if len(prompt) + n > model.config.block_size:
         raise UserError(
-            f"--tokens {n} and a prompt of {len(prompt)} pass the context of {model.config.block_size}"
+            f"--tokens {n} and a prompt of {len(prompt)} pass the context of "
+            f"{model.config.block_size}"
         )
-    llms = {f"llama.cpp, {t} thread{'s' * (t > 1)}": llama(path, model.config.block_size, t) for t in (1, 2)}
+    llms = {
+        f"llama.cpp, {t} thread{'s' * (t > 1)}": llama(path, model.config.block_size, t)
+        for t in (1, 2)
+    }
 
     def theirs(llm) -> None:
         llm.reset()
@@ -87,7 +100,10 @@ def speed(run: str, path: Path, prompt: list[int], n: int, rounds: int = 5, busy
         [next(steps) for _ in range(n)]
 
     def ours(compile: bool) -> None:
-        [t.tolist() for t in generate(model, torch.tensor([prompt]), n, temperature=0, compile=compile)]
+        [
+            t.tolist()
+            for t in generate(model, torch.tensor([prompt]), n, temperature=0, compile=compile)
+        ]
 
     paths = {name: partial(theirs, llm) for name, llm in llms.items()}
     paths |= {"ours, eager": partial(ours, False), "ours, --compile": partial(ours, True)}
@@ -96,7 +112,8 @@ def speed(run: str, path: Path, prompt: list[int], n: int, rounds: int = 5, busy
     for _ in range(rounds):
         with busy_neighbour(busy):
             for name, fn in paths.items():
-                time.sleep(0.1)  # llama.cpp's threads spin a while after its run: ours would share the cores
+                # llama.cpp's threads spin a while after its run: ours would share the cores
+                time.sleep(0.1)
                 start = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - start)
@@ -108,7 +125,9 @@ def speed(run: str, path: Path, prompt: list[int], n: int, rounds: int = 5, busy
 def gguf_errors(run: str, dtypes: list[str], n_windows: int, folder: Path) -> list[dict]:
     loaded = load_model(run)
     model, size = loaded.model, loaded.model.config.block_size
-    ids = loaded.tokenizer.encode((ROOT / "data" / "tinyshakespeare.txt").read_text()[-100_000:]).tolist()
+    ids = loaded.tokenizer.encode(
+        (ROOT / "data" / "tinyshakespeare.txt").read_text()[-100_000:]
+    ).tolist()
     windows = [ids[i : i + size] for i in range(0, n_windows * size, size)]
     with torch.no_grad():
         ours = model(torch.tensor(windows))[0].double()
@@ -116,14 +135,24 @@ def gguf_errors(run: str, dtypes: list[str], n_windows: int, folder: Path) -> li
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tools.gguf_error", description=__doc__.split("\n\n")[0])
-    p.add_argument("run", help="a training run's folder or a checkpoint (its val text: tiny Shakespeare's)")
-    p.add_argument("--windows", type=int, default=32, help="context-long windows compared (default 32)")
+    p = argparse.ArgumentParser(
+        prog="python -m tools.gguf_error", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "run", help="a training run's folder or a checkpoint (its val text: tiny Shakespeare's)"
+    )
+    p.add_argument(
+        "--windows", type=int, default=32, help="context-long windows compared (default 32)"
+    )
     p.add_argument("--dtypes", nargs="+", default=["f32", "f16", "q8_0"])
-    p.add_argument("--speed", action="store_true", help="also time greedy decoding, llama.cpp against ours")
+    p.add_argument(
+        "--speed", action="store_true", help="also time greedy decoding, llama.cpp against ours"
+    )
     p.add_argument("--tokens", type=int, default=50, help="--speed: tokens generated (default 50)")
     p.add_argument("--prompt", default="ROMEO:", help="--speed: the prompt (default ROMEO:)")
-    p.add_argument("--rounds", type=int, default=5, help="--speed: rounds, the median kept (default 5)")
+    p.add_argument(
+        "--rounds", type=int, default=5, help="--speed: rounds, the median kept (default 5)"
+    )
     p.add_argument("--busy", action="store_true", help="--speed: each round beside a busy process")
     return p.parse_args(argv)
 
@@ -134,9 +163,9 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in gguf_errors(args.run, args.dtypes, args.windows, Path(tmp)):
             print(
-                f"{r['dtype']}: {r['mib']:.2f} MiB, max |dlogit| {r['max_logit_error']:.4f}, mean |dlogp| "
-                f"{r['mean_logp_error']:.2e}, loss {r['loss']:.5f} (ours {r['our_loss']:.5f}), argmax agrees "
-                f"{r['argmax_agrees']:.2%}"
+                f"{r['dtype']}: {r['mib']:.2f} MiB, max |dlogit| {r['max_logit_error']:.4f}, mean "
+                f"|dlogp| {r['mean_logp_error']:.2e}, loss {r['loss']:.5f} (ours "
+                f"{r['our_loss']:.5f}), argmax agrees {r['argmax_agrees']:.2%}"
                 + (f", p(<|endoftext|>) {r['p_endoftext']:.2e}" if "p_endoftext" in r else "")
             )
             if args.speed:
@@ -144,8 +173,14 @@ def main(argv: list[str]) -> None:
                 path = Path(tmp) / f"{r['dtype']}.gguf"
                 rates = speed(args.run, path, prompt, args.tokens, args.rounds, args.busy)
                 where = "beside a busy process" if args.busy else "quiet"
-                print(f"  greedy decoding, {args.tokens} tokens after {len(prompt)}, {where}: tokens/s")
-                print("".join(f"    {name:<20} {rate:>9,.0f}\n" for name, rate in rates.items()), end="")
+                print(
+                    f"  greedy decoding, {args.tokens} tokens after {len(prompt)}, {where}: "
+                    "tokens/s"
+                )
+                print(
+                    "".join(f"    {name:<20} {rate:>9,.0f}\n" for name, rate in rates.items()),
+                    end="",
+                )
 
 
 if __name__ == "__main__":

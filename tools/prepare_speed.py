@@ -1,13 +1,15 @@
-"""Data preparation speed against the tokenizer's own ceiling: MB/s and tokens/s of data/prepare.py for each
-tokenizer, next to its own batch encode of the same text in memory (the most preparation could reach),
-encoding in threads (what prepare does) and in a process pool, and the time and memory to build each
-vocabulary.
+"""Data preparation speed against the tokenizer's own ceiling: MB/s and tokens/s of data/prepare.py
+for each tokenizer, next to its own batch encode of the same text in memory (the most preparation
+could reach), encoding in threads (what prepare does) and in a process pool, and the time and memory
+to build each vocabulary.
 
-    python -m tools.prepare_speed --text /tmp/shakespeare200.txt --mb 200 --tokenizers char gpt2 bpe:1024
+    python -m tools.prepare_speed --text /tmp/shakespeare200.txt --mb 200
+        --tokenizers char gpt2 bpe:1024
 
-The text is made (tiny Shakespeare repeated to --mb MB) when the file does not exist. Each build, ceiling
-and preparation runs in a fresh process, so its peak memory (VmHWM) is its own and the ceiling meets the
-same cold start as a preparation; rounds alternate, the tables give medians; results go to --json.
+The text is made (tiny Shakespeare repeated to --mb MB) when the file does not exist. Each build,
+ceiling and preparation runs in a fresh process, so its peak memory (VmHWM) is its own and the
+ceiling meets the same cold start as a preparation; rounds alternate, the tables give medians;
+results go to --json.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from pathlib import Path
 import data.prepare as prep
 from common import json_text
 from data import encode, shard_writer
+from data.bpe import BPETokenizer, TrainedBPE
 from data.recipes import SHAKESPEARE
 from data.sources import TextFile
-from data.tokenizers import BPETokenizer, CharTokenizer, TrainedBPE, from_meta, parse_spec
+from data.tokenizers import CharTokenizer, from_meta, parse_spec
 
 MB = 1e6
 BATCH = 16  # pieces (of ~1 MiB) per call of a batch encoder in the ceiling
@@ -66,9 +69,13 @@ def build_vocabulary(spec: str, text: str, meta_out: str) -> dict:
     kind, size = parse_spec(spec)
     start = time.perf_counter()
     if kind == "char":
-        tok = CharTokenizer.from_texts(d for split in ("train", "val") for d in source.documents(split))
+        tok = CharTokenizer.from_texts(
+            d for split in ("train", "val") for d in source.documents(split)
+        )
     elif kind == "trained_bpe":
-        tok = TrainedBPE.train(prep.first_chars(source.documents("train"), prep.BPE_TRAIN_CHARS), size)
+        tok = TrainedBPE.train(
+            prep.first_chars(source.documents("train"), prep.BPE_TRAIN_CHARS), size
+        )
     else:
         tok = BPETokenizer(kind)
     seconds = time.perf_counter() - start
@@ -89,8 +96,9 @@ def _encode_in_worker(args) -> encode.Encoded:
 
 
 def process_stream(docs, tokenizer, eot, dtype, workers):
-    """data/encode.py's encode_stream with a process pool instead of threads: each worker rebuilds the
-    tokenizer from its metadata once, and tasks go out in windows of workers * 4 (bounded memory)."""
+    """data/encode.py's encode_stream with a process pool instead of threads: each worker rebuilds
+    the tokenizer from its metadata once, and tasks go out in windows of workers * 4 (bounded
+    memory)."""
     tasks = encode._tasks(docs)
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_meta(),)) as pool:
@@ -130,17 +138,20 @@ def child(*args: str) -> dict:
 
 
 def library_batch(tokenizer, pieces: list[str], workers: int) -> tuple[float, int] | None:
-    """(seconds, tokens) of the library's own batch encode over all cores: tiktoken's encode_ordinary_batch,
-    tokenizers' encode_batch_fast (None for char: numpy has none)."""
+    """(seconds, tokens) of the library's own batch encode over all cores: tiktoken's
+    encode_ordinary_batch, tokenizers' encode_batch_fast (None for char: numpy has none)."""
     batches = [pieces[i : i + BATCH] for i in range(0, len(pieces), BATCH)]
     start, tokens = time.perf_counter(), 0
     if isinstance(tokenizer, BPETokenizer):
         for batch in batches:
-            tokens += sum(map(len, tokenizer._enc.encode_ordinary_batch(batch, num_threads=workers)))
+            tokens += sum(
+                map(len, tokenizer._enc.encode_ordinary_batch(batch, num_threads=workers))
+            )
     elif isinstance(tokenizer, TrainedBPE):
         for batch in batches:
             tokens += sum(
-                len(e.ids) for e in tokenizer._tok.encode_batch_fast(batch, add_special_tokens=False)
+                len(e.ids)
+                for e in tokenizer._tok.encode_batch_fast(batch, add_special_tokens=False)
             )
     else:
         return None
@@ -148,8 +159,8 @@ def library_batch(tokenizer, pieces: list[str], workers: int) -> tuple[float, in
 
 
 def bare_encode(tokenizer, pieces: list[str], workers: int) -> tuple[float, int]:
-    """(seconds, tokens) of the encode calls prepare makes (encode_batch per piece, in a thread pool), with
-    no reading, grouping, concatenating or writing."""
+    """(seconds, tokens) of the encode calls prepare makes (encode_batch per piece, in a thread
+    pool), with no reading, grouping, concatenating or writing."""
     start = time.perf_counter()
     with ThreadPoolExecutor(workers) as pool:
         tokens = sum(len(ids[0]) for ids in pool.map(lambda p: tokenizer.encode_batch([p]), pieces))
@@ -166,7 +177,8 @@ def read_only(text: Path) -> float:
 
 
 def ceiling_once(kind: str, text: str, meta_file: str, workers: int) -> dict | None:
-    """One ceiling (`library` or `bare`) timed in this (fresh) process, the text read into memory first."""
+    """One ceiling (`library` or `bare`) timed in this (fresh) process, the text read into memory
+    first."""
     tokenizer = from_meta(json.loads(Path(meta_file).read_text()))
     source = TextFile(text)
     pieces = [d for split in ("train", "val") for d in source.documents(split)]
@@ -179,7 +191,12 @@ def measure(spec: str, text: Path, rounds: int, pools: list[str], workers: int) 
         meta_file = str(Path(tmp) / "tokenizer.json")
         build = child("build", spec, str(text), meta_file)
         tokenizer = from_meta(json.loads(Path(meta_file).read_text()))
-        runs: dict[str, list[dict]] = {"read": [], "library": [], "bare": [], **{p: [] for p in pools}}
+        runs: dict[str, list[dict]] = {
+            "read": [],
+            "library": [],
+            "bare": [],
+            **{p: [] for p in pools},
+        }
         for r in range(rounds):
             runs["read"].append({"seconds": read_only(text)})
             for name in ("library", "bare"):  # in fresh processes, as the preparations below
@@ -212,21 +229,33 @@ def report(results: dict, text_mb: float) -> str:
             f"{tokens / 1e6:.1f}M",
         ]
         row.append(f"{med['read']:.2f}")
-        row.append(f"{med['library']:.2f} ({text_mb / med['library']:.1f})" if "library" in med else "–")
-        row.append(f"{med['bare']:.2f} ({text_mb / med['bare']:.1f}, {tokens / 1e6 / med['bare']:.2f})")
+        row.append(
+            f"{med['library']:.2f} ({text_mb / med['library']:.1f})" if "library" in med else "–"
+        )
+        row.append(
+            f"{med['bare']:.2f} ({text_mb / med['bare']:.1f}, {tokens / 1e6 / med['bare']:.2f})"
+        )
         for pool in pools:
             peak = max(r["peak_mb"] for r in res["runs"][pool])
-            row.append(f"{med[pool]:.2f} ({text_mb / med[pool]:.1f}, {best / med[pool]:.2f}×, {peak:.0f})")
+            row.append(
+                f"{med[pool]:.2f} ({text_mb / med[pool]:.1f}, {best / med[pool]:.2f}×, {peak:.0f})"
+            )
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tools.prepare_speed", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m tools.prepare_speed", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--text", default="/tmp/shakespeare200.txt", help="the text (made if missing)")
-    p.add_argument("--mb", type=float, default=200, help="size of the text to make (default %(default)s MB)")
+    p.add_argument(
+        "--mb", type=float, default=200, help="size of the text to make (default %(default)s MB)"
+    )
     p.add_argument("--tokenizers", nargs="+", default=["char", "gpt2", "bpe:1024"])
-    p.add_argument("--pools", nargs="+", default=["threads", "processes"], choices=["threads", "processes"])
+    p.add_argument(
+        "--pools", nargs="+", default=["threads", "processes"], choices=["threads", "processes"]
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json", default="bench/prepare_speed.json", help="where to write the results")

@@ -1,10 +1,12 @@
-"""Print the machine and the versions of what tinygpt runs on: for a bug report, or a benchmark's record.
+"""Print the machine and the versions of what tinygpt runs on: for a bug report, or a benchmark's
+record.
 
     python -m tools.versions
 
-One line each: Python and torch (with the CUDA it was built for); the packages tinygpt imports, or "missing";
-then each GPU (name, memory, compute capability, multiprocessors, bf16 tensor cores, and the driver as
-nvidia-smi reports it) or the CPU (model, cores, torch's threads, the instruction sets its kernels use).
+One line each: Python and torch (with the CUDA it was built for); the packages tinygpt imports, or
+"missing"; then each GPU (name, memory, compute capability, multiprocessors, bf16 tensor cores, and
+the driver as nvidia-smi reports it) or the CPU (model, cores, torch's threads, the instruction sets
+its kernels use).
 """
 
 from __future__ import annotations
@@ -69,14 +71,19 @@ def cpu_model() -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tools.versions", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m tools.versions", description=__doc__.split("\n\n")[0]
+    )
     return p.parse_args(argv)
 
 
 def main(argv: list[str]) -> None:
     parse_args(argv)
     print(f"python {platform.python_version()} ({platform.platform()})")
-    print(f"torch {torch.__version__} ({'CUDA ' + torch.version.cuda if torch.version.cuda else 'no CUDA'})")
+    print(
+        f"torch {torch.__version__} "
+        f"({'CUDA ' + torch.version.cuda if torch.version.cuda else 'no CUDA'})"
+    )
     print("packages: " + ", ".join(f"{name} {version(name)}" for name in PACKAGES))
     if torch.cuda.is_available():
         nvidia = driver()
@@ -84,13 +91,13 @@ def main(argv: list[str]) -> None:
             p = torch.cuda.get_device_properties(i)
             print(
                 f"cuda:{i} {p.name}: {p.total_memory / 2**30:.1f} GiB, compute capability "
-                f"{p.major}.{p.minor}, {p.multi_processor_count} multiprocessors, bf16 tensor cores "
-                f"{torch.cuda.is_bf16_supported(including_emulation=False)}"
+                f"{p.major}.{p.minor}, {p.multi_processor_count} multiprocessors, bf16 tensor "
+                f"cores {torch.cuda.is_bf16_supported(including_emulation=False)}"
                 + (f", driver {nvidia}" if nvidia else "")
             )
     print(
-        f"cpu: {cpu_model()}, {torch.get_num_threads()} torch threads, "
-        f"kernels for {torch.backends.cpu.get_cpu_capability()}"
+        f"cpu: {cpu_model()}, {torch.get_num_threads()} torch threads, kernels for "
+        f"{torch.backends.cpu.get_cpu_capability()}"
     )
 
 

@@ -1,9 +1,10 @@
 """Multiple-choice accuracy (HellaSwag's format, data/evalsets.py), as eval.py --choices scores it.
 
-Each ending is scored by the total loss of its tokens given the context (`acc`), and normalised per token
-(the acc_norm of nanoGPT's and llm.c's HellaSwag scripts), per character of the ending as written
-(lm-evaluation-harness's acc_norm) and per UTF-8 byte (its acc_bytes): the lowest is the model's answer.
-The total loss of an ending is minus lm-eval's loglikelihood of it (`choice_losses`).
+Each ending is scored by the total loss of its tokens given the context (`acc`), and normalised per
+token (the acc_norm of nanoGPT's and llm.c's HellaSwag scripts), per character of the ending as
+written (lm-evaluation-harness's acc_norm) and per UTF-8 byte (its acc_bytes): the lowest is the
+model's answer. The total loss of an ending is minus lm-eval's loglikelihood of it
+(`choice_losses`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ class ChoiceScore:
     items: int
     acc: float  # the ending with the lowest total loss
     acc_per_token: float  # lowest loss per token (nanoGPT's and llm.c's acc_norm)
-    acc_per_char: float  # lowest loss per character of the ending (lm-evaluation-harness's acc_norm)
-    acc_per_byte: float  # lowest loss per UTF-8 byte of the ending (lm-evaluation-harness's acc_bytes)
+    # lowest loss per character of the ending (lm-evaluation-harness's acc_norm)
+    acc_per_char: float
+    # lowest loss per UTF-8 byte of the ending (lm-evaluation-harness's acc_bytes)
+    acc_per_byte: float
     chance: float  # the expected accuracy of a random guess
 
 
@@ -50,10 +53,14 @@ def ending_losses(
     return nats.double().sum(dim=1).cpu(), (y >= 0).sum(dim=1).cpu()
 
 
-def choice_losses(model: torch.nn.Module, tokenizer: Tokenizer, item: Choice, autocast=None) -> torch.Tensor:
+def choice_losses(
+    model: torch.nn.Module, tokenizer: Tokenizer, item: Choice, autocast=None
+) -> torch.Tensor:
     """The total loss in nats of each ending of `item` given its context (float64, on the CPU)."""
 
-    return ending_losses(model, encode_choice(item, tokenizer, model.config.block_size), autocast)[0]
+    return ending_losses(model, encode_choice(item, tokenizer, model.config.block_size), autocast)[
+        0
+    ]
 
 
 def score_choices(
@@ -63,8 +70,8 @@ def score_choices(
     autocast=None,
     progress: Callable[[int], None] | None = None,
 ) -> ChoiceScore:
-    """Accuracy of `model` on multiple-choice items: each ending scored by its loss given the context, in
-    total and per token, character and byte."""
+    """Accuracy of `model` on multiple-choice items: each ending scored by its loss given the
+    context, in total and per token, character and byte."""
     was_training = model.training
     model.eval()
     right = np.zeros(4)

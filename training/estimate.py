@@ -1,15 +1,16 @@
-"""What a run will cost, before it starts: parameters, FLOPs, tokens, memory, checkpoint size and time.
+"""What a run will cost, before it starts: parameters, FLOPs, tokens, memory, checkpoint size and
+time.
 
-`python train.py CONFIG --dry-run` prints `dry_run(cfg)`: parameters (embedding and the rest), training FLOPs
-per token, tokens per iteration and in all, epochs, tokens per parameter against Chinchilla's ~20, predicted
-peak training memory (training/memory.py), checkpoint size, and the time of a few real steps on this machine
-(training/measure.py) projected over the run (or, for a CUDA config on a machine without one, the time on
-common GPUs from FLOPs at a stated MFU). The run is planned as training does it, on the dataset
-data/recipes.py's `dataset_on_paper` gives and on the device and in the precision runs/runtime.py chooses
-(training/plan.py's `paper_plan`), and `check_as_the_run_does` first makes the real run's checks with its
-functions, so that what the run would refuse the dry run refuses in the same line. The memory is training's
-and the final exact eval's, the larger the run's peak. `_estimate` works the figures out, `_report` writes
-them.
+`python train.py CONFIG --dry-run` prints `dry_run(cfg)`: parameters (embedding and the rest),
+training FLOPs per token, tokens per iteration and in all, epochs, tokens per parameter against
+Chinchilla's ~20, predicted peak training memory (training/memory.py), checkpoint size, and the time
+of a few real steps on this machine (training/measure.py) projected over the run (or, for a CUDA
+config on a machine without one, the time on common GPUs from FLOPs at a stated MFU). The run is
+planned as training does it, on the dataset data/recipes.py's `dataset_on_paper` gives and on the
+device and in the precision runs/runtime.py chooses (training/plan.py's `paper_plan`), and
+`check_as_the_run_does` first makes the real run's checks with its functions, so that what the run
+would refuse the dry run refuses in the same line. The memory is training's and the final exact
+eval's, the larger the run's peak. `_estimate` works the figures out, `_report` writes them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from common.files import check_not_links, size_text
 from data.dataset import Meta, dataset_folder
 from data.recipes import dataset_on_paper
-from model.attention import block_layout
+from model.local_attention import block_layout
 from runs.checkpoint import OUT_DIR_ADVICE
 from runs.config import Config, Request
 from runs.out_dir import check_room, held, held_advice, holds_run
@@ -47,7 +48,8 @@ from training.tracking import check_wandb_login
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 SMALLER_BATCH = "lower train.batch_size (raise train.grad_accum)"  # memory that does not fit
-PROJECTION_MFU = 0.4  # the MFU assumed for GPUs not at hand (nanoGPT reaches ~40% on an A100 for GPT-2 small)
+# the MFU assumed for GPUs not at hand (nanoGPT reaches ~40% on an A100 for GPT-2 small)
+PROJECTION_MFU = 0.4
 # GPUs the dry run projects to: the name it prints -> the exact product name in hardware.GPU_PEAKS
 PROJECTED_GPUS = {
     "H100": "H100 80GB HBM3",
@@ -56,7 +58,8 @@ PROJECTED_GPUS = {
     "RTX 4090": "GeForce RTX 4090",
     "L4": "L4",
 }
-CPU_RUNTIME_BYTES = 15 * 2**20  # PyTorch code the first steps page in on a CPU (training/measure.py)
+# PyTorch code the first steps page in on a CPU (training/measure.py)
+CPU_RUNTIME_BYTES = 15 * 2**20
 
 
 @dataclass
@@ -69,18 +72,22 @@ class Estimate:
     device: str  # cpu | cuda | mps
     precision: str
     params: Params
-    blocks: tuple[int, int]  # model/attention.py's block and reach for the window (reach 0: no blocks)
+    # model/local_attention.py's block and reach for the window (reach 0: no blocks)
+    blocks: tuple[int, int]
     memory: Memory
     other: Memory | None  # the other precision's (fp32 <-> bf16) on a CPU or CUDA
     plain: Memory | None  # with train.activation_checkpointing: the same run's without it
     recompute: float  # the FLOPs activation checkpointing adds over a step's (0 without it)
     compiled: bool  # torch.compile on
-    free: float | None  # bytes of memory free on the device here (None: not this machine's, or unknown)
+    # bytes of memory free on the device here (None: not this machine's, or unknown)
+    free: float | None
     disk_free: float | None  # bytes free in train.out_dir, where it exists
-    held: str | None  # what the real run will do with what train.out_dir holds (None: nothing to say)
+    # what the real run will do with what train.out_dir holds (None: nothing to say)
+    held: str | None
     checkpoint: tuple[float, float]  # bytes of a checkpoint on disk: in all, of the weights
     final_eval: bool  # an exact val eval at the end
-    eval_peak: float  # bytes at the peak of that eval (0: none); the run's peak where it is the larger
+    # bytes at the peak of that eval (0: none); the run's peak where it is the larger
+    eval_peak: float
     timing: Timing | None
     why_not: str | None  # why there is no timing
     unprepared: str = ""  # where train.py will prepare the dataset ("": it is prepared)
@@ -95,8 +102,8 @@ class Estimate:
 
 
 def dry_run(request: Request) -> str:
-    """The dry run's report: nothing is trained or written (data/recipes.py's `dataset_on_paper`, then
-    training/plan.py's `paper_plan`)."""
+    """The dry run's report: nothing is trained or written (data/recipes.py's `dataset_on_paper`,
+    then training/plan.py's `paper_plan`)."""
     data = request.cfg.data
     with dataset_on_paper(data.dataset, data.dir) as dataset:
         plan = paper_plan(request, dataset)
@@ -105,10 +112,11 @@ def dry_run(request: Request) -> str:
 
 
 def check_as_the_run_does(plan: PaperPlan) -> None:
-    """The checks the real run makes before it trains, by the same functions, so that the dry run refuses
-    what the run refuses in the same line: splits long enough for block_size, the sample prompt, the wandb
-    login, symbolic links and room in the out_dir (what it holds is reported instead: `_held_run`; whether
-    it is writable and free of another run's lock are not checked: that writes)."""
+    """The checks the real run makes before it trains, by the same functions, so that the dry run
+    refuses what the run refuses in the same line: splits long enough for block_size, the sample
+    prompt, the wandb login, symbolic links and room in the out_dir (what it holds is reported
+    instead: `_held_run`; whether it is writable and free of another run's lock are not checked:
+    that writes)."""
     cfg, out_dir = plan.cfg, Path(plan.cfg.train.out_dir)
     if cfg.log.wandb:
         check_wandb_login()
@@ -133,8 +141,13 @@ def _estimate(request: Request, plan: PaperPlan) -> Estimate:
     other_mem = memory(cfg, other, device, params) if device in ("cpu", "cuda") else None
     plain, recompute = None, 0.0
     if t.activation_checkpointing:
-        unchecked = dataclasses.replace(cfg, train=dataclasses.replace(t, activation_checkpointing=False))
-        plain, recompute = memory(unchecked, precision, device, params), recompute_share(cfg.model, params)
+        unchecked = dataclasses.replace(
+            cfg, train=dataclasses.replace(t, activation_checkpointing=False)
+        )
+        plain, recompute = (
+            memory(unchecked, precision, device, params),
+            recompute_share(cfg.model, params),
+        )
     blocks = block_layout(cfg.model.block_size, cfg.model.window)
     ckpt = checkpoint_bytes(cfg, params), 4 * saved_params(cfg, params)
     final_eval = meta is not None and final_eval_wanted(t.final_eval, meta.val_tokens)
@@ -146,29 +159,61 @@ def _estimate(request: Request, plan: PaperPlan) -> Estimate:
     out_dir = Path(t.out_dir)
     disk_free = shutil.disk_usage(out_dir).free if out_dir.exists() else None
     held_line = _held_run(out_dir, request.cfg.train.resume, t.overwrite)  # the plan starts afresh
-    timing, why_not = None, None
-    if not plan.present:
-        why_not = f"train.device={t.device} but no CUDA GPU is visible here"
-    elif plan.dataset is None:
-        why_not = f"dataset {cfg.data.dataset} is not prepared (train.py prepares it on first use)"
-    elif (free or float("inf")) < max(mem.peak, eval_peak):
-        why_not = "the predicted memory does not fit in what is free here"
-    else:  # real steps of the planned run, one micro-batch each, nothing saved
-        steps = dataclasses.replace(cfg, train=dataclasses.replace(t, grad_accum=1, save=False))
-        timing = time_steps(start_run(Plan(steps, plan.rt, plan.dataset, None, plan.pretrained)))
+    timing, why_not = _timed_steps(plan, fits=(free or float("inf")) >= max(mem.peak, eval_peak))
     return Estimate(
-        request.name, cfg, meta, device, precision, params, blocks, mem, other_mem, plain, recompute,
-        plan.compiled, free, disk_free, held_line, ckpt, final_eval, eval_peak, timing, why_not,
+        request.name,
+        cfg,
+        meta,
+        device,
+        precision,
+        params,
+        blocks,
+        mem,
+        other_mem,
+        plain,
+        recompute,
+        plan.compiled,
+        free,
+        disk_free,
+        held_line,
+        ckpt,
+        final_eval,
+        eval_peak,
+        timing,
+        why_not,
         _unprepared(plan),
-    )  # fmt: skip
+    )
+
+
+def _timed_steps(plan: PaperPlan, fits: bool) -> tuple[Timing | None, str | None]:
+    """A few real steps of the planned run (one micro-batch each, nothing saved), timed; or why
+    they cannot run here."""
+    cfg, t = plan.cfg, plan.cfg.train
+    if not plan.present:
+        return None, f"train.device={t.device} but no CUDA GPU is visible here"
+    if plan.dataset is None:
+        return (
+            None,
+            f"dataset {cfg.data.dataset} is not prepared (train.py prepares it on first use)",
+        )
+    if not fits:
+        return None, "the predicted memory does not fit in what is free here"
+    steps = dataclasses.replace(cfg, train=dataclasses.replace(t, grad_accum=1, save=False))
+    return time_steps(start_run(Plan(steps, plan.rt, plan.dataset, None, plan.pretrained))), None
 
 
 def _held_run(out_dir: Path, resume: bool, overwrite: bool) -> str | None:
-    """What the real run will do with what out_dir holds, where that matters (runs/out_dir.py decides it)."""
+    """What the real run will do with what out_dir holds, where that matters (runs/out_dir.py
+    decides it)."""
     if resume and holds_run(out_dir):
-        return f"{out_dir} holds a checkpoint: the real run continues it (this estimate is for the whole run)"
+        return (
+            f"{out_dir} holds a checkpoint: the real run continues it (this estimate is for the "
+            "whole run)"
+        )
     if resume:
-        return f"{out_dir} holds no checkpoint: THE REAL RUN WILL REFUSE train.resume=true; remove it"
+        return (
+            f"{out_dir} holds no checkpoint: THE REAL RUN WILL REFUSE train.resume=true; remove it"
+        )
     what = held(out_dir)
     if what is None:
         return None
@@ -178,12 +223,16 @@ def _held_run(out_dir: Path, resume: bool, overwrite: bool) -> str | None:
 
 
 def _unprepared(plan: PaperPlan) -> str:
-    """What the report says of a dataset that is not prepared yet ('' when it is): `dataset_on_paper` gave
-    none (from the hub), or a copy in a temporary folder."""
+    """What the report says of a dataset that is not prepared yet ('' when it is):
+    `dataset_on_paper` gave none (from the hub), or a copy in a temporary folder."""
     folder = dataset_folder(plan.cfg.data.dataset, plan.cfg.data.dir)
     if plan.dataset is not None and plan.dataset.folder == folder:
         return ""
-    how = "streamed from the hub" if plan.dataset is None else "measured here on a temporary copy, deleted"
+    how = (
+        "streamed from the hub"
+        if plan.dataset is None
+        else "measured here on a temporary copy, deleted"
+    )
     return f"not prepared yet: train.py prepares it in {folder} on first use ({how})"
 
 
@@ -232,21 +281,25 @@ def _model_lines(e: Estimate) -> list[str]:
     lines = [
         f"model       {params.total / 1e6:,.2f}M parameters: {params.non_embedding / 1e6:,.2f}M "
         f"non-embedding + {params.embedding / 1e6:,.2f}M embedding{tied}",
-        f"            {m.n_layer} layers x {m.n_embd}, {m.n_head} heads, context {m.block_size}, vocabulary "
+        f"            {m.n_layer} layers x {m.n_embd}, {m.n_head} heads, context {m.block_size}, "
+        "vocabulary "
         f"{m.vocab_size:,}",
         f"compute     {params.flops_per_token / 1e6:,.1f} MFLOP per token trained: {per_weight} "
-        f"{params.matmul / 1e6:,.2f}M weights in matrix products + {attention / 1e6:,.1f}M in attention",
+        f"{params.matmul / 1e6:,.2f}M weights in matrix products + {attention / 1e6:,.1f}M in "
+        "attention",
     ]
     if local:
         lines.append(
-            f"            {' and '.join(local)}: attention scores for {params.span:,.0f} keys per query"
+            f"            {' and '.join(local)}: attention scores for {params.span:,.0f} keys per "
+            "query"
         )
     if e.cfg.lora is not None:
         lc = e.cfg.lora
         lines.append(
-            f"lora        rank {lc.rank} on {', '.join(lc.targets)}: {params.trained / 1e6:,.3f}M parameters "
-            f"train ({params.trained / params.total:.2%}); the base is frozen: no gradients or optimizer "
-            "state, and 4 FLOPs per frozen weight instead of 6 (no weight gradient)"
+            f"lora        rank {lc.rank} on {', '.join(lc.targets)}: {params.trained / 1e6:,.3f}M "
+            f"parameters train ({params.trained / params.total:.2%}); the base is frozen: no "
+            "gradients or optimizer state, and 4 FLOPs per frozen weight instead of 6 (no weight "
+            "gradient)"
         )
     return lines
 
@@ -255,15 +308,21 @@ def _token_lines(e: Estimate) -> list[str]:
     t, meta, iters = e.cfg.train, e.meta, e.iterations
     per_iter = e.cfg.tokens_per_iter
     total = per_iter * iters
-    by = f"{iters:,} iterations" + (" (train.max_time ends it first)" if iters < t.max_iters else "")
+    by = f"{iters:,} iterations" + (
+        " (train.max_time ends it first)" if iters < t.max_iters else ""
+    )
     if t.max_time and e.timing is None:
         by += f", or fewer: train.max_time={t.max_time:g}s"
     epochs = ""
     if meta is not None:
-        epochs = f" = {total / meta.train_tokens:,.2f} epochs of the {meta.train_tokens:,}-token train split"
+        epochs = (
+            f" = {total / meta.train_tokens:,.2f} epochs of the {meta.train_tokens:,}-token train "
+            "split"
+        )
     return [
         f"tokens      {per_iter:,} per iteration x {by} = {total:,} tokens{epochs}",
-        f"            {total / e.params.total:,.1f} tokens per parameter (Chinchilla-optimal is about "
+        f"            {total / e.params.total:,.1f} tokens per parameter (Chinchilla-optimal is "
+        "about "
         f"{CHINCHILLA_TOKENS_PER_PARAM})",
     ]
 
@@ -272,19 +331,24 @@ def _memory_lines(e: Estimate) -> list[str]:
     mem, cfg = e.memory, e.cfg
     optimizer = "AdamW + Muon state" if e.params.muon else "AdamW state"
     lines = [
-        f"memory      peak {size_text(mem.peak)} training on {mem.device} in {mem.precision}: weights "
-        f"{size_text(mem.weights)} + gradients {size_text(mem.gradients)} + {optimizer} "
+        f"memory      peak {size_text(mem.peak)} training on {mem.device} in {mem.precision}: "
+        f"weights {size_text(mem.weights)} + gradients {size_text(mem.gradients)} + {optimizer} "
         f"{size_text(mem.optimizer)}",
-        f"            + activations {size_text(mem.activations)} (micro-batch {cfg.train.batch_size} x "
-        f"{cfg.model.block_size} tokens) + backward working set {size_text(mem.backward)}"
-        + (f"; plus ~{size_text(CPU_RUNTIME_BYTES)} of PyTorch code paged in" if mem.device == "cpu" else ""),
+        f"            + activations {size_text(mem.activations)} (micro-batch "
+        f"{cfg.train.batch_size} x {cfg.model.block_size} tokens) + backward working set "
+        f"{size_text(mem.backward)}"
+        + (
+            f"; plus ~{size_text(CPU_RUNTIME_BYTES)} of PyTorch code paged in"
+            if mem.device == "cpu"
+            else ""
+        ),
     ]
     if e.other is not None:
         lines.append(f"            in {e.other.precision} instead: {size_text(e.other.peak)}")
     if e.compiled:
         lines.append(
-            "            torch.compile on: counted as eager (compiled peaks measured within a few percent of "
-            "eager on a CPU, plus the compiler's own memory)"
+            "            torch.compile on: counted as eager (compiled peaks measured within a few "
+            "percent of eager on a CPU, plus the compiler's own memory)"
         )
     if e.plain is not None:
         lines.append(_checkpointing_line(e))
@@ -313,17 +377,19 @@ def _final_eval_line(e: Estimate) -> str:
     """The exact val eval at the end (train.final_eval): its peak, and whether it is the run's."""
     said = "the run's peak" if e.eval_peak > e.memory.peak else "below training's"
     return (
-        f"            the exact val eval at the end (train.final_eval): peak {size_text(e.eval_peak)}, {said}"
+        "            the exact val eval at the end (train.final_eval): peak "
+        f"{size_text(e.eval_peak)}, {said}"
     )
 
 
 def _checkpointing_line(e: Estimate) -> str:
-    """With train.activation_checkpointing: what it saves (against the same run without it) and costs."""
+    """With train.activation_checkpointing: what it saves (against the same run without it) and
+    costs."""
     saved, share = e.plain.peak - e.memory.peak, e.recompute
     return (
         f"            activation checkpointing: {size_text(saved)} less than without it "
-        f"({size_text(e.plain.peak)}); backward computes the blocks' forward again: +{share:.0%} FLOPs, "
-        "counted in the time below"
+        f"({size_text(e.plain.peak)}); backward computes the blocks' forward again: +{share:.0%} "
+        "FLOPs, counted in the time below"
     )
 
 
@@ -332,7 +398,8 @@ def _time_lines(e: Estimate) -> list[str]:
     if timing is None:
         return [f"time        not measured: {e.why_not}", _gpu_line(e)]
     step = timing.step_s * t.grad_accum
-    train_s = iters * step  # and the steps before those timed, as they took (beside a busy process: stalls)
+    # and the steps before those timed, as they took (beside a busy process: stalls)
+    train_s = iters * step
     if iters > timing.after:
         train_s += timing.before_s * t.grad_accum - timing.after * step
     evals = iters // t.eval_interval + 1 + (1 if iters % t.eval_interval else 0)
@@ -342,14 +409,18 @@ def _time_lines(e: Estimate) -> list[str]:
         final_s = e.meta.val_tokens * timing.forward_s / (t.batch_size * m.block_size)
         exact, total = f" + exact val eval {_duration(final_s)}", total + final_s
     per = f" ({t.grad_accum} micro-steps)" if t.grad_accum > 1 else ""
-    threads = f", {timing.threads} CPU thread{'s' if timing.threads > 1 else ''}" if e.device == "cpu" else ""
+    threads = (
+        f", {timing.threads} CPU thread{'s' if timing.threads > 1 else ''}"
+        if e.device == "cpu"
+        else ""
+    )
     lines = [
         f"speed       {step * 1e3:,.1f} ms per iteration{per} on {e.device} in {e.precision} "
         f"(median of {timing.steps} steps after {timing.after}{threads}; the first took "
         f"{timing.first_s:.2f} s) = "
         f"{e.cfg.tokens_per_iter / step:,.0f} tokens/s",
-        f"time        training {_duration(train_s)} + {evals} evals x {eval_s:.1f} s{exact} = about "
-        f"{_duration(total)} (checkpoint writes not counted)",
+        f"time        training {_duration(train_s)} + {evals} evals x {eval_s:.1f} s{exact} = "
+        f"about {_duration(total)} (checkpoint writes not counted)",
     ]
     if e.device != "cuda" and iters * step > 3600:  # a long run here: what a GPU would take
         lines.append(_gpu_line(e))
@@ -357,7 +428,8 @@ def _time_lines(e: Estimate) -> list[str]:
 
 
 def _gpu_line(e: Estimate) -> str:
-    """The run's time on common GPUs, from its FLOPs at PROJECTION_MFU of their bf16 (else fp16) peak."""
+    """The run's time on common GPUs, from its FLOPs at PROJECTION_MFU of their bf16 (else fp16)
+    peak."""
     # activation checkpointing computes the blocks' forward again: time the MFU does not count
     flops = e.iterations * e.cfg.tokens_per_iter * e.params.flops_per_token * (1 + e.recompute)
     projected = []

@@ -1,12 +1,13 @@
-"""Evaluation: a training run's loss estimate; the exact loss over every token of a text, and bits per byte.
-Multiple choice is training/choices.py.
+"""Evaluation: a training run's loss estimate; the exact loss over every token of a text, and bits
+per byte. Multiple choice is training/choices.py.
 
-- `evaluate_tokens` predicts every token exactly once, in windows of block_size (with `stride` S the windows
-  slide by S and only their last S predictions count, as in the transformers perplexity guide).
-- Bits per byte: the total loss in nats / ln 2 / the UTF-8 bytes of the predicted tokens, the same for any
-  tokenizer; special tokens have no bytes.
-- Under torchrun the batches are dealt out to the ranks and the sums all-reduced; every rank runs the same
-  number of forward passes, as FSDP needs.
+- `evaluate_tokens` predicts every token exactly once, in windows of block_size (with `stride` S the
+  windows slide by S and only their last S predictions count, as in the transformers perplexity
+  guide).
+- Bits per byte: the total loss in nats / ln 2 / the UTF-8 bytes of the predicted tokens, the same
+  for any tokenizer; special tokens have no bytes.
+- Under torchrun the batches are dealt out to the ranks and the sums all-reduced; every rank runs
+  the same number of forward passes, as FSDP needs.
 """
 
 from __future__ import annotations
@@ -61,24 +62,28 @@ class TokenLoss:
 
 @torch.no_grad()
 def estimate_loss(run) -> dict[str, float]:
-    """A training run's (training/run.py) mean loss over the same train.eval_iters batches of each split at
-    every eval, shared across ranks: {"train": loss, "val": loss, "train_bpb": bits per byte, "val_bpb": ...}
-    (bpb: where byte_lengths is known). Every rank runs the same number of forward passes (under FSDP each is
-    a collective): where eval_iters is not a multiple of the number of ranks, the ranks short of a batch run
-    one more that counts for nothing."""
+    """A training run's (training/run.py) mean loss over the same train.eval_iters batches of each
+    split at every eval, shared across ranks: {"train": loss, "val": loss, "train_bpb": bits per
+    byte, "val_bpb": ...} (bpb: where byte_lengths is known). Every rank runs the same number of
+    forward passes (under FSDP each is a collective): where eval_iters is not a multiple of the
+    number of ranks, the ranks short of a batch run one more that counts for nothing."""
     cfg, rt = run.cfg, run.rt
     run.forward.eval()
     out, tuner = {}, rt.thread_tuner()
     per_rank = -(-cfg.train.eval_iters // rt.world_size)
     for name, data in run.splits.items():
-        total = torch.zeros(3, device=rt.device)  # sum of batch losses, batches, sum of bytes per token
+        # sum of batch losses, batches, sum of bytes per token
+        total = torch.zeros(3, device=rt.device)
         for key in range(rt.rank, per_rank * rt.world_size, rt.world_size):
             x, y = data.batch(key, cfg.train.batch_size, stream=1)
             with tuner.timed(), rt.autocast():
                 _, loss = run.forward(x, y)
-            if key < cfg.train.eval_iters:  # past it, a forward only keeps FSDP's collectives in step
+            # past it, a forward only keeps FSDP's collectives in step
+            if key < cfg.train.eval_iters:
                 one = torch.ones((), device=rt.device)
-                n_bytes = run.byte_lengths[y].sum().float() if run.byte_lengths is not None else 0 * one
+                n_bytes = (
+                    run.byte_lengths[y].sum().float() if run.byte_lengths is not None else 0 * one
+                )
                 total += torch.stack([loss.float(), one, n_bytes / y.numel()])
         loss_sum, count, bytes_per_token = distributed.all_sum(total, rt).tolist()
         out[name] = loss_sum / count
@@ -89,20 +94,23 @@ def estimate_loss(run) -> dict[str, float]:
 
 
 def final_eval_wanted(setting: str, val_tokens: int) -> bool:
-    """train.final_eval: true, false, or auto (when the val split takes seconds: FINAL_EVAL_AUTO_TOKENS)."""
+    """train.final_eval: true, false, or auto (when the val split takes seconds:
+    FINAL_EVAL_AUTO_TOKENS)."""
     setting = str(setting).lower()
     return setting == "true" or (setting == "auto" and val_tokens <= FINAL_EVAL_AUTO_TOKENS)
 
 
 def default_batch_size(train_batch: int, block_size: int, vocab_size: int) -> int:
-    """Windows per forward pass: train.batch_size fits in memory; more speeds small models up, as long as a
-    batch stays within 65,536 tokens and its logits within 256 MiB."""
+    """Windows per forward pass: train.batch_size fits in memory; more speeds small models up, as
+    long as a batch stays within 65,536 tokens and its logits within 256 MiB."""
     return max(train_batch, min(2**16 // block_size, 2**26 // (block_size * vocab_size)))
 
 
-def windows(n_tokens: int, block_size: int, stride: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The windows that predict tokens 1 .. n_tokens - 1 once each: (start of each window's input, offset
-    within the window of its first counted prediction)."""
+def windows(
+    n_tokens: int, block_size: int, stride: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The windows that predict tokens 1 .. n_tokens - 1 once each: (start of each window's input,
+    offset within the window of its first counted prediction)."""
     stride = stride or block_size
     n_windows = 1 + max(0, math.ceil((n_tokens - 1 - block_size) / stride))
     starts = np.arange(n_windows, dtype=np.int64) * stride
@@ -114,8 +122,8 @@ def windows(n_tokens: int, block_size: int, stride: int | None = None) -> tuple[
 def window_batch(
     tokens: np.ndarray | TokenFiles, starts: np.ndarray, first: np.ndarray, block_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Inputs and targets (len(starts), block_size) int64; targets not counted (context only, or past the
-    end) are -1."""
+    """Inputs and targets (len(starts), block_size) int64; targets not counted (context only, or
+    past the end) are -1."""
     n = len(tokens)
     positions = starts[:, None] + np.arange(block_size)
     ids = tokens[np.minimum(starts[:, None] + np.arange(block_size + 1), n - 1)].astype(np.int64)
@@ -125,6 +133,17 @@ def window_batch(
 
 
 @torch.no_grad()
+def check_ids(x: np.ndarray, y: np.ndarray, vocab_size: int) -> None:
+    """Refuse ids past the vocabulary of the model or its tokenizer: the text was tokenized for
+    another model."""
+    largest = max(x.max(initial=0), y.max(initial=0))
+    if largest >= vocab_size:
+        raise UserError(
+            f"the tokens hold id {largest}, past the vocabulary of the model or its tokenizer "
+            f"({vocab_size}): not tokenized for this model"
+        )
+
+
 def evaluate_tokens(
     model: torch.nn.Module,
     tokens: np.ndarray | TokenFiles,
@@ -135,15 +154,16 @@ def evaluate_tokens(
     progress: Callable[[int], None] | None = None,
     what: str = "the text",
 ) -> TokenLoss:
-    """The loss of `model` on every token of `tokens` (an array, or a prepared split's files, read a batch at
-    a time). `progress(n)` is called with the predictions of each batch done on this rank. Fewer than 2
-    tokens is a UserError naming `what`: a loss over no predictions would read as a perfect one."""
+    """The loss of `model` on every token of `tokens` (an array, or a prepared split's files, read a
+    batch at a time). `progress(n)` is called with the predictions of each batch done on this rank.
+    Fewer than 2 tokens is a UserError naming `what`: a loss over no predictions would read as a
+    perfect one."""
     block_size = model.config.block_size
     n_tokens = len(tokens)
     if n_tokens < 2:
         raise UserError(
-            f"{what} holds {n_tokens} token{'s' if n_tokens != 1 else ''}: nothing to predict (the first "
-            "token has no context, so an evaluation needs at least 2); give a longer text"
+            f"{what} holds {n_tokens} token{'s' if n_tokens != 1 else ''}: nothing to predict (the "
+            "first token has no context, so an evaluation needs at least 2); give a longer text"
         )
     rank, world = (rt.rank, rt.world_size) if rt is not None else (0, 1)
     device = next(model.parameters()).device
@@ -159,17 +179,16 @@ def evaluate_tokens(
     for k in range(rank, math.ceil(len(batches) / world) * world, world):
         batch = batches[min(k, len(batches) - 1)]
         x, y = window_batch(tokens, starts[batch], first[batch], block_size)
-        if max(x.max(initial=0), y.max(initial=0)) >= min(model.config.vocab_size, len(byte_lengths)):
-            raise UserError(
-                f"the tokens hold id {max(x.max(), y.max())}, past the vocabulary of the model or its "
-                f"tokenizer ({min(model.config.vocab_size, len(byte_lengths))}): not tokenized for this model"
-            )
-        if k >= len(batches):  # no batch left for this rank: run one counting nothing, in step with the rest
+        check_ids(x, y, min(model.config.vocab_size, len(byte_lengths)))
+        # no batch left for this rank: run one counting nothing, in step with the rest
+        if k >= len(batches):
             y[:] = -1
         x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
         with tuner.timed(), autocast():
             logits, _ = model(x)
-        nats = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1, reduction="none")
+        nats = F.cross_entropy(
+            logits.float().flatten(0, 1), y.flatten(), ignore_index=-1, reduction="none"
+        )
         counted = y.flatten() >= 0
         n_bytes = (byte_table[y.flatten().clamp(min=0)] * counted).sum()
         sums += torch.stack([counted.sum(), nats.sum(), n_bytes]).double()

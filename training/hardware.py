@@ -1,10 +1,10 @@
 """Peak FLOP/s of the machine, for model FLOPs utilisation (MFU).
 
 GPUs: a table of dense (no sparsity) tensor-core peaks by exact product name and precision, from the
-vendors' data sheets (each figure's source beside it). CPUs have no data sheet number worth trusting for
-PyTorch, so the peak is measured: the best of several large matrix products at the current thread count,
-cached per machine (CPU model, threads, torch version) in ~/.cache/tinygpt/cpu_peak.json
-(TINYGPT_CACHE_DIR overrides the folder).
+vendors' data sheets (each figure's source beside it). CPUs have no data sheet number worth trusting
+for PyTorch, so the peak is measured: the best of several large matrix products at the current
+thread count, cached per machine (CPU model, threads, torch version) in
+~/.cache/tinygpt/cpu_peak.json (TINYGPT_CACHE_DIR overrides the folder).
 """
 
 from __future__ import annotations
@@ -19,23 +19,28 @@ import torch
 from common import json_text
 from common.files import cache_folder
 
-# Dense (no sparsity) tensor-core TFLOP/s by precision, keyed by the exact product name the driver reports
-# (torch.cuda.get_device_name, nvidia-smi), without the "NVIDIA " that older drivers leave out. "fp32" means
-# TF32 tensor cores from Ampere on (tinygpt turns TF32 on) and plain FP32 before. Data sheets quote sparse
-# figures for Ampere and later: those are halved here. A name not listed gets no MFU rather than a wrong one.
-_HOPPER_SXM = {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7}  # H100/H200 data sheets: 1,979 / 989 sparse
-_HOPPER_NVL = {"bf16": 835.5, "fp16": 835.5, "fp32": 417.5}  # H100 NVL, H200 NVL: 1,671 / 835 sparse
+# Dense (no sparsity) tensor-core TFLOP/s by precision, keyed by the exact product name the driver
+# reports (torch.cuda.get_device_name, nvidia-smi), without the "NVIDIA " that older drivers leave
+# out. "fp32" means TF32 tensor cores from Ampere on (tinygpt turns TF32 on) and plain FP32 before.
+# Data sheets quote sparse figures for Ampere and later: those are halved here. A name not listed
+# gets no MFU rather than a wrong one.
+# H100/H200 data sheets: 1,979 / 989 sparse
+_HOPPER_SXM = {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7}
+# H100 NVL, H200 NVL: 1,671 / 835 sparse
+_HOPPER_NVL = {"bf16": 835.5, "fp16": 835.5, "fp32": 417.5}
 _A100 = {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}  # A100 data sheet: 312 / 156 dense
 _V100_SXM2 = {"fp16": 125.0, "fp32": 15.7}  # V100 data sheet (SXM2); no bf16 tensor cores
 _V100_PCIE = {"fp16": 112.0, "fp32": 14.0}  # V100 data sheet (PCIe)
 GPU_PEAKS: dict[str, dict[str, float]] = {
     "H100 80GB HBM3": _HOPPER_SXM,  # the SXM5 H100
-    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 378.0},  # H100 data sheet: 1,513 / 756 sparse
+    # H100 data sheet: 1,513 / 756 sparse
+    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 378.0},
     "H100 NVL": _HOPPER_NVL,
     "H200": _HOPPER_SXM,  # the SXM H200
     "H200 NVL": _HOPPER_NVL,
     "GH200 480GB": _HOPPER_SXM,  # GH200 data sheet: its H100 as the SXM one
-    "B200": {"bf16": 2250.0, "fp16": 2250.0, "fp32": 1100.0},  # HGX B200 data sheet: 4.5 P / 2.2 P sparse
+    # HGX B200 data sheet: 4.5 P / 2.2 P sparse
+    "B200": {"bf16": 2250.0, "fp16": 2250.0, "fp32": 1100.0},
     "A100-SXM4-40GB": _A100,
     "A100-SXM4-80GB": _A100,
     "A100-PCIE-40GB": _A100,
@@ -44,8 +49,10 @@ GPU_PEAKS: dict[str, dict[str, float]] = {
     "L4": {"bf16": 121.0, "fp16": 121.0, "fp32": 60.0},  # L4 data sheet: 242 / 120 sparse
     "L40": {"bf16": 181.0, "fp16": 181.0, "fp32": 90.5},  # L40 data sheet: 362 / 181 sparse
     "L40S": {"bf16": 362.0, "fp16": 362.0, "fp32": 183.0},  # L40S data sheet: 733 / 366 sparse
-    "GeForce RTX 4090": {"bf16": 165.2, "fp16": 165.2, "fp32": 82.6},  # Ada whitepaper, FP32 accumulate
-    "GeForce RTX 3090": {"bf16": 71.0, "fp16": 71.0, "fp32": 35.6},  # GA102 whitepaper, FP32 accumulate
+    # Ada whitepaper, FP32 accumulate
+    "GeForce RTX 4090": {"bf16": 165.2, "fp16": 165.2, "fp32": 82.6},
+    # GA102 whitepaper, FP32 accumulate
+    "GeForce RTX 3090": {"bf16": 71.0, "fp16": 71.0, "fp32": 35.6},
     "Tesla V100-SXM2-16GB": _V100_SXM2,
     "Tesla V100-SXM2-32GB": _V100_SXM2,
     "Tesla V100-PCIE-16GB": _V100_PCIE,
@@ -75,8 +82,8 @@ def _cpu_name() -> str:
 def measure_cpu_flops(
     dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048, 3072), repeats: int = 10
 ) -> float:
-    """Best FLOP/s of square matrix products on the CPU at the current thread count. The best of many tries:
-    a busy moment of a shared machine only ever slows a try down."""
+    """Best FLOP/s of square matrix products on the CPU at the current thread count. The best of
+    many tries: a busy moment of a shared machine only ever slows a try down."""
     best = 0.0
     for n in sizes:
         a = torch.randn(n, n).to(dtype)
@@ -90,11 +97,15 @@ def measure_cpu_flops(
 
 
 def cpu_peak_flops(precision: str) -> float:
-    """The measured matmul peak of this CPU for fp32 or bf16, cached per machine and thread count."""
+    """The measured matmul peak of this CPU for fp32 or bf16, cached per machine and thread
+    count."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     folder = cache_folder()
     path = folder / "cpu_peak.json"
-    key = f"{_cpu_name()} | {torch.get_num_threads()} threads | torch {torch.__version__} | {precision}"
+    key = (
+        f"{_cpu_name()} | {torch.get_num_threads()} threads | torch {torch.__version__} | "
+        f"{precision}"
+    )
     try:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):

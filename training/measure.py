@@ -1,11 +1,12 @@
 """Measured, not predicted: the memory the first training steps add, and the time of real steps.
 
-`measure_training_memory` runs in a fresh process (so nothing the caller allocated counts) and reports the
-resident memory the first training steps add (Linux VmHWM after clear_refs), and how much of it is
-PyTorch's own code paged in on first use (file-backed; not training memory). tools/bench.py reports the
-first number; the tests compare the second against training/memory.py's prediction (with `final_eval`, of
-the steps and the exact val eval that ends a run). `time_steps` times real steps and eval forwards of a run
-on this device, for the dry run: on a CPU through the run's thread tuner, as training runs them.
+`measure_training_memory` runs in a fresh process (so nothing the caller allocated counts) and
+reports the resident memory the first training steps add (Linux VmHWM after clear_refs), and how
+much of it is PyTorch's own code paged in on first use (file-backed; not training memory).
+tools/bench.py reports the first number; the tests compare the second against training/memory.py's
+prediction (with `final_eval`, of the steps and the exact val eval that ends a run). `time_steps`
+times real steps and eval forwards of a run on this device, for the dry run: on a CPU through the
+run's thread tuner, as training runs them.
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ def _status_mb(fields: tuple[str, ...]) -> list[float]:
     return [found[name] for name in fields]
 
 
-CLEAR_REFS = "/proc/self/clear_refs"  # Linux: writing 5 resets the peak resident size (VmHWM) to the current
+# Linux: writing 5 resets the peak resident size (VmHWM) to the current
+CLEAR_REFS = "/proc/self/clear_refs"
 
 
 def _memory_probe(args: list[str], final_eval: bool = False) -> tuple[float, float] | None:
-    """In a fresh process: (memory added by the first training steps, in MB; the part of it that is PyTorch's
-    code paged in on first use); with `final_eval`, by them and the exact val eval that ends a run. CPU:
-    resident memory, where Linux's /proc lets it be measured (else None: macOS, Windows, some sandboxes);
-    MPS: what the Metal driver allocated."""
+    """In a fresh process: (memory added by the first training steps, in MB; the part of it that is
+    PyTorch's code paged in on first use); with `final_eval`, by them and the exact val eval that
+    ends a run. CPU: resident memory, where Linux's /proc lets it be measured (else None: macOS,
+    Windows, some sandboxes); MPS: what the Metal driver allocated."""
     request = from_arguments(args)
     run = start_run(plan_run(request, run_dataset(request)))
     if run.rt.device.type == "mps":
@@ -67,13 +69,14 @@ def _memory_probe(args: list[str], final_eval: bool = False) -> tuple[float, flo
 
 
 def measure_training_memory(args: list[str]) -> tuple[float, float] | None:
-    """`_memory_probe` of the run `CONFIG [section.key=value ...]` asks for, in a fresh process (so nothing
-    this one allocated counts); None where it cannot."""
+    """`_memory_probe` of the run `CONFIG [section.key=value ...]` asks for, in a fresh process (so
+    nothing this one allocated counts); None where it cannot."""
     with mp.get_context("spawn").Pool(1) as pool:
         return pool.apply(_memory_probe, (args,))
 
 
-WAIT_S = 60.0  # the most time_steps waits for the thread tuner's first choice (a large model's slow steps)
+# the most time_steps waits for the thread tuner's first choice (a large model's slow steps)
+WAIT_S = 60.0
 
 
 @dataclass
@@ -82,18 +85,20 @@ class Timing:
     forward_s: float  # one eval batch forward, median
     first_s: float  # the first step (optimizer state allocated; compiling, when on)
     steps: int  # timed
-    after: int  # steps run before them: the first, and on a CPU those before the thread tuner's first choice
+    # steps run before them: the first, and on a CPU those before the thread tuner's first choice
+    after: int
     before_s: (
-        float  # those steps' seconds, which a run spends too (the first and the stalls before the choice)
+        # those steps' seconds, which a run spends too (the first and the stalls before the choice)
+        float
     )
     threads: int  # the CPU threads they ran on (the thread tuner's count)
 
 
 def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
-    """Time real training steps of `run` (built with grad_accum 1) and eval forwards on this device. On a CPU
-    the steps go through the run's thread tuner (common/threads.py) as training's do, numbered as training
-    numbers them, and those timed are the ones after its first choice at the count it chose: what training
-    runs beside a busy process, not the stalls before the choice."""
+    """Time real training steps of `run` (built with grad_accum 1) and eval forwards on this device.
+    On a CPU the steps go through the run's thread tuner (common/threads.py) as training's do,
+    numbered as training numbers them, and those timed are the ones after its first choice at the
+    count it chose: what training runs beside a busy process, not the stalls before the choice."""
     rt, tuner = run.rt, run.tuner
 
     def timed(fn) -> float:
@@ -107,12 +112,14 @@ def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
             return timed(lambda: train_step(run, it))
 
     first = step(0)
-    chosen = FIRST_TRY + tuner.tries if tuner.enabled else 2  # the first try of another count is over
+    # the first try of another count is over
+    chosen = FIRST_TRY + tuner.tries if tuner.enabled else 2
     it, waited, times = 1, first, []
     while len(times) < 3 or (sum(times) < budget_s and len(times) < max_steps):
         trying = tuner.trial is not None
         seconds = step(it)
-        if (it >= chosen or waited > WAIT_S) and not trying:  # not the tries: training seldom runs them
+        # not the tries: training seldom runs them
+        if (it >= chosen or waited > WAIT_S) and not trying:
             times.append(seconds)
         else:
             waited += seconds
@@ -128,6 +135,11 @@ def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
     run.forward.train()
     threads = tuner.count if tuner.enabled else torch.get_num_threads()
     return Timing(
-        statistics.median(times), statistics.median(forwards), first, len(times), it - len(times), waited,
+        statistics.median(times),
+        statistics.median(forwards),
+        first,
+        len(times),
+        it - len(times),
+        waited,
         threads,
-    )  # fmt: skip
+    )

@@ -1,13 +1,14 @@
 """The memory of training, predicted: what autograd keeps, tensor by tensor, and what trains.
 
-`memory` counts per token of a micro-batch what each block keeps for backward (norm and matmul inputs,
-attention inputs and output, the MLP's hidden activations, dropout masks; a window's or documents' blocks,
-model/attention.py) and the head's log-softmax; under autocast the 2-byte copies and cast weights. On top:
-fp32 weights, the gradients and optimizer state of what trains, and the backward pass's working set.
-`final_eval_memory` counts the exact val eval at the end of a run, whose logits can outgrow training.
-The counts were read off autograd's saved tensors (saved_tensors_hooks); tests/test_estimate.py keeps
-checking them against training/measure.py's measurement. What is counted, and what is not measured (the
-GPU, torch.compile's savings, LoRA), is in docs/training.md, "What a run will cost".
+`memory` counts per token of a micro-batch what each block keeps for backward (norm and matmul
+inputs, attention inputs and output, the MLP's hidden activations, dropout masks; a window's or
+documents' blocks, model/local_attention.py) and the head's log-softmax; under autocast the 2-byte
+copies and cast weights. On top: fp32 weights, the gradients and optimizer state of what trains, and
+the backward pass's working set. `final_eval_memory` counts the exact val eval at the end of a run,
+whose logits can outgrow training. The counts were read off autograd's saved tensors
+(saved_tensors_hooks); tests/test_estimate.py keeps checking them against training/measure.py's
+measurement. What is counted, and what is not measured (the GPU, torch.compile's savings, LoRA), is
+in docs/training.md, "What a run will cost".
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from model import GPT, GPTConfig
-from model.attention import attention_span, block_layout
 from model.config import LoRAConfig
+from model.local_attention import attention_span, block_layout
 from model.lora import add_lora
 from runs.config import Config
 
@@ -26,7 +27,8 @@ from runs.config import Config
 @dataclass
 class Params:
     total: int  # every parameter once (a tied head shares the token embedding)
-    embedding: int  # token and learned position embeddings (Kaplan et al.'s "non-embedding" leaves them out)
+    # token and learned position embeddings (Kaplan et al.'s "non-embedding" leaves them out)
+    embedding: int
     linear: int  # in matrix products (the LM head included), cast under autocast
     muon: int  # Muon's share (hidden matrices) when optim.name is muon
     trained: int  # what has gradients and optimizer state: all of them, or with LoRA the adapters
@@ -40,7 +42,8 @@ class Params:
 
 
 def count_params(m: GPTConfig, optimizer: str = "adamw", lora: LoRAConfig | None = None) -> Params:
-    """Parameter counts of a model (with LoRA adapters), built on the meta device (no memory, no time)."""
+    """Parameter counts of a model (with LoRA adapters), built on the meta device (no memory, no
+    time)."""
     with torch.device("meta"):
         model = GPT(m)
         if lora is not None:
@@ -49,24 +52,32 @@ def count_params(m: GPTConfig, optimizer: str = "adamw", lora: LoRAConfig | None
     trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
     muon = 0
     if optimizer == "muon":
-        muon = sum(p.numel() for n, p in trained.items() if p.dim() == 2 and n.startswith("blocks."))
+        muon = sum(
+            p.numel() for n, p in trained.items() if p.dim() == 2 and n.startswith("blocks.")
+        )
     embedding = sum(e.weight.numel() for e in (model.token_emb, model.pos_emb) if e is not None)
     flops = model.flops_per_token(m.block_size)
-    total, n_trained = model.num_params(non_embedding=False), sum(p.numel() for p in trained.values())
+    total, n_trained = (
+        model.num_params(non_embedding=False),
+        sum(p.numel() for p in trained.values()),
+    )
     span = attention_span(m.block_size, m.window)
     return Params(total, embedding, linear, muon, n_trained, flops, model.num_params(), span)
 
 
 @dataclass
 class LocalAttention:
-    """What model/attention.py's blocks compute per token of a row of T (a window or documents)."""
+    """What model/local_attention.py's blocks compute per token of a row of T (a window or
+    documents)."""
 
     blocked: bool  # in blocks; else one call under a dense mask (documents, a window on a short T)
-    outputs: float  # query rows its SDPA calls answer (1: each once; more: padding, the first blocks twice)
+    # query rows its SDPA calls answer (1: each once; more: padding, the first blocks twice)
+    outputs: float
     scores: float  # keys each query's scores are computed for (attention_span, for this batch size)
     padded: float  # the row padded to whole blocks, over T (1: no padding)
     key_copies: (
-        float  # keys per token as the blocks read them (each by reach + 1 blocks; dropout copies them)
+        # keys per token as the blocks read them (each by reach + 1 blocks; dropout copies them)
+        float
     )
 
 
@@ -78,7 +89,8 @@ def local_attention(m: GPTConfig, batch_size: int) -> LocalAttention | None:
     block, reach = block_layout(T, m.window)
     head = min(T, reach * block) if reach else T
     n = -(-T // block)
-    rows = (batch_size * n - reach) * block / (batch_size * T) if head < T else 0.0  # the blocks' queries
+    # the blocks' queries
+    rows = (batch_size * n - reach) * block / (batch_size * T) if head < T else 0.0
     outputs, copies = head / T + rows, head / T + (reach + 1) * rows
     scores = (reach + 1) * block * rows + head * head / T
     return LocalAttention(head < T, outputs, scores, n * block / T, copies)
@@ -87,16 +99,19 @@ def local_attention(m: GPTConfig, batch_size: int) -> LocalAttention | None:
 def _blocks_bytes_per_token(
     m: GPTConfig, local: LocalAttention, a: int, attn_fp32: bool, batch: int
 ) -> float:
-    """What the blocks keep beyond plain causal attention: the outputs of their two SDPA calls apart from
-    the assembled output (which the output projection keeps; under CPU autocast as its cast copy), their
-    log-sum-exp, copies of q, k, v padded to whole blocks, or of q and k laid out token by token."""
+    """What the blocks keep beyond plain causal attention: the outputs of their two SDPA calls apart
+    from the assembled output (which the output projection keeps; under CPU autocast as its cast
+    copy), their log-sum-exp, copies of q, k, v padded to whole blocks, or of q and k laid out token
+    by token."""
     C, H, kv = m.n_embd, m.n_head, m.kv_heads * m.head_dim
     b = 4 if attn_fp32 else a
     if not local.blocked:
         return 0.0
     reshaped = m.pos_emb == "rope" or m.qk_norm  # plain attention's output copy is counted already
     total = (
-        C * b * (local.outputs - 1) + (C * b if b == a and not reshaped else 0) + H * 4 * (local.outputs - 1)
+        C * b * (local.outputs - 1)
+        + (C * b if b == a and not reshaped else 0)
+        + H * 4 * (local.outputs - 1)
     )
     if local.padded > 1:  # the copies take the place of q, k, v (or of rotated q and k)
         total += (m.n_head * m.head_dim + 2 * kv) * b * (local.padded - 1)
@@ -107,8 +122,8 @@ def _blocks_bytes_per_token(
 
 
 def mask_bytes_per_token(m: GPTConfig, precision: str, device: str, batch_size: int) -> float:
-    """The additive masks of a forward pass (documents, or a window's dense T x T mask), shared by all its
-    layers (model/attention.py)."""
+    """The additive masks of a forward pass (documents, or a window's dense T x T mask), shared by
+    all its layers (model/local_attention.py)."""
     local = local_attention(m, batch_size)
     if local is None:
         return 0.0
@@ -118,7 +133,9 @@ def mask_bytes_per_token(m: GPTConfig, precision: str, device: str, batch_size: 
     return 0.0 if local.blocked else m.block_size * b / batch_size  # one T x T mask for every row
 
 
-def _flash_bytes_per_token(m: GPTConfig, a: int, attn_fp32: bool, reshaped: bool, qkv: int) -> float:
+def _flash_bytes_per_token(
+    m: GPTConfig, a: int, attn_fp32: bool, reshaped: bool, qkv: int
+) -> float:
     """What plain causal flash attention keeps per token (q, k, v, its output, log-sum-exp)."""
     C = m.n_embd
     if a == 4:  # fp32: q, k, v are views of the QKV output
@@ -138,16 +155,21 @@ def block_bytes_per_token(m: GPTConfig, precision: str, device: str, batch_size:
     qkv = (m.n_head + 2 * m.kv_heads) * m.head_dim
     a = 2 if precision in ("bf16", "fp16") else 4  # a value cast for a matrix product
     attn_fp32 = a == 4 or device == "cpu"  # model/gpt.py attends in fp32 under CPU autocast
-    reshaped = m.pos_emb == "rope" or m.qk_norm  # q, k made afresh: the attention output is copied once more
+    # q, k made afresh: the attention output is copied once more
+    reshaped = m.pos_emb == "rope" or m.qk_norm
     norms = 2 if m.mlp else 1
-    total = norms * (C * 4 + C * a + (C * 4 + 4 if m.norm == "rmsnorm" else 8))  # input, output, statistics
-    local = local_attention(m, batch_size)  # a window or documents: model/attention.py's blocks
+    # input, output, statistics
+    total = norms * (C * 4 + C * a + (C * 4 + 4 if m.norm == "rmsnorm" else 8))
+    # a window or documents: model/local_attention.py's blocks
+    local = local_attention(m, batch_size)
     if m.dropout > 0:  # math path: scaled q, k, v, the output, and three T x T tensors per head
         b = 4 if attn_fp32 else a
         inputs, scores = 3 * C * b, T
-        if local is not None:  # q per query row answered, k and v per block that reads them; block scores
+        # q per query row answered, k and v per block that reads them; block scores
+        if local is not None:
             inputs, scores = C * b * (local.outputs + 2 * local.key_copies), local.scores
-        total += inputs + 3 * H * scores * b + C * a + norms * C * a  # + a dropout mask per residual branch
+        # + a dropout mask per residual branch
+        total += inputs + 3 * H * scores * b + C * a + norms * C * a
         total += H * 4  # a log-sum-exp
     else:
         total += _flash_bytes_per_token(m, a, attn_fp32, reshaped, qkv)
@@ -162,7 +184,8 @@ def head_bytes_per_token(m: GPTConfig, precision: str) -> float:
     """Bytes the embedding, final norm and LM head keep for backward per token."""
     C, V = m.n_embd, m.vocab_size
     a = 2 if precision in ("bf16", "fp16") else 4
-    total = C * 4 + C * a + (C * 4 + 4 if m.norm == "rmsnorm" else 8) + V * 4 + 16  # norm, log-softmax, ids
+    # norm, log-softmax, ids
+    total = C * 4 + C * a + (C * 4 + 4 if m.norm == "rmsnorm" else 8) + V * 4 + 16
     if m.logit_softcap:
         total += V * a  # tanh's output
     if m.dropout > 0:
@@ -184,7 +207,8 @@ class Memory:
 
     @property
     def training(self) -> float:
-        """Everything but the weights: what the first steps of a run add (tools/bench.py measures it)."""
+        """Everything but the weights: what the first steps of a run add (tools/bench.py measures
+        it)."""
         return self.gradients + self.optimizer + self.activations + self.backward
 
     @property
@@ -193,7 +217,8 @@ class Memory:
 
 
 def memory(cfg: Config, precision: str, device: str, params: Params | None = None) -> Memory:
-    """The peak memory of training with `cfg` (vocab_size set) at `precision` on `device` (cpu | cuda)."""
+    """The peak memory of training with `cfg` (vocab_size set) at `precision` on `device` (cpu |
+    cuda)."""
     m = cfg.model
     params = params or count_params(m, cfg.optim.name, cfg.lora)
     tokens = cfg.train.batch_size * m.block_size  # one micro-batch
@@ -202,7 +227,8 @@ def memory(cfg: Config, precision: str, device: str, params: Params | None = Non
     head = head_bytes_per_token(m, precision) * tokens
     head += mask_bytes_per_token(m, precision, device, cfg.train.batch_size) * tokens
     casts = 2 * params.linear if a == 2 else 0
-    logits_grad = m.vocab_size * (4 + a) * tokens  # the gradient of the log-softmax, then of the logits
+    # the gradient of the log-softmax, then of the logits
+    logits_grad = m.vocab_size * (4 + a) * tokens
     kept, backward = m.n_layer * block, max(block, logits_grad)
     if cfg.train.activation_checkpointing:
         kept, backward = checkpointed(m, tokens, block, logits_grad, device)
@@ -217,12 +243,15 @@ def memory(cfg: Config, precision: str, device: str, params: Params | None = Non
     )
 
 
-def final_eval_memory(cfg: Config, precision: str, device: str, batch: int, params: Params) -> float:
-    """The peak of the exact val eval at the end of a run (training/evaluation.py's `evaluate_tokens`, `batch`
-    windows a forward, no gradients): the weights and optimizer state (the gradients are freed by then), under
-    autocast the cast weights, and the larger of one block's activations (freed as the forward moves on) and
-    the head's: the logits over the vocabulary (their fp32 copy under autocast; tanh's with a soft cap) and
-    cross-entropy's log-softmax. A large vocabulary's logits can make it the run's peak."""
+def final_eval_memory(
+    cfg: Config, precision: str, device: str, batch: int, params: Params
+) -> float:
+    """The peak of the exact val eval at the end of a run (training/evaluation.py's
+    `evaluate_tokens`, `batch` windows a forward, no gradients): the weights and optimizer state
+    (the gradients are freed by then), under autocast the cast weights, and the larger of one
+    block's activations (freed as the forward moves on) and the head's: the logits over the
+    vocabulary (their fp32 copy under autocast; tanh's with a soft cap) and cross-entropy's
+    log-softmax. A large vocabulary's logits can make it the run's peak."""
     m, tokens = cfg.model, batch * cfg.model.block_size
     a = 2 if precision in ("bf16", "fp16") else 4
     head = m.vocab_size * tokens * (a + (a if m.logit_softcap else 0) + (4 if a == 2 else 0) + 4)
@@ -237,24 +266,24 @@ def final_eval_memory(cfg: Config, precision: str, device: str, batch: int, para
 def checkpointed(
     m: GPTConfig, tokens: int, block: float, logits_grad: float, device: str
 ) -> tuple[float, float]:
-    """(what the blocks keep, the backward working set) when each block keeps its input alone: the fp32
-    residual stream (and its positions). Backward computes one block's activations again, then works through
-    them; on a CPU about one block more stays resident (glibc's malloc keeps the freed memory of the blocks
-    computed before: measured, BENCHMARKS.md "Activation checkpointing")."""
+    """(what the blocks keep, the backward working set) when each block keeps its input alone: the
+    fp32 residual stream (and its positions). Backward computes one block's activations again, then
+    works through them; on a CPU about one block more stays resident (glibc's malloc keeps the freed
+    memory of the blocks computed before: measured, BENCHMARKS.md "Activation checkpointing")."""
     kept = m.n_layer * (tokens * m.n_embd * 4 + m.block_size * 8)
     return kept, block * (2 if device == "cpu" else 1) + max(block, logits_grad)
 
 
 def recompute_share(m: GPTConfig, params: Params) -> float:
-    """The FLOPs activation checkpointing adds, over a step's: the blocks' forward (a third of their training
-    FLOPs: all but the LM head's) computed again."""
+    """The FLOPs activation checkpointing adds, over a step's: the blocks' forward (a third of their
+    training FLOPs: all but the LM head's) computed again."""
     head = 6 * m.vocab_size * m.n_embd
     return (params.flops_per_token - head) / 3 / params.flops_per_token
 
 
 def checkpoint_bytes(cfg: Config, params: Params) -> float:
-    """A checkpoint folder on disk: fp32 weights (a tied head once; LoRA: the adapters) and the optimizer
-    state."""
+    """A checkpoint folder on disk: fp32 weights (a tied head once; LoRA: the adapters) and the
+    optimizer state."""
     return 4 * saved_params(cfg, params) + 8 * (params.trained - params.muon) + 4 * params.muon
 
 

@@ -1,12 +1,12 @@
 """Muon, batched: the update of torch.optim.Muon, computed for many matrices at once.
 
-Muon (Jordan et al. 2024) replaces each 2-D weight's momentum update by its nearest semi-orthogonal matrix
-(five Newton-Schulz iterations; bf16, or fp32 on a CPU without bf16 matrix instructions). torch.optim.Muon
-runs them matrix by matrix, a long chain of tiny products for a small GPT; this one orthogonalises all the
-matrices that share their short side in one batched chain (each turned short side first and zero-padded on
-its long side: zero columns change nothing), the same update, in about half the time (BENCHMARKS.md, "Muon").
-Like torch's fused AdamW it reads a `found_inf` 0-d tensor when set: where it is 1 the step changes nothing,
-decided on the device without reading it back.
+Muon (Jordan et al. 2024) replaces each 2-D weight's momentum update by its nearest semi-orthogonal
+matrix (five Newton-Schulz iterations; bf16, or fp32 on a CPU without bf16 matrix instructions).
+torch.optim.Muon runs them matrix by matrix, a long chain of tiny products for a small GPT; this one
+orthogonalises all the matrices that share their short side in one batched chain (each turned short
+side first and zero-padded on its long side: zero columns change nothing), the same update, in about
+half the time (BENCHMARKS.md, "Muon"). Like torch's fused AdamW it reads a `found_inf` 0-d tensor
+when set: where it is 1 the step changes nothing, decided on the device without reading it back.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's (Keller Jordan's)
 
 
 def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """Approximately orthogonalise each matrix of G (batch, rows, cols) with rows <= cols, in G's dtype."""
+    """Approximately orthogonalise each matrix of G (batch, rows, cols) with rows <= cols, in G's
+    dtype."""
     a, b, c = COEFFICIENTS
     X = G
     X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
@@ -33,7 +34,8 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
 
 
 def iteration_dtype(device: torch.device) -> torch.dtype:
-    """bf16 where matrix products are native in it (GPUs, CPUs with AMX or AVX512-BF16), else fp32."""
+    """bf16 where matrix products are native in it (GPUs, CPUs with AMX or AVX512-BF16), else
+    fp32."""
     return torch.bfloat16 if device.type != "cpu" or cpu_has_bf16_matmul() else torch.float32
 
 
@@ -51,7 +53,13 @@ class Muon(torch.optim.Optimizer):
     ):
         super().__init__(
             params,
-            dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, ns_steps=ns_steps),
+            dict(
+                lr=lr,
+                momentum=momentum,
+                weight_decay=weight_decay,
+                nesterov=nesterov,
+                ns_steps=ns_steps,
+            ),
         )
         for group in self.param_groups:
             for p in group["params"]:
@@ -73,19 +81,26 @@ class Muon(torch.optim.Optimizer):
             grads = [p.grad for p in params]
             bufs = [self.state[p]["momentum_buffer"] for p in params]
             decay, lr = group["momentum"], group["lr"]
-            if skip is not None:  # skipped: no new gradient, no momentum decay, a learning rate of 0
+            # skipped: no new gradient, no momentum decay, a learning rate of 0
+            if skip is not None:
                 for g in grads:
                     g.masked_fill_(skip.bool(), 0.0)
                 decay, lr = decay + (1 - decay) * skip, lr * (1 - skip)
             torch._foreach_mul_(bufs, decay)
             torch._foreach_add_(bufs, grads)
-            updates = torch._foreach_add(grads, bufs, alpha=group["momentum"]) if group["nesterov"] else bufs
+            updates = (
+                torch._foreach_add(grads, bufs, alpha=group["momentum"])
+                if group["nesterov"]
+                else bufs
+            )
             by_short_side: dict[tuple, list[int]] = {}
             for i, p in enumerate(params):
                 by_short_side.setdefault((min(p.shape), p.device), []).append(i)
             for (short, device), members in by_short_side.items():
                 long = max(max(params[i].shape) for i in members)
-                batch = torch.zeros(len(members), short, long, device=device, dtype=iteration_dtype(device))
+                batch = torch.zeros(
+                    len(members), short, long, device=device, dtype=iteration_dtype(device)
+                )
                 for row, i in enumerate(members):
                     u = updates[i] if updates[i].size(0) <= updates[i].size(1) else updates[i].mT
                     batch[row, :, : u.size(1)] = u

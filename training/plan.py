@@ -1,13 +1,14 @@
 """The plan of a run: its final config, where it runs and what it starts from, settled in one place.
 
-`run_dataset` gets the run's dataset ready first (data/recipes.py's `ready_dataset`: prepared on first use,
-once per machine under torchrun). `plan_run` takes it with the config the command line asked for
-(runs/config.py) and settles what that leaves open, in the order the code reads: the checkpoint to resume or
-the pretrained model to start from (whose shape the model section follows), the runtime and the process
-group, the vocabulary, and the checks that a resumed or pretrained model fits the data.
-A resumed run may change any value but those training/resume.py's KEPT_ON_RESUME lists (its
-`resume_changes`, called here). A LoRA run resumed reads its base again, from where its checkpoint says it
-was trained (checked against the fingerprint it recorded). training/run.py builds the run from the `Plan`.
+`run_dataset` gets the run's dataset ready first (data/recipes.py's `ready_dataset`: prepared on
+first use, once per machine under torchrun). `plan_run` takes it with the config the command line
+asked for (runs/config.py) and settles what that leaves open, in the order the code reads: the
+checkpoint to resume or the pretrained model to start from (whose shape the model section follows),
+the runtime and the process group, the vocabulary, and the checks that a resumed or pretrained model
+fits the data. A resumed run may change any value but those training/resume.py's KEPT_ON_RESUME
+lists (its `resume_changes`, called here). A LoRA run resumed reads its base again, from where its
+checkpoint says it was trained (checked against the fingerprint it recorded). training/run.py builds
+the run from the `Plan`.
 """
 
 from __future__ import annotations
@@ -39,45 +40,54 @@ class Plan:
     rt: Runtime
     dataset: Dataset
     resume: Checkpoint | None = None  # OUT_DIR/last, with train.resume
-    pretrained: Pretrained | None = None  # train.init_from's model for a fresh run; a LoRA run's base
-    changed: list[tuple[str, Any, Any]] = field(default_factory=list)  # resumed: (key, checkpoint's, ours)
+    # train.init_from's model for a fresh run; a LoRA run's base
+    pretrained: Pretrained | None = None
+    # resumed: (key, checkpoint's, ours)
+    changed: list[tuple[str, Any, Any]] = field(default_factory=list)
 
 
 @dataclass
 class PaperPlan:
-    """A run planned as `plan_run` plans it, without joining a process group or resuming (the dry run's):
-    what it would train, on what, and where."""
+    """A run planned as `plan_run` plans it, without joining a process group or resuming (the dry
+    run's): what it would train, on what, and where."""
 
     cfg: Config  # final where the dataset is prepared (else model.vocab_size must be set)
-    rt: Runtime  # the device and precision runs/runtime.py chooses (`planned`: taken where it is here)
-    dataset: Dataset | None  # data/recipes.py's `dataset_on_paper`: None when not prepared and from the hub
+    # the device and precision runs/runtime.py chooses (`planned`: taken where it is here)
+    rt: Runtime
+    # data/recipes.py's `dataset_on_paper`: None when not prepared and from the hub
+    dataset: Dataset | None
     pretrained: Pretrained | None  # train.init_from's model, read
     present: bool  # the device is here (a CUDA config on a machine without a GPU: False)
     compiled: bool  # torch.compile on (train.compile on this device)
 
 
 def run_dataset(request: Request) -> Dataset:
-    """The dataset of the run `request` asks for, ready before the run is planned (`_first_use_per_machine`
-    says how a first use prepares it)."""
+    """The dataset of the run `request` asks for, ready before the run is planned
+    (`_first_use_per_machine` says how a first use prepares it)."""
     data = request.cfg.data
     return ready_dataset(data.dataset, data.dir, first_use=_first_use_per_machine(torchrun_ranks()))
 
 
 def plan_run(request: Request, dataset: Dataset) -> Plan:
-    """The final config of a run on `dataset` (`run_dataset`'s) and what it needs before anything is built
-    (see the module docstring)."""
+    """The final config of a run on `dataset` (`run_dataset`'s) and what it needs before anything is
+    built (see the module docstring)."""
     t = request.cfg.train
     cfg, resume, pretrained, changed = starting_point(request)
     rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
-    distributed.join(rt, t.dist_timeout)  # once the dataset is there: its preparation outlasts any collective
-    return Plan(fit_to_data(cfg, dataset, resume, pretrained), rt, dataset, resume, pretrained, changed)
+    # once the dataset is there: its preparation outlasts any collective
+    distributed.join(rt, t.dist_timeout)
+    return Plan(
+        fit_to_data(cfg, dataset, resume, pretrained), rt, dataset, resume, pretrained, changed
+    )
 
 
 def paper_plan(request: Request, dataset: Dataset | None) -> PaperPlan:
-    """The run `request` asks for, on `dataset` (data/recipes.py's `dataset_on_paper`), planned from its
-    start (train.resume aside) on the device runs/runtime.py chooses for it, where it is here: nothing is
-    written."""
-    fresh = dataclasses.replace(request.cfg, train=dataclasses.replace(request.cfg.train, resume=False))
+    """The run `request` asks for, on `dataset` (data/recipes.py's `dataset_on_paper`), planned from
+    its start (train.resume aside) on the device runs/runtime.py chooses for it, where it is here:
+    nothing is written."""
+    fresh = dataclasses.replace(
+        request.cfg, train=dataclasses.replace(request.cfg.train, resume=False)
+    )
     cfg, _, pretrained, _ = starting_point(dataclasses.replace(request, cfg=fresh))
     cfg = _fit_on_paper(cfg, dataset, pretrained)
     t = cfg.train
@@ -86,8 +96,9 @@ def paper_plan(request: Request, dataset: Dataset | None) -> PaperPlan:
 
 
 def _fit_on_paper(cfg: Config, dataset: Dataset | None, pretrained: Pretrained | None) -> Config:
-    """The dry run's `fit_to_data`. Without a dataset (one from the hub, not prepared), the vocabulary is
-    its recipe's tokenizer's (bpe:N, GPT-2's), else model.vocab_size, which must then be set."""
+    """The dry run's `fit_to_data`. Without a dataset (one from the hub, not prepared), the
+    vocabulary is its recipe's tokenizer's (bpe:N, GPT-2's), else model.vocab_size, which must then
+    be set."""
     if dataset is not None:
         return fit_to_data(cfg, dataset, None, pretrained)
     vocab = recipe_vocab_size(cfg.data.dataset)
@@ -95,8 +106,8 @@ def _fit_on_paper(cfg: Config, dataset: Dataset | None, pretrained: Pretrained |
         cfg = with_vocabulary(cfg, vocab)
     elif cfg.model.vocab_size is None:
         raise UserError(
-            f"dataset {cfg.data.dataset} is not prepared, so its vocabulary is unknown; set model.vocab_size "
-            "for the dry run, or prepare the dataset first"
+            f"dataset {cfg.data.dataset} is not prepared, so its vocabulary is unknown; set "
+            "model.vocab_size for the dry run, or prepare the dataset first"
         )
     if cfg.model.doc_mask and cfg.model.doc_token is None:  # its id changes no cost: any will do
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=0))
@@ -106,10 +117,11 @@ def _fit_on_paper(cfg: Config, dataset: Dataset | None, pretrained: Pretrained |
 def starting_point(
     request: Request,
 ) -> tuple[Config, Checkpoint | None, Pretrained | None, list[tuple[str, Any, Any]]]:
-    """(config, the checkpoint it resumes, the pretrained model it starts from, what the config changes of
-    the checkpoint's: `resume_changes`): train.resume's OUT_DIR/last, else train.init_from's model (whose
-    shape the model section follows), read; a LoRA run's base, read again from where its checkpoint says it
-    was trained (checked against the fingerprint it recorded)."""
+    """(config, the checkpoint it resumes, the pretrained model it starts from, what the config
+    changes of the checkpoint's: `resume_changes`): train.resume's OUT_DIR/last, else
+    train.init_from's model (whose shape the model section follows), read; a LoRA run's base, read
+    again from where its checkpoint says it was trained (checked against the fingerprint it
+    recorded)."""
     cfg = request.cfg
     resume = find_last(cfg.train.out_dir) if cfg.train.resume else None
     if resume is not None:  # the rule for resuming with changed values: resumed runs only
@@ -117,12 +129,17 @@ def starting_point(
 
         cfg = follow_checkpoint(cfg, resume.config())
     pretrained, changed = None, []
-    if cfg.train.init_from and resume is None:  # a fresh run: shape and weights of a pretrained model
-        from runs.pretrained import load_pretrained  # Hugging Face folders: only runs that start from one
+    # a fresh run: shape and weights of a pretrained model
+    if cfg.train.init_from and resume is None:
+        # Hugging Face folders: only runs that start from one
+        from runs.pretrained import load_pretrained
 
         pretrained = load_pretrained(cfg.train.init_from, hub=True)
-        cfg = follow_model(cfg, pretrained.model, request.origins, f"train.init_from {pretrained.where}")
-    elif cfg.train.init_from:  # resuming one: the shape it was given, without reading the source again
+        cfg = follow_model(
+            cfg, pretrained.model, request.origins, f"train.init_from {pretrained.where}"
+        )
+    # resuming one: the shape it was given, without reading the source again
+    elif cfg.train.init_from:
         cfg = follow_model(cfg, resume.config().model, request.origins, f"checkpoint {resume}")
     if resume is not None:
         changed = resume_changes(resume, cfg)
@@ -140,13 +157,15 @@ def starting_point(
 def fit_to_data(
     cfg: Config, dataset: Dataset, resume: Checkpoint | None, pretrained: Pretrained | None
 ) -> Config:
-    """cfg with the dataset's vocabulary (and document token), once the model it starts from is checked to
-    fit the data: the same tokenizer (the checkpoint it resumes, else train.init_from's model; a LoRA run
-    resumed: its checkpoint's, which is its base's)."""
+    """cfg with the dataset's vocabulary (and document token), once the model it starts from is
+    checked to fit the data: the same tokenizer (the checkpoint it resumes, else train.init_from's
+    model; a LoRA run resumed: its checkpoint's, which is its base's)."""
     wanted = cfg.model.doc_mask and cfg.model.doc_token is None
     doc_token = document_token(dataset) if wanted else None
     theirs = dataset.meta.tokenizer_meta
-    ours = resume.tokenizer_meta() if resume is not None else pretrained and pretrained.tokenizer_meta
+    ours = (
+        resume.tokenizer_meta() if resume is not None else pretrained and pretrained.tokenizer_meta
+    )
     if (resume is not None or pretrained is not None) and (ours is None or not same(ours, theirs)):
         raise _another_tokenizer(dataset, resume, pretrained, ours)
     cfg = with_vocabulary(cfg, dataset.meta.vocab_size)
@@ -156,51 +175,58 @@ def fit_to_data(
 
 
 def follow_model(cfg: Config, source: GPTConfig, origins: dict[str, str], where: str) -> Config:
-    """cfg with the model of `source` (train.init_from): keys left unset follow it; keys set explicitly
-    (`origins`) may lower block_size and set dropout and doc_mask; any other that differs is an error."""
+    """cfg with the model of `source` (train.init_from): keys left unset follow it; keys set
+    explicitly (`origins`) may lower block_size and set dropout and doc_mask; any other that differs
+    is an error."""
     model = dataclasses.asdict(source)
     for name, theirs in dataclasses.asdict(source).items():
         key = f"model.{name}"
         if key not in origins:
             continue
         ours = getattr(cfg.model, name)
-        same = ours == theirs or (name == "n_kv_head" and (ours or cfg.model.n_head) == source.kv_heads)
+        same = ours == theirs or (
+            name == "n_kv_head" and (ours or cfg.model.n_head) == source.kv_heads
+        )
         if same or name in ("dropout", "doc_mask") or (name == "block_size" and ours < theirs):
             model[name] = ours
             continue
         allowed = " (it may only be lowered)" if name == "block_size" else ""
         raise ConfigError(
-            f"{key}={ours} (in {origins[key]}) contradicts {where}, which has {name}={theirs}"
-            f"{allowed}; the model's shape comes from the weights: remove it, or use a config that leaves "
-            "it unset (like finetune_shakespeare)"
+            f"{key}={ours} (in {origins[key]}) contradicts {where}, which has "
+            f"{name}={theirs}{allowed}; the model's shape comes from the weights: remove it, or "
+            "use a config that leaves it unset (like finetune_shakespeare)"
         )
     return dataclasses.replace(cfg, model=GPTConfig(**model))
 
 
 def with_vocabulary(cfg: Config, vocab_size: int) -> Config:
-    """cfg with the dataset's `vocab_size` where model.vocab_size is null (a larger, padded one stays)."""
+    """cfg with the dataset's `vocab_size` where model.vocab_size is null (a larger, padded one
+    stays)."""
     vocab = cfg.model.vocab_size
     if vocab is not None and vocab < vocab_size:
         raise UserError(
-            f"model.vocab_size={vocab} is smaller than the dataset's vocabulary ({vocab_size}); remove it to "
-            "use the dataset's"
+            f"model.vocab_size={vocab} is smaller than the dataset's vocabulary ({vocab_size}); "
+            "remove it to use the dataset's"
         )
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab or vocab_size))
+    return dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab or vocab_size)
+    )
 
 
 def _first_use_per_machine(ranks: Ranks) -> FirstUse:
-    """How a run prepares a known dataset on first use (data/recipes.py's `ready_dataset`): under torchrun
-    by local rank 0 of the machine while its other ranks wait for the files, before the process group starts
-    (preparing FineWeb-Edu takes hours, longer than any collective should wait). With several machines it
-    must be prepared beforehand: two machines sharing a filesystem would write the same files at once."""
+    """How a run prepares a known dataset on first use (data/recipes.py's `ready_dataset`): under
+    torchrun by local rank 0 of the machine while its other ranks wait for the files, before the
+    process group starts (preparing FineWeb-Edu takes hours, longer than any collective should
+    wait). With several machines it must be prepared beforehand: two machines sharing a filesystem
+    would write the same files at once."""
 
     def first_use(folder: Path, prepare: Callable[[], object]) -> None:
         name = folder.name
         if ranks.world_size > ranks.local_world_size:
             raise UserError(
-                f"dataset {name} is not prepared in {folder}; with several machines, prepare it before "
-                "starting torchrun, on each machine (or once on a shared filesystem): python prepare.py "
-                f"{name}"
+                f"dataset {name} is not prepared in {folder}; with several machines, prepare it "
+                "before starting torchrun, on each machine (or once on a shared filesystem): "
+                f"python prepare.py {name}"
             )
         beat = folder.parent / f".{name}.preparing"  # local rank 0 touches it while it prepares
         distributed.once_per_machine(ranks, folder / META_FILE, prepare, f"dataset {name}", beat)
@@ -215,7 +241,8 @@ def document_token(dataset: Dataset) -> int:
         kind = dataset.meta.tokenizer_meta["kind"]
         raise UserError(
             "model.doc_mask=true needs documents separated by <|endoftext|>, but dataset "
-            f"{dataset.name} has a {kind} tokenizer without one; use a BPE dataset or model.doc_mask=false"
+            f"{dataset.name} has a {kind} tokenizer without one; use a BPE dataset or "
+            "model.doc_mask=false"
         )
     return eot
 
@@ -232,7 +259,8 @@ def _another_tokenizer(
             "dataset's); resume on the dataset it was trained on"
         )
     return UserError(
-        f"train.init_from {pretrained.where} uses tokenizer {pretrained.tokenizer_about}, but data.dataset "
-        f"{dataset.name} has {describe(theirs)}; train on data prepared with the model's tokenizer (for "
-        "GPT-2: data.dataset=shakespeare, or python prepare.py NAME --tokenizer gpt2)"
+        f"train.init_from {pretrained.where} uses tokenizer {pretrained.tokenizer_about}, but "
+        f"data.dataset {dataset.name} has {describe(theirs)}; train on data prepared with the "
+        "model's tokenizer (for GPT-2: data.dataset=shakespeare, or python prepare.py NAME "
+        "--tokenizer gpt2)"
     )

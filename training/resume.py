@@ -1,40 +1,48 @@
 """Resuming with changed values: one rule, applied by training/plan.py and training/run.py.
 
-A resumed run may change any value of its config (the budget, evals, logging, the learning rate and its
-schedule, ...) but those KEPT_ON_RESUME lists: the weights, adapters and state.pt have their shape, so a
-change there is refused in one line naming where it can go instead (`resume_changes`). What changes is
-applied (the optimizers' numbers are the config's; state.pt restores moments and step counts) and named in
-the resume line (`resumed`); another budget continues the schedule from where it was. Only resumed runs
-import this module.
+A resumed run may change any value of its config (the budget, evals, logging, the learning rate and
+its schedule, ...) but those KEPT_ON_RESUME lists: the weights, adapters and state.pt have their
+shape, so a change there is refused in one line naming where it can go instead (`resume_changes`).
+What changes is applied (the optimizers' numbers are the config's; state.pt restores moments and
+step counts) and named in the resume line (`resumed`); another budget continues the schedule from
+where it was. Only resumed runs import this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 from common.errors import UserError
-from runs.checkpoint import Checkpoint
+from runs.checkpoint import STATE, Checkpoint, Progress, TrainState
 from runs.config import Config
-from runs.train_state import STATE, Progress
 from training.optim import lr_factor, schedule_progress
 
-FROM_WEIGHTS = "start a new run from its weights: train.init_from={ckpt} train.out_dir=NEW {key}={ours}"
+FROM_WEIGHTS = (
+    "start a new run from its weights: train.init_from={ckpt} train.out_dir=NEW {key}={ours}"
+)
 
-# What a resumed run must keep, as (what it is, where a change can go instead): every other value may change
-# on resume (applied, and named in the resume line); dropout may change here too.
+# What a resumed run must keep, as (what it is, where a change can go instead): every other value
+# may change on resume (applied, and named in the resume line); dropout may change here too.
 KEPT_ON_RESUME = {
     "model.": ("model's shape (its weights have it)", "train a new model in another train.out_dir"),
     "lora.": ("adapters' shape", "train new adapters in another train.out_dir"),
     "optim.name": ("optimizer (state.pt holds its state)", FROM_WEIGHTS),
 }
-NOT_COMPARED = ("train.resume", "train.overwrite", "train.out_dir")  # how this command finds the run
+# how this command finds the run
+NOT_COMPARED = ("train.resume", "train.overwrite", "train.out_dir")
 
 
 def follow_checkpoint(cfg: Config, theirs: Config) -> Config:
-    """cfg with what it leaves unset as the checkpoint it resumes has it (the vocabulary and the document
-    token, else set from the data), and its train.init_from: where the run's weights came from at iteration
-    0, which only a fresh run reads (one given again may have moved since, or be spelled otherwise)."""
+    """cfg with what it leaves unset as the checkpoint it resumes has it (the vocabulary and the
+    document token, else set from the data), and its train.init_from: where the run's weights came
+    from at iteration 0, which only a fresh run reads (one given again may have moved since, or be
+    spelled otherwise)."""
     model, ckpt_model = cfg.model, theirs.model
     model = dataclasses.replace(
         model,
@@ -65,14 +73,15 @@ def shown(value: Any) -> str:
 
 
 def resume_changes(ckpt: Checkpoint, cfg: Config) -> list[tuple[str, Any, Any]]:
-    """(key, the checkpoint's value, the config's) for each value a resumed run changes; one line refusing
-    one it must keep (KEPT_ON_RESUME), naming where the change can go instead."""
+    """(key, the checkpoint's value, the config's) for each value a resumed run changes; one line
+    refusing one it must keep (KEPT_ON_RESUME), naming where the change can go instead."""
     theirs, ours = _values(ckpt.config()), _values(cfg)
     if (theirs.get("lora", 0) is None) != (ours.get("lora", 0) is None):
         said = "has no lora section" if "lora" in theirs else "has a lora section"
         raise UserError(
-            f"checkpoint {ckpt} {said} but the config {'does' if 'lora' in theirs else 'does not'}; resume "
-            "with the config it was trained with, or start a new run in another train.out_dir"
+            f"checkpoint {ckpt} {said} but the config "
+            f"{'does' if 'lora' in theirs else 'does not'}; resume with the config it was trained "
+            "with, or start a new run in another train.out_dir"
         )
     changed = []
     for key in [*ours, *(k for k in theirs if k not in ours)]:
@@ -83,8 +92,8 @@ def resume_changes(ckpt: Checkpoint, cfg: Config) -> list[tuple[str, Any, Any]]:
         if kept is not None and not key.endswith(".dropout"):
             what, way = kept
             raise UserError(
-                f"checkpoint {ckpt} has {key}={shown(old)} but the config says {shown(new)}; a resumed run "
-                f"keeps its {what}: resume with {key}={shown(old)}, or "
+                f"checkpoint {ckpt} has {key}={shown(old)} but the config says {shown(new)}; a "
+                f"resumed run keeps its {what}: resume with {key}={shown(old)}, or "
                 + way.format(ckpt=ckpt, key=key, ours=shown(new))
             )
         changed.append((key, old, new))
@@ -92,35 +101,40 @@ def resume_changes(ckpt: Checkpoint, cfg: Config) -> list[tuple[str, Any, Any]]:
 
 
 def resumed(plan, model, optimizers, scaler) -> tuple[Progress, str]:
-    """The progress a resumed run (`plan`: training/plan.py's Plan, which imports this module) goes on from,
-    its state.pt put back into `model`, `optimizers` and `scaler` (runs/train_state.py's `restore`), and its
+    """The progress a resumed run (`plan`: training/plan.py's Plan, which imports this module) goes
+    on from, its state.pt put back into `model`, `optimizers` and `scaler` (`restore`), and its
     changes in words for the resume line (`schedule_note`)."""
-    progress = plan.resume.train_state().restore(model, optimizers, scaler, plan.resume.folder / STATE)
+    state = plan.resume.train_state()
+    progress = restore(state, model, optimizers, scaler, plan.resume.folder / STATE)
     return schedule_note(plan, progress)
 
 
 def schedule_note(plan, progress: Progress) -> tuple[Progress, str]:
-    """`resumed`'s progress and line. With another budget (train.max_iters, train.max_time) the schedule goes
-    on from the point it had reached: what was left of it is spread over what is left of the budget (no jump
-    in the learning rate). A budget already spent is refused."""
+    """`resumed`'s progress and line. With another budget (train.max_iters, train.max_time) the
+    schedule goes on from the point it had reached: what was left of it is spread over what is left
+    of the budget (no jump in the learning rate). A budget already spent is refused."""
     before, cfg, p = plan.resume.config(), plan.cfg, progress
     t, was = cfg.train, before.train
     if p.iter > t.max_iters:
         raise UserError(
-            f"checkpoint {plan.resume} is at iteration {p.iter:,}, past train.max_iters={t.max_iters}: "
-            f"nothing to train; raise train.max_iters above {p.iter} to train on"
+            f"checkpoint {plan.resume} is at iteration {p.iter:,}, past "
+            f"train.max_iters={t.max_iters}: nothing to train; raise train.max_iters above "
+            f"{p.iter} to train on"
         )
     if t.max_time and t.max_time != was.max_time and p.elapsed_s >= t.max_time:
         raise UserError(
-            f"checkpoint {plan.resume} has trained {p.elapsed_s:.1f}s, past train.max_time={t.max_time:g}: "
-            f"nothing to train; raise train.max_time above {p.elapsed_s:.1f} to train on"
+            f"checkpoint {plan.resume} has trained {p.elapsed_s:.1f}s, past "
+            f"train.max_time={t.max_time:g}: nothing to train; raise train.max_time above "
+            f"{p.elapsed_s:.1f} to train on"
         )
     if not plan.changed:
         return p, ""
     lr_was, budget = _lr_at(before, p), (was.max_iters, was.max_time) != (t.max_iters, t.max_time)
     if budget:
         done = schedule_progress(p, p.elapsed_s, was)
-        p = dataclasses.replace(p, schedule_iter=p.iter, schedule_elapsed=p.elapsed_s, schedule_done=done)
+        p = dataclasses.replace(
+            p, schedule_iter=p.iter, schedule_elapsed=p.elapsed_s, schedule_done=done
+        )
     lr_now = _lr_at(cfg, p)
     names = ", ".join(f"{key} {shown(old)} -> {shown(new)}" for key, old, new in plan.changed)
     was_shown, now_shown = f"{lr_was:.3g}", f"{lr_now:.3g}"  # the same as shown: no jump to name
@@ -138,3 +152,40 @@ def _lr_at(cfg: Config, p: Progress) -> float:
     """The learning rate (AdamW's, as logged) that cfg's schedule sets at p's iteration."""
     done = schedule_progress(p, p.elapsed_s, cfg.train)
     return cfg.optim.lr * lr_factor(p.iter, done, cfg.optim)
+
+
+def restore(state: TrainState, model, optimizers, scaler, where: Path) -> Progress:
+    """Put a checkpoint's optimizer state (sharded again under FSDP, for any number of ranks), its
+    GradScaler's and its random generators' back into a run; its progress. `where`: its state.pt,
+    for messages."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    from runs.checkpoint_checks import safe_optimizer_state
+
+    checked = safe_optimizer_state(state.optimizer, model, optimizers, where)
+    try:
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(model, optimizers, checked, options=options)
+    except (KeyError, ValueError, RuntimeError):
+        raise UserError(
+            f"checkpoint {where.parent} holds state for a different optimizer setup; resume with "
+            "the optim.name it was trained with"
+        ) from None
+    if state.scaler and scaler.is_enabled():
+        scaler.load_state_dict(state.scaler)
+    set_rng_state(state.rng, where)
+    return dataclasses.replace(state.progress)
+
+
+def set_rng_state(state: dict[str, Any], where: Path | str = STATE) -> None:
+    """Put the random generators back as the checkpoint's `rng_state` recorded them (checked)."""
+    from runs.checkpoint_checks import check_rng_state
+
+    check_rng_state(state, where)
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])  # on the current device

@@ -1,18 +1,16 @@
-"""A training run: built from its plan, then its loop, phase by phase: a step, an eval, a checkpoint, a stop.
+"""A training run: built from its plan, then its loop, phase by phase: a step, an eval, a
+checkpoint, a stop.
 
-Read `train` first: the loop with its phases headed, as in nanoGPT's train.py; each phase is a function below.
-A step reads nothing back (the GPU never waits for the host): a step whose loss or gradient is not finite is
-skipped on the device, and its flag is read back with the losses at log steps, evals and stops, where
-`read_back` counts it against train.skip_nonfinite. training/tracking.py shows and records; this decides.
+Read `train` first: the loop with its phases headed, as in nanoGPT's train.py; each phase is a
+function below. A step reads nothing back (the GPU never waits for the host): a step whose loss or
+gradient is not finite is skipped on the device, and its flag is read back with the losses at log
+steps, evals and stops, where `read_back` counts it against train.skip_nonfinite.
+training/tracking.py shows and records; this decides.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import shlex
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,13 +25,14 @@ from data.loader import TokenWindows
 from data.tokenizers import Tokenizer
 from model import GPT
 from runs import checkpoint
+from runs.checkpoint import Progress
 from runs.config import Config
 from runs.runtime import Runtime, compile_enabled
-from runs.train_state import Progress, TrainState
 from training import distributed
 from training.evaluation import estimate_loss, final_eval_wanted
-from training.optim import lr_factor, make_optimizers, schedule_progress, set_lr
+from training.optim import lr_factor, make_optimizers, schedule_progress, set_lr, step_unless
 from training.plan import Plan
+from training.stopping import Clock, StopRequest, SyncedStop, resume_command
 from training.tracking import Tracker, describe_run
 
 
@@ -44,15 +43,19 @@ class Run:
     dataset: Dataset
     splits: dict[str, TokenWindows]
     model: GPT  # the network (sharded in place under FSDP)
-    forward: torch.nn.Module  # what forward passes call: the model or its DDP wrapper, compiled when asked
+    # what forward passes call: the model or its DDP wrapper, compiled when asked
+    forward: torch.nn.Module
     optimizers: list[torch.optim.Optimizer]
     scaler: torch.amp.GradScaler  # enabled for fp16 only; a pass-through otherwise
     progress: Progress
     byte_lengths: torch.Tensor | None = None  # UTF-8 bytes of each token id, for bits per byte
     lora_base: dict[str, str] | None = None  # a LoRA run: its base, as checkpoints record it
-    tuner: ThreadTuner | None = None  # the CPU thread count of the training steps, timed as they run
-    unread: list = field(default_factory=list)  # (iteration, [loss, gradient norm, applied]) not read back
-    changed: str = ""  # a resumed run: what its config changes (training/resume.py's `resumed`), in words
+    # the CPU thread count of the training steps, timed as they run
+    tuner: ThreadTuner | None = None
+    # (iteration, [loss, gradient norm, applied]) not read back
+    unread: list = field(default_factory=list)
+    # a resumed run: what its config changes (training/resume.py's `resumed`), in words
+    changed: str = ""
 
     @property
     def out_dir(self) -> Path:
@@ -71,27 +74,30 @@ class Run:
 
 
 def train(run: Run, argv: list[str]) -> int:
-    """Train until train.max_iters, train.max_time or a stop signal; the exit code (128 + the signal)."""
+    """Train until train.max_iters, train.max_time or a stop signal; the exit code (128 + the
+    signal)."""
     cfg, t, p = run.cfg, run.cfg.train, run.progress
     check_before_training(run)
     describe_run(run)
     log, stop, clock = Tracker(run), StopRequest(verbose=run.rt.is_main), Clock(p.elapsed_s)
-    agreed = Agreement(run.rt, stop, clock, sync_every=(cfg.log.interval, t.eval_interval))
+    synced = SyncedStop(run.rt, stop, clock, sync_every=(cfg.log.interval, t.eval_interval))
     try:
         while True:
             # termination, the same on every rank: a signal, train.max_iters, train.max_time
-            signum, elapsed = agreed.now(p.iter)
+            signum, elapsed = synced.now(p.iter)
             last = p.iter >= t.max_iters or elapsed >= (t.max_time or math.inf)
             evaluating = (last or p.iter % t.eval_interval == 0) and p.evaluated_at != p.iter
 
-            # the steps' results since the last look, read back once: losses shown, non-finite steps counted
+            # the steps' results since the last look, read back once: losses shown, non-finite steps
+            # counted
             if evaluating or signum or last or p.iter % cfg.log.interval == 0:
                 read_back(run, log, elapsed)
 
             # the learning rate
             set_lr(run.optimizers, lr_factor(p.iter, schedule_progress(p, elapsed, t), cfg.optim))
 
-            # once in a while: evaluate, write checkpoints, draw loss.png (the clock stops meanwhile)
+            # once in a while: evaluate, write checkpoints, draw loss.png (the clock stops
+            # meanwhile)
             if evaluating:
                 with clock.paused():
                     p.elapsed_s = elapsed
@@ -143,31 +149,40 @@ def start_run(plan: Plan) -> Run:
         forward = torch.compile(forward, mode=t.compile_mode)
     lengths = plan.dataset.byte_lengths()
     lengths = torch.from_numpy(lengths).to(rt.device) if lengths is not None else None
-    splits = plan.dataset.all_windows(cfg.model.block_size, rt.device, t.seed)  # the dry run's check too
-    run = Run(cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), lengths, base)
-    if plan.resume is not None:  # optimizer and scaler state, progress and random generators (state.pt)
-        from training.resume import resumed  # resumed runs only: what changed, the schedule over a new budget
+    # the dry run's check too
+    splits = plan.dataset.all_windows(cfg.model.block_size, rt.device, t.seed)
+    run = Run(
+        cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), lengths, base
+    )
+    # optimizer and scaler state, progress and random generators (state.pt)
+    if plan.resume is not None:
+        # resumed runs only: what changed, the schedule over a new budget
+        from training.resume import resumed
 
         run.progress, run.changed = resumed(plan, model, optimizers, scaler)
-    run.tuner = rt.thread_tuner(start=run.progress.threads, steady_when_quiet=True)  # same bits each run
+    # same bits each run
+    run.tuner = rt.thread_tuner(start=run.progress.threads, steady_when_quiet=True)
     return run
 
 
 def check_before_training(run: Run) -> None:
-    """Check the out_dir (rank 0, the others wait) and the sample prompt before anything is written."""
+    """Check the out_dir (rank 0, the others wait) and the sample prompt before anything is
+    written."""
     from runs.out_dir import check_out_dir
 
     if run.rt.is_main:
         trained = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
         check_out_dir(run.out_dir, run.cfg, trained)
     distributed.barrier(run.rt)
-    if run.cfg.log.sample_every:  # a prompt the vocabulary cannot encode stops here, not at the first sample
+    # a prompt the vocabulary cannot encode stops here, not at the first sample
+    if run.cfg.log.sample_every:
         sample_prompt(run.cfg, run.dataset.tokenizer)
 
 
 def build_model(plan: Plan) -> GPT:
-    """The network with its starting weights, whole (before FSDP shards it): the resumed checkpoint's, else
-    train.init_from's, else initialised; with LoRA, the base's weights and adapters (model/lora.py)."""
+    """The network with its starting weights, whole (before FSDP shards it): the resumed
+    checkpoint's, else train.init_from's, else initialised; with LoRA, the base's weights and
+    adapters (model/lora.py)."""
     cfg, resume, pretrained = plan.cfg, plan.resume, plan.pretrained
     weights, where = None, None  # read (their shapes checked) before any model is built
     if resume is not None and cfg.lora is None:
@@ -177,12 +192,12 @@ def build_model(plan: Plan) -> GPT:
     model = GPT(cfg.model).to(plan.rt.device)
     model.activation_checkpointing = cfg.train.activation_checkpointing
     if weights is not None:  # checked against the model as they load
-        from runs.verify import load_into
+        from runs.checkpoint_checks import load_into
 
         load_into(model, weights, where)
     if cfg.lora is not None:
         from model.lora import add_lora  # LoRA runs only
-        from runs.verify import load_into
+        from runs.checkpoint_checks import load_into
 
         add_lora(model, cfg.lora)
         if resume is not None:
@@ -194,28 +209,38 @@ def build_model(plan: Plan) -> GPT:
 
 
 def train_step(run: Run, it: int) -> torch.Tensor:
-    """One iteration at the learning rates already set: [mean loss, gradient norm, counted] on the device,
-    read back later (`read_back`). A step whose loss or gradient is not finite is not applied, on every rank
-    alike, and counts as skipped (fp16: only for its loss; overflowing gradients are the loss scaler's)."""
+    """One iteration at the learning rates already set: [mean loss, gradient norm, counted] on the
+    device, read back later (`read_back`). A step whose loss or gradient is not finite is not
+    applied, on every rank alike, and counts as skipped (fp16: only for its loss; overflowing
+    gradients are the loss scaler's)."""
     cfg, rt, scaler = run.cfg, run.rt, run.scaler
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(run.micro_steps):
-        # micro-batch keys number the global sequence of micro-batches: the same data for any world size
+        # micro-batch keys number the global sequence of micro-batches: the same data for any world
+        # size
         key = it * cfg.train.grad_accum + micro * rt.world_size + rt.rank
         x, y = run.splits["train"].batch(key, cfg.train.batch_size)
-        with distributed.sync_gradients(run.forward, micro == run.micro_steps - 1, rt), rt.autocast():
+        with (
+            distributed.sync_gradients(run.forward, micro == run.micro_steps - 1, rt),
+            rt.autocast(),
+        ):
             loss = run.forward(x, y)[1] / run.micro_steps  # logits not kept: freed before backward
         scaler.scale(loss).backward()
         loss_sum += loss.detach()
     for opt in run.optimizers:
         scaler.unscale_(opt)
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.optim.grad_clip or math.inf)
-    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
-    loss_finite = distributed.on_every_rank(torch.isfinite(loss_sum), rt)  # gradients are the same on all
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        run.model.parameters(), cfg.optim.grad_clip or math.inf
+    )
+    # FSDP: a DTensor
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    # gradients are the same on all
+    loss_finite = distributed.on_every_rank(torch.isfinite(loss_sum), rt)
     apply = loss_finite & torch.isfinite(grad_norm)
     for opt in run.optimizers:
         step_unless(opt, ~apply)
-    scaler.update()  # every step: fp16 lowers its scale after non-finite gradients, and unscale_ needs it
+    # every step: fp16 lowers its scale after non-finite gradients, and unscale_ needs it
+    scaler.update()
     for opt in run.optimizers:
         opt.zero_grad(set_to_none=True)
     counted = loss_finite if scaler.is_enabled() else apply
@@ -223,40 +248,31 @@ def train_step(run: Run, it: int) -> torch.Tensor:
 
 
 def first_compiled_step(run: Run, log: Tracker, clock: Clock) -> torch.Tensor:
-    """A compiled model's first step, which compiles it: timed on its own line, outside training time."""
+    """A compiled model's first step, which compiles it: timed on its own line, outside training
+    time."""
     with clock.paused():
         start = time.perf_counter()
         results = train_step(run, run.progress.iter)
         run.rt.synchronize()
         seconds = time.perf_counter() - start
-    log.write(f"compiled the model in {seconds:.1f}s (the first step; not counted as training time)")
+    log.write(
+        f"compiled the model in {seconds:.1f}s (the first step; not counted as training time)"
+    )
     log.last_log = (run.progress.iter + 1, clock.elapsed())
     return results
-
-
-def step_unless(opt: torch.optim.Optimizer, skip: torch.Tensor) -> None:
-    """opt.step(), or nothing at all (parameters, moments and step counts unchanged) where the 0-d tensor
-    `skip` is true, without reading it back where the optimizer can take it as `found_inf`."""
-    if getattr(opt, "_step_supports_amp_scaling", False):  # fused AdamW (torch), Muon (ours)
-        opt.grad_scale, opt.found_inf = None, skip.float()  # gradients already unscaled
-        try:
-            opt.step()
-        finally:
-            del opt.grad_scale, opt.found_inf
-    elif not skip.item():
-        opt.step()
 
 
 # --- non-finite steps: read back, counted against train.skip_nonfinite ---
 
 NONFINITE_FIX = (
-    "Lower optim.lr, raise optim.warmup_iters, or set train.skip_nonfinite=N to skip up to N such steps"
+    "Lower optim.lr, raise optim.warmup_iters, or set train.skip_nonfinite=N to skip up to N such "
+    "steps"
 )
 
 
 def read_back(run: Run, log: Tracker, elapsed: float) -> None:
-    """Read the unread steps' results (one read-back); show the mean loss; count each step that was not
-    applied, and past train.skip_nonfinite stop with one line."""
+    """Read the unread steps' results (one read-back); show the mean loss; count each step that was
+    not applied, and past train.skip_nonfinite stop with one line."""
     if not run.unread:
         return
     its, values = zip(*run.unread)
@@ -271,8 +287,8 @@ def read_back(run: Run, log: Tracker, elapsed: float) -> None:
         if p.skipped_steps > allowed:
             raise UserError(
                 f"non-finite loss or gradient at iteration {it} (loss {loss:.4g}, gradient norm "
-                f"{grad_norm:.4g}); that step was skipped and training stopped at iteration {p.iter}. Last "
-                f"good checkpoint: {last_good(run)}. {NONFINITE_FIX}"
+                f"{grad_norm:.4g}); that step was skipped and training stopped at iteration "
+                f"{p.iter}. Last good checkpoint: {last_good(run)}. {NONFINITE_FIX}"
             )
         log.write(f"iteration {it}: non-finite loss, step skipped ({p.skipped_steps}/{allowed})")
 
@@ -287,15 +303,18 @@ def count_nonfinite_eval(run: Run, log: Tracker, record: dict, last: bool) -> No
         ended = "the run ended on it" if p.skipped_steps <= allowed else "training stopped"
         raise UserError(
             f"the eval at iteration {p.iter} is not finite ({losses}): the model diverged, so no "
-            f"checkpoint was written and {ended}. Last good checkpoint: {last_good(run)}. {NONFINITE_FIX}"
+            f"checkpoint was written and {ended}. Last good checkpoint: {last_good(run)}. "
+            f"{NONFINITE_FIX}"
         )
     log.write(
-        f"iteration {p.iter}: eval not finite ({losses}), no checkpoint written ({p.skipped_steps}/{allowed})"
+        f"iteration {p.iter}: eval not finite ({losses}), no checkpoint written "
+        f"({p.skipped_steps}/{allowed})"
     )
 
 
 def last_good(run: Run) -> str:
-    """The checkpoint a run that diverged can go back to: last/ (never written from a non-finite eval)."""
+    """The checkpoint a run that diverged can go back to: last/ (never written from a non-finite
+    eval)."""
     last = run.out_dir / "last"
     return str(last) if checkpoint.is_checkpoint(last) else "none"
 
@@ -305,8 +324,9 @@ def last_good(run: Run) -> str:
 
 def evaluate(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:
     """This eval, printed and recorded: the loss estimate, head scores (log.head_scores), a sample
-    (log.sample_every), at the end the exact val loss (train.final_eval); whether val improved (best/) and
-    whether the losses are finite (if not, the model diverged: nothing more, and no checkpoint)."""
+    (log.sample_every), at the end the exact val loss (train.final_eval); whether val improved
+    (best/) and whether the losses are finite (if not, the model diverged: nothing more, and no
+    checkpoint)."""
     cfg, p = run.cfg, run.progress
     losses = estimate_loss(run)
     finite = math.isfinite(losses["train"]) and math.isfinite(losses["val"])
@@ -332,7 +352,9 @@ def evaluate(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:
         record |= exact_val_loss(run)
     bpb = f", val bpb {record['val_bpb']:.3f}" if "val_bpb" in record else ""
     train_loss, val_loss, at = losses["train"], losses["val"], p.elapsed_s
-    log.write(f"iter {p.iter}: train loss {train_loss:.4f}, val loss {val_loss:.4f}{bpb} ({at:.1f}s)")
+    log.write(
+        f"iter {p.iter}: train loss {train_loss:.4f}, val loss {val_loss:.4f}{bpb} ({at:.1f}s)"
+    )
     if "heads" in record:
         from interp.scores import strongest_heads
 
@@ -347,7 +369,8 @@ def evaluate(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:
 
 
 def forwards_here(run: Run) -> bool:
-    """Whether this process runs an eval's extra forwards (head scores, samples): rank 0; all under FSDP."""
+    """Whether this process runs an eval's extra forwards (head scores, samples): rank 0; all under
+    FSDP."""
     return run.rt.is_main or run.cfg.train.parallel == "fsdp"
 
 
@@ -357,14 +380,17 @@ def exact_val_loss(run: Run) -> dict:
 
     cfg = run.cfg
     batch = default_batch_size(cfg.train.batch_size, cfg.model.block_size, cfg.model.vocab_size)
-    byte_lengths = run.byte_lengths if run.byte_lengths is not None else torch.zeros(cfg.model.vocab_size)
+    byte_lengths = (
+        run.byte_lengths if run.byte_lengths is not None else torch.zeros(cfg.model.vocab_size)
+    )
     result = evaluate_tokens(run.model, run.dataset.split("val"), byte_lengths, batch, rt=run.rt)
     out = {"final_val_loss": round(result.loss, 5), "final_val_tokens": result.tokens}
     return out | ({"final_val_bpb": round(result.bpb, 5)} if result.bytes else {})
 
 
 def sample_prompt(cfg: Config, tokenizer: Tokenizer) -> list[int]:
-    """The ids of log.sample_prompt (default: a newline, or <|endoftext|> for BPE), as sample.py has them."""
+    """The ids of log.sample_prompt (default: a newline, or <|endoftext|> for BPE), as sample.py has
+    them."""
     from data.prompts import encode_prompt, read_prompt
 
     return encode_prompt(
@@ -373,17 +399,24 @@ def sample_prompt(cfg: Config, tokenizer: Tokenizer) -> list[int]:
 
 
 def draw_sample(run: Run) -> str:
-    """log.sample_tokens tokens from the model as it is now, after log.sample_prompt: temperature 0.8, seeded
-    by train.seed, in fp32; compiled where sample.py left the step on disk (never built beside training)."""
-    from model.decoding import kept_on_disk
-    from model.generate import generate
+    """log.sample_tokens tokens from the model as it is now, after log.sample_prompt: temperature
+    0.8, seeded by train.seed, in fp32; compiled where sample.py left the step on disk (never built
+    beside training)."""
+    from sampling.generate import generate
+    from sampling.steps import kept_on_disk
 
     cfg, model, tokenizer, n = run.cfg, run.model, run.dataset.tokenizer, run.cfg.log.sample_tokens
     gen = torch.Generator(device=run.rt.device).manual_seed(cfg.train.seed)
     idx = torch.tensor([sample_prompt(cfg, tokenizer)], device=run.rt.device)
     model.eval()
-    tuner, compiled = run.rt.thread_tuner(tries=8), not run.rt.distributed and kept_on_disk(model, 1)
-    tokens = [t.item() for t in generate(model, idx, n, 0.8, None, None, gen, compile=compiled, tuner=tuner)]
+    tuner, compiled = (
+        run.rt.thread_tuner(tries=8),
+        not run.rt.distributed and kept_on_disk(model, 1),
+    )
+    tokens = [
+        t.item()
+        for t in generate(model, idx, n, 0.8, None, None, gen, compile=compiled, tuner=tuner)
+    ]
     model.train()
     return tokenizer.decode(idx[0].tolist()) + tokenizer.decode(tokens)
 
@@ -392,96 +425,37 @@ def draw_sample(run: Run) -> str:
 
 
 def save_checkpoint(run: Run, improved: bool) -> Path:
-    """Write OUT_DIR/last with everything needed to resume (the weights, config, tokenizer and state.pt), and
-    copy it to OUT_DIR/best when `improved`. Every rank calls it: under FSDP each helps gather the full state,
-    the weights first (that leaves the parameters resharded, which gathering the optimizer state needs:
-    torch's get_state_dict orders them so too); rank 0 writes; the others wait for it."""
-    weights = checkpoint.model_weights(run.model)
+    """Write OUT_DIR/last with everything needed to resume, and OUT_DIR/best when `improved`
+    (runs/checkpoint.py). Every rank calls it; rank 0 writes while the others wait."""
+    # a resumed run goes on at the thread count the steps ran at
     run.progress.threads = run.tuner.count if run.tuner.enabled else 0
-    state = TrainState.capture(run.progress, run.cfg.tokens_per_iter, run.model, run.optimizers, run.scaler)
-    if run.rt.is_main:
-        tokenizer_meta, base = run.dataset.meta.tokenizer_meta, run.lora_base
-        checkpoint.write_checkpoint(run.out_dir, "last", weights, run.cfg, tokenizer_meta, state, base)
-        if improved:
-            checkpoint.copy_checkpoint(run.out_dir, "last", "best")
+    path = checkpoint.save(
+        run.out_dir,
+        run.cfg,
+        run.dataset.meta.tokenizer_meta,
+        run.model,
+        run.optimizers,
+        run.scaler,
+        run.progress,
+        lora_base=run.lora_base,
+        best=improved,
+        writer=run.rt.is_main,
+    )
     distributed.barrier(run.rt)
-    return run.out_dir / "last"
+    return path
 
 
 # --- a stop ---
 
-STOP_SIGNALS = tuple(  # "end now, or soon", which would otherwise kill the run without a checkpoint
-    getattr(signal, name)
-    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGXCPU")
-    if hasattr(signal, name)  # Windows has SIGINT and SIGTERM only
-)
-
-
-class StopRequest:
-    """A STOP_SIGNALS signal (Ctrl-C, kill, a closed terminal, a scheduler's warning or time limit): the
-    first asks training to stop after the current step; a second exits at once."""
-
-    def __init__(self, verbose: bool = True):
-        self.signum = 0
-        self.verbose = verbose
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        if self.signum:
-            if self.verbose:
-                second = "second interrupt: exiting now, without a checkpoint (the last one is intact)"
-                print(f"\n{second}", file=sys.stderr, flush=True)
-            os._exit(128 + signum)
-        self.signum = signum
-        if self.verbose:
-            then = "finishing this step, then writing a checkpoint (interrupt again to exit at once)"
-            print(f"\n{signal.Signals(signum).name}: {then}", file=sys.stderr)
-
-
-class Clock:
-    """Training seconds: one running clock, paused while the run evaluates and writes checkpoints."""
-
-    def __init__(self, elapsed: float = 0.0):
-        self.banked, self.started = elapsed, time.perf_counter()
-
-    def elapsed(self) -> float:
-        return self.banked + (time.perf_counter() - self.started if self.started is not None else 0.0)
-
-    @contextlib.contextmanager
-    def paused(self):
-        self.banked, self.started = self.elapsed(), None
-        try:
-            yield
-        finally:
-            self.started = time.perf_counter()
-
-
-class Agreement:
-    """The stop signal and the training seconds, as every rank acts on them: torchrun ranks agree on them
-    (one all-reduce) only where the host syncs anyway (log steps and evals), so a signal or train.max_time
-    takes effect within log.interval iterations."""
-
-    def __init__(self, rt: Runtime, stop: StopRequest, clock: Clock, sync_every: tuple[int, ...]):
-        self.rt, self.stop, self.clock, self.sync_every = rt, stop, clock, sync_every
-        self.values: tuple[int, float] | None = None
-
-    def now(self, it: int) -> tuple[int, float]:
-        """(signal number or 0, training seconds) at the start of iteration `it`."""
-        host_syncs = any(it % n == 0 for n in self.sync_every)
-        if self.values is None or not self.rt.distributed or host_syncs:
-            signum, elapsed = distributed.agree([self.stop.signum, self.clock.elapsed()], self.rt)
-            self.values = (int(signum), elapsed)
-        return self.values
-
 
 def stop_with_checkpoint(run: Run, log: Tracker, clock: Clock, argv: list[str], signum: int) -> int:
-    """A stop signal: write OUT_DIR/last (unless the weights diverged since the last eval), say how to
-    resume, exit with 128 + the signal's number."""
+    """A stop signal: write OUT_DIR/last (unless the weights diverged since the last eval), say how
+    to resume, exit with 128 + the signal's number."""
     if not distributed.all_finite(run.model.parameters(), run.rt):
         log.write(
-            f"stopped at iteration {run.progress.iter}; the weights are no longer finite (the run diverged "
-            f"since its last eval), so no checkpoint was written. Last good checkpoint: {last_good(run)}",
+            f"stopped at iteration {run.progress.iter}; the weights are no longer finite (the run "
+            "diverged since its last eval), so no checkpoint was written. Last good checkpoint: "
+            f"{last_good(run)}",
             sys.stderr,
         )
         return 128 + signum
@@ -489,12 +463,5 @@ def stop_with_checkpoint(run: Run, log: Tracker, clock: Clock, argv: list[str], 
         run.progress.elapsed_s = clock.elapsed()
         path = save_checkpoint(run, improved=False)
     log.write(f"stopped at iteration {run.progress.iter}; checkpoint in {path}", sys.stderr)
-    log.write(f"resume with: {resume_command(argv, run)}", sys.stderr)
+    log.write(f"resume with: {resume_command(argv, run.rt)}", sys.stderr)
     return 128 + signum
-
-
-def resume_command(argv: list[str], run: Run) -> str:
-    args = [a for a in argv if not a.startswith(("train.resume=", "train.overwrite="))]
-    args.append("train.resume=true")
-    launcher = f"torchrun --nproc_per_node={run.rt.world_size}" if run.rt.distributed else "python"
-    return f"{launcher} train.py {shlex.join(args)}"

@@ -1,15 +1,10 @@
-"""What a run shows and records (rank 0 only): the progress bar, OUT_DIR/metrics.jsonl, loss.png and wandb.
+"""What a run shows and records (rank 0 only): the progress bar (one line per log step without a
+terminal), OUT_DIR/metrics.jsonl (one JSON line per eval, for plot.py and scripts), loss.png
+(redrawn at evals within 1% of the run's wall time) and wandb (imported only when enabled).
 
-- Without a terminal (a batch job, a pipe) the bar gives way to one line per log step.
-- metrics.jsonl: one JSON line per eval (iter, train_loss, val_loss, lr, tokens, elapsed_s: training seconds,
-  evals excluded), for plot.py and scripts. loss.png is redrawn at evals within 1% of the run's wall time.
-- wandb is imported only when enabled, follows WANDB_MODE, and a resumed run continues the same wandb run.
-- It shows what the run reads back (training/run.py: losses every log.interval iterations) and decides
-  nothing: the run counts non-finite steps and stops.
-- metrics.jsonl stays valid JSON: a loss that is not finite is written as null. A resumed run repairs it
-  first: a last line torn by a crash is dropped, and so are the rows past the checkpoint it resumes from (a
-  kill after an eval's row, before its checkpoint). A row that cannot be appended (a full disk) is one
-  line, the file cut back to what it was; a picture that cannot be drawn is a warning, and training goes on.
+It shows what the run reads back and decides nothing. metrics.jsonl stays valid JSON (a loss that is
+not finite is null); a resumed run repairs it first (a torn last line, rows past its checkpoint). A
+row that cannot be appended (a full disk) is one line; a picture that cannot be drawn, a warning.
 """
 
 from __future__ import annotations
@@ -94,8 +89,9 @@ class Tracker:
         self.bar.update(1)
 
     def losses(self, it: int, loss_sum: float, steps: int, elapsed: float) -> None:
-        """The summed mean losses of `steps` more iterations, up to iteration `it` (read back by the run, all
-        ranks summed); every log.interval iterations (and at max_iters) show and log their mean."""
+        """The summed mean losses of `steps` more iterations, up to iteration `it` (read back by the
+        run, all ranks summed); every log.interval iterations (and at max_iters) show and log their
+        mean."""
         self.loss_sum, self.loss_steps = self.loss_sum + loss_sum, self.loss_steps + steps
         if it % self.run.cfg.log.interval and it != self.run.cfg.train.max_iters:
             return
@@ -103,10 +99,15 @@ class Tracker:
         mean_loss = self.loss_sum / (self.run.rt.world_size * self.loss_steps)
         lr = self.run.optimizers[0].param_groups[0]["lr"]
         tok_s = self.run.cfg.tokens_per_iter * (it - last_it) / max(elapsed - last_elapsed, 1e-9)
-        self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
-        if self.bar.disable:  # no terminal (a batch job's log, a pipe): one line per log step instead
+        self.bar.set_postfix(
+            loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False
+        )
+        # no terminal (a batch job's log, a pipe): one line per log step instead
+        if self.bar.disable:
             total = self.run.cfg.train.max_iters
-            self.write(f"iteration {it}/{total}: loss {mean_loss:.4f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s")
+            self.write(
+                f"iteration {it}/{total}: loss {mean_loss:.4f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s"
+            )
         tokens = it * self.run.cfg.tokens_per_iter
         self.log(it, {"train/loss": mean_loss, "lr": lr, "tokens_per_s": tok_s, "tokens": tokens})
         self.loss_sum, self.loss_steps = 0.0, 0
@@ -123,7 +124,9 @@ class Tracker:
         self.last_record = record
         line = json_text.dumps(record) + "\n"
         append_line(self.metrics_path, line, "free some space, then resume the run")
-        scalars = {f"eval/{k}": v for k, v in record.items() if k != "iter" and isinstance(v, (int, float))}
+        scalars = {
+            f"eval/{k}": v for k, v in record.items() if k != "iter" and isinstance(v, (int, float))
+        }
         self.log(record["iter"], scalars)
         if "sample" in record and self.wandb is not None:
             import wandb
@@ -133,9 +136,9 @@ class Tracker:
             self.wandb.log({"samples": table}, step=record["iter"])
 
     def plot(self, final: bool = False) -> None:
-        """Redraw OUT_DIR/loss.png, unless that would take drawing past PLOT_SHARE of the wall time so far
-        (the last drawing's cost is the guess for the next; the first, which imports matplotlib, is guessed
-        at a second). Always at the end, after the last step."""
+        """Redraw OUT_DIR/loss.png, unless that would take drawing past PLOT_SHARE of the wall time
+        so far (the last drawing's cost is the guess for the next; the first, which imports
+        matplotlib, is guessed at a second). Always at the end, after the last step."""
         wall = time.perf_counter() - self.started
         if (
             not self.main
@@ -147,7 +150,7 @@ class Tracker:
         if sum("val_loss" in r for r in records) < 2 and not final:  # one point: wait for a line
             return
         start = time.perf_counter()
-        from interp.curves import plot_run  # matplotlib only once a run draws
+        from training.curves import plot_run  # matplotlib only once a run draws
 
         try:
             plot_run(records, self.run.out_dir / "loss.png", title=str(self.run.out_dir))
@@ -159,7 +162,8 @@ class Tracker:
         self.plot_seconds += self.plot_cost
 
     def finish(self) -> None:
-        """The curves of the head scores (log.head_scores) and the line that says how the run ended."""
+        """The curves of the head scores (log.head_scores) and the line that says how the run
+        ended."""
         run, last = self.run, self.last_record
         p, out_dir = run.progress, run.out_dir
         if not self.main:
@@ -173,19 +177,22 @@ class Tracker:
             bpb = f"; {last['final_val_bpb']:.3f} bits per byte" if "final_val_bpb" in last else ""
             n = last["final_val_tokens"]
             exact = f", final val loss {last['final_val_loss']:.4f} (exact: all {n:,} tokens{bpb})"
-        elif str(run.cfg.train.final_eval).lower() == "auto" and not final_eval_wanted("auto", n_val):
+        elif str(run.cfg.train.final_eval).lower() == "auto" and not final_eval_wanted(
+            "auto", n_val
+        ):
             self.write(
                 f"the val split has {n_val:,} tokens, too many for an exact eval at the end "
                 f"(train.final_eval=auto); measure it with: python eval.py {out_dir}"
             )
         where = f"; checkpoints in {out_dir}" if run.cfg.train.save else ""
         here, wall = p.iter - self.first[0], f"{self.wall():.1f}s wall"
-        if run.cfg.train.resume:  # the totals are the run's; what this process did is its part since then
+        # the totals are the run's; what this process did is its part since then
+        if run.cfg.train.resume:
             since = p.elapsed_s - self.first[1]
             wall = f"resumed at iteration {self.first[0]}: {here} here in {since:.1f}s, {wall}"
         self.write(
-            f"done: {p.iter} iterations in {p.elapsed_s:.1f}s of training ({wall}), best val "
-            f"loss {p.best_val_loss:.4f} (estimated){exact}{where}"
+            f"done: {p.iter} iterations in {p.elapsed_s:.1f}s of training ({wall}), best val loss "
+            f"{p.best_val_loss:.4f} (estimated){exact}{where}"
         )
 
     def close(self) -> None:
@@ -195,7 +202,8 @@ class Tracker:
 
 
 def describe_run(run) -> None:
-    """What is about to train: the model, the dataset, the device, the batch; a resumed or LoRA run."""
+    """What is about to train: the model, the dataset, the device, the batch; a resumed or LoRA
+    run."""
     cfg, rt, model = run.cfg, run.rt, run.model
     if not rt.is_main:
         return
@@ -208,9 +216,9 @@ def describe_run(run) -> None:
     )
     print(
         f"device {rt.device}, precision {rt.precision}, compile {'on' if run.compiled else 'off'}, "
-        f"{torch.get_num_threads()} threads; batch {cfg.train.batch_size} x {mc.block_size} tokens x "
-        f"{run.micro_steps} micro-step(s) x {rt.world_size} process(es) = {cfg.tokens_per_iter:,} "
-        "tokens/iteration"
+        f"{torch.get_num_threads()} threads; batch {cfg.train.batch_size} x {mc.block_size} tokens "
+        f"x {run.micro_steps} micro-step(s) x {rt.world_size} process(es) = "
+        f"{cfg.tokens_per_iter:,} tokens/iteration"
     )
     warning = schedule_warning(cfg.optim, cfg.train)
     if warning:
@@ -220,23 +228,26 @@ def describe_run(run) -> None:
     if cfg.train.resume:
         p = run.progress
         print(
-            f"resuming at iteration {p.iter:,} of {cfg.train.max_iters:,} from {run.out_dir / 'last'} "
-            f"({p.elapsed_s:.1f}s of training so far, best val loss {p.best_val_loss:.4f}){run.changed}"
+            f"resuming at iteration {p.iter:,} of {cfg.train.max_iters:,} from "
+            f"{run.out_dir / 'last'} ({p.elapsed_s:.1f}s of training so far, best val loss "
+            f"{p.best_val_loss:.4f}){run.changed}"
         )
     if cfg.lora is not None:
         lc = cfg.lora
         print(
-            f"LoRA: rank {lc.rank}, alpha {lc.alpha:g} on {', '.join(lc.targets)}: {trained / 1e6:.3f}M "
-            f"parameters train ({100 * trained / every:.2f}% of {every / 1e6:.2f}M); the base is frozen, "
-            "checkpoints hold the adapters alone"
+            f"LoRA: rank {lc.rank}, alpha {lc.alpha:g} on {', '.join(lc.targets)}: "
+            f"{trained / 1e6:.3f}M parameters train ({100 * trained / every:.2f}% of "
+            f"{every / 1e6:.2f}M); the base is frozen, checkpoints hold the adapters alone"
         )
 
 
 def check_wandb_login() -> None:
-    """Refuse log.wandb=true before training where wandb is not installed, or would stop for a missing
-    login (or prompt)."""
+    """Refuse log.wandb=true before training where wandb is not installed, or would stop for a
+    missing login (or prompt)."""
     if importlib.util.find_spec("wandb") is None:
-        raise UserError("log.wandb=true needs the wandb package: pip install wandb (or leave log.wandb off)")
+        raise UserError(
+            "log.wandb=true needs the wandb package: pip install wandb (or leave log.wandb off)"
+        )
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return
     modes = [os.environ.get("WANDB_MODE", "")]
@@ -256,14 +267,15 @@ def check_wandb_login() -> None:
         login = None
     if not login:
         raise UserError(
-            f"log.wandb=true but this machine has no wandb login (no WANDB_API_KEY, no {host} entry in "
-            "~/.netrc); run `wandb login`, or set WANDB_MODE=offline to log locally (and `wandb sync` later)"
+            f"log.wandb=true but this machine has no wandb login (no WANDB_API_KEY, no {host} "
+            "entry in ~/.netrc); run `wandb login`, or set WANDB_MODE=offline to log locally (and "
+            "`wandb sync` later)"
         )
 
 
 def repair_metrics(metrics_path: Path, upto: int) -> str:
-    """Rewrite metrics.jsonl without torn lines and without the rows past iteration `upto` (the checkpoint
-    a run resumes from); '' when it is whole, else a line saying what was dropped."""
+    """Rewrite metrics.jsonl without torn lines and without the rows past iteration `upto` (the
+    checkpoint a run resumes from); '' when it is whole, else a line saying what was dropped."""
     rows = metrics_rows(metrics_path)
     kept = [
         line
@@ -273,9 +285,11 @@ def repair_metrics(metrics_path: Path, upto: int) -> str:
     torn = sum(r is None for _, r in rows)
     if len(kept) == len(rows) and Path(metrics_path).read_text(errors="replace").endswith("\n"):
         return ""
-    atomic_write(metrics_path, "".join(line + "\n" for line in kept), "free some space, then resume the run")
+    atomic_write(
+        metrics_path, "".join(line + "\n" for line in kept), "free some space, then resume the run"
+    )
     past = len(rows) - len(kept) - torn
     return (
-        f"repaired {metrics_path}: dropped {torn} torn line(s) and {past} row(s) past iteration {upto}, the "
-        "checkpoint this run resumes from"
+        f"repaired {metrics_path}: dropped {torn} torn line(s) and {past} row(s) past iteration "
+        f"{upto}, the checkpoint this run resumes from"
     )

@@ -1,12 +1,13 @@
 """Weight-only int8 quantisation for decoding: a quarter of the bytes per token.
 
 `quantize_int8` replaces every nn.Linear (the LM head included, untied from the embedding) by an
-`Int8Linear`: each output channel rounded to int8 with one scale, max |W[o, :]| / 127, no zero point. On a CPU
-the product is `torch._weight_int8pack_mm` (what torchao's int8 weight-only path calls), with bf16
-activations in. That kernel segfaults (torch 2.13) when the input width is not a multiple of 16 and more
-than one row goes in (SwiGLU's 341, n_embd=100), so such a layer's weight and input are padded with zero
-columns to the next multiple of 16: zeros add nothing. Elsewhere the weight is cast to the activations'
-dtype inside the product (fused by torch.compile, as gpt-fast does). How far the text moves: BENCHMARKS.md.
+`Int8Linear`: each output channel rounded to int8 with one scale, max |W[o, :]| / 127, no zero
+point. On a CPU the product is `torch._weight_int8pack_mm` (what torchao's int8 weight-only path
+calls), with bf16 activations in. That kernel segfaults (torch 2.13) when the input width is not a
+multiple of 16 and more than one row goes in (SwiGLU's 341, n_embd=100), so such a layer's weight
+and input are padded with zero columns to the next multiple of 16: zeros add nothing. Elsewhere the
+weight is cast to the activations' dtype inside the product (fused by torch.compile, as gpt-fast
+does). How far the text moves: BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-PACK_WIDTH = 16  # _weight_int8pack_mm's input widths that are safe with several rows: multiples of this
+# _weight_int8pack_mm's input widths that are safe with several rows: multiples of this
+PACK_WIDTH = 16
 
 
 class Int8Linear(nn.Module):
@@ -28,7 +30,8 @@ class Int8Linear(nn.Module):
         self.pad = -self.in_features % PACK_WIDTH
         q = torch.round(weight / scale[:, None]).to(torch.int8)
         self.register_buffer("weight", F.pad(q, (0, self.pad)))
-        # bf16, the dtype the CPU kernel takes them in; held as such so a compiled graph needs no cast
+        # bf16, the dtype the CPU kernel takes them in; held as such so a compiled graph needs no
+        # cast
         self.register_buffer("scale", scale.to(torch.bfloat16))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
 

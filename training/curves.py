@@ -1,10 +1,12 @@
-"""Curves of training runs, from their metrics.jsonl records: one run's OUT_DIR/loss.png, and runs overlaid.
+"""Curves of training runs, from their metrics.jsonl records: one run's OUT_DIR/loss.png, and runs
+overlaid.
 
-`plot_run` draws train and val loss against tokens seen and, in a second panel, against training seconds,
-with the learning rate on a twin axis; the exact loss over the whole val split (`final_val_loss`), where the
-run measured one, is a star at its end. `plot_runs` overlays one metric of several runs against tokens,
-training seconds or iterations (plot.py). Drawn with matplotlib's object API onto its Agg canvas, small and
-without layout engines: train.py redraws loss.png at every eval and it must stay cheap (see Tracker.plot).
+`plot_run` draws train and val loss against tokens seen and, in a second panel, against training
+seconds, with the learning rate on a twin axis; the exact loss over the whole val split
+(`final_val_loss`), where the run measured one, is a star at its end. `plot_runs` overlays one
+metric of several runs against tokens, training seconds or iterations (plot.py). Drawn with
+matplotlib's object API onto its Agg canvas, small and without layout engines: train.py redraws
+loss.png at every eval and it must stay cheap (see Tracker.plot).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def evals(records: list[dict]) -> list[dict]:
 
 
 def numbers(record: dict, prefix: str = "") -> dict[str, float]:
-    """Every number in a record by its key, those in a nested record by a dotted path (heads.icl_score)."""
+    """Every number in a record by its key, those in a nested record by a dotted path
+    (heads.icl_score)."""
     out = {}
     for key, value in record.items():
         if isinstance(value, dict):
@@ -41,15 +44,16 @@ def numbers(record: dict, prefix: str = "") -> dict[str, float]:
 
 
 def points(records: list[dict], metric: str, key: str) -> tuple[list[float], list[float]]:
-    """(x, y) of the eval records where `key` and `metric` are both numbers (a record written by an older
-    version, or a diverged eval's null, is left out)."""
+    """(x, y) of the eval records where `key` and `metric` are both numbers (a record written by an
+    older version, or a diverged eval's null, is left out)."""
     found = [numbers(r) for r in evals(records)]
     pairs = [(r[key], r[metric]) for r in found if key in r and metric in r]
     return [x for x, _ in pairs], [y for _, y in pairs]
 
 
 def plot_run(records: list[dict], path: Path, title: str = "") -> None:
-    """Train and val loss against tokens (the learning rate on a twin axis) and against training seconds."""
+    """Train and val loss against tokens (the learning rate on a twin axis) and against training
+    seconds."""
     rows = evals(records)
     fig = Figure(figsize=(11, 3.8), dpi=90)
     fig.subplots_adjust(left=0.06, right=0.98, bottom=0.14, top=0.88, wspace=0.36)
@@ -82,9 +86,11 @@ def plot_run(records: list[dict], path: Path, title: str = "") -> None:
 
 
 def plot_runs(runs: list[tuple[str, list[dict]]], metric: str, x: str, path: Path) -> None:
-    """One line per run: `metric` against `x` (tokens | time | iter); a star for the exact final value."""
+    """One line per run: `metric` against `x` (tokens | time | iter); a star for the exact final
+    value."""
     key, label = X_AXES[x]
-    lines = sum(name.count("\n") + 1 for name, _ in runs)  # labels with every differing key, wrapped
+    # labels with every differing key, wrapped
+    lines = sum(name.count("\n") + 1 for name, _ in runs)
     fig = Figure(figsize=(9, 4.6 + 0.16 * lines), dpi=110, layout="constrained")
     ax = fig.subplots()
     for name, records in runs:
@@ -97,9 +103,15 @@ def plot_runs(runs: list[tuple[str, list[dict]]], metric: str, x: str, path: Pat
     if x == "tokens":
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
     ax.grid(alpha=0.3)
-    fig.legend(loc="outside lower center", fontsize=8)  # below the axes: a long label hides no curve
+    # below the axes: a long label hides no curve
+    fig.legend(loc="outside lower center", fontsize=8)
     if any(f"final_{metric}" in r for _, records in runs for r in records):
         ax.text(
-            0.99, 0.01, "★ exact, over the whole val split", transform=ax.transAxes, ha="right", fontsize=8
+            0.99,
+            0.01,
+            "★ exact, over the whole val split",
+            transform=ax.transAxes,
+            ha="right",
+            fontsize=8,
         )
     save_figure(fig, path)

@@ -1,0 +1,243 @@
+"""The decoding step compiled: on a CPU ahead of time with AOTInductor, on CUDA by torch.compile
+with CUDA graphs.
+
+A CPU's step is one C++ library per thread count, called without Python between its kernels (what a
+small model's step costs most). A library holds no weights (it reads the model's and the cache's
+tensors in place), so it is kept on disk (`cache_folder()/decode`) per model shape and options,
+batch, dtype, torch, CPU and the source of model/ and sampling/: seconds to build, milliseconds to
+load. Which step runs: sampling/steps.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import platform
+import sys
+import time
+import warnings
+import weakref
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from common import json_text
+from common.errors import UserError
+from common.files import atomic_file, atomic_write, cache_folder
+from common.threads import DEFAULT_THREADS
+from sampling.kv_cache import KVCache
+
+# (token (B,), position (1,)) -> logits (B, V)
+Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def traced_step(model, token, position, cache: KVCache, span=None) -> torch.Tensor:
+    """The decoding step as the compilers trace it: logits (B, vocab) of the token after `token`
+    (B,), which goes into cache slot `position` (1,). A static cache's step sees the first
+    position + 1 slots: the length of `span`, a shape the compiled step can vary (`spans_vary`);
+    without it, every slot, masked."""
+    n_keys = span.size(0) if span is not None else None
+    logits, _ = model(token[:, None], kv_cache=cache.step(position, n_keys))
+    return logits[:, -1]
+
+
+class DecodeStep(nn.Module):
+    """The model and its cache as one module, so the step's weights and cache are its own
+    tensors."""
+
+    def __init__(self, model: nn.Module, cache: KVCache):
+        super().__init__()
+        self.model, self.cache = model, cache
+
+    def forward(self, token, position, span=None) -> torch.Tensor:
+        return traced_step(self.model, token, position, self.cache, span)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every weight and buffer by name, tied ones under each of their names."""
+        named = self.named_parameters(remove_duplicate=False)
+        return {n: t.detach() for n, t in named} | dict(self.named_buffers(remove_duplicate=False))
+
+
+def compile_seconds() -> dict[str, float]:
+    """How long compiles took on this machine: a library's build by its key, torch.compile by device
+    type."""
+    try:
+        return json.loads((decode_folder() / "compile-seconds.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def record_compile_seconds(what: str, seconds: float) -> None:
+    """Note a compile's time (a record another process writes meanwhile may be lost: it is only a
+    guide)."""
+    path = decode_folder() / "compile-seconds.json"
+    with contextlib.suppress(OSError, UserError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json_text.dumps(compile_seconds() | {what: round(seconds, 2)}))
+
+
+_libraries: dict[str, object] = {}  # the compiled steps loaded in this process, by key
+_owners: dict[str, object] = {}  # which step's tensors each one reads now
+
+
+def decode_folder() -> Path:
+    """Where compiled decoding steps, their builds' claims, logs and failures, and compile times are
+    kept."""
+    return cache_folder() / "decode"
+
+
+def library_path(key: str) -> Path:
+    return decode_folder() / f"{key}.pt2"
+
+
+def thread_counts() -> list[int]:
+    """The thread counts a compiled step is built for, one library each: one, and torch's default. A
+    library's threads are fixed when it is built, and the thread tuner moves between these two (one
+    beside a busy process: two threads there decode at a tenth of their quiet speed,
+    BENCHMARKS.md)."""
+    return sorted({1, DEFAULT_THREADS})
+
+
+def on_disk(keys: list[str]) -> bool:
+    return all(key in _libraries or library_path(key).exists() for key in keys)
+
+
+def ahead_of_time(step: DecodeStep) -> Step:
+    """AOTInductor's libraries for the step (one per `thread_counts`), from the disk cache or built
+    and saved there first; loaded once per process, and pointed at this step's weights and cache (no
+    copy) whenever another step used them. The call runs the one for torch's thread count now. It
+    holds the tensors, not the model, so a model whose step is kept for its next generation is still
+    freed."""
+    tensors, owner = step.tensors(), object()
+    libraries = {}
+    for threads, key in zip(thread_counts(), step_keys(step, tensors)):
+        if key not in _libraries:
+            path = library_path(key)
+            if not path.exists():
+                start = time.perf_counter()
+                build_library(step, path, threads)
+                record_compile_seconds(key, time.perf_counter() - start)
+            _libraries[key] = load_library(path)
+        libraries[threads] = key, _libraries[key]
+    spans = torch.arange(step.cache.slots) if spans_vary(step.cache) else None
+    most = max(libraries)
+
+    def call(token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        key, library = libraries[1 if torch.get_num_threads() == 1 else most]
+        if _owners.get(key) is not owner:  # read this step's weights and cache, in place
+            library.load_constants(
+                {n: tensors[n] for n in library.get_constant_fqns()}, False, True, True
+            )
+            _owners[key] = owner
+        # the inputs as a list, the outputs as one: no pytree work per token
+        run = library.boxed_run
+        if spans is None:
+            return run([token, position])[0]
+        return run([token, position, spans[: int(position) + 1]])[0]  # views of it: `traced_step`
+
+    return call
+
+
+def spans_vary(cache: KVCache) -> bool:
+    """Whether a step over `cache` attends over a count of slots that varies (2, after a 1-token
+    prompt, up to all but the spare), which its library takes as the symbolic length of a `span`
+    input."""
+    return not cache.rolling and cache.slots > 3
+
+
+def build_library(step: DecodeStep, path: Path, threads: int) -> None:
+    """Export the step and compile it with AOTInductor for `threads` threads into `path`, written
+    whole."""
+    batch = step.cache.doc_start.size(0)
+    print(
+        f"compiling the decoding step at batch {batch} for {threads} thread{'s' * (threads > 1)} "
+        "(once for "
+        "this model's shape: some seconds)",
+        file=sys.stderr,
+    )
+    token, slots = torch.zeros(batch, dtype=torch.long), step.cache.slots
+    inputs, shapes = (token, torch.zeros(1, dtype=torch.long)), None
+    if spans_vary(step.cache):
+        inputs += (torch.arange(slots - 1),)
+        shapes = (None, None, {0: torch.export.Dim("span", min=2, max=slots - 1)})
+    with torch.no_grad(), warnings.catch_warnings():
+        # torch.export's notes about its own internals, not for our users
+        warnings.simplefilter("ignore")
+        program = torch.export.export(step, inputs, dynamic_shapes=shapes, strict=False)
+    # weights: the model's
+    options = {"aot_inductor.package_constants_in_so": False, "cpp.threads": threads}
+    if token.numel() == 1:  # batch 1: matrix-vector products as inductor's own loops (narrow ones)
+        options["post_grad_fusion_options"] = {"decompose_mm_pass": {}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as part, warnings.catch_warnings():  # renamed into place whole: another
+        warnings.simplefilter("ignore")  # process may build the same step at the same time
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=str(part), inductor_configs=options
+        )
+
+
+def load_library(path: Path):
+    """AOTInductor's loader for a package: its C++ class directly (torch._inductor's Python wrapper
+    would import the compiler, over a second), else through that wrapper where the class differs."""
+    try:
+        return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+    except (AttributeError, TypeError):
+        return torch._inductor.aoti_load_package(str(path)).loader
+
+
+@functools.cache
+def code_hash() -> str:
+    """The source of model/ and sampling/, which the compiled step was traced from (a hacked
+    gpt.py compiles anew)."""
+    root = Path(__file__).resolve().parent.parent
+    files = sorted([*root.glob("model/*.py"), *root.glob("sampling/*.py")])
+    return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
+
+
+def step_keys(step: DecodeStep, tensors: dict[str, torch.Tensor]) -> list[str]:
+    """What each of the step's libraries (`thread_counts`) depends on, hashed: shapes, options,
+    code, torch, this CPU and its threads."""
+    parts = {
+        "config": asdict(step.model.config),
+        "tensors": [(n, list(t.shape), str(t.dtype)) for n, t in tensors.items()],
+        "modules": [type(m).__qualname__ for m in step.modules()],
+        "code": code_hash(),
+        "torch": torch.__version__,
+        "cpu": [platform.machine(), torch.backends.cpu.get_cpu_capability()],
+    }
+    texts = [
+        json_text.dumps(parts | {"threads": n}, sort_keys=True, default=str)
+        for n in thread_counts()
+    ]
+    return [hashlib.sha256(text.encode()).hexdigest()[:24] for text in texts]
+
+
+# torch.compile's `traced_step` per device type (recompiled per model)
+_jit: dict[str, Callable] = {}
+
+
+def just_in_time(step: DecodeStep, device: torch.device) -> Step:
+    """torch.compile's step: on CUDA with CUDA graphs, the cache's buffers at fixed addresses."""
+    if device.type not in _jit:
+        if device.type == "cuda":
+            _jit["cuda"] = torch.compile(
+                traced_step, mode="reduce-overhead", fullgraph=True, dynamic=False
+            )
+        else:
+            _jit[device.type] = torch.compile(traced_step, fullgraph=True, dynamic=False)
+    compiled, model, cache = _jit[device.type], weakref.ref(step.model), step.cache
+    if device.type == "cuda":
+        for buffer in cache.buffers():
+            torch._dynamo.mark_static_address(buffer)
+
+    def call(token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        if device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are consumed
+        return compiled(model(), token, position, cache)
+
+    return call
