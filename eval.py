@@ -10,26 +10,31 @@ accuracy.
 
 CHECKPOINT is a run's folder (its best checkpoint, else its last) or a checkpoint folder. The
 windows, bits per byte and the four multiple-choice accuracies: docs/evaluation.md; the computation:
-training/evaluation.py.
+training/evaluation.py (multiple choice: below).
 """
 
 from __future__ import annotations
 
 # first: a Ctrl-C while torch loads is one line
-from common.errors import UserError, named_as_flags, run_cli
+from common.errors import UserError, cli, named_as_flags
 
 # isort: split
 import argparse
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from common import json_text
 from common.arguments import ScriptParser
-from data.evalsets import encode_text_file, read_choices
+from data.evalsets import Choice, encode_choice, encode_text_file, read_choices
+from data.tokenizers import Tokenizer
 from runs.pretrained import load_model
 from runs.runtime import Runtime, pick_device, pick_precision
-from training.choices import score_choices
 from training.evaluation import TokenLoss, evaluate_tokens
 
 
@@ -96,7 +101,10 @@ def main(argv: list[str]) -> int:
 def evaluate_checkpoint(path: str, args: argparse.Namespace, device: torch.device) -> dict:
     """One checkpoint's result, as eval.py prints it."""
     loaded = load_model(path, device)
-    model, cfg, tokenizer, ckpt = loaded.model, loaded.config, loaded.tokenizer, loaded.where
+    model = loaded.model
+    cfg = loaded.config
+    tokenizer = loaded.tokenizer
+    ckpt = loaded.where
     check_args(args, model.config.block_size)
     rt = Runtime(device, pick_precision(args.precision, device, model.config.n_embd))
     result = {"checkpoint": str(ckpt), "tokenizer": tokenizer.name, "device": str(device)}
@@ -107,10 +115,12 @@ def evaluate_checkpoint(path: str, args: argparse.Namespace, device: torch.devic
             score = score_choices(model, tokenizer, items, rt.autocast, bar.update)
         return result | {"choices": args.choices, **vars(score)}
     if args.text_file:
-        tokens, what = encode_text_file(args.text_file, tokenizer), args.text_file
+        tokens = encode_text_file(args.text_file, tokenizer)
+        what = args.text_file
     else:
         dataset = loaded.dataset(args.data_dir)
-        tokens, what = dataset.split(args.split), f"{cfg.data.dataset} {args.split} split"
+        tokens = dataset.split(args.split)
+        what = f"{cfg.data.dataset} {args.split} split"
     batch = args.batch_size or cfg.train.batch_size
     with tqdm(unit="tok", unit_scale=True, disable=None, dynamic_ncols=True) as bar:
         loss = evaluate_tokens(
@@ -197,5 +207,81 @@ def format_rows(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# --- multiple choice (HellaSwag's format, data/evalsets.py) ---
+# Each ending is scored by the total loss of its tokens given the context (acc), and per token
+# (nanoGPT's and llm.c's acc_norm), per character as written (lm-eval's acc_norm) and per UTF-8 byte
+# (its acc_bytes): the lowest is the model's answer.
+
+
+@dataclass
+class ChoiceScore:
+    items: int
+    acc: float  # the ending with the lowest total loss
+    acc_per_token: float  # lowest loss per token (nanoGPT's and llm.c's acc_norm)
+    # lowest loss per character of the ending (lm-evaluation-harness's acc_norm)
+    acc_per_char: float
+    # lowest loss per UTF-8 byte of the ending (lm-evaluation-harness's acc_bytes)
+    acc_per_byte: float
+    chance: float  # the expected accuracy of a random guess
+
+
+@torch.no_grad()
+def ending_losses(
+    model: torch.nn.Module, encoded: list[tuple[list[int], int]], autocast=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(total loss, tokens) of each ending given its context, in one batch."""
+    device = next(model.parameters()).device
+    width = max(len(ids) for ids, _ in encoded) - 1
+    x = torch.zeros((len(encoded), width), dtype=torch.long)
+    y = torch.full((len(encoded), width), -1, dtype=torch.long)
+    for row, (ids, n_ending) in enumerate(encoded):
+        seq = torch.tensor(ids)
+        x[row, : len(ids) - 1] = seq[:-1]
+        y[row, len(ids) - 1 - n_ending : len(ids) - 1] = seq[-n_ending:]  # the ending's tokens only
+    x, y = x.to(device), y.to(device)
+    with autocast() if autocast is not None else contextlib.nullcontext():
+        logits, _ = model(x)
+    nats = F.cross_entropy(logits.float().transpose(1, 2), y, ignore_index=-1, reduction="none")
+    return nats.double().sum(dim=1).cpu(), (y >= 0).sum(dim=1).cpu()
+
+
+def choice_losses(
+    model: torch.nn.Module, tokenizer: Tokenizer, item: Choice, autocast=None
+) -> torch.Tensor:
+    """The total loss in nats of each ending of `item` given its context (float64, on the CPU):
+    minus lm-eval's loglikelihood of it."""
+    encoded = encode_choice(item, tokenizer, model.config.block_size)
+    total, _ = ending_losses(model, encoded, autocast)
+    return total
+
+
+def score_choices(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    items: list[Choice],
+    autocast=None,
+    progress: Callable[[int], None] | None = None,
+) -> ChoiceScore:
+    """Accuracy of `model` on multiple-choice items: each ending scored by its loss given the
+    context, in total and per token, character and byte."""
+    was_training = model.training
+    model.eval()
+    right = np.zeros(4)
+    for item in items:
+        total, tokens = ending_losses(
+            model, encode_choice(item, tokenizer, model.config.block_size), autocast
+        )
+        chars = torch.tensor([len(e) for e in item.endings], dtype=torch.float64)
+        n_bytes = torch.tensor([len(e.encode("utf-8")) for e in item.endings], dtype=torch.float64)
+        scores = torch.stack([total, total / tokens, total / chars, total / n_bytes], dim=1)
+        right += (scores.argmin(dim=0) == item.label).numpy()
+        if progress is not None:
+            progress(1)
+    model.train(was_training)
+    n = len(items)
+    chance = sum(1 / len(item.endings) for item in items) / n
+    return ChoiceScore(n, *(right / n).tolist(), chance)
+
+
 if __name__ == "__main__":
-    run_cli(main, interrupted="interrupted")
+    cli(main, interrupted="interrupted")

@@ -12,7 +12,7 @@ how the files are written: docs/hugging-face.md.
 
 from __future__ import annotations
 
-from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+from common.errors import UserError, cli  # first: a Ctrl-C while torch loads is one line
 
 # isort: split
 import argparse
@@ -97,7 +97,8 @@ def main(argv: list[str]) -> int:
         if is_gguf(dest)
         else export_folder(source, dest)
     )
-    m, lora = source.model, source.config.lora if source.config else None
+    m = source.model
+    lora = source.config.lora if source.config else None
     merged = (
         f"; LoRA adapters merged into the weights of {source.config.train.init_from}"
         if lora
@@ -165,4 +166,4 @@ def export_adapter(source: Pretrained, dest: Path) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli(main)

@@ -17,7 +17,7 @@ interp/.
 from __future__ import annotations
 
 # first: a Ctrl-C while torch loads is one line
-from common.errors import UserError, named_as_flags, run_cli
+from common.errors import UserError, cli, named_as_flags
 
 # isort: split
 import argparse
@@ -402,7 +402,9 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
     loaded = load_model(args.out_dir, device)
-    model, tokenizer, ckpt = loaded.model, loaded.tokenizer, loaded.where
+    model = loaded.model
+    tokenizer = loaded.tokenizer
+    ckpt = loaded.where
     mc = model.config
     check_args(args, mc.n_layer, mc.n_head)
     head_groups(args, mc.n_layer, mc.n_head)
@@ -436,7 +438,8 @@ def main(argv: list[str]) -> int:
 def run_analyses(model, tokenizer, val, ids, pairs, task, args, out, ckpt) -> list[Path]:
     """Each analysis asked for (the maps and role scores when none is), in order; the files
     written."""
-    written, found = [], {}
+    written = []
+    found = {}
     if not analyses(args):
         written += draw_maps(model, ids, tokenizer, args, out)
     if args.ablate:
@@ -473,4 +476,4 @@ def run_analyses(model, tokenizer, val, ids, pairs, task, args, out, ckpt) -> li
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli(main)

@@ -14,7 +14,7 @@ files as plain JSON and YAML: plot.py loads neither torch's model nor the traini
 
 from __future__ import annotations
 
-from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+from common.errors import UserError, cli  # first: a Ctrl-C while torch loads is one line
 
 # isort: split
 import argparse
@@ -156,4 +156,4 @@ def check_metric(records: list[list[dict]], metric: str, x: str) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli(main)

@@ -14,7 +14,7 @@ same command continues it (docs/datasets.md). The pipeline is data/prepare.py.
 
 from __future__ import annotations
 
-from common.errors import UserError, run_cli  # first: a Ctrl-C while torch loads is one line
+from common.errors import UserError, cli  # first: a Ctrl-C while torch loads is one line
 
 # isort: split
 import argparse
@@ -197,7 +197,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(
+    cli(
         main,
         interrupted="interrupted; the complete shards are kept: run the same command again to "
         "continue",

@@ -17,7 +17,7 @@ follow when the batch is done. The decoding step is compiled by default where th
 from __future__ import annotations
 
 # first: a Ctrl-C while torch loads is one line
-from common.errors import UserError, named_as_flags, run_cli
+from common.errors import UserError, cli, named_as_flags
 
 # isort: split
 import argparse
@@ -122,7 +122,9 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
     loaded = load_model(args.out_dir, device)
-    model, tokenizer, ckpt = loaded.model, loaded.tokenizer, loaded.where
+    model = loaded.model
+    tokenizer = loaded.tokenizer
+    ckpt = loaded.where
     check_args(args, model.config.vocab_size)
     ids = encode_prompt(
         read_prompt(args.prompt, args.prompt_file, tokenizer), tokenizer, model.config.context_limit
@@ -168,7 +170,7 @@ def main(argv: list[str]) -> int:
             sys.stdout.write(SEPARATOR)
     sys.stdout.write("\n")
     sys.stdout.flush()
-    now = in_words(model, batches, args.compile)
+    now = decoding_steps(model, batches, args.compile)
     print(timing.summary() + (f" ({now})" if now != how else ""), file=sys.stderr)
     return 0
 
@@ -191,7 +193,8 @@ def ready_steps(
     for n in batches:
         with decoder(model, n, compile, tokens, eager_step) as (_, step):
             if compile:
-                token, slot = torch.zeros(n, dtype=torch.long), torch.ones(1, dtype=torch.long)
+                token = torch.zeros(n, dtype=torch.long)
+                slot = torch.ones(1, dtype=torch.long)
                 step(token.to(device), slot.to(device))
     if compile:
         if device.type == "cuda":
@@ -202,10 +205,10 @@ def ready_steps(
             f"{', '.join(map(str, batches))}; not counted in the speeds below)",
             file=sys.stderr,
         )
-    return in_words(model, batches, compile)
+    return decoding_steps(model, batches, compile)
 
 
-def in_words(model: torch.nn.Module, batches: list[int], compile: bool | None) -> str:
+def decoding_steps(model: torch.nn.Module, batches: list[int], compile: bool | None) -> str:
     """Which decoding step each batch size's runs now, each way once."""
     return "; ".join(dict.fromkeys(how_decoded(model, n, compile) for n in batches))
 
@@ -215,12 +218,17 @@ class SpeedLine:
     and the first token) and the decoding of every token after it, over all batches."""
 
     def __init__(self):
-        self.prompt_tokens, self.prompt_s, self.tokens, self.decode_s = 0, 0.0, 0, 0.0
-        self.last, self.first = 0.0, False
+        self.prompt_tokens = 0
+        self.prompt_s = 0.0
+        self.tokens = 0
+        self.decode_s = 0.0
+        self.last = 0.0
+        self.first = False
 
     def start(self, prompt_tokens: int) -> None:
         self.prompt_tokens += prompt_tokens
-        self.last, self.first = time.perf_counter(), True
+        self.last = time.perf_counter()
+        self.first = True
 
     def token(self, n: int) -> None:
         """`n` tokens (one per sample of the batch) were read back."""
@@ -229,7 +237,8 @@ class SpeedLine:
             self.prompt_s += now - self.last
         else:
             self.tokens, self.decode_s = self.tokens + n, self.decode_s + now - self.last
-        self.last, self.first = now, False
+        self.last = now
+        self.first = False
 
     def summary(self) -> str:
         line = f"prompt: {self.prompt_tokens:,} tokens in {self.prompt_s * 1e3:,.1f} ms"
@@ -244,4 +253,4 @@ class SpeedLine:
 
 
 if __name__ == "__main__":
-    run_cli(main, interrupted="interrupted")
+    cli(main, interrupted="interrupted")

@@ -12,7 +12,7 @@ it before training with one line (--debug shows the traceback).
 
 from __future__ import annotations
 
-from common.errors import ConfigError, run_cli  # first: a Ctrl-C while torch loads is one line
+from common.errors import ConfigError, cli  # first: a Ctrl-C while torch loads is one line
 
 # isort: split
 import textwrap
@@ -108,4 +108,4 @@ options:
 
 if __name__ == "__main__":
     interrupted = "interrupted before training began; no checkpoint was written or changed"
-    run_cli(distributed.explain_hangs(main), interrupted=interrupted, keep_going=True)
+    cli(distributed.explain_hangs(main), interrupted=interrupted, keep_going=True)

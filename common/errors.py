@@ -1,12 +1,9 @@
 """Errors meant for people: one line that says what is wrong and how to fix it, exit code 2.
 
-Code anywhere raises `UserError("what is wrong; how to fix it")`; an entry point wraps its `main` in
-`run_cli`, which prints `error: ...` on stderr and exits 2 (`--debug` or TINYGPT_DEBUG=1: the
-traceback). Notable: importing this module installs a Ctrl-C hook (exit 130, one line) for the
-seconds of imports before `main`, which is why every script imports it first; under torchrun a
-`ConfigError` is printed by rank 0 alone; a closed stdout ends a script quietly with 141
-(common/streams.py); and a script that takes a setting as a flag declares it (`named_as_flags`), so
-errors under its `main` say `--device cuda`, not `train.device=cuda`.
+Code anywhere raises `UserError("what is wrong; how to fix it")`; every script runs its `main` under
+`cli`, which prints `error: ...` and exits 2 (`--debug` or TINYGPT_DEBUG=1: the traceback).
+Importing this module makes a Ctrl-C during the seconds of imports one line (exit 130), which is why
+every script imports it first.
 """
 
 from __future__ import annotations
@@ -83,7 +80,7 @@ def _say(line: str) -> None:
 
 
 def _interrupt_hook(kind, value, tb, previous=sys.excepthook) -> None:
-    """A Ctrl-C before `run_cli` runs (while a script imports torch): one line; Python then exits as
+    """A Ctrl-C before `cli` runs (while a script imports torch): one line; Python then exits as
     killed by SIGINT (130)."""
     if issubclass(kind, KeyboardInterrupt) and not debug_enabled():
         _say(f"\n{INTERRUPTED} (while starting)")
@@ -110,7 +107,7 @@ def _load_torch_holding_ctrl_c() -> None:
 _load_torch_holding_ctrl_c()
 
 
-def run_cli(
+def cli(
     main: Callable[[list[str]], int | None],
     argv: list[str] | None = None,
     interrupted: str = INTERRUPTED,

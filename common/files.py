@@ -144,7 +144,8 @@ def _fsync(path: Path) -> None:
 
 def _recover(out_dir: Path, name: str) -> None:
     """Finish a swap that a crash interrupted, and drop leftovers of unfinished writes."""
-    final, old = out_dir / name, out_dir / f".{name}.old"
+    final = out_dir / name
+    old = out_dir / f".{name}.old"
     if old.exists():
         if final.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -181,7 +182,8 @@ def atomic_folder(
         raise write_failed(out_dir, e, need, advice) from None
     _recover(out_dir, name)
     tmp = out_dir / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
-    final, old = out_dir / name, out_dir / f".{name}.old"
+    final = out_dir / name
+    old = out_dir / f".{name}.old"
     try:
         yield tmp
         for f in tmp.iterdir():

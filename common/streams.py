@@ -1,7 +1,7 @@
 """stdout and stderr that outlive their reader: a closed pipe (`train.py | head -3`) or a closed
 terminal. `guard` wraps them so that a write to a reader that has gone points the descriptor at
 os.devnull; then the program carries on without output (`keep_going`: training still writes its
-checkpoints), or `run_cli` ends it quietly with 141, as a process killed by SIGPIPE reports.
+checkpoints), or `cli` ends it quietly with 141, as a process killed by SIGPIPE reports.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ class GuardedStream:
     """A text stream whose writes survive the loss of its reader (see the module docstring)."""
 
     def __init__(self, stream, keep_going: bool):
-        self._stream, self._keep_going, self._gone = stream, keep_going, False
+        self._stream = stream
+        self._keep_going = keep_going
+        self._gone = False
 
     def write(self, text: str) -> int:
         if not self._gone:

@@ -86,7 +86,8 @@ class ThreadTuner:
         self.by_load = OtherLoad(since=STARTED.last) if by_load and readable else None
         self.looked = clock()
         self.enabled = enabled and not PINNED and len(self.counts) > 1
-        self.tries, self.clock = max(2, tries), clock
+        self.tries = max(2, tries)
+        self.clock = clock
         # or where the last tuner left it: a busy machine stays busy
         start = start or torch.get_num_threads()
         self.count = min(self.counts, key=lambda c: abs(c - start))
@@ -95,7 +96,8 @@ class ThreadTuner:
         self.trial: list[float] | None = None  # iterations of the try under way, at `trying`
         self.trying = self.count
         self.upward = False  # the direction of the next scheduled try, alternating
-        self.step, self.started = 0, 0.0
+        self.step = 0
+        self.started = 0.0
         self.next_upward = 0.0  # the clock's time before which no try of more threads starts
         # set now: the prefill before the first step runs on it
         if self.by_load is not None and self.enabled:
@@ -184,7 +186,8 @@ class ThreadTuner:
         return self._other(upward) > self.count and self.clock() < self.next_upward
 
     def _start(self, upward: bool) -> None:
-        self.trying, self.trial = self._other(upward), []
+        self.trying = self._other(upward)
+        self.trial = []
         torch.set_num_threads(self.trying)
 
     def _try(self, seconds: float) -> None:
@@ -206,7 +209,9 @@ class ThreadTuner:
         if won:
             self.count = self.trying
             self.recent.clear()
-        self.settled, self.trial, self.trying = median, None, self.count
+        self.settled = median
+        self.trial = None
+        self.trying = self.count
         torch.set_num_threads(self.count)
 
 
@@ -249,7 +254,8 @@ class OtherLoad:
         now = self._read()
         if now is None or self.last is None:
             return float(DEFAULT_THREADS)
-        (busy0, total0, ours0), (busy1, total1, ours1) = self.last, now
+        (busy0, total0, ours0) = self.last
+        (busy1, total1, ours1) = now
         self.last = now
         elapsed = (total1 - total0) / max(1, len(os.sched_getaffinity(0)))
         return (busy1 - busy0 - (ours1 - ours0)) / elapsed if elapsed > 0 else 0.0

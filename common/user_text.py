@@ -1,12 +1,8 @@
-"""Text a person gives tinygpt, read one way everywhere: prompt files and --prompt, eval.py's and
-prepare.py's --text-file, text datasets prepared from local files.
+"""Text a person gives tinygpt, read one way everywhere: prompts, --text-file, local text datasets.
 
-The rule: UTF-8; a byte-order mark at the start (Notepad and many editors write one) is not text and
-is removed; line ends are read as Python's text mode reads them (\\r\\n and a lone \\r become \\n),
-so a file saved on Windows gives the same tokens as the same file saved on Linux. A file that is not
-UTF-8 is one error naming the first bad byte and its offset, with the command that converts it.
-`read_user_text` reads a whole file; data/sources.py's TextFile, which streams a large file in
-blocks, applies the same `as_read`.
+UTF-8; a byte-order mark at the start (Notepad writes one) is removed; line ends are read as text
+mode reads them (\r\n and a lone \r become \n), so a file saved on Windows gives the same tokens as
+on Linux. A file that is not UTF-8 is one error naming the first bad byte and the fix.
 """
 
 from __future__ import annotations
@@ -29,7 +25,8 @@ def not_utf8(
 ) -> UserError:
     """The one line for a file that is not UTF-8: the first bad byte, its offset in the file
     (`offset`: where `raw` starts), and how to convert the file."""
-    byte, at = raw[error.start], offset + error.start
+    byte = raw[error.start]
+    at = offset + error.start
     return UserError(
         f"{what + ' ' if what else ''}{path} is not UTF-8 text (byte 0x{byte:02x} at offset {at}); "
         f"convert it, e.g. iconv -f latin1 -t utf-8 {path} > fixed.txt"

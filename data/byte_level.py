@@ -59,7 +59,9 @@ def last_lossless_cut(text: str) -> int:
 def split_losslessly(text: str, size: int = PIECE_CHARS) -> list[str]:
     """text cut into pieces of about `size` characters that encode to the ids of the whole text (a
     text with no newline to cut at stays whole)."""
-    pieces, start, pos = [], 0, size
+    pieces = []
+    start = 0
+    pos = size
     while (j := text.find("\n", pos, len(text) - 1)) >= 0:
         if _lossless_newline(text, j):
             pieces.append(text[start : j + 1])

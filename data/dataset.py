@@ -235,7 +235,8 @@ class Dataset:
 
     def windows(self, split: str, block_size: int, device: torch.device, seed: int) -> TokenWindows:
         """Random windows of block_size + 1 tokens from a split (data/loader.py)."""
-        tokens, vocab = self.split(split), self.meta.vocab_size
+        tokens = self.split(split)
+        vocab = self.meta.vocab_size
         unchecked = self.meta.tokens(split) > CHECKED_TOKENS
         return TokenWindows(tokens, block_size, device, seed, split, vocab if unchecked else None)
 

@@ -39,13 +39,15 @@ class Encoded:
 def _tasks(docs: Documents) -> Iterator[tuple[list[str], object]]:
     """Group documents into tasks of about TASK_CHARS characters, each with the source's position
     after its last document (asked for before the next one is read)."""
-    task, size = [], 0
+    task = []
+    size = 0
     for doc in docs:
         task.append(doc)
         size += len(doc)
         if size >= TASK_CHARS:
             yield task, docs.position()
-            task, size = [], 0
+            task = []
+            size = 0
     if task:
         yield task, docs.position()
 

@@ -26,8 +26,11 @@ class TokenWindows:
     ):
         """Windows of a split; with `max_id` (a split too large to be checked at opening) each
         batch's ids are checked to be below it."""
-        self.tokens, self.block_size = tokens, block_size
-        self.device, self.seed, self.split_id = device, seed, 0 if split == "train" else 1
+        self.tokens = tokens
+        self.block_size = block_size
+        self.device = device
+        self.seed = seed
+        self.split_id = 0 if split == "train" else 1
         self.max_id = max_id
         self.n_tokens = len(tokens)
         if self.n_tokens < block_size + 1:

@@ -300,7 +300,9 @@ def make_tokenizer(spec: str, source, bpe_train_chars: int, name: str) -> Tokeni
 def unknown_characters(tokenizer: CharTokenizer, source) -> UserError:
     """The error for text holding characters a char vocabulary lacks: all of them, from a pass over
     it."""
-    vocab, missing, count = set(tokenizer.chars), set(), 0
+    vocab = set(tokenizer.chars)
+    missing = set()
+    count = 0
     for split in SPLITS:
         for doc in source.documents(split):
             new = set(doc) - vocab

@@ -1,13 +1,10 @@
 """The known datasets, by name, and getting a dataset ready to read: the one way a run or a script
 does it.
 
-`recipes()` names each dataset train.py and prepare.py know: where its text comes from and which
-tokenizer makes its ids. `ready_dataset` opens a dataset (data/dataset.py's `Dataset.open`),
-preparing a known one first when it is not prepared yet (seconds for Shakespeare; TinyStories and
-FineWeb-Edu stream from the hub, minutes to hours); training says how a first use prepares (once per
-machine under torchrun). Its dry-run twin, `dataset_on_paper`, writes nothing where the user looks:
-a dataset not prepared yet is prepared in a temporary folder (where that takes seconds) and deleted
-after.
+`recipes()` names where each known dataset's text comes from and which tokenizer makes its ids.
+`ready_dataset` opens a dataset, preparing a known one first (seconds for Shakespeare; TinyStories
+and FineWeb-Edu stream from the hub); its dry-run twin, `dataset_for_dry_run`, writes nothing where
+the user looks.
 """
 
 from __future__ import annotations
@@ -121,7 +118,7 @@ def ready_dataset(
 
 
 @contextlib.contextmanager
-def dataset_on_paper(name: str, data_dir: str | Path | None = None) -> Iterator[Dataset | None]:
+def dataset_for_dry_run(name: str, data_dir: str | Path | None = None) -> Iterator[Dataset | None]:
     """The dry run's `ready_dataset`, which writes nothing where the user looks: the prepared
     dataset; else, when its text is here (seconds), one prepared in a temporary folder deleted when
     the block ends (its `Dataset.folder` is then not `dataset_folder`'s: the caller says so); None

@@ -73,7 +73,9 @@ class Repeats:
         total = self.train_chars if split == "train" else self.val_chars
         letters = np.array(list(dict.fromkeys(self.alphabet)))  # each character once
         lines = _shakespeare_lines() if self.shakespeare > 0 else []
-        out, size, made = [], 0, 0
+        out = []
+        size = 0
+        made = 0
         while made < total:
             if lines and rng.random() < self.shakespeare:
                 start = int(rng.integers(len(lines) - 8))
@@ -86,7 +88,8 @@ class Repeats:
             made += len(chunk)
             if size >= PIECE:
                 yield "".join(out)
-                out, size = [], 0
+                out = []
+                size = 0
         if out:
             yield "".join(out)
 
@@ -96,7 +99,8 @@ class Repeats:
         repeats = int(rng.integers(self.min_repeats, self.max_repeats + 1))
         gaps = rng.integers(0, self.max_gap + 1, size=repeats)
         filler = "".join(rng.choice(letters, int(gaps.sum())))
-        parts, used = [], 0
+        parts = []
+        used = 0
         for gap in gaps:
             parts += [segment, filler[used : used + gap]]
             used += gap

@@ -85,7 +85,8 @@ class Preparation:
         for split, shards in self.splits.items():
             if not shards:
                 continue
-            tokens, text = sum(s.tokens for s in shards), sum(s.bytes for s in shards)
+            tokens = sum(s.tokens for s in shards)
+            text = sum(s.bytes for s in shards)
             docs = sum(s.documents for s in shards)
             what = f"{len(shards)} shard{'s' if len(shards) > 1 else ''} ({tokens:,} tokens, "
             what += (
@@ -230,7 +231,8 @@ def final_files(progress: Preparation) -> dict[str, list[list]]:
     listed = {}
     for split, shards in progress.splits.items():
         if len(shards) == 1 and shards[0].file != single_name(split):
-            source, target = progress.folder / shards[0].file, progress.folder / single_name(split)
+            source = progress.folder / shards[0].file
+            target = progress.folder / single_name(split)
             if source.exists():
                 os.replace(source, target)
             shards[0].file = target.name
@@ -247,14 +249,13 @@ class ShardWriter:
     def __init__(
         self, progress: Preparation, split: str, dtype: np.dtype, shard_tokens: int, need: Callable
     ):
-        self.progress, self.split, self.dtype, self.shard_tokens = (
-            progress,
-            split,
-            dtype,
-            shard_tokens,
-        )
+        self.progress = progress
+        self.split = split
+        self.dtype = dtype
+        self.shard_tokens = shard_tokens
         self.need = need  # bytes the split needs, about (for the line a full disk gives)
-        self.file, self.tmp = None, None
+        self.file = None
+        self.tmp = None
         self._reset()
 
     def _reset(self) -> None:
@@ -348,7 +349,8 @@ def write_split(
 
 
 def _write(progress: Preparation, split: str, source, tokenizer: Tokenizer, workers: int) -> None:
-    dtype, kept = np.dtype(progress.dtype), progress.shards(split)
+    dtype = np.dtype(progress.dtype)
+    kept = progress.shards(split)
     eot = tokenizer.eot_token if source.separate_documents else None
     docs = source.documents(split, kept[-1].end if kept else None)
     unit = {"B": "bytes", "doc": "documents", "char": "chars"}[source.unit]

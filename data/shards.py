@@ -138,7 +138,8 @@ def _check(
     if sum(counts) > CHECKED_TOKENS:  # too much to read now: TokenWindows checks each batch
         return
     for path, count in zip(paths, counts):
-        data, top = np.memmap(path, dtype=dtype, mode="r") if count else np.zeros(0, dtype), 0
+        data = np.memmap(path, dtype=dtype, mode="r") if count else np.zeros(0, dtype)
+        top = 0
         for start in range(0, count, 1 << 24):
             top = max(top, int(data[start : start + (1 << 24)].max()))
         if top >= vocab_size:

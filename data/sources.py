@@ -40,7 +40,8 @@ class Documents:
     def __init__(
         self, docs: Iterator[str], position: Callable[[], object], size: Optional[int] = None
     ):
-        self._docs, self.position = docs, position
+        self._docs = docs
+        self.position = position
         # of the whole split, in the source's `unit`s, when known (the progress bar's total)
         self.size = size
 

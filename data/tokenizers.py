@@ -144,7 +144,8 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
         )
     from data.bpe import TrainedBPE  # a bpe:N spec only
 
-    n, least = int(size), TrainedBPE.min_size()
+    n = int(size)
+    least = TrainedBPE.min_size()
     if n < least:
         raise UserError(
             f"tokenizer {spec}: a byte-level BPE needs at least {least} tokens (the 256 bytes and "

@@ -25,7 +25,10 @@ from data.byte_level import byte_chars
 from data.tokenizers import BPE_ENCODINGS, EOT, describe
 from hf import tokenizer_files
 
-NORMAL, CONTROL, UNUSED = 1, 3, 5  # llama.cpp's token types (gguf.TokenType)
+# llama.cpp's token types (gguf.TokenType)
+NORMAL = 1
+CONTROL = 3
+UNUSED = 5
 PRE_TOKENIZER = "gpt-2"  # llama.cpp's name for GPT-2's split pattern
 NEVER = "ÿ ÿ"  # bytes 0xFF 0xFF in GPT-2's alphabet: a merge that never applies (0xFF is not UTF-8)
 
@@ -46,7 +49,8 @@ def _byte_text(data: bytes) -> str:
 def _char_vocabulary(chars: list[str]) -> Vocabulary:
     """Each character as its bytes; one merge per byte after a character's first (its bytes so far,
     the next byte), shorter first."""
-    tokens, merges = [_byte_text(c.encode()) for c in chars], set()
+    tokens = [_byte_text(c.encode()) for c in chars]
+    merges = set()
     for c in chars:
         data = c.encode()
         merges.update(

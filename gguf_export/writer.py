@@ -62,18 +62,18 @@ def _blocks(
     def get(name: str, rows: int) -> torch.Tensor:  # a bias the model does not have is zeros
         return weights.get(p + name, torch.zeros(rows))
 
-    n, w = cfg.n_embd, cfg.mlp_width
+    n = cfg.n_embd
+    w = cfg.mlp_width
     params = ("weight", "bias") if gpt2 or cfg.bias else ("weight",)
     for kind, ours in (("ATTN_NORM", "norm1"), ("FFN_NORM", "norm2")):
         for param in ("weight", "bias") if gpt2 else ("weight",):
             yield f"{kind}.{param}", get(f"{ours}.{param}", n)
     q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     for param in params:
-        qkv, out = get(f"attn.W_QKV.{param}", q + 2 * kv), get(f"attn.W_O.{param}", n)
-        mlp_in, mlp_out = (
-            get(f"mlp.W_in.{param}", 2 * w if not gpt2 else w),
-            get(f"mlp.W_out.{param}", n),
-        )
+        qkv = get(f"attn.W_QKV.{param}", q + 2 * kv)
+        out = get(f"attn.W_O.{param}", n)
+        mlp_in = get(f"mlp.W_in.{param}", 2 * w if not gpt2 else w)
+        mlp_out = get(f"mlp.W_out.{param}", n)
         if gpt2:
             yield from ((f"ATTN_QKV.{param}", qkv), (f"FFN_UP.{param}", mlp_in))
         else:

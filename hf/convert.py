@@ -103,7 +103,8 @@ def with_every_head(cfg: GPTConfig, weights: dict[str, torch.Tensor]) -> tuple[G
     is."""
     if family(cfg) != "gpt2" or cfg.kv_heads == cfg.n_head:
         return cfg, weights
-    group, d = cfg.n_head // cfg.kv_heads, cfg.head_dim
+    group = cfg.n_head // cfg.kv_heads
+    d = cfg.head_dim
     out = dict(weights)
     for name, tensor in weights.items():
         if name.endswith(("attn.W_QKV.weight", "attn.W_QKV.bias")):
@@ -216,7 +217,8 @@ def _from_llama_config(c: dict, refuse) -> GPTConfig:
         )
     if c.get("hidden_act", "silu") != "silu":
         raise refuse("hidden_act", "Llama's MLP is SwiGLU, with silu")
-    n_embd, n_head = c["hidden_size"], c["num_attention_heads"]
+    n_embd = c["hidden_size"]
+    n_head = c["num_attention_heads"]
     if c.get("head_dim", n_embd // n_head) * n_head != n_embd:
         raise refuse("head_dim", f"heads must split hidden_size={n_embd} evenly")
     if c.get("attention_bias", False) != c.get("mlp_bias", False):
@@ -249,8 +251,10 @@ def weight_names(cfg: GPTConfig) -> Iterator[tuple[str, list[tuple[str, int | No
     every tensor. Names on the transformers side lack the module prefix; one of ours made of several
     of theirs stacks them along its rows (the output dimension), in the order given (rows None: the
     whole tensor)."""
-    kind, L = family(cfg), cfg.n_layer
-    d, w = cfg.head_dim, cfg.mlp_width
+    kind = family(cfg)
+    L = cfg.n_layer
+    d = cfg.head_dim
+    w = cfg.mlp_width
     if kind == "gpt2":
         yield "token_emb.weight", [("wte.weight", None)], False
         yield "pos_emb.weight", [("wpe.weight", None)], False
@@ -273,7 +277,8 @@ def weight_names(cfg: GPTConfig) -> Iterator[tuple[str, list[tuple[str, int | No
         q, kv = cfg.n_head * d, cfg.kv_heads * d
         yield "token_emb.weight", [("embed_tokens.weight", None)], False
         for i in range(L):
-            a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+            a = f"layers.{i}.self_attn."
+            m = f"layers.{i}.mlp."
             yield f"blocks.{i}.norm1.weight", [(f"layers.{i}.input_layernorm.weight", None)], False
             yield (
                 f"blocks.{i}.norm2.weight",
@@ -304,7 +309,8 @@ def from_hf_weights(
     """Our weights (float32) from a transformers state dict of the model `cfg` describes."""
     prefix = PREFIX[family(cfg)]
     plain = {k.removeprefix(prefix): v for k, v in theirs.items()}
-    ours, used = {}, set()
+    ours = {}
+    used = set()
     for name, parts, transposed in weight_names(cfg):
         missing = [t for t, _ in parts if t not in plain]
         if missing:
@@ -328,7 +334,8 @@ def from_hf_weights(
 def to_hf_weights(ours: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
     """A transformers state dict (with its module prefixes) for our weights; missing biases become
     zeros."""
-    prefix, out = PREFIX[family(cfg)], {}
+    prefix = PREFIX[family(cfg)]
+    out = {}
     for name, parts, transposed in weight_names(cfg):
         tensor = ours.get(name)
         if tensor is None:  # a GPT-2 style model without biases: GPT-2's are zero
@@ -348,12 +355,15 @@ def to_peft_weights(
     """PEFT's adapter_model.safetensors for our LoRA adapters (named as PEFT saves them:
     base_model.model. + the module + .lora_A.weight / .lora_B.weight), and its target_modules (as
     module-name suffixes: GPT-2's attn.c_proj and mlp.c_proj would both match a bare c_proj)."""
-    prefix, out, targets = "base_model.model." + PREFIX[family(cfg)], {}, set()
+    prefix = "base_model.model." + PREFIX[family(cfg)]
+    out = {}
+    targets = set()
     for name, theirs, _ in weight_names(cfg):
         module = name.removesuffix(".weight")
         if f"{module}.lora_A" not in adapters:
             continue
-        A, B = adapters[f"{module}.lora_A"], adapters[f"{module}.lora_B"]
+        A = adapters[f"{module}.lora_A"]
+        B = adapters[f"{module}.lora_B"]
         ours = lora.parts(cfg, module.rsplit(".", 1)[1])
         if len(ours) != len(theirs):  # cannot happen for a model check_exportable lets through
             raise UserError(
@@ -361,6 +371,7 @@ def to_peft_weights(
             )
         for (tensor, _), a, b in zip(theirs, A.split(B.size(1)), B.split(ours)):
             path = prefix + tensor.removesuffix(".weight")
-            out[f"{path}.lora_A.weight"], out[f"{path}.lora_B.weight"] = a.clone(), b.clone()
+            out[f"{path}.lora_A.weight"] = a.clone()
+            out[f"{path}.lora_B.weight"] = b.clone()
             targets.add(".".join(tensor.split(".")[2:-1]))  # h.3.attn.c_attn.weight -> attn.c_attn
     return out, sorted(targets)

@@ -63,7 +63,8 @@ def _merged_from(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[byte
 def gpt2_merges() -> list[tuple[str, str]]:
     """GPT-2's merges.txt, rebuilt from the ranks (about a second): one pair per multi-byte token,
     by rank."""
-    ranks, alphabet = _gpt2_ranks(), byte_chars()
+    ranks = _gpt2_ranks()
+    alphabet = byte_chars()
 
     def text(b: bytes) -> str:
         return "".join(alphabet[x] for x in b)
@@ -88,7 +89,8 @@ def _tokenizers():
 
 def _gpt2_json() -> str:
     tk = _tokenizers()
-    vocab, merges = gpt2_vocab(), gpt2_merges()
+    vocab = gpt2_vocab()
+    merges = gpt2_merges()
     tokenizer = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges))
     tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = tk.decoders.ByteLevel()

@@ -64,7 +64,8 @@ def _text_metrics(model: GPT, x, y, interventions) -> np.ndarray:
     sums = np.zeros((1 + len(interventions), 2))
     for which, rows, logits in passes(model, x, interventions):
         G, B, T, V = logits.shape
-        flat, targets = logits.reshape(G * B, T, V), y[rows].repeat(G, 1)
+        flat = logits.reshape(G * B, T, V)
+        targets = y[rows].repeat(G, 1)
         loss = token_losses(flat, targets).mean(dim=1).view(G, B).sum(dim=1)
         icl = icl_differences(flat, targets).view(G, B).sum(dim=1)
         sums[which] += torch.stack([loss, icl], dim=1).double().cpu().numpy()
@@ -115,7 +116,8 @@ def ablate(
         text = _text_metrics(model, x, y, [head_edits(g, kind, means, x.size(1)) for g in groups])
         rep = _repeat_metrics(model, tokens, n, [head_edits(g, kind, means, 2 * n) for g in groups])
     values = np.concatenate([text[:, :1], rep, text[:, 1:]], axis=1)  # in the order of METRICS
-    clean, changes = values[0], values[1:] - values[0]
+    clean = values[0]
+    changes = values[1:] - values[0]
     return {
         "kind": kind,
         "windows": windows,

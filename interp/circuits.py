@@ -97,14 +97,17 @@ def later_layers(n_layer: int, n_head: int) -> torch.Tensor:
 def all_composition_scores(w: HeadWeights) -> dict[str, torch.Tensor]:
     """Q-, K- and V-composition of every pair of heads: {"q", "k", "v"}: (L H, L H) indexed [writer,
     reader] in the order L0H0, L0H1, ..., 0 where the reader is not in a later layer."""
-    H, n = w.n_head, w.n_layer * w.n_head
+    H = w.n_head
+    n = w.n_layer * w.n_head
     left = Factored(w.W_V.reshape(n, *w.W_V.shape[2:]), w.W_O.reshape(n, *w.W_O.shape[2:]))
     scores = {}
     for kind in KINDS:
-        right, table = _readers(w, kind), torch.zeros(n, n, dtype=w.W_Q.dtype)
+        right = _readers(w, kind)
+        table = torch.zeros(n, n, dtype=w.W_Q.dtype)
         # each layer's heads against the heads of every later layer
         for layer in range(w.n_layer - 1):
-            writers, readers = slice(layer * H, (layer + 1) * H), slice((layer + 1) * H, n)
+            writers = slice(layer * H, (layer + 1) * H)
+            readers = slice((layer + 1) * H, n)
             pick = lambda f, rows: Factored(f.A[rows], f.B[rows])  # noqa: E731
             table[writers, readers] = composition_scores(pick(left, writers), pick(right, readers))
         scores[kind] = table
@@ -159,7 +162,9 @@ def composition_table(model: GPT) -> dict:
 
 def format_composition(table: dict, top: int = 8) -> str:
     """The strongest pairs of each kind against the baseline, then every head's copying score."""
-    names, base, std = table["heads"], table["baseline"], table["baseline_std"]
+    names = table["heads"]
+    base = table["baseline"]
+    std = table["baseline_std"]
     lines = [f"composition scores (random heads of these shapes: {base:.3f} ± {std:.3f})"]
     for kind in KINDS:
         values = torch.tensor(table[kind])

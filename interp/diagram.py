@@ -40,7 +40,8 @@ def _positions(n_layer: int, n_head: int, spread: float) -> dict[str, tuple[floa
         for head in range(n_head)
     }
     middle = (n_head - 1) * spread / 2
-    where["embeddings"], where["answer"] = (middle, 0.0), (middle, ROW * (n_layer + 1))
+    where["embeddings"] = (middle, 0.0)
+    where["answer"] = (middle, ROW * (n_layer + 1))
     return where
 
 
@@ -57,7 +58,9 @@ def _arrow(
     ax.add_patch(arrow)
     if not label:
         return
-    (x1, y1), (x2, y2), t = start, end, 0.5 + 0.6 * bend
+    (x1, y1) = start
+    (x2, y2) = end
+    t = 0.5 + 0.6 * bend
     # as arc3 places it
     control = ((x1 + x2) / 2 + bend * (y2 - y1), (y1 + y2) / 2 - bend * (x2 - x1))
     x, y = (
@@ -98,7 +101,8 @@ def _draw_paths(ax, circuit: dict, where: dict) -> None:
     strongest = max([*effects, 1e-9])
     for edge in circuit["edges"]:
         width = 0.8 + 5 * abs(edge["effect"]) / strongest
-        ends, head = (where[edge["from"]], where[edge["to"]]), edge["from"] != "embeddings"
+        ends = (where[edge["from"]], where[edge["to"]])
+        head = edge["from"] != "embeddings"
         # the embeddings': the table
         label = f"{edge['kind'].upper()} {edge['effect']:+.2f}" if head else ""
         colour = KIND_COLOURS[edge["kind"]]
@@ -136,7 +140,8 @@ def legend_text(circuit: dict, rows: int = 16) -> str:
     lines += ["", "direct logit attribution of the answer writers:"]
     for node in circuit["nodes"]:
         if abs(node["direct_effect"]) >= circuit["thresholds"]["edge"]:
-            dla, effect = node["direct_logit_attribution"], node["direct_effect"]
+            dla = node["direct_logit_attribution"]
+            effect = node["direct_effect"]
             lines.append(f"{node['name']:>10}  {dla:+.2f} (effect {effect:+.2f})")
     return "\n".join(lines)
 

@@ -72,7 +72,8 @@ def lens_view(model: GPT, ids: list[int], tokenizer) -> dict:
     with a label for every token the lens names."""
     if len(ids) < 2:
         return {}
-    lens, attribution = logit_lens(model, ids, top=LENS_TOP), direct_attribution(model, ids)
+    lens = logit_lens(model, ids, top=LENS_TOP)
+    attribution = direct_attribution(model, ids)
     named = sorted({i for stage in lens["top_ids"] for position in stage for i in position})
     return {
         "lens": {

@@ -26,7 +26,8 @@ class Factored:
     def __init__(self, A: torch.Tensor, B: torch.Tensor):
         if A.size(-1) != B.size(-2):
             raise ValueError(f"factors do not chain: A is {tuple(A.shape)}, B is {tuple(B.shape)}")
-        self.A, self.B = A, B
+        self.A = A
+        self.B = B
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -82,7 +83,8 @@ def composition_scores(left: Factored, right: Factored) -> torch.Tensor:
     ||A M B||^2 = sum((G_A M) * (M G_B)) with the Gram matrices of `Factored.gram`."""
     gram_left, _ = left.gram()  # A_L^T A_L: (P, k, k)
     _, gram_right = right.gram()  # B_R B_R^T: (Q, k2, k2)
-    (P, k), (Q, k2) = left.B.shape[:2], (right.A.shape[0], right.A.shape[2])
+    (P, k) = left.B.shape[:2]
+    (Q, k2) = (right.A.shape[0], right.A.shape[2])
     readers = right.A.transpose(0, 1).reshape(-1, Q * k2)  # (m, Q k2): every A_R side by side
     chunk = max(1, PAIR_NUMBERS // (Q * k * k2))  # left matrices at a time: bounded memory
     products = []

@@ -56,7 +56,8 @@ def logit_lens(model: GPT, ids: list[int], top: int = 5) -> dict:
 
 def term_names(model: GPT) -> list[str]:
     """The parts of the final residual that direct logit attribution credits, in its order."""
-    cfg, blocks = model.config, model.blocks
+    cfg = model.config
+    blocks = model.blocks
     names = ["embeddings"]
     for layer in range(cfg.n_layer):
         names += [head_name(layer, head) for head in range(cfg.n_head)]

@@ -81,7 +81,8 @@ def _frozen_heads(
 
 def sender_runs(model: GPT, task: Task, senders: Sequence[Sequence[Sender]], points: list[str]):
     """Step 1 for each sender set: the activations at `points`, each (G, B, T, ...)."""
-    L, B = model.config.n_layer, task.base.size(0)
+    L = model.config.n_layer
+    B = task.base.size(0)
     heads = [f"blocks.{layer}.attn.z" for layer in range(L)]
     _, base = run_with_cache(model, task.base, [*heads, "blocks.0.resid_pre"])
     _, source = run_with_cache(model, task.source, [*heads, "blocks.0.resid_pre"])
@@ -99,7 +100,8 @@ def sender_runs(model: GPT, task: Task, senders: Sequence[Sequence[Sender]], poi
 
 def _sets_per_batch(model: GPT, task: Task) -> int:
     """How many sender sets one batched sender run may hold."""
-    cfg, (B, T) = model.config, task.base.shape
+    cfg = model.config
+    (B, T) = task.base.shape
     per_set = 4 * B * T * (cfg.vocab_size + 16 * cfg.n_embd)
     return max(1, SENDER_BATCH_BYTES // per_set)
 

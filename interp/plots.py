@@ -204,7 +204,8 @@ def plot_ablation(result: dict, path: Path) -> None:
     size = (2.2 + len(METRICS) * max(2.6, 0.45 * n_head), 1.8 + 0.45 * n_layer)
     fig = Figure(figsize=size, layout="constrained")
     axes = fig.subplots(1, len(METRICS), squeeze=False).ravel()
-    heads, layers = [f"H{h}" for h in range(n_head)], [f"L{layer}" for layer in range(n_layer)]
+    heads = [f"H{h}" for h in range(n_head)]
+    layers = [f"L{layer}" for layer in range(n_layer)]
     for ax, metric in zip(axes, METRICS):
         table = np.array(result[metric])
         v = _symmetric(table)
@@ -262,7 +263,9 @@ def plot_composition(table: dict, path: Path) -> None:
     """Q-, K- and V-composition of every pair of heads (interp/circuits.py's composition_table):
     writers on the rows, readers on the columns, blank where the reader is not in a later layer; the
     colour scale starts at the random baseline, so a coloured cell is composition above chance."""
-    names, base, std = table["heads"], table["baseline"], table["baseline_std"]
+    names = table["heads"]
+    base = table["baseline"]
+    std = table["baseline_std"]
     n = len(names)
     layer = np.array([int(HEAD_NAME.fullmatch(name).group(1)) for name in names])
     later = layer[:, None] < layer[None, :]

@@ -50,7 +50,8 @@ def write_lens(model, ids: list[int], tokenizer, out: Path, ckpt: Path) -> list[
     """--lens: the prompt's logit lens and direct attribution, printed, written as JSON and a
     picture."""
     mc = model.config
-    found, attribution = logit_lens(model, ids), direct_attribution(model, ids)
+    found = logit_lens(model, ids)
+    attribution = direct_attribution(model, ids)
     heads = head_attributions(attribution, mc.n_layer, mc.n_head).mean(axis=0)
     labels = token_labels(ids, tokenizer)
     print(format_lens(found, heads, labels, lambda i: token_labels([i], tokenizer)[0]))

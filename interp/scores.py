@@ -159,7 +159,11 @@ def score_heads(
         )
     x, y = (t.to(device) for t in val.batch(0, windows, stream=2))
     tokens = repeated_tokens(cfg.vocab_size, n, sequences, seed).to(device)
-    text, rep, icl, first, second = [], [], [], [], []
+    text = []
+    rep = []
+    icl = []
+    first = []
+    second = []
     with evaluating(model):
         for rows, logits, weights in _passes(model, x):
             text.append([text_scores(w) for w in weights])

@@ -50,8 +50,11 @@ def _centred(W: torch.Tensor, dim: int, centre: bool) -> torch.Tensor:
 
 def _attention(model: GPT, layer: int, dtype: torch.dtype, layernorm: bool):
     """One layer's W_Q, W_K, W_V (H, C, d) with norm1's scale folded in, and W_O (H, d, C)."""
-    cfg, block = model.config, model.blocks[layer]
-    H, Hk, d = cfg.n_head, cfg.kv_heads, cfg.head_dim
+    cfg = model.config
+    block = model.blocks[layer]
+    H = cfg.n_head
+    Hk = cfg.kv_heads
+    d = cfg.head_dim
     # (H d + 2 Hk d, C): rows are outputs
     weight = block.attn.W_QKV.weight.detach().to("cpu", dtype)
     # (C,): folded into every row's reading of x

@@ -36,8 +36,11 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm = cfg.qk_norm
         self.dropout = cfg.dropout
         self.resid_dropout = Dropout(cfg.dropout)
-        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
-        self.hook_pattern, self.hook_z = HookPoint(), HookPoint()
+        self.hook_q = HookPoint()
+        self.hook_k = HookPoint()
+        self.hook_v = HookPoint()
+        self.hook_pattern = HookPoint()
+        self.hook_z = HookPoint()
 
     def forward(self, x, rotary=None, mask=None, kv_cache=None):
         B, T, C = x.shape  # batch, tokens, n_embd
@@ -105,7 +108,8 @@ class Block(nn.Module):
         self.norm2 = make_norm(cfg) if cfg.mlp else None
         self.mlp = MLP(cfg) if cfg.mlp else None
         if cfg.mlp:
-            self.hook_resid_mid, self.hook_mlp_out = HookPoint(), HookPoint()
+            self.hook_resid_mid = HookPoint()
+            self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
     def forward(self, x, rotary=None, mask=None, kv_cache=None):

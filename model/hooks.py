@@ -1,15 +1,13 @@
-"""Hook points: read or replace activations inside a GPT's forward pass, by name.
+"""Hook points: read or replace activations inside a GPT's forward pass, by name, as TransformerLens
+does.
 
     # fn(tensor, name) returns None (it reads) or a tensor (it replaces)
     with hooked(model, {"blocks.1.attn.z": fn}):
         logits, _ = model(idx)
     logits, cache = run_with_cache(model, idx, ["blocks.0.resid_pre", "blocks.1.attn.pattern"])
 
-Each point is a `HookPoint` in model/gpt.py, an identity on the line it observes (`x =
-self.hook_resid_pre(x)`), as in TransformerLens; its name is its module path without the "hook_"
-prefix, and those modules are the one list of names (`point_names`). Unused, a point costs a read
-and a None check. docs/heads.md ("Hooks, for your own experiments") lists the points and their
-shapes.
+Each point is a `HookPoint`, an identity on the line it observes in model/gpt.py; its name is its
+module path without "hook_". docs/heads.md lists the points and their shapes.
 """
 
 from __future__ import annotations
@@ -79,7 +77,8 @@ def point_names(model: nn.Module, patterns: bool = True) -> list[str]:
 
 def _unknown(model: nn.Module, name: str) -> ValueError:
     """The error for a name that is no point of `model`, saying why."""
-    n_layer, parts = len(model.blocks), name.split(".")
+    n_layer = len(model.blocks)
+    parts = name.split(".")
     points = [n.removeprefix("blocks.0.") for n in hook_points(model) if n.startswith("blocks.0.")]
     why = f"points are blocks.L.{{{','.join(points)}}}"
     if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit():

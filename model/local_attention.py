@@ -172,10 +172,12 @@ def attend_locally(
     """softmax(Q K^T / sqrt(d) + mask) V for the mask `span` describes, queries (B, H, T, d) at
     positions 0 .. T-1 over their own keys and values (B, H_kv, T, d); (B, H, T, d) out."""
     B, H, T, d = queries.shape
-    window, starts = span.window, span.starts
+    window = span.window
+    starts = span.starts
     block, reach = block_layout(T, window)
     n = -(-T // block)
-    length, width = n * block, (reach + 1) * block
+    length = n * block
+    width = (reach + 1) * block
     # the first `reach` blocks of each row would reach before its start, into the previous row (the
     # batch is one long sequence of blocks): those `head` tokens are answered by a call of their
     # own, written over

@@ -28,7 +28,9 @@ def parts(model: GPTConfig, target: str) -> list[int]:
     """The output rows of each adapter on `target`, top to bottom: one adapter on the whole matrix,
     or (rotary positions, the Llama family) one per projection fused in it: q, k, v in W_QKV; gate,
     up in W_in."""
-    q, kv, w = model.n_head * model.head_dim, model.kv_heads * model.head_dim, model.mlp_width
+    q = model.n_head * model.head_dim
+    kv = model.kv_heads * model.head_dim
+    w = model.mlp_width
     llama = model.pos_emb == "rope"
     if target == "W_QKV":
         return [q, kv, kv] if llama else [q + 2 * kv]
@@ -60,8 +62,12 @@ class LoRALinear(nn.Linear):
         super().__init__(
             base.in_features, base.out_features, bias=base.bias is not None, device="meta"
         )
-        self.weight, self.bias = base.weight, base.bias  # the base's Parameters, not copies
-        self.parts, self.rank, self.scale = parts, cfg.rank, cfg.scale
+        # the base's Parameters, not copies
+        self.weight = base.weight
+        self.bias = base.bias
+        self.parts = parts
+        self.rank = cfg.rank
+        self.scale = cfg.scale
         device = base.weight.device
         self.lora_A = nn.Parameter(
             torch.empty(len(parts) * cfg.rank, base.in_features, device=device)
@@ -122,11 +128,9 @@ def merge(
             continue
         prefix = name.removesuffix(".lora_A")  # blocks.3.attn.W_QKV
         target = prefix.rsplit(".", 1)[1]
-        A, B, W = (
-            adapters[name].float(),
-            adapters[f"{prefix}.lora_B"].float(),
-            weights[f"{prefix}.weight"],
-        )
+        A = adapters[name].float()
+        B = adapters[f"{prefix}.lora_B"].float()
+        W = weights[f"{prefix}.weight"]
         out[f"{prefix}.weight"] = (W.float() + delta(A, B, parts(model, target), cfg.scale)).to(
             W.dtype
         )

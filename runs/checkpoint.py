@@ -226,7 +226,8 @@ class _Recorded:
     RuntimeError ("unexpected pos ...") without the reason."""
 
     def __init__(self, f):
-        self.f, self.error = f, None
+        self.f = f
+        self.error = None
 
     def write(self, data) -> int:
         try:

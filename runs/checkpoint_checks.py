@@ -55,10 +55,8 @@ def check_weight_shapes(
         )
     expected = expected_weights(cfg)
     tied = {"lm_head.weight"} if cfg.tie_embeddings else set()
-    missing, unexpected = (
-        sorted(set(expected) - set(shapes)),
-        sorted(set(shapes) - set(expected) - tied),
-    )
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected) - tied)
     if missing or unexpected:
         raise UserError(
             f"the weights in {where} do not match its config (missing {missing[:3]}, unexpected "
@@ -226,7 +224,8 @@ def safe_optimizer_state(
     if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict):
         raise bad("it is not a mapping with a state")
     name_of = {id(p): n for n, p in model.named_parameters()}
-    expected, groups = {}, []
+    expected = {}
+    groups = []
     for opt in optimizers:
         for live in opt.param_groups:
             names = [name_of[id(p)] for p in live["params"]]

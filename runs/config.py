@@ -1,14 +1,11 @@
 """Training configs: typed YAML with sections, `base:` inheritance and `section.key=value`
-overrides.
+overrides, loaded as a `Request` (training/plan.py settles it into the final config).
 
-The schema (runs/config_schema.py) is a tree of dataclasses (OmegaConf structured configs): an
-unknown key or a value of the wrong type is caught when a file or override is merged in (defaults <-
-the `base:` chain <- the file <- overrides), and the error names the key, the closest valid one, and
-where it came from. `load_config` returns a `Request`; training/plan.py settles it into the final
-config that checkpoints keep. A checkpoint's config.yaml is data, not a config file:
-`config_from_data` builds it field by field from the parsed YAML, with the schema's types and no
-OmegaConf, so `${...}` in it stays text (OmegaConf would interpolate it, `${oc.env:HOME}` reading
-the environment).
+An unknown key or a value of the wrong type is caught when a file or override is merged in, and the
+error names the key, the closest valid one, and where it came from. A checkpoint's config.yaml is
+data, not a config file: `config_from_data` builds it field by field, without OmegaConf, so
+`${...}` in it stays text (OmegaConf would interpolate it, `${oc.env:HOME}` reading the
+environment).
 """
 
 from __future__ import annotations

@@ -144,8 +144,10 @@ def problems(cfg: Config, setup: bool = True) -> list[tuple[str, str]]:
         return out
     out = [(f"model.{k}", m) for k, m in cfg.model.problems()]
     out += _lora_problems(cfg) + _sign_problems(cfg)
-    t, o = cfg.train, cfg.optim
-    n, every = cfg.log.sample_every, t.eval_interval
+    t = cfg.train
+    o = cfg.optim
+    n = cfg.log.sample_every
+    every = t.eval_interval
     if n > 0 and every > 0 and n % every:
         fix = every * max(1, round(n / every))
         msg = f"{n} is not a multiple of train.eval_interval={every} (samples are drawn at evals)"
@@ -181,7 +183,8 @@ def problems(cfg: Config, setup: bool = True) -> list[tuple[str, str]]:
 
 def _sign_problems(cfg: Config) -> list[tuple[str, str]]:
     """The values that must be positive, or not negative, and are not."""
-    t, o = cfg.train, cfg.optim
+    t = cfg.train
+    o = cfg.optim
     positive = [
         ("train.eval_interval", t.eval_interval),
         ("train.eval_iters", t.eval_iters),
@@ -225,7 +228,9 @@ def _setup_problems(cfg: Config) -> list[tuple[str, str]]:
     """Combinations that cannot run: an optimizer with a kind of parallelism, a batch split, CUDA
     graphs; a window wider than training's inputs (a checkpoint may hold one: a rotary model
     generates with it)."""
-    t, out, m = cfg.train, [], cfg.model
+    t = cfg.train
+    out = []
+    m = cfg.model
     if cfg.optim.name == "muon" and t.parallel == "fsdp":
         msg = "muon needs whole matrices and cannot run on FSDP shards"
         out.append(("optim.name", f"{msg}; use train.parallel=ddp or optim.name=adamw"))

@@ -90,7 +90,8 @@ class Loaded:
         from data.dataset import META_FILE, dataset_folder, prepare_command
         from data.recipes import ready_dataset, recipes
 
-        name, recorded = self.config.data.dataset, self.config.data.dir
+        name = self.config.data.dataset
+        recorded = self.config.data.dir
         folder = dataset_folder(name, data_dir or recorded)
         if not (folder / META_FILE).is_file() and name not in recipes():
             older = (
@@ -132,7 +133,8 @@ def load_pretrained(name: Path | str, hub: bool = False, merge: bool = True) -> 
             "no Hugging Face model (it has no config.json); give a run's folder, a checkpoint or "
             "a model folder"
         ) from None
-    cfg, tokenizer_meta = ckpt.config(), ckpt.tokenizer_meta()
+    cfg = ckpt.config()
+    tokenizer_meta = ckpt.tokenizer_meta()
     about = describe(tokenizer_meta)
     if not ckpt.is_lora:
         return Pretrained(ckpt.folder, cfg.model, ckpt.weights(), tokenizer_meta, about, cfg)
@@ -167,7 +169,8 @@ def base_of(ckpt: Checkpoint) -> Pretrained:
 def _base(recorded: dict[str, str], ckpt: Checkpoint) -> Pretrained:
     """The base a LoRA checkpoint recorded (`lora_base`); one line if it has moved or its weights
     have changed since (the adapters would then apply to other weights)."""
-    folder, what = Path(recorded["base"]), f"the base model of LoRA checkpoint {ckpt}"
+    folder = Path(recorded["base"])
+    what = f"the base model of LoRA checkpoint {ckpt}"
     if not folder.exists():
         raise UserError(
             f"{what}, {folder}, is missing (moved or deleted?); the checkpoint holds only the "
@@ -208,7 +211,8 @@ def load_model(path: Path | str, device: torch.device | str = "cpu", merge: bool
     if cfg is None:
         dataset = "shakespeare_char" if tokenizer_meta["kind"] == "char" else "shakespeare"
         cfg = Config(model=source.model, data=DataConfig(dataset=dataset))
-    model, weights = GPT(source.model), source.weights
+    model = GPT(source.model)
+    weights = source.weights
     if source.adapters is not None:  # kept apart (merge False): adapters beside the base's weights
         from model.lora import add_lora
 

@@ -1,12 +1,9 @@
 """Where and how a run computes: device, precision, threads, compile, and this process's torchrun
-rank.
+rank; chosen here alone (training through `setup`, the dry run through `planned`).
 
-`auto` picks CUDA (each torchrun rank takes cuda:LOCAL_RANK), else Apple MPS, else the CPU; bf16
-autocast on GPUs with bf16 tensor cores, fp16 with a GradScaler on older ones (T4, V100), fp32 on
-MPS, and on a CPU bf16 only where bf16 matrix units pay for the casts (`cpu_auto_precision`);
-torch.compile on CUDA where Triton works. These choices are made here alone: training takes them
-through `setup`, the dry run through `planned`. The rank is read from torchrun's environment;
-training/distributed.py joins the process group.
+`auto` picks CUDA (cuda:LOCAL_RANK under torchrun), else Apple MPS, else the CPU; bf16 autocast on
+GPUs with bf16 tensor cores, fp16 with a GradScaler on older ones, fp32 on MPS, and on a CPU bf16
+only where bf16 matrix units pay for the casts (`cpu_auto_precision`).
 """
 
 from __future__ import annotations
@@ -66,7 +63,8 @@ class Runtime:
 
 
 def pick_device(setting: str, local_rank: int = 0) -> torch.device:
-    cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
+    cuda = torch.cuda.is_available()
+    mps = torch.backends.mps.is_available()
     if setting == "cuda" and not cuda:
         raise UserError(
             "train.device=cuda but no CUDA GPU is visible to PyTorch (is the CUDA build of torch "

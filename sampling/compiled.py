@@ -52,7 +52,8 @@ class DecodeStep(nn.Module):
 
     def __init__(self, model: nn.Module, cache: KVCache):
         super().__init__()
-        self.model, self.cache = model, cache
+        self.model = model
+        self.cache = cache
 
     def forward(self, token, position, span=None) -> torch.Tensor:
         return traced_step(self.model, token, position, self.cache, span)
@@ -113,7 +114,8 @@ def ahead_of_time(step: DecodeStep) -> Step:
     copy) whenever another step used them. The call runs the one for torch's thread count now. It
     holds the tensors, not the model, so a model whose step is kept for its next generation is still
     freed."""
-    tensors, owner = step.tensors(), object()
+    tensors = step.tensors()
+    owner = object()
     libraries = {}
     for threads, key in zip(thread_counts(), step_keys(step, tensors)):
         if key not in _libraries:
@@ -160,8 +162,10 @@ def build_library(step: DecodeStep, path: Path, threads: int) -> None:
         "this model's shape: some seconds)",
         file=sys.stderr,
     )
-    token, slots = torch.zeros(batch, dtype=torch.long), step.cache.slots
-    inputs, shapes = (token, torch.zeros(1, dtype=torch.long)), None
+    token = torch.zeros(batch, dtype=torch.long)
+    slots = step.cache.slots
+    inputs = (token, torch.zeros(1, dtype=torch.long))
+    shapes = None
     if spans_vary(step.cache):
         inputs += (torch.arange(slots - 1),)
         shapes = (None, None, {0: torch.export.Dim("span", min=2, max=slots - 1)})
@@ -230,7 +234,9 @@ def just_in_time(step: DecodeStep, device: torch.device) -> Step:
             )
         else:
             _jit[device.type] = torch.compile(traced_step, fullgraph=True, dynamic=False)
-    compiled, model, cache = _jit[device.type], weakref.ref(step.model), step.cache
+    compiled = _jit[device.type]
+    model = weakref.ref(step.model)
+    cache = step.cache
     if device.type == "cuda":
         for buffer in cache.buffers():
             torch._dynamo.mark_static_address(buffer)

@@ -73,7 +73,8 @@ def generate(
     `tuner` picks the CPU's thread count (default: the cores other processes leave free, one beside
     a background build; a run's runtime gives one that keeps its train.threads).
     """
-    B, block_size = idx.size(0), model.config.block_size
+    B = idx.size(0)
+    block_size = model.config.block_size
     endless = model.config.unbounded_context  # positions go on past block_size: no slide
     # endless: the whole prompt, prefilled
     n = idx.size(1) if endless else min(idx.size(1), block_size)
@@ -106,7 +107,8 @@ def generate(
 def _recompute(model, context, max_new_tokens, temperature, top_k, top_p, generator) -> Iterator:
     """The reference: a full forward over the tokens in context for every new token, the same
     windows."""
-    block_size, endless = model.config.block_size, model.config.unbounded_context
+    block_size = model.config.block_size
+    endless = model.config.unbounded_context
     logits = prefill(model, torch.stack(context, 1), None)
     for i in range(max_new_tokens):
         token = sample_next(logits, temperature, top_k, top_p, generator)

@@ -25,7 +25,8 @@ class Int8Linear(nn.Module):
         super().__init__()
         weight = linear.weight.detach().float()
         scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
         # zero columns that keep the CPU kernel on the input widths it handles
         self.pad = -self.in_features % PACK_WIDTH
         q = torch.round(weight / scale[:, None]).to(torch.int8)

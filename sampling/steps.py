@@ -144,12 +144,16 @@ class AutoStep:
     which ran, in words, for the user's line."""
 
     def __init__(self, model: nn.Module, cache: KVCache, eager: EagerStep, background=None):
-        self.model, self.cache, self.device = model, cache, cache.doc_start.device
+        self.model = model
+        self.cache = cache
+        self.device = cache.doc_start.device
         # a library kept
         self.background = self.device.type == "cpu" if background is None else background
         self.eager: Step = eager(model, cache)
         self.compiled: Step | None = None
-        self.calls, self.steps, self.started = 0, 0, 0.0
+        self.calls = 0
+        self.steps = 0
+        self.started = 0.0
         # a background build of this step runs: decode on one thread meanwhile
         self.building = False
         if not self.background:
@@ -170,7 +174,8 @@ class AutoStep:
     def expect(self, steps: int) -> bool:
         """A generation of `steps` steps begins; returns whether a background build of the step
         runs."""
-        self.calls, self.steps = 0, steps
+        self.calls = 0
+        self.steps = steps
         return self.building
 
     def __call__(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -185,7 +190,8 @@ class AutoStep:
         return self.eager(token, position)
 
     def _switch(self, compiled: Step, why: str) -> None:
-        self.compiled, self.building = compiled, False
+        self.compiled = compiled
+        self.building = False
         self.how = f"eager, then compiled from step {self.calls:,} ({why})"
 
     def _judge(self) -> bool:

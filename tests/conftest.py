@@ -122,12 +122,12 @@ def train_here(*argv: str) -> None:
 
 
 def script(capsys, main, *argv: str) -> str:
-    """A script's main in this process, as run_cli runs it from the command line; it must succeed;
+    """A script's main in this process, as cli runs it from the command line; it must succeed;
     returns its stdout."""
-    from common.errors import run_cli
+    from common.errors import cli
 
     with pytest.raises(SystemExit) as e:
-        run_cli(main, list(argv))
+        cli(main, list(argv))
     out, err = capsys.readouterr()
     assert e.value.code == 0, err
     return out
@@ -136,11 +136,11 @@ def script(capsys, main, *argv: str) -> str:
 def script_error(capsys, main, argv: list[str], message: str) -> None:
     """A script's main in this process must stop with one line on stderr that holds `message`, exit
     code 2."""
-    from common.errors import run_cli
+    from common.errors import cli
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     with pytest.raises(SystemExit) as e:
-        run_cli(main, argv)
+        cli(main, argv)
     for s, h in handlers.items():
         signal.signal(s, h)
     err = capsys.readouterr().err.strip()

@@ -289,7 +289,7 @@ STALL = """
 import datetime, os, sys, time
 sys.path.insert(0, {root!r})
 import torch, torch.distributed as dist
-from common.errors import run_cli
+from common.errors import cli
 from training.distributed import explain_hangs
 
 def main(argv):
@@ -300,7 +300,7 @@ def main(argv):
         time.sleep(30)
     model(torch.randn(2, 4)).sum().backward()
 
-run_cli(explain_hangs(main))
+cli(explain_hangs(main))
 """
 
 

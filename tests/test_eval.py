@@ -26,10 +26,10 @@ from data.bpe import BPETokenizer
 from data.evalsets import read_choices
 from data.recipes import SHAKESPEARE
 from data.tokenizers import CharTokenizer, from_meta
+from eval import score_choices
 from model import GPT, GPTConfig
 from runs import pretrained
 from runs.config import load_config
-from training.choices import score_choices
 from training.evaluation import evaluate_tokens, window_batch, windows
 
 

@@ -477,7 +477,7 @@ def test_a_picture_that_cannot_be_written_costs_no_checkpoint(data_dir: Path, tm
 def test_pictures_and_appended_lines_on_a_full_disk(tmp_path: Path):
     script = f"""
 from pathlib import Path
-from common.errors import run_cli
+from common.errors import cli
 from common.files import append_line
 from training.curves import plot_run
 
@@ -494,7 +494,7 @@ def main(argv):
         print(e, metrics.stat().st_size)
     plot_run(rows, Path({str(tmp_path)!r}) / "loss.png")
 
-run_cli(main)
+cli(main)
 """
     result = full_disk(10_000, "-c", script)
     lines = result.stdout.strip().splitlines()
@@ -690,13 +690,13 @@ def test_ctrl_c_in_sample(run: Path):
 
 
 def test_run_cli_turns_ctrl_c_into_one_line(capsys):
-    from common.errors import run_cli
+    from common.errors import cli
 
     def main(argv):
         raise KeyboardInterrupt
 
     with pytest.raises(SystemExit) as e:
-        run_cli(main, [], interrupted="interrupted; nothing was written")
+        cli(main, [], interrupted="interrupted; nothing was written")
     assert (
         e.value.code == 130
         and capsys.readouterr().err.strip() == "interrupted; nothing was written"

@@ -17,7 +17,7 @@ from common.errors import ConfigError, UserError
 from runs import checkpoint, runtime
 from runs.config import load_config
 from runs.runtime import Runtime
-from training import distributed, resume
+from training import distributed, resume, torchrun
 from training.plan import plan_run, run_dataset
 from training.run import start_run, train_step
 from training.stopping import Clock, StopRequest, SyncedStop
@@ -37,7 +37,7 @@ def test_several_machines_need_the_dataset_prepared_first(monkeypatch, tmp_path:
 
 
 def test_other_local_ranks_wait_for_the_files_while_local_rank_0_works(monkeypatch, tmp_path: Path):
-    monkeypatch.setattr(distributed, "GIVE_UP_S", 0.2)
+    monkeypatch.setattr(torchrun, "GIVE_UP_S", 0.2)
     ready, beat = tmp_path / "data" / "meta.json", tmp_path / ".data.preparing"
     waiting = Runtime(
         torch.device("cpu"), "fp32", rank=1, local_rank=1, world_size=2, local_world_size=2
@@ -52,7 +52,7 @@ def test_other_local_ranks_wait_for_the_files_while_local_rank_0_works(monkeypat
 
     worker = threading.Thread(target=local_rank_0)
     worker.start()
-    distributed.once_per_machine(waiting, ready, lambda: None, "dataset data", beat)
+    torchrun.once_per_machine(waiting, ready, lambda: None, "dataset data", beat)
     worker.join()
     assert ready.is_file()
     ready.unlink()  # local rank 0 gone (no sign of work): the waiting rank gives up with one line
@@ -61,7 +61,7 @@ def test_other_local_ranks_wait_for_the_files_while_local_rank_0_works(monkeypat
         match="rank 1 waited for local rank 0 to prepare dataset data, but it has "
         "shown no sign of work for 0 s",
     ):
-        distributed.once_per_machine(waiting, ready, lambda: None, "dataset data", beat)
+        torchrun.once_per_machine(waiting, ready, lambda: None, "dataset data", beat)
 
 
 def tiny_run(data_dir: Path, *overrides: str):

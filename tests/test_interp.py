@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import OPTIONS, model_with, noisy, replay, run_script
 
-from common.errors import run_cli
+from common.errors import cli
 from data.dataset import Dataset
 from data.loader import TokenWindows
 from data.shards import TokenFiles
@@ -527,7 +527,7 @@ def test_heads_command_ablates_patches_and_reads_the_lens(
         (["--group", "L1H0"], "give --ablate as well"),
     ):
         with pytest.raises(SystemExit) as e:
-            run_cli(command.main, [str(out), "--out", str(tmp_path), *args])
+            cli(command.main, [str(out), "--out", str(tmp_path), *args])
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, (args, err)
 

@@ -27,7 +27,6 @@ import sample as sample_script
 from data.evalsets import read_choices
 from data.tokenizers import from_meta
 from runs import pretrained
-from training.choices import choice_losses
 
 KINDS = [(kind, family) for kind in ("char", "bpe:512", "gpt2") for family in ("gpt2", "llama")]
 # items whose texts are inside every test vocabulary (the char one is MIXED's characters); endings
@@ -116,7 +115,7 @@ def test_lm_eval_agrees_with_eval_choices(
     tokenizer, items = from_meta(meta), read_choices(task / "choices.jsonl")
     for sample in result["samples"]["tinygpt_choices"]:
         theirs = torch.tensor([r[0][0] for r in sample["resps"]], dtype=torch.float64)
-        ours = -choice_losses(model, tokenizer, items[sample["doc_id"]])
+        ours = -eval_script.choice_losses(model, tokenizer, items[sample["doc_id"]])
         # 1e-4, or float32's rounding of the ~60 nats an ending costs under these random weights
         torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-4)
     ours = json.loads(

@@ -101,6 +101,11 @@ def test_kill_9_at_random_moments_leaves_a_loadable_checkpoint(data_dir: Path, t
         for line in proc.stdout:  # wait until it trains, then kill at a random moment
             if line.startswith("iter "):
                 break
+        # the first round kills after the first checkpoint: before it there is nothing to load,
+        # and a busy machine may take longer than the random delay to write it
+        deadline = time.monotonic() + 120
+        while not resume and not (out / "last").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(rng.uniform(0.0, 1.5))
         proc.kill()
         proc.wait(timeout=60)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from common import json_text
-from common.errors import UserError, run_cli
+from common.errors import UserError, cli
 from common.threads import busy_neighbour
 from model.gpt import attend
 from model.local_attention import LocalSpan, attend_locally, band_mask
@@ -78,7 +78,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[list[str]]]:
     separates)."""
     options = {"--steps", "--rounds", "--warmup", "--only", "--sample-tokens", "--json"}
     options |= {"--window", "--contexts", "--plot"}
-    groups, flags = [[]], []
+    groups = [[]]
+    flags = []
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -175,7 +176,8 @@ def timed_steps(s: Setup, n: int, record: bool, busy: bool = False) -> None:
 
 
 def train_result(s: Setup) -> dict:
-    run, rt = s.run, s.run.rt
+    run = s.run
+    rt = s.run.rt
     ms = statistics.median(s.times) * 1e3
     tok_s = run.cfg.tokens_per_iter / (ms / 1e3)
     flops = run.model.flops_per_token(run.cfg.model.block_size) * tok_s
@@ -432,7 +434,8 @@ def read_bandwidth(model: torch.nn.Module, rt: Runtime) -> float:
     matrices = [
         w.detach().float() for w in model.parameters() if w.dim() == 2 and id(w) not in tables
     ]
-    n_bytes, times = sum(w.numel() * 4 for w in matrices), []
+    n_bytes = sum(w.numel() * 4 for w in matrices)
+    times = []
     for i in range(23):
         start = time.perf_counter()
         for w in matrices:
@@ -446,7 +449,8 @@ def read_bandwidth(model: torch.nn.Module, rt: Runtime) -> float:
 def memory_bandwidth(rt: Runtime, n_bytes: int = 256 * 2**20) -> float:
     """Bytes/s of the same read over a buffer far larger than any cache: the memory's own
     bandwidth."""
-    buffer, times = torch.ones(n_bytes // 4, device=rt.device), []
+    buffer = torch.ones(n_bytes // 4, device=rt.device)
+    times = []
     for i in range(8):
         start = time.perf_counter()
         buffer.sum()
@@ -500,11 +504,15 @@ def sampling_times(
 ) -> tuple[dict, ...]:
     """The decoding paths timed: (compile seconds, times, times beside a busy process, read
     bandwidths), the times per path in seconds for the whole n_tokens, one per round."""
-    model, rt, gen = paths["fp32"][0], s.rt, torch.Generator(device=s.rt.device)
+    model = paths["fp32"][0]
+    rt = s.rt
+    gen = torch.Generator(device=s.rt.device)
     compile_s = {
         name: timed_seconds(rt, gen, decode_call(rt, gen, *p, n=8)) for name, p in paths.items()
     }
-    times, busy_times, bandwidth = {name: [] for name in paths}, {name: [] for name in paths}, []
+    times = {name: [] for name in paths}
+    busy_times = {name: [] for name in paths}
+    bandwidth = []
     for _ in range(rounds):  # alternate, so slow spells of a shared machine hit every path
         # every core reads, whatever count the last decoding settled on
         torch.set_num_threads(s.threads)
@@ -533,7 +541,8 @@ def sampling_rows(
     nanogpt_step = statistics.median(times["nanoGPT generator"]) / n_tokens
     rows = []
     for name, t in times.items():
-        step, batch = statistics.median(t) / n_tokens, paths[name][1] if name in paths else 1
+        step = statistics.median(t) / n_tokens
+        batch = paths[name][1] if name in paths else 1
         rows.append(
             {
                 "setup": s.label,
@@ -564,7 +573,8 @@ def sampling(s: Setup, n_tokens: int, rounds: int, busy: bool = False) -> tuple[
     paths = decoders(model, compiled=s.run.compiled)
     timed = sampling_times(s, paths, n_tokens, rounds, busy)
     torch.set_num_threads(s.threads)
-    weights, read = weight_bytes_per_token(model), statistics.median(timed[3])
+    weights = weight_bytes_per_token(model)
+    read = statistics.median(timed[3])
     floor = floor_row(s, weights, weight_bytes_per_token(paths["int8"][0]), read)
     rows = sampling_rows(s, paths, timed, weights / read, n_tokens)  # the floor's seconds per step
     model.train()
@@ -688,4 +698,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli(main)

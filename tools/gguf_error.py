@@ -49,14 +49,16 @@ def file_errors(
     path = folder / f"{dtype}.gguf"
     export = [sys.executable, "export.py", run, str(path), "--dtype", dtype, "--overwrite"]
     subprocess.run(export, cwd=ROOT, check=True, capture_output=True)
-    llm, rows = llama(path, len(windows[0])), []
+    llm = llama(path, len(windows[0]))
+    rows = []
     for ids in windows:
         llm.reset()
         llm.eval(ids)
         rows.append(np.array(llm.scores[: len(ids)]))
     llm.close()
     full = torch.from_numpy(np.stack(rows)).double()
-    theirs, targets = full[..., : ours.shape[-1]], torch.tensor(windows)[:, 1:, None]
+    theirs = full[..., : ours.shape[-1]]
+    targets = torch.tensor(windows)[:, 1:, None]
 
     def loss(logits: torch.Tensor) -> float:
         return -logits.log_softmax(-1)[:, :-1].gather(-1, targets).mean().item()
@@ -124,7 +126,8 @@ def speed(
 
 def gguf_errors(run: str, dtypes: list[str], n_windows: int, folder: Path) -> list[dict]:
     loaded = load_model(run)
-    model, size = loaded.model, loaded.model.config.block_size
+    model = loaded.model
+    size = loaded.model.config.block_size
     ids = loaded.tokenizer.encode(
         (ROOT / "data" / "tinyshakespeare.txt").read_text()[-100_000:]
     ).tolist()

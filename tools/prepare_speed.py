@@ -141,7 +141,8 @@ def library_batch(tokenizer, pieces: list[str], workers: int) -> tuple[float, in
     """(seconds, tokens) of the library's own batch encode over all cores: tiktoken's
     encode_ordinary_batch, tokenizers' encode_batch_fast (None for char: numpy has none)."""
     batches = [pieces[i : i + BATCH] for i in range(0, len(pieces), BATCH)]
-    start, tokens = time.perf_counter(), 0
+    start = time.perf_counter()
+    tokens = 0
     if isinstance(tokenizer, BPETokenizer):
         for batch in batches:
             tokens += sum(

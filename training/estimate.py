@@ -6,8 +6,8 @@ training FLOPs per token, tokens per iteration and in all, epochs, tokens per pa
 Chinchilla's ~20, predicted peak training memory (training/memory.py), checkpoint size, and the time
 of a few real steps on this machine (training/measure.py) projected over the run (or, for a CUDA
 config on a machine without one, the time on common GPUs from FLOPs at a stated MFU). The run is
-planned as training does it, on the dataset data/recipes.py's `dataset_on_paper` gives and on the
-device and in the precision runs/runtime.py chooses (training/plan.py's `paper_plan`), and
+planned as training does it, on the dataset data/recipes.py's `dataset_for_dry_run` gives and on the
+device and in the precision runs/runtime.py chooses (training/plan.py's `plan_dry_run`), and
 `check_as_the_run_does` first makes the real run's checks with its functions, so that what the run
 would refuse the dry run refuses in the same line. The memory is training's and the final exact
 eval's, the larger the run's peak. `_estimate` works the figures out, `_report` writes them.
@@ -24,7 +24,7 @@ import torch
 
 from common.files import check_not_links, size_text
 from data.dataset import Meta, dataset_folder
-from data.recipes import dataset_on_paper
+from data.recipes import dataset_for_dry_run
 from model.local_attention import block_layout
 from runs.checkpoint import OUT_DIR_ADVICE
 from runs.config import Config, Request
@@ -42,7 +42,7 @@ from training.memory import (
     recompute_share,
     saved_params,
 )
-from training.plan import PaperPlan, Plan, paper_plan
+from training.plan import DryRunPlan, Plan, plan_dry_run
 from training.run import sample_prompt, start_run
 from training.tracking import check_wandb_login
 
@@ -102,22 +102,23 @@ class Estimate:
 
 
 def dry_run(request: Request) -> str:
-    """The dry run's report: nothing is trained or written (data/recipes.py's `dataset_on_paper`,
-    then training/plan.py's `paper_plan`)."""
+    """The dry run's report: nothing is trained or written (data/recipes.py's `dataset_for_dry_run`,
+    then training/plan.py's `plan_dry_run`)."""
     data = request.cfg.data
-    with dataset_on_paper(data.dataset, data.dir) as dataset:
-        plan = paper_plan(request, dataset)
+    with dataset_for_dry_run(data.dataset, data.dir) as dataset:
+        plan = plan_dry_run(request, dataset)
         check_as_the_run_does(plan)
         return "\n".join(_report(_estimate(request, plan)))
 
 
-def check_as_the_run_does(plan: PaperPlan) -> None:
+def check_as_the_run_does(plan: DryRunPlan) -> None:
     """The checks the real run makes before it trains, by the same functions, so that the dry run
     refuses what the run refuses in the same line: splits long enough for block_size, the sample
     prompt, the wandb login, symbolic links and room in the out_dir (what it holds is reported
     instead: `_held_run`; whether it is writable and free of another run's lock are not checked:
     that writes)."""
-    cfg, out_dir = plan.cfg, Path(plan.cfg.train.out_dir)
+    cfg = plan.cfg
+    out_dir = Path(plan.cfg.train.out_dir)
     if cfg.log.wandb:
         check_wandb_login()
     if out_dir.is_dir():  # the room for checkpoints where train.overwrite would not free some first
@@ -131,23 +132,25 @@ def check_as_the_run_does(plan: PaperPlan) -> None:
         sample_prompt(cfg, plan.dataset.tokenizer)
 
 
-def _estimate(request: Request, plan: PaperPlan) -> Estimate:
+def _estimate(request: Request, plan: DryRunPlan) -> Estimate:
     """Count the planned run's parameters and memory, and time a few real steps where it can."""
-    cfg, device, precision = plan.cfg, plan.rt.device.type, plan.rt.precision
-    t, meta = cfg.train, plan.dataset.meta if plan.dataset is not None else None
+    cfg = plan.cfg
+    device = plan.rt.device.type
+    precision = plan.rt.precision
+    t = cfg.train
+    meta = plan.dataset.meta if plan.dataset is not None else None
     params = count_params(cfg.model, cfg.optim.name, cfg.lora)
     mem = memory(cfg, precision, device, params)
     other = "fp32" if precision in ("bf16", "fp16") else "bf16"
     other_mem = memory(cfg, other, device, params) if device in ("cpu", "cuda") else None
-    plain, recompute = None, 0.0
+    plain = None
+    recompute = 0.0
     if t.activation_checkpointing:
         unchecked = dataclasses.replace(
             cfg, train=dataclasses.replace(t, activation_checkpointing=False)
         )
-        plain, recompute = (
-            memory(unchecked, precision, device, params),
-            recompute_share(cfg.model, params),
-        )
+        plain = memory(unchecked, precision, device, params)
+        recompute = recompute_share(cfg.model, params)
     blocks = block_layout(cfg.model.block_size, cfg.model.window)
     ckpt = checkpoint_bytes(cfg, params), 4 * saved_params(cfg, params)
     final_eval = meta is not None and final_eval_wanted(t.final_eval, meta.val_tokens)
@@ -185,10 +188,11 @@ def _estimate(request: Request, plan: PaperPlan) -> Estimate:
     )
 
 
-def _timed_steps(plan: PaperPlan, fits: bool) -> tuple[Timing | None, str | None]:
+def _timed_steps(plan: DryRunPlan, fits: bool) -> tuple[Timing | None, str | None]:
     """A few real steps of the planned run (one micro-batch each, nothing saved), timed; or why
     they cannot run here."""
-    cfg, t = plan.cfg, plan.cfg.train
+    cfg = plan.cfg
+    t = plan.cfg.train
     if not plan.present:
         return None, f"train.device={t.device} but no CUDA GPU is visible here"
     if plan.dataset is None:
@@ -222,9 +226,9 @@ def _held_run(out_dir: Path, resume: bool, overwrite: bool) -> str | None:
     return f"{out_dir} already holds {what}: THE REAL RUN WILL REFUSE IT; {held_advice(what)}"
 
 
-def _unprepared(plan: PaperPlan) -> str:
+def _unprepared(plan: DryRunPlan) -> str:
     """What the report says of a dataset that is not prepared yet ('' when it is):
-    `dataset_on_paper` gave none (from the hub), or a copy in a temporary folder."""
+    `dataset_for_dry_run` gave none (from the hub), or a copy in a temporary folder."""
     folder = dataset_folder(plan.cfg.data.dataset, plan.cfg.data.dir)
     if plan.dataset is not None and plan.dataset.folder == folder:
         return ""
@@ -271,7 +275,8 @@ def _report(e: Estimate) -> list[str]:
 
 
 def _model_lines(e: Estimate) -> list[str]:
-    m, params = e.cfg.model, e.params
+    m = e.cfg.model
+    params = e.params
     tied = ", the LM head tied to the token embedding" if m.tie_embeddings else ""
     attention = 12 * m.n_layer * m.n_embd * params.span  # GPT.flops_per_token's
     per_weight = "6 x" if e.cfg.lora is None else "6 per trained, 4 per frozen one of"
@@ -305,7 +310,9 @@ def _model_lines(e: Estimate) -> list[str]:
 
 
 def _token_lines(e: Estimate) -> list[str]:
-    t, meta, iters = e.cfg.train, e.meta, e.iterations
+    t = e.cfg.train
+    meta = e.meta
+    iters = e.iterations
     per_iter = e.cfg.tokens_per_iter
     total = per_iter * iters
     by = f"{iters:,} iterations" + (
@@ -328,7 +335,8 @@ def _token_lines(e: Estimate) -> list[str]:
 
 
 def _memory_lines(e: Estimate) -> list[str]:
-    mem, cfg = e.memory, e.cfg
+    mem = e.memory
+    cfg = e.cfg
     optimizer = "AdamW + Muon state" if e.params.muon else "AdamW state"
     lines = [
         f"memory      peak {size_text(mem.peak)} training on {mem.device} in {mem.precision}: "
@@ -385,7 +393,8 @@ def _final_eval_line(e: Estimate) -> str:
 def _checkpointing_line(e: Estimate) -> str:
     """With train.activation_checkpointing: what it saves (against the same run without it) and
     costs."""
-    saved, share = e.plain.peak - e.memory.peak, e.recompute
+    saved = e.plain.peak - e.memory.peak
+    share = e.recompute
     return (
         f"            activation checkpointing: {size_text(saved)} less than without it "
         f"({size_text(e.plain.peak)}); backward computes the blocks' forward again: +{share:.0%} "
@@ -394,7 +403,10 @@ def _checkpointing_line(e: Estimate) -> str:
 
 
 def _time_lines(e: Estimate) -> list[str]:
-    m, t, timing, iters = e.cfg.model, e.cfg.train, e.timing, e.iterations
+    m = e.cfg.model
+    t = e.cfg.train
+    timing = e.timing
+    iters = e.iterations
     if timing is None:
         return [f"time        not measured: {e.why_not}", _gpu_line(e)]
     step = timing.step_s * t.grad_accum
@@ -404,7 +416,8 @@ def _time_lines(e: Estimate) -> list[str]:
         train_s += timing.before_s * t.grad_accum - timing.after * step
     evals = iters // t.eval_interval + 1 + (1 if iters % t.eval_interval else 0)
     eval_s = 2 * t.eval_iters * timing.forward_s
-    exact, total = "", train_s + evals * eval_s
+    exact = ""
+    total = train_s + evals * eval_s
     if e.final_eval:
         final_s = e.meta.val_tokens * timing.forward_s / (t.batch_size * m.block_size)
         exact, total = f" + exact val eval {_duration(final_s)}", total + final_s

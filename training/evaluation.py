@@ -1,13 +1,10 @@
 """Evaluation: a training run's loss estimate; the exact loss over every token of a text, and bits
-per byte. Multiple choice is training/choices.py.
+per byte (eval.py scores multiple choice).
 
-- `evaluate_tokens` predicts every token exactly once, in windows of block_size (with `stride` S the
-  windows slide by S and only their last S predictions count, as in the transformers perplexity
-  guide).
-- Bits per byte: the total loss in nats / ln 2 / the UTF-8 bytes of the predicted tokens, the same
-  for any tokenizer; special tokens have no bytes.
-- Under torchrun the batches are dealt out to the ranks and the sums all-reduced; every rank runs
-  the same number of forward passes, as FSDP needs.
+`evaluate_tokens` predicts every token exactly once, in windows of block_size (with `stride` S the
+windows slide by S and only their last S predictions count, as in the transformers perplexity
+guide); under torchrun the batches are dealt out to the ranks, each running as many forward passes
+(FSDP needs it). Bits per byte: the loss in nats / ln 2 / the UTF-8 bytes of the predicted tokens.
 """
 
 from __future__ import annotations
@@ -67,9 +64,11 @@ def estimate_loss(run) -> dict[str, float]:
     byte, "val_bpb": ...} (bpb: where byte_lengths is known). Every rank runs the same number of
     forward passes (under FSDP each is a collective): where eval_iters is not a multiple of the
     number of ranks, the ranks short of a batch run one more that counts for nothing."""
-    cfg, rt = run.cfg, run.rt
+    cfg = run.cfg
+    rt = run.rt
     run.forward.eval()
-    out, tuner = {}, rt.thread_tuner()
+    out = {}
+    tuner = rt.thread_tuner()
     per_rank = -(-cfg.train.eval_iters // rt.world_size)
     for name, data in run.splits.items():
         # sum of batch losses, batches, sum of bytes per token

@@ -99,7 +99,8 @@ def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
     On a CPU the steps go through the run's thread tuner (common/threads.py) as training's do,
     numbered as training numbers them, and those timed are the ones after its first choice at the
     count it chose: what training runs beside a busy process, not the stalls before the choice."""
-    rt, tuner = run.rt, run.tuner
+    rt = run.rt
+    tuner = run.tuner
 
     def timed(fn) -> float:
         start = time.perf_counter()
@@ -114,7 +115,9 @@ def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
     first = step(0)
     # the first try of another count is over
     chosen = FIRST_TRY + tuner.tries if tuner.enabled else 2
-    it, waited, times = 1, first, []
+    it = 1
+    waited = first
+    times = []
     while len(times) < 3 or (sum(times) < budget_s and len(times) < max_steps):
         trying = tuner.trial is not None
         seconds = step(it)

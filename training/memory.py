@@ -57,10 +57,8 @@ def count_params(m: GPTConfig, optimizer: str = "adamw", lora: LoRAConfig | None
         )
     embedding = sum(e.weight.numel() for e in (model.token_emb, model.pos_emb) if e is not None)
     flops = model.flops_per_token(m.block_size)
-    total, n_trained = (
-        model.num_params(non_embedding=False),
-        sum(p.numel() for p in trained.values()),
-    )
+    total = model.num_params(non_embedding=False)
+    n_trained = sum(p.numel() for p in trained.values())
     span = attention_span(m.block_size, m.window)
     return Params(total, embedding, linear, muon, n_trained, flops, model.num_params(), span)
 
@@ -91,7 +89,8 @@ def local_attention(m: GPTConfig, batch_size: int) -> LocalAttention | None:
     n = -(-T // block)
     # the blocks' queries
     rows = (batch_size * n - reach) * block / (batch_size * T) if head < T else 0.0
-    outputs, copies = head / T + rows, head / T + (reach + 1) * rows
+    outputs = head / T + rows
+    copies = head / T + (reach + 1) * rows
     scores = (reach + 1) * block * rows + head * head / T
     return LocalAttention(head < T, outputs, scores, n * block / T, copies)
 
@@ -103,7 +102,9 @@ def _blocks_bytes_per_token(
     from the assembled output (which the output projection keeps; under CPU autocast as its cast
     copy), their log-sum-exp, copies of q, k, v padded to whole blocks, or of q and k laid out token
     by token."""
-    C, H, kv = m.n_embd, m.n_head, m.kv_heads * m.head_dim
+    C = m.n_embd
+    H = m.n_head
+    kv = m.kv_heads * m.head_dim
     b = 4 if attn_fp32 else a
     if not local.blocked:
         return 0.0
@@ -151,7 +152,10 @@ def _flash_bytes_per_token(
 
 def block_bytes_per_token(m: GPTConfig, precision: str, device: str, batch_size: int = 1) -> float:
     """Bytes one block keeps for backward per token of a micro-batch (see the module docstring)."""
-    C, H, F, T = m.n_embd, m.n_head, m.mlp_width, m.block_size
+    C = m.n_embd
+    H = m.n_head
+    F = m.mlp_width
+    T = m.block_size
     qkv = (m.n_head + 2 * m.kv_heads) * m.head_dim
     a = 2 if precision in ("bf16", "fp16") else 4  # a value cast for a matrix product
     attn_fp32 = a == 4 or device == "cpu"  # model/gpt.py attends in fp32 under CPU autocast
@@ -164,10 +168,12 @@ def block_bytes_per_token(m: GPTConfig, precision: str, device: str, batch_size:
     local = local_attention(m, batch_size)
     if m.dropout > 0:  # math path: scaled q, k, v, the output, and three T x T tensors per head
         b = 4 if attn_fp32 else a
-        inputs, scores = 3 * C * b, T
+        inputs = 3 * C * b
+        scores = T
         # q per query row answered, k and v per block that reads them; block scores
         if local is not None:
-            inputs, scores = C * b * (local.outputs + 2 * local.key_copies), local.scores
+            inputs = C * b * (local.outputs + 2 * local.key_copies)
+            scores = local.scores
         # + a dropout mask per residual branch
         total += inputs + 3 * H * scores * b + C * a + norms * C * a
         total += H * 4  # a log-sum-exp
@@ -182,7 +188,8 @@ def block_bytes_per_token(m: GPTConfig, precision: str, device: str, batch_size:
 
 def head_bytes_per_token(m: GPTConfig, precision: str) -> float:
     """Bytes the embedding, final norm and LM head keep for backward per token."""
-    C, V = m.n_embd, m.vocab_size
+    C = m.n_embd
+    V = m.vocab_size
     a = 2 if precision in ("bf16", "fp16") else 4
     # norm, log-softmax, ids
     total = C * 4 + C * a + (C * 4 + 4 if m.norm == "rmsnorm" else 8) + V * 4 + 16
@@ -229,7 +236,8 @@ def memory(cfg: Config, precision: str, device: str, params: Params | None = Non
     casts = 2 * params.linear if a == 2 else 0
     # the gradient of the log-softmax, then of the logits
     logits_grad = m.vocab_size * (4 + a) * tokens
-    kept, backward = m.n_layer * block, max(block, logits_grad)
+    kept = m.n_layer * block
+    backward = max(block, logits_grad)
     if cfg.train.activation_checkpointing:
         kept, backward = checkpointed(m, tokens, block, logits_grad, device)
     return Memory(
@@ -252,7 +260,8 @@ def final_eval_memory(
     block's activations (freed as the forward moves on) and the head's: the logits over the
     vocabulary (their fp32 copy under autocast; tanh's with a soft cap) and cross-entropy's
     log-softmax. A large vocabulary's logits can make it the run's peak."""
-    m, tokens = cfg.model, batch * cfg.model.block_size
+    m = cfg.model
+    tokens = batch * cfg.model.block_size
     a = 2 if precision in ("bf16", "fp16") else 4
     head = m.vocab_size * tokens * (a + (a if m.logit_softcap else 0) + (4 if a == 2 else 0) + 4)
     block = block_bytes_per_token(m, precision, device, batch) * tokens

@@ -1,12 +1,9 @@
-"""Optimisers and the learning-rate schedule.
+"""Optimizers and the learning-rate schedule.
 
-- AdamW, weight decay on 2-D weights only; fused where torch has it for the device (CPU included),
-  else foreach (`forloop`: nanoGPT's plain loop, for comparisons). Muon (`optim.name: muon`,
-  training/muon.py) for the hidden matrices of the blocks, AdamW for embeddings, the LM head, biases
-  and norms.
-- The schedule: a linear warmup to optim.lr (the peak) over warmup_iters, then the decay from it
-  over the rest of the run, progress the larger of iter / max_iters and elapsed / max_time (a run
-  with a time budget still ends decayed); cosine, warmup-stable-decay (wsd) or constant.
+AdamW (weight decay on 2-D weights only; fused where torch has it, else foreach), or Muon for the
+blocks' hidden matrices (training/muon.py) with AdamW for the rest. The schedule: a linear warmup
+to optim.lr, then cosine, warmup-stable-decay or constant over the run's progress: the larger of
+iter / max_iters and elapsed / max_time, so a run with a time budget still ends decayed.
 """
 
 from __future__ import annotations
@@ -70,7 +67,9 @@ def schedule_progress(p: Progress, elapsed: float, train: TrainConfig) -> float:
     up (p.schedule_*, training/resume.py's `schedule_note`): what was left of it spreads over what
     is left of the budget."""
     # 0s: the plain schedule
-    it0, elapsed0, done = p.schedule_iter, p.schedule_elapsed, p.schedule_done
+    it0 = p.schedule_iter
+    elapsed0 = p.schedule_elapsed
+    done = p.schedule_done
     by_time = (elapsed - elapsed0) / max(train.max_time - elapsed0, 1e-9) if train.max_time else 0.0
     return min(
         1.0, done + (1.0 - done) * max((p.iter - it0) / max(train.max_iters - it0, 1), by_time)
@@ -106,7 +105,9 @@ def schedule_warning(cfg: OptimConfig, train: TrainConfig) -> str | None:
     None."""
     if train.max_iters == 0 or cfg.warmup_iters < train.max_iters:  # 0: an eval alone, no step
         return None
-    w, n, fix = cfg.warmup_iters, train.max_iters, max(1, train.max_iters // 10)
+    w = cfg.warmup_iters
+    n = train.max_iters
+    fix = max(1, train.max_iters // 10)
     return (
         f"optim.warmup_iters={w} is not below train.max_iters={n}: the learning rate warms up all "
         f"run and never decays (it reaches optim.lr={cfg.lr:g} at iteration {w}); set "
@@ -125,7 +126,9 @@ def step_unless(opt: torch.optim.Optimizer, skip: torch.Tensor) -> None:
     tensor `skip` is true, without reading it back where the optimizer can take it as
     `found_inf`."""
     if getattr(opt, "_step_supports_amp_scaling", False):  # fused AdamW (torch), Muon (ours)
-        opt.grad_scale, opt.found_inf = None, skip.float()  # gradients already unscaled
+        # gradients already unscaled
+        opt.grad_scale = None
+        opt.found_inf = skip.float()
         try:
             opt.step()
         finally:

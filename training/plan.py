@@ -1,14 +1,10 @@
 """The plan of a run: its final config, where it runs and what it starts from, settled in one place.
 
-`run_dataset` gets the run's dataset ready first (data/recipes.py's `ready_dataset`: prepared on
-first use, once per machine under torchrun). `plan_run` takes it with the config the command line
-asked for (runs/config.py) and settles what that leaves open, in the order the code reads: the
+`run_dataset` gets the run's dataset ready (prepared on first use, once per machine under torchrun);
+`plan_run` settles what the command line's config leaves open, in the order the code reads: the
 checkpoint to resume or the pretrained model to start from (whose shape the model section follows),
-the runtime and the process group, the vocabulary, and the checks that a resumed or pretrained model
-fits the data. A resumed run may change any value but those training/resume.py's KEPT_ON_RESUME
-lists (its `resume_changes`, called here). A LoRA run resumed reads its base again, from where its
-checkpoint says it was trained (checked against the fingerprint it recorded). training/run.py builds
-the run from the `Plan`.
+the runtime and the process group, the vocabulary, and the checks that the model fits the data.
+training/run.py builds the run from the `Plan`; `plan_dry_run` plans one for the dry run.
 """
 
 from __future__ import annotations
@@ -47,14 +43,14 @@ class Plan:
 
 
 @dataclass
-class PaperPlan:
+class DryRunPlan:
     """A run planned as `plan_run` plans it, without joining a process group or resuming (the dry
     run's): what it would train, on what, and where."""
 
     cfg: Config  # final where the dataset is prepared (else model.vocab_size must be set)
     # the device and precision runs/runtime.py chooses (`planned`: taken where it is here)
     rt: Runtime
-    # data/recipes.py's `dataset_on_paper`: None when not prepared and from the hub
+    # data/recipes.py's `dataset_for_dry_run`: None when not prepared and from the hub
     dataset: Dataset | None
     pretrained: Pretrained | None  # train.init_from's model, read
     present: bool  # the device is here (a CUDA config on a machine without a GPU: False)
@@ -81,21 +77,21 @@ def plan_run(request: Request, dataset: Dataset) -> Plan:
     )
 
 
-def paper_plan(request: Request, dataset: Dataset | None) -> PaperPlan:
-    """The run `request` asks for, on `dataset` (data/recipes.py's `dataset_on_paper`), planned from
-    its start (train.resume aside) on the device runs/runtime.py chooses for it, where it is here:
-    nothing is written."""
+def plan_dry_run(request: Request, dataset: Dataset | None) -> DryRunPlan:
+    """The run `request` asks for, on `dataset` (data/recipes.py's `dataset_for_dry_run`), planned
+    from its start (train.resume aside) on the device runs/runtime.py chooses for it, where it is
+    here: nothing is written."""
     fresh = dataclasses.replace(
         request.cfg, train=dataclasses.replace(request.cfg.train, resume=False)
     )
     cfg, _, pretrained, _ = starting_point(dataclasses.replace(request, cfg=fresh))
-    cfg = _fit_on_paper(cfg, dataset, pretrained)
+    cfg = _fit_for_dry_run(cfg, dataset, pretrained)
     t = cfg.train
     rt, present = planned(t.device, t.precision, cfg.model.n_embd, t.threads)
-    return PaperPlan(cfg, rt, dataset, pretrained, present, compile_enabled(t.compile, rt.device))
+    return DryRunPlan(cfg, rt, dataset, pretrained, present, compile_enabled(t.compile, rt.device))
 
 
-def _fit_on_paper(cfg: Config, dataset: Dataset | None, pretrained: Pretrained | None) -> Config:
+def _fit_for_dry_run(cfg: Config, dataset: Dataset | None, pretrained: Pretrained | None) -> Config:
     """The dry run's `fit_to_data`. Without a dataset (one from the hub, not prepared), the
     vocabulary is its recipe's tokenizer's (bpe:N, GPT-2's), else model.vocab_size, which must then
     be set."""
@@ -128,7 +124,8 @@ def starting_point(
         from training.resume import follow_checkpoint, resume_changes
 
         cfg = follow_checkpoint(cfg, resume.config())
-    pretrained, changed = None, []
+    pretrained = None
+    changed = []
     # a fresh run: shape and weights of a pretrained model
     if cfg.train.init_from and resume is None:
         # Hugging Face folders: only runs that start from one
@@ -229,7 +226,9 @@ def _first_use_per_machine(ranks: Ranks) -> FirstUse:
                 f"python prepare.py {name}"
             )
         beat = folder.parent / f".{name}.preparing"  # local rank 0 touches it while it prepares
-        distributed.once_per_machine(ranks, folder / META_FILE, prepare, f"dataset {name}", beat)
+        from training.torchrun import once_per_machine  # a first use only
+
+        once_per_machine(ranks, folder / META_FILE, prepare, f"dataset {name}", beat)
 
     return first_use
 

@@ -43,7 +43,8 @@ def follow_checkpoint(cfg: Config, theirs: Config) -> Config:
     document token, else set from the data), and its train.init_from: where the run's weights came
     from at iteration 0, which only a fresh run reads (one given again may have moved since, or be
     spelled otherwise)."""
-    model, ckpt_model = cfg.model, theirs.model
+    model = cfg.model
+    ckpt_model = theirs.model
     model = dataclasses.replace(
         model,
         vocab_size=ckpt_model.vocab_size if model.vocab_size is None else model.vocab_size,
@@ -75,7 +76,8 @@ def shown(value: Any) -> str:
 def resume_changes(ckpt: Checkpoint, cfg: Config) -> list[tuple[str, Any, Any]]:
     """(key, the checkpoint's value, the config's) for each value a resumed run changes; one line
     refusing one it must keep (KEPT_ON_RESUME), naming where the change can go instead."""
-    theirs, ours = _values(ckpt.config()), _values(cfg)
+    theirs = _values(ckpt.config())
+    ours = _values(cfg)
     if (theirs.get("lora", 0) is None) != (ours.get("lora", 0) is None):
         said = "has no lora section" if "lora" in theirs else "has a lora section"
         raise UserError(
@@ -113,8 +115,11 @@ def schedule_note(plan, progress: Progress) -> tuple[Progress, str]:
     """`resumed`'s progress and line. With another budget (train.max_iters, train.max_time) the
     schedule goes on from the point it had reached: what was left of it is spread over what is left
     of the budget (no jump in the learning rate). A budget already spent is refused."""
-    before, cfg, p = plan.resume.config(), plan.cfg, progress
-    t, was = cfg.train, before.train
+    before = plan.resume.config()
+    cfg = plan.cfg
+    p = progress
+    t = cfg.train
+    was = before.train
     if p.iter > t.max_iters:
         raise UserError(
             f"checkpoint {plan.resume} is at iteration {p.iter:,}, past "
@@ -129,7 +134,8 @@ def schedule_note(plan, progress: Progress) -> tuple[Progress, str]:
         )
     if not plan.changed:
         return p, ""
-    lr_was, budget = _lr_at(before, p), (was.max_iters, was.max_time) != (t.max_iters, t.max_time)
+    lr_was = _lr_at(before, p)
+    budget = (was.max_iters, was.max_time) != (t.max_iters, t.max_time)
     if budget:
         done = schedule_progress(p, p.elapsed_s, was)
         p = dataclasses.replace(
@@ -137,7 +143,9 @@ def schedule_note(plan, progress: Progress) -> tuple[Progress, str]:
         )
     lr_now = _lr_at(cfg, p)
     names = ", ".join(f"{key} {shown(old)} -> {shown(new)}" for key, old, new in plan.changed)
-    was_shown, now_shown = f"{lr_was:.3g}", f"{lr_now:.3g}"  # the same as shown: no jump to name
+    # the same as shown: no jump to name
+    was_shown = f"{lr_was:.3g}"
+    now_shown = f"{lr_now:.3g}"
     lr = (
         f"learning rate {now_shown}"
         if was_shown == now_shown

@@ -76,10 +76,14 @@ class Run:
 def train(run: Run, argv: list[str]) -> int:
     """Train until train.max_iters, train.max_time or a stop signal; the exit code (128 + the
     signal)."""
-    cfg, t, p = run.cfg, run.cfg.train, run.progress
+    cfg = run.cfg
+    t = run.cfg.train
+    p = run.progress
     check_before_training(run)
     describe_run(run)
-    log, stop, clock = Tracker(run), StopRequest(verbose=run.rt.is_main), Clock(p.elapsed_s)
+    log = Tracker(run)
+    stop = StopRequest(verbose=run.rt.is_main)
+    clock = Clock(p.elapsed_s)
     synced = SyncedStop(run.rt, stop, clock, sync_every=(cfg.log.interval, t.eval_interval))
     try:
         while True:
@@ -134,7 +138,9 @@ def train(run: Run, argv: list[str]) -> int:
 
 def start_run(plan: Plan) -> Run:
     """Everything a run needs, built from its plan (see the module docstring)."""
-    cfg, rt, t = plan.cfg, plan.rt, plan.cfg.train
+    cfg = plan.cfg
+    rt = plan.rt
+    t = plan.cfg.train
     torch.manual_seed(t.seed)
     model = build_model(plan)
     base = None
@@ -142,7 +148,11 @@ def start_run(plan: Plan) -> Run:
         from runs.pretrained import lora_base
 
         base = lora_base(plan.pretrained)
-    forward = distributed.wrap(model, cfg, rt)
+    forward = model
+    if rt.distributed:  # DDP's wrapper, or FSDP's shards in place
+        from training.torchrun import wrap
+
+        forward = wrap(model, cfg, rt)
     optimizers = make_optimizers(model, cfg.optim, rt.device)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.precision == "fp16")
     if compile_enabled(t.compile, rt.device):
@@ -183,12 +193,18 @@ def build_model(plan: Plan) -> GPT:
     """The network with its starting weights, whole (before FSDP shards it): the resumed
     checkpoint's, else train.init_from's, else initialised; with LoRA, the base's weights and
     adapters (model/lora.py)."""
-    cfg, resume, pretrained = plan.cfg, plan.resume, plan.pretrained
-    weights, where = None, None  # read (their shapes checked) before any model is built
+    cfg = plan.cfg
+    resume = plan.resume
+    pretrained = plan.pretrained
+    # read (their shapes checked) before any model is built
+    weights = None
+    where = None
     if resume is not None and cfg.lora is None:
-        weights, where = resume.weights(), resume.folder
+        weights = resume.weights()
+        where = resume.folder
     elif pretrained is not None:  # a fresh run's init_from, or a LoRA run's base
-        weights, where = pretrained.weights_for(cfg.model), pretrained.where
+        weights = pretrained.weights_for(cfg.model)
+        where = pretrained.where
     model = GPT(cfg.model).to(plan.rt.device)
     model.activation_checkpointing = cfg.train.activation_checkpointing
     if weights is not None:  # checked against the model as they load
@@ -213,7 +229,9 @@ def train_step(run: Run, it: int) -> torch.Tensor:
     device, read back later (`read_back`). A step whose loss or gradient is not finite is not
     applied, on every rank alike, and counts as skipped (fp16: only for its loss; overflowing
     gradients are the loss scaler's)."""
-    cfg, rt, scaler = run.cfg, run.rt, run.scaler
+    cfg = run.cfg
+    rt = run.rt
+    scaler = run.scaler
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(run.micro_steps):
         # micro-batch keys number the global sequence of micro-batches: the same data for any world
@@ -279,7 +297,8 @@ def read_back(run: Run, log: Tracker, elapsed: float) -> None:
     run.unread = []
     rows = torch.stack(values)
     log.losses(its[-1] + 1, distributed.all_sum(rows[:, 0].sum(), run.rt).item(), len(its), elapsed)
-    p, allowed = run.progress, run.cfg.train.skip_nonfinite
+    p = run.progress
+    allowed = run.cfg.train.skip_nonfinite
     for it, (loss, grad_norm, counted) in zip(its, rows.tolist()):
         if counted:
             continue
@@ -296,7 +315,8 @@ def read_back(run: Run, log: Tracker, elapsed: float) -> None:
 def count_nonfinite_eval(run: Run, log: Tracker, record: dict, last: bool) -> None:
     """An eval that is not finite (the weights diverged): no checkpoint, a skipped step; past
     train.skip_nonfinite, or at the end of the run, training stops."""
-    p, allowed = run.progress, run.cfg.train.skip_nonfinite
+    p = run.progress
+    allowed = run.cfg.train.skip_nonfinite
     p.skipped_steps += 1
     losses = f"train loss {record['train_loss']:.4g}, val loss {record['val_loss']:.4g}"
     if p.skipped_steps > allowed or last:
@@ -327,7 +347,8 @@ def evaluate(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:
     (log.sample_every), at the end the exact val loss (train.final_eval); whether val improved
     (best/) and whether the losses are finite (if not, the model diverged: nothing more, and no
     checkpoint)."""
-    cfg, p = run.cfg, run.progress
+    cfg = run.cfg
+    p = run.progress
     losses = estimate_loss(run)
     finite = math.isfinite(losses["train"]) and math.isfinite(losses["val"])
     improved = finite and losses["val"] <= p.best_val_loss
@@ -343,7 +364,7 @@ def evaluate(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:
         "tokens": p.iter * cfg.tokens_per_iter,
         "elapsed_s": round(p.elapsed_s, 3),
     }
-    if finite and cfg.log.head_scores and forwards_here(run):
+    if finite and cfg.log.head_scores and runs_extra_forwards(run):
         from interp.scores import flat_scores, score_heads  # runs that score their heads only
 
         record["heads"] = score_heads(run.model, run.splits["val"])
@@ -351,7 +372,9 @@ def evaluate(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:
     if finite and last and final_eval_wanted(cfg.train.final_eval, run.dataset.meta.val_tokens):
         record |= exact_val_loss(run)
     bpb = f", val bpb {record['val_bpb']:.3f}" if "val_bpb" in record else ""
-    train_loss, val_loss, at = losses["train"], losses["val"], p.elapsed_s
+    train_loss = losses["train"]
+    val_loss = losses["val"]
+    at = p.elapsed_s
     log.write(
         f"iter {p.iter}: train loss {train_loss:.4f}, val loss {val_loss:.4f}{bpb} ({at:.1f}s)"
     )
@@ -360,7 +383,7 @@ def evaluate(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:
 
         log.write(f"  heads: {strongest_heads(record['heads'])}")
     sampling = cfg.log.sample_every and p.iter > 0 and (last or p.iter % cfg.log.sample_every == 0)
-    if finite and sampling and forwards_here(run):
+    if finite and sampling and runs_extra_forwards(run):
         record["sample"] = draw_sample(run)
         log.write(f"sample at iteration {p.iter} (temperature 0.8, seed {cfg.train.seed}):")
         log.write(record["sample"].strip("\n") + "\n")
@@ -368,7 +391,7 @@ def evaluate(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:
     return record, improved, finite
 
 
-def forwards_here(run: Run) -> bool:
+def runs_extra_forwards(run: Run) -> bool:
     """Whether this process runs an eval's extra forwards (head scores, samples): rank 0; all under
     FSDP."""
     return run.rt.is_main or run.cfg.train.parallel == "fsdp"
@@ -405,14 +428,15 @@ def draw_sample(run: Run) -> str:
     from sampling.generate import generate
     from sampling.steps import kept_on_disk
 
-    cfg, model, tokenizer, n = run.cfg, run.model, run.dataset.tokenizer, run.cfg.log.sample_tokens
+    cfg = run.cfg
+    model = run.model
+    tokenizer = run.dataset.tokenizer
+    n = run.cfg.log.sample_tokens
     gen = torch.Generator(device=run.rt.device).manual_seed(cfg.train.seed)
     idx = torch.tensor([sample_prompt(cfg, tokenizer)], device=run.rt.device)
     model.eval()
-    tuner, compiled = (
-        run.rt.thread_tuner(tries=8),
-        not run.rt.distributed and kept_on_disk(model, 1),
-    )
+    tuner = run.rt.thread_tuner(tries=8)
+    compiled = not run.rt.distributed and kept_on_disk(model, 1)
     tokens = [
         t.item()
         for t in generate(model, idx, n, 0.8, None, None, gen, compile=compiled, tuner=tuner)

@@ -55,7 +55,8 @@ class Clock:
     checkpoints."""
 
     def __init__(self, elapsed: float = 0.0):
-        self.banked, self.started = elapsed, time.perf_counter()
+        self.banked = elapsed
+        self.started = time.perf_counter()
 
     def elapsed(self) -> float:
         return self.banked + (
@@ -64,7 +65,8 @@ class Clock:
 
     @contextlib.contextmanager
     def paused(self):
-        self.banked, self.started = self.elapsed(), None
+        self.banked = self.elapsed()
+        self.started = None
         try:
             yield
         finally:
@@ -77,7 +79,10 @@ class SyncedStop:
     train.max_time takes effect within log.interval iterations."""
 
     def __init__(self, rt: Runtime, stop: StopRequest, clock: Clock, sync_every: tuple[int, ...]):
-        self.rt, self.stop, self.clock, self.sync_every = rt, stop, clock, sync_every
+        self.rt = rt
+        self.stop = stop
+        self.clock = clock
+        self.sync_every = sync_every
         self.values: tuple[int, float] | None = None
 
     def now(self, it: int) -> tuple[int, float]:

@@ -36,13 +36,18 @@ PLOT_SHARE = 0.01  # the most of a run's wall time that redrawing loss.png may t
 
 class Tracker:
     def __init__(self, run):  # training/run.py's Run (which imports this module)
-        self.run, self.main = run, run.rt.is_main
+        self.run = run
+        self.main = run.rt.is_main
         self.metrics_path = run.out_dir / METRICS
         self.wandb = None
         self.last_record: dict[str, Any] = {}
         self.samples: list[list] = []  # [iteration, text] of each sample, for a wandb table
-        self.started, self.plot_seconds, self.plot_cost = time.perf_counter(), 0.0, 0.0
-        self.loss_sum, self.loss_steps = 0.0, 0  # the losses read back since the last log step
+        self.started = time.perf_counter()
+        self.plot_seconds = 0.0
+        self.plot_cost = 0.0
+        # the losses read back since the last log step
+        self.loss_sum = 0.0
+        self.loss_steps = 0
         self.last_log = (run.progress.iter, run.progress.elapsed_s)  # (iteration, training seconds)
         self.first = self.last_log  # where this process started (a resumed run: where it resumed)
         self.bar = tqdm(
@@ -110,7 +115,8 @@ class Tracker:
             )
         tokens = it * self.run.cfg.tokens_per_iter
         self.log(it, {"train/loss": mean_loss, "lr": lr, "tokens_per_s": tok_s, "tokens": tokens})
-        self.loss_sum, self.loss_steps = 0.0, 0
+        self.loss_sum = 0.0
+        self.loss_steps = 0
         self.last_log = (it, elapsed)
 
     def log(self, it: int, values: dict[str, Any]) -> None:
@@ -164,15 +170,18 @@ class Tracker:
     def finish(self) -> None:
         """The curves of the head scores (log.head_scores) and the line that says how the run
         ended."""
-        run, last = self.run, self.last_record
-        p, out_dir = run.progress, run.out_dir
+        run = self.run
+        last = self.last_record
+        p = run.progress
+        out_dir = run.out_dir
         if not self.main:
             return
         if run.cfg.log.head_scores:
             from interp.plots import plot_training_curves  # matplotlib only when plotting
 
             plot_training_curves(read_metrics(self.metrics_path), out_dir / "heads_training.png")
-        exact, n_val = "", run.dataset.meta.val_tokens
+        exact = ""
+        n_val = run.dataset.meta.val_tokens
         if "final_val_loss" in last:
             bpb = f"; {last['final_val_bpb']:.3f} bits per byte" if "final_val_bpb" in last else ""
             n = last["final_val_tokens"]
@@ -204,10 +213,13 @@ class Tracker:
 def describe_run(run) -> None:
     """What is about to train: the model, the dataset, the device, the batch; a resumed or LoRA
     run."""
-    cfg, rt, model = run.cfg, run.rt, run.model
+    cfg = run.cfg
+    rt = run.rt
+    model = run.model
     if not rt.is_main:
         return
-    mc, meta = cfg.model, run.dataset.meta
+    mc = cfg.model
+    meta = run.dataset.meta
     every = model.num_params(non_embedding=False)  # as --dry-run counts
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(
