@@ -21,8 +21,9 @@ import argparse
 import dataclasses
 
 from common.arguments import ScriptParser
+from data import DATA_DIR
 from data.bpe import BPETokenizer
-from data.dataset import DATA_DIR, META_FILE, dataset_folder
+from data.dataset import META_FILE, dataset_folder
 from data.prepare import (
     BPE_TRAIN_CHARS,
     SHARD_TOKENS,

@@ -17,7 +17,8 @@ from common.errors import ConfigError, cli  # first: a Ctrl-C while torch loads 
 # isort: split
 import textwrap
 
-from runs.config import CONFIG_DIR, Request, from_arguments, shipped_configs, to_yaml
+from runs.config import CONFIG_DIR, Request, from_arguments, shipped_configs
+from runs.config_schema import to_yaml
 from training import distributed
 from training.plan import plan_run, run_dataset
 from training.run import start_run, train

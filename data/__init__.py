@@ -4,3 +4,8 @@ Prepared datasets live here too, one folder each (data/shakespeare_char/train.bi
 meta.json); the Shakespeare text ships as data/tinyshakespeare.txt so the default run needs no
 download.
 """
+
+from pathlib import Path
+
+# the project's data/ folder: the default data.dir
+DATA_DIR = Path(__file__).resolve().parent

@@ -21,12 +21,11 @@ import torch
 
 from common import json_text, locks
 from common.errors import UserError
-from data import shards
+from data import DATA_DIR, shards
 from data.loader import TokenWindows
 from data.shards import CHECKED_TOKENS, SPLITS, TokenFiles
 from data.tokenizers import Tokenizer, check_meta, from_meta, same
 
-DATA_DIR = Path(__file__).resolve().parent  # the project's data/ folder: the default data.dir
 META_FILE = "meta.json"
 DTYPES = ("uint16", "uint32")
 LOCK = ".lock"  # in a dataset folder: exclusive while it is prepared, shared while it is read

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from common import locks
 from common.errors import UserError
-from data.dataset import DATA_DIR, LOCK, META_FILE, Dataset, dataset_folder, prepare_command
+from data import DATA_DIR
+from data.dataset import LOCK, META_FILE, Dataset, dataset_folder, prepare_command
 from data.tokenizers import parse_spec
 
 if TYPE_CHECKING:

@@ -17,11 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from common import json_text
 from common.errors import UserError
-
-# GPT-2's conventions, also the byte-level BPEs' (data/bpe.py)
-from data.byte_level import BPE_ALIASES, BPE_ENCODINGS, EOT
 
 # our tokenizer metadata (to_meta) as a file: in checkpoint folders and in exported model folders
 METADATA_FILE = "tinygpt_tokenizer.json"
@@ -143,6 +139,7 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
             "bpe:4096"
         )
     from data.bpe import TrainedBPE  # a bpe:N spec only
+    from data.byte_level import EOT
 
     n = int(size)
     least = TrainedBPE.min_size()
@@ -178,9 +175,12 @@ def check_meta(tokenizer_meta) -> None:
             )
         if chars != sorted(set(chars)):
             raise ValueError("the char tokenizer's characters are not each once, in order")
-    elif kind == "bpe" and tokenizer_meta.get("encoding") not in BPE_ENCODINGS:
+    elif kind == "bpe":
+        from data.byte_level import BPE_ENCODINGS  # GPT-2's BPE: a metadata of that kind only
+
         encoding = tokenizer_meta.get("encoding")
-        raise ValueError(f"the BPE encoding {encoding!r} is not one tinygpt writes (gpt2)")
+        if encoding not in BPE_ENCODINGS:
+            raise ValueError(f"the BPE encoding {encoding!r} is not one tinygpt writes (gpt2)")
     elif kind == "trained_bpe" and not isinstance(tokenizer_meta.get("tokenizer_json"), dict):
         raise ValueError("the trained tokenizer has no tokenizer_json object")
 
@@ -199,6 +199,8 @@ def from_meta(tokenizer_meta: dict) -> Tokenizer:
     if kind == "bpe":
         tokenizer = BPETokenizer(tokenizer_meta["encoding"])
     else:
+        from common import json_text
+
         tokenizer = TrainedBPE(json_text.dumps(tokenizer_meta["tokenizer_json"]))
     if tokenizer.vocab_size != size:
         raise UserError(
@@ -228,6 +230,8 @@ def same(a: dict, b: dict) -> bool:
     def canonical(tokenizer_meta: dict) -> dict:
         if tokenizer_meta.get("kind") == "bpe":
             encoding = tokenizer_meta["encoding"]
+            from data.byte_level import BPE_ALIASES
+
             return {**tokenizer_meta, "encoding": BPE_ALIASES.get(encoding, encoding)}
         return tokenizer_meta
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.errors import UserError
-from data.byte_level import byte_chars
-from data.tokenizers import BPE_ENCODINGS, EOT, describe
+from data.byte_level import BPE_ENCODINGS, EOT, byte_chars
+from data.tokenizers import describe
 from hf import tokenizer_files
 
 # llama.cpp's token types (gguf.TokenType)

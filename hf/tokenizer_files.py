@@ -25,8 +25,8 @@ from pathlib import Path
 from common import json_text
 from common.errors import UserError
 from data.bpe import BPETokenizer
-from data.byte_level import byte_chars
-from data.tokenizers import BPE_ENCODINGS, EOT, METADATA_FILE, check_meta, describe, from_meta
+from data.byte_level import BPE_ENCODINGS, EOT, byte_chars
+from data.tokenizers import METADATA_FILE, check_meta, describe, from_meta
 
 # --- GPT-2 BPE from tiktoken's ranks ---
 

@@ -7,7 +7,7 @@ the tokenizer's tinygpt_tokenizer.json, and state.pt: what a run needs to go on 
 in by renames, so a crash leaves NAME or .NAME.old complete, and `find` takes either; best/ shares
 last/'s files by hard links. One format for one process, DDP and FSDP (gathered whole; rank 0
 writes), so a run saved on 8 GPUs resumes on 1. Reading: `find` gives a `Checkpoint` whose files are
-read on demand, each checked first (runs/checkpoint_checks.py).
+read on demand, each checked first (runs/weight_checks.py, runs/state_checks.py).
 """
 
 from __future__ import annotations
@@ -29,12 +29,9 @@ import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
-from common import json_text
 from common.errors import UserError, first_line
-from common.files import atomic_folder, save_tensors
 from data.tokenizers import METADATA_FILE, check_meta
-from runs.config import Config, config_from_data, to_yaml
-from runs.config_schema import problems
+from runs.config_schema import Config, config_from_data, problems, to_yaml
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.yaml"
@@ -169,6 +166,9 @@ def write_checkpoint(
 
         saved = adapter_weights(weights)
     need = _tensor_bytes([saved, train_state.to_dict() if train_state is not None else None])
+    from common import json_text  # writing only: reading a model needs none of it
+    from common.files import atomic_folder, save_tensors
+
     with atomic_folder(out_dir, name, "checkpoint", OUT_DIR_ADVICE, need) as tmp:
         tmp.mkdir()
         if base is not None:
@@ -197,6 +197,8 @@ def _tensor_bytes(obj: Any) -> int:
 def copy_checkpoint(out_dir: Path | str, src: str, dst: str) -> Path:
     """Make checkpoint DST a copy of SRC (hard links where the filesystem allows), atomically."""
     out_dir = Path(out_dir)
+    from common.files import atomic_folder
+
     with atomic_folder(out_dir, dst, "checkpoint", OUT_DIR_ADVICE) as tmp:
         shutil.copytree(out_dir / src, tmp, copy_function=_link_or_copy)
     return out_dir / dst
@@ -295,7 +297,7 @@ class Checkpoint:
         """The weights, their shapes checked against config.yaml's model (from the header) first."""
         model = self.config().model
         if (self.folder / WEIGHTS).is_file():
-            from runs.checkpoint_checks import check_weights_file
+            from runs.weight_checks import check_weights_file
 
             check_weights_file(self.folder / WEIGHTS, model)
         return self._read(WEIGHTS, lambda path: load_file(str(path)), *_DAMAGED_WEIGHTS)
@@ -320,7 +322,7 @@ class Checkpoint:
                 return {k: f.get_tensor(k) for k in f.keys()}, base  # noqa: SIM118 (not a dict)
 
         adapters, base = self._read(ADAPTERS, read, *_DAMAGED_WEIGHTS)
-        from runs.checkpoint_checks import check_adapter_shapes
+        from runs.weight_checks import check_adapter_shapes
 
         check_adapter_shapes(adapters, cfg.model, cfg.lora, self.folder / ADAPTERS)
         return adapters, base
@@ -350,9 +352,9 @@ class Checkpoint:
         return self._read(TOKENIZER, parse, (ValueError,))
 
     def train_state(self) -> TrainState:
-        """state.pt, read without unpickling code and checked (runs/checkpoint_checks.py), but for
+        """state.pt, read without unpickling code and checked (runs/state_checks.py), but for
         the optimizer state, which only the live optimizers can check (training/resume.py)."""
-        from runs.checkpoint_checks import check_state, progress_fields
+        from runs.state_checks import check_state, progress_fields
 
         path = self.folder / STATE
         if not path.is_file():

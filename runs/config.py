@@ -18,14 +18,14 @@ import re
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from common.errors import ConfigError
-from data.dataset import DATA_DIR
+from data import DATA_DIR
 
 # the schema's classes, imported from here as before
 from runs.config_schema import Config as Config
@@ -327,54 +327,6 @@ def first_sentence(yaml_text: str) -> str:
     text = " ".join(prose)
     end = re.search(r"(?<!e\.g)(?<!i\.e)\.(\s|$)", text)
     return text[: end.start() + 1] if end else text
-
-
-def to_yaml(cfg: Config) -> str:
-    """The config as YAML, plain: what --print-config shows and a checkpoint's config.yaml holds."""
-    return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
-
-
-def _field_value(kind: Any, value: Any, key: str) -> Any:
-    """`value` as the schema's type `kind` wants it (ints may stand for floats), else a
-    ValueError."""
-    if is_dataclass(kind):
-        return config_from_data(value, kind, f"{key}.")
-    options = typing.get_args(kind)
-    if typing.get_origin(kind) is typing.Union:  # Optional[X]
-        return (
-            None
-            if value is None
-            else _field_value(next(o for o in options if o is not type(None)), value, key)
-        )
-    if typing.get_origin(kind) is list:  # lora.targets
-        if not isinstance(value, list):
-            raise ValueError(f"{key} is {value!r}, not a list")
-        return [_field_value(options[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
-    if typing.get_origin(kind) is Literal:
-        if value not in options:
-            raise ValueError(f"{key} is {value!r}, not one of {', '.join(map(str, options))}")
-        return value
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind is str and isinstance(value, (bool, int, float)):  # as OmegaConf reads `compile: true`
-        return str(value).lower() if isinstance(value, bool) else str(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ValueError(f"{key} is {value!r}, not a {kind.__name__}")
-    return value
-
-
-def config_from_data(data: Any, schema: type = Config, prefix: str = "") -> Any:
-    """A config (or one of its sections) built from parsed YAML, typed by the schema, no
-    interpolation; an unknown key or a value of the wrong type is a ValueError naming the key."""
-    if not isinstance(data, dict):
-        raise ValueError(
-            f"{prefix[:-1] or 'the file'} holds a {type(data).__name__}, not a mapping"
-        )
-    hints = typing.get_type_hints(schema)
-    unknown = sorted(set(map(str, data)) - set(hints))
-    if unknown:
-        raise ValueError(f"unknown key {prefix}{unknown[0]}")
-    return schema(**{k: _field_value(hints[k], v, f"{prefix}{k}") for k, v in data.items()})
 
 
 def to_dict(cfg: Config) -> dict:

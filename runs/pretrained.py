@@ -26,8 +26,8 @@ from common.errors import UserError
 from data.tokenizers import Tokenizer, describe, from_meta
 from model import GPT, GPTConfig
 from runs.checkpoint import CONFIG, WEIGHTS, Checkpoint, find
-from runs.checkpoint_checks import check_weight_shapes, load_into
-from runs.config import Config, DataConfig
+from runs.config_schema import Config, DataConfig
+from runs.weight_checks import check_weight_shapes, load_into
 
 # the dataset a model was trained on: eval.py and heads.py open it, sample.py does not
 if TYPE_CHECKING:

@@ -30,10 +30,7 @@ from common import json_text
 from common.errors import UserError
 from common.files import atomic_file, atomic_write, cache_folder
 from common.threads import DEFAULT_THREADS
-from sampling.kv_cache import KVCache
-
-# (token (B,), position (1,)) -> logits (B, V)
-Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from sampling.kv_cache import KVCache, Step
 
 
 def traced_step(model, token, position, cache: KVCache, span=None) -> torch.Tensor:

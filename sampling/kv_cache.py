@@ -11,10 +11,17 @@ does) or `step` (one token, which attends over the slots).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 
 from model.local_attention import LocalSpan, document_starts
+
+# a decoding step into a cache: (token (B,), position (1,)) -> logits (B, vocab)
+Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# sampling/generate.py's `eager_step`: (model, cache) -> the eager step into that cache
+EagerStep = Callable[[nn.Module, "KVCache"], Step]
 
 
 class KVCache(nn.Module):

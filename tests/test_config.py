@@ -11,7 +11,8 @@ import yaml
 from conftest import run_script, script, script_error
 
 from common.errors import ConfigError, UserError
-from runs.config import CONFIG_DIR, load_config, to_yaml
+from runs.config import CONFIG_DIR, load_config
+from runs.config_schema import to_yaml
 
 REQUIRED = [
     "train.out_dir",

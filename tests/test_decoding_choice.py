@@ -14,11 +14,12 @@ import torch
 from conftest import run_script
 from test_model import tiny
 
-from sampling import background, compiled
+from sampling import auto_step, background, compiled
 from sampling import steps as choice
+from sampling.auto_step import AutoStep, compile_pays
 from sampling.generate import decode_step, eager_step, generate
 from sampling.kv_cache import KVCache
-from sampling.steps import AutoStep, compile_pays, decoder, how_decoded
+from sampling.steps import decoder, how_decoded
 
 
 @pytest.fixture
@@ -83,17 +84,17 @@ def test_a_generation_switches_to_the_compiled_step_when_its_build_lands(auto: P
     model, prompt = tiny().float(), torch.tensor([[1, 2, 3]])
     reference = torch.stack(list(generate(model, prompt, 100, temperature=0, compile=False)), 1)
     monkeypatch.setattr(
-        choice, "build_in_background", lambda step, key: ("eager, while built", True)
+        auto_step, "build_in_background", lambda step, key: ("eager, while built", True)
     )
     with decoder(model, 1, None, 100, eager_step) as (cache, step):
         assert isinstance(step, AutoStep) and step.building and torch.get_num_threads() == 1
-        choice.compile_step(model, cache)  # the build lands: the library is on disk now
+        auto_step.compile_step(model, cache)  # the build lands: the library is on disk now
     tokens = torch.stack(list(generate(model, prompt, 100, temperature=0)), 1)
     assert torch.equal(tokens, reference)
     # the eager step's oneDNN switch is its own: training keeps it
     assert torch.backends.mkldnn.enabled
     assert how_decoded(model, 1) == (
-        f"eager, then compiled from step {choice.LOOK_EVERY} (built in the background)"
+        f"eager, then compiled from step {auto_step.LOOK_EVERY} (built in the background)"
     )
     # one library per thread count: the thread tuner's choice runs the one built for it
     with decoder(model, 1, None, 0, eager_step) as (cache, step):
@@ -152,7 +153,7 @@ def test_without_a_background_build_the_step_compiles_when_the_tokens_left_pay(
             super().__init__(model, cache, eager, background=False)
             steps.append(self)
 
-    monkeypatch.setattr(choice, "AutoStep", WithoutBackground)
+    monkeypatch.setattr(auto_step, "AutoStep", WithoutBackground)
     for recorded, compiles in ((1e9, False), (1e-9, True)):
         compiled.record_compile_seconds("cpu", recorded)
         choice._kept.pop(model, None)
@@ -161,7 +162,7 @@ def test_without_a_background_build_the_step_compiles_when_the_tokens_left_pay(
         assert (steps[-1].compiled is not None) == compiles, steps[-1].how
     assert (
         steps[-1].how
-        == f"eager, then compiled from step {choice.JUDGED_AFTER} (the tokens left paid)"
+        == f"eager, then compiled from step {auto_step.JUDGED_AFTER} (the tokens left paid)"
     )
     # the compile's own time, for the next judgement
     assert compiled.compile_seconds()["cpu"] > 1e-6

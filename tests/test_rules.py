@@ -268,8 +268,9 @@ def test_a_run_without_checkpoints_is_not_replaced_either(tmp_path: Path):
 def test_the_config_shows_and_records_paths_as_they_resolved(tmp_path: Path, monkeypatch):
     """--print-config showed `dir: null` where the docs say data/; a relative data.dir is resolved
     from the folder the command runs in, once, and the run records it absolute."""
-    from data.dataset import DATA_DIR
-    from runs.config import load_config, to_yaml
+    from data import DATA_DIR
+    from runs.config import load_config
+    from runs.config_schema import to_yaml
 
     assert f"dir: {DATA_DIR}" in to_yaml(load_config(None).cfg)
     monkeypatch.chdir(tmp_path)

@@ -17,11 +17,11 @@ import torch
 from conftest import ROOT, TINY, run_script
 
 from data.bpe import BPETokenizer, TrainedBPE
-from data.byte_level import byte_alphabet, split_losslessly
+from data.byte_level import EOT, byte_alphabet, split_losslessly
 from data.prepare import Recipe, prepare_dataset, tokenizer_from
 from data.recipes import SHAKESPEARE, recipes
 from data.sources import TextFile
-from data.tokenizers import EOT, CharTokenizer, bits_per_byte, from_meta
+from data.tokenizers import CharTokenizer, bits_per_byte, from_meta
 
 # code, CRLF, tabs, runs of spaces, many scripts, combining marks, emoji (ZWJ, skin tones, flags),
 # control characters, and the end-of-text marker written as text

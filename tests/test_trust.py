@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import ROOT, TINY, one_line_error, run_script, train
 
+from common import files
 from common.errors import UserError
 from runs import checkpoint, out_dir, pretrained
 from runs.checkpoint import Progress, TrainState, rng_state
@@ -168,7 +169,7 @@ def test_disk_full_while_writing_keeps_the_previous_checkpoint(
         Path(path).write_bytes(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoint, "save_tensors", full_disk)
+    monkeypatch.setattr(files, "save_tensors", full_disk)
     with pytest.raises(
         UserError, match=r"No space left on device.*it needs about .*the previous one is untouched"
     ):

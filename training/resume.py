@@ -168,7 +168,7 @@ def restore(state: TrainState, model, optimizers, scaler, where: Path) -> Progre
     for messages."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    from runs.checkpoint_checks import safe_optimizer_state
+    from runs.state_checks import safe_optimizer_state
 
     checked = safe_optimizer_state(state.optimizer, model, optimizers, where)
     try:
@@ -187,7 +187,7 @@ def restore(state: TrainState, model, optimizers, scaler, where: Path) -> Progre
 
 def set_rng_state(state: dict[str, Any], where: Path | str = STATE) -> None:
     """Put the random generators back as the checkpoint's `rng_state` recorded them (checked)."""
-    from runs.checkpoint_checks import check_rng_state
+    from runs.state_checks import check_rng_state
 
     check_rng_state(state, where)
     torch.set_rng_state(state["torch"])

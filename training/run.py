@@ -208,12 +208,12 @@ def build_model(plan: Plan) -> GPT:
     model = GPT(cfg.model).to(plan.rt.device)
     model.activation_checkpointing = cfg.train.activation_checkpointing
     if weights is not None:  # checked against the model as they load
-        from runs.checkpoint_checks import load_into
+        from runs.weight_checks import load_into
 
         load_into(model, weights, where)
     if cfg.lora is not None:
         from model.lora import add_lora  # LoRA runs only
-        from runs.checkpoint_checks import load_into
+        from runs.weight_checks import load_into
 
         add_lora(model, cfg.lora)
         if resume is not None:

@@ -1,12 +1,10 @@
-"""What a checkpoint read from disk must pass before it is used: files are damaged, or crafted.
+"""A crafted or damaged state.pt refused, entry by entry, before any of it reaches a run.
 
-safetensors and torch.load(weights_only=True) refuse code, but not tensors of another shape, a
-config.yaml that claims n_embd 65536 (51 GB for GPT-2's vocabulary), or a state.pt crafted to harm:
-an AdamW moment shorter than its parameter makes the fused kernel write past its end. So the
-weights' shapes are held against the config before any model is built (from a safetensors header,
-without its data), LoRA adapters against their lora section, and a crafted state.pt is refused entry
-by entry: its progress numbers, random generator states, GradScaler state and every optimizer tensor
-against the live optimizers. A failure is one UserError naming the file and the first difference.
+torch.load(weights_only=True) refuses code, not numbers that do harm: an AdamW moment shorter than
+its parameter makes the fused kernel write past its end. So state.pt's parts, progress numbers,
+random generator states and GradScaler state are checked when it is read (`check_state`,
+`progress_fields`), and every optimizer tensor against the live optimizers when it is restored
+(`safe_optimizer_state`). A failure is one UserError naming the file and the entry.
 """
 
 from __future__ import annotations
@@ -18,121 +16,7 @@ from typing import Any
 
 import torch
 
-from common.errors import UserError, first_line
-from model import GPT, GPTConfig
-from model.config import LoRAConfig
-
-FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}  # safetensors' names
-
-
-def expected_weights(cfg: GPTConfig) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Name -> (shape, dtype) of the weights a checkpoint of model `cfg` holds (built on the meta
-    device: no memory; a tied LM head is left out, as checkpoints leave it out)."""
-    with torch.device("meta"):
-        model = GPT(cfg)
-    out = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
-    if cfg.tie_embeddings:
-        out.pop("lm_head.weight", None)
-    return out
-
-
-def _layers(names) -> set[int]:
-    return {
-        int(n.split(".")[1]) for n in names if n.startswith("blocks.") and n.split(".")[1].isdigit()
-    }
-
-
-def check_weight_shapes(
-    shapes: dict[str, tuple[int, ...]], cfg: GPTConfig, where: Path | str
-) -> None:
-    """Refuse weights (name -> shape) that are not those of model `cfg`, naming the first
-    difference."""
-    # before building even a meta model of n_layer blocks
-    if _layers(shapes) != set(range(cfg.n_layer)):
-        raise UserError(
-            f"the weights in {where} have {len(_layers(shapes))} layers but its config says "
-            f"n_layer={cfg.n_layer}; the checkpoint is inconsistent"
-        )
-    expected = expected_weights(cfg)
-    tied = {"lm_head.weight"} if cfg.tie_embeddings else set()
-    missing = sorted(set(expected) - set(shapes))
-    unexpected = sorted(set(shapes) - set(expected) - tied)
-    if missing or unexpected:
-        raise UserError(
-            f"the weights in {where} do not match its config (missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]}); the checkpoint is inconsistent"
-        )
-    for name, (shape, _) in expected.items():
-        if tuple(shapes[name]) != shape:
-            raise UserError(
-                f"the weights in {where} do not fit its config: {name} is {list(shapes[name])} in "
-                f"the file, {list(shape)} by the config; the checkpoint is inconsistent"
-            )
-
-
-def check_weights_file(path: Path, cfg: GPTConfig) -> None:
-    """`check_weight_shapes` on a safetensors file's header (its data is not read), floats only."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), "pt") as f:
-            header = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}  # noqa: SIM118
-    except (SafetensorError, OSError, ValueError) as e:
-        raise UserError(
-            f"{path} is damaged or not a safetensors file ({first_line(e)}); use another "
-            "checkpoint (e.g. last/ instead of best/) or train again"
-        ) from None
-    for name, (_, dtype) in header.items():
-        if dtype not in FLOAT_DTYPES:
-            raise UserError(
-                f"{path} is damaged: weight {name} holds {dtype}, not floating-point numbers"
-            )
-    check_weight_shapes({k: shape for k, (shape, _) in header.items()}, cfg, path.parent)
-
-
-def check_adapter_shapes(
-    adapters: dict[str, torch.Tensor], cfg: GPTConfig, lora_cfg: LoRAConfig, where: Path
-) -> None:
-    """Refuse LoRA adapters that are not those its config implies (built on the meta device: no
-    memory)."""
-    from model.lora import adapter_weights, add_lora  # LoRA checkpoints only
-
-    with torch.device("meta"):
-        model = GPT(cfg)
-        add_lora(model, lora_cfg)
-    expected = {k: tuple(v.shape) for k, v in adapter_weights(model.state_dict()).items()}
-    if {k: tuple(v.shape) for k, v in adapters.items()} != expected:
-        raise UserError(
-            f"the adapters in {where} do not match its config ({len(adapters)} tensors; its lora "
-            f"section implies {len(expected)}, of other names or shapes); the checkpoint is "
-            "inconsistent"
-        )
-
-
-def load_into(
-    model: GPT, weights: dict[str, torch.Tensor], where: Path, adapters: bool = False
-) -> None:
-    """Load whole weights into a model that is not sharded yet (FSDP shards it afterwards); with
-    `adapters`, a LoRA model's adapters alone (its base already loaded)."""
-    try:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-    except RuntimeError as e:  # shape mismatch
-        last = str(e).splitlines()[-1].strip()
-        raise UserError(f"the weights in {where} do not fit its config: {last}") from None
-    if adapters:
-        from model.lora import is_adapter
-
-        missing = [k for k in missing if is_adapter(k)]
-    elif model.config.tie_embeddings:
-        missing = [k for k in missing if k != "lm_head.weight"]
-    if missing or unexpected:
-        raise UserError(
-            f"the weights in {where} do not match its config (missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]}); the checkpoint is inconsistent"
-        )
-
-
-# --- a crafted state.pt ---
+from common.errors import UserError
 
 PARTS = ("iter", "rng", "optimizer")  # what resuming cannot do without
 
