@@ -51,22 +51,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     tok = p.add_mutually_exclusive_group()
     tok.add_argument(
         "--tokenizer",
-        help="char, gpt2 (GPT-2's BPE, through tiktoken), or bpe:N: a byte-level BPE "
-        "of N tokens trained on the train split (default: the known dataset's; char for "
-        "--text-file, "
-        "gpt2 for --hf-dataset)",
+        help="char, gpt2 (GPT-2's BPE, through tiktoken), or bpe:N: a byte-level BPE of N tokens "
+        "trained on the train split (default: the known dataset's; char for --text-file, gpt2 for "
+        "--hf-dataset)",
     )
     tok.add_argument(
         "--tokenizer-from",
         metavar="PATH",
-        help="use the tokenizer of a prepared dataset folder "
-        "(data/NAME) or a checkpoint or run folder (out/NAME), e.g. to fine-tune on new text",
+        help="use the tokenizer of a prepared dataset folder (data/NAME) or a checkpoint or run "
+        "folder (out/NAME), e.g. to fine-tune on new text",
     )
     p.add_argument(
         "--drop-unknown",
         action="store_true",
-        help="with a char tokenizer from --tokenizer-from: leave "
-        "out characters it lacks (default: stop and list them)",
+        help="with a char tokenizer from --tokenizer-from: leave out characters it lacks "
+        "(default: stop and list them)",
     )
     p.add_argument(
         "--bpe-train-chars",
@@ -83,14 +82,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=int,
         default=SHARD_TOKENS,
         help="ids per shard of a split, about (default: %(default)s); a stopped preparation "
-        "continues from "
-        "its last complete shard",
+        "continues from its last complete shard",
     )
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace a dataset already prepared under this name (runs trained on it then read the "
-        "new data)",
+        help="replace a dataset already prepared under this name (runs trained on it then read "
+        "the new data)",
     )
     return p.parse_args(argv)
 

@@ -73,10 +73,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
-        help="compile the decoding step now (10-20 s the first time for a model's shape, then kept "
-        "in ~/.cache/tinygpt), or never; default: compiled when kept, else eager while it is "
-        "compiled in the "
-        "background (a CPU) or once the tokens left pay for it (a GPU)",
+        help="compile the decoding step now (10-20 s the first time for a model's shape, then "
+        "kept in ~/.cache/tinygpt), or never; default: compiled when kept, else eager while it is "
+        "compiled in the background (a CPU) or once the tokens left pay for it (a GPU)",
     )
     p.add_argument(
         "--quantize",
@@ -137,35 +136,13 @@ def main(argv: list[str]) -> int:
         {min(args.batch_size, args.num_samples), args.num_samples % args.batch_size} - {0}
     )
     how = ready_steps(model, batches, args.compile, args.max_new_tokens, device)
-    print(f"sampling from {ckpt}; decoding step: {how}", file=sys.stderr)
+    weights = "; int8 weights" if args.quantize == "int8" else ""
+    print(f"sampling from {ckpt}; decoding step: {how}{weights}", file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    shown = [] if ids == [tokenizer.eot_token] else ids  # the prompt each sample starts with
     timing = SpeedLine()
     for first in range(0, args.num_samples, args.batch_size):
         n = min(args.batch_size, args.num_samples - first)
-        prompt = torch.tensor([ids] * n, dtype=torch.long, device=device)
-        stream = tokenizer.stream_decoder()
-        sys.stdout.write(stream(shown))
-        columns = []
-        timing.start(n * len(ids))
-        for token in generate(
-            model,
-            prompt,
-            args.max_new_tokens,
-            args.temperature,
-            args.top_k,
-            args.top_p,
-            generator,
-            compile=args.compile,
-        ):
-            columns.append(token.tolist())  # the one wait for the device per step
-            timing.token(n)
-            sys.stdout.write(stream(columns[-1][:1]))
-            sys.stdout.flush()
-        for row in range(1, n):  # the rest of the batch, whole
-            sys.stdout.write(
-                SEPARATOR + tokenizer.stream_decoder()(shown + [col[row] for col in columns])
-            )
+        write_batch(model, tokenizer, ids, n, args, generator, timing)
         if first + n < args.num_samples:
             sys.stdout.write(SEPARATOR)
     sys.stdout.write("\n")
@@ -173,6 +150,26 @@ def main(argv: list[str]) -> int:
     now = decoding_steps(model, batches, args.compile)
     print(timing.summary() + (f" ({now})" if now != how else ""), file=sys.stderr)
     return 0
+
+
+def write_batch(model, tokenizer, ids: list[int], n: int, args, generator, timing) -> None:
+    """Generate `n` samples after the prompt `ids` together: the first streamed to stdout token by
+    token, the others written whole when the batch is done."""
+    # the prompt each sample starts with (a lone <|endoftext|> is not shown)
+    shown = [] if ids == [tokenizer.eot_token] else ids
+    prompt = torch.tensor([ids] * n, dtype=torch.long, device=next(model.parameters()).device)
+    stream = tokenizer.stream_decoder()
+    sys.stdout.write(stream(shown))
+    columns = []
+    timing.start(n * len(ids))
+    settings = (args.temperature, args.top_k, args.top_p, generator)
+    for token in generate(model, prompt, args.max_new_tokens, *settings, compile=args.compile):
+        columns.append(token.tolist())  # the one wait for the device per step
+        timing.token(n)
+        sys.stdout.write(stream(columns[-1][:1]))
+        sys.stdout.flush()
+    for row in range(1, n):
+        sys.stdout.write(SEPARATOR + tokenizer.stream_decoder()(shown + [c[row] for c in columns]))
 
 
 @torch.no_grad()

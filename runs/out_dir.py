@@ -65,8 +65,7 @@ def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
         f"train.out_dir {out_dir}",
         exclusive=True,
         advice="another train.py writes into it: wait for it to end (or stop it), or choose "
-        "another "
-        "train.out_dir",
+        "another train.out_dir",
     )
     check_not_links(out_dir, ("last", "best"), OUT_DIR_ADVICE)
     what = held(out_dir)

@@ -58,8 +58,8 @@ def test_other_local_ranks_wait_for_the_files_while_local_rank_0_works(monkeypat
     ready.unlink()  # local rank 0 gone (no sign of work): the waiting rank gives up with one line
     with pytest.raises(
         UserError,
-        match="rank 1 waited for local rank 0 to prepare dataset data, but it has "
-        "shown no sign of work for 0 s",
+        match="rank 1 waited for local rank 0 to prepare dataset data, but it has shown no sign "
+        "of work for 0 s",
     ):
         torchrun.once_per_machine(waiting, ready, lambda: None, "dataset data", beat)
 

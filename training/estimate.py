@@ -29,7 +29,7 @@ from model.local_attention import block_layout
 from runs.checkpoint import OUT_DIR_ADVICE
 from runs.config import Config, Request
 from runs.out_dir import check_room, held, held_advice, holds_run
-from training.evaluation import default_batch_size, final_eval_wanted
+from training.evaluation import default_batch_size, final_eval_wanted, sample_prompt
 from training.hardware import GPU_PEAKS
 from training.measure import Timing, time_steps
 from training.memory import (
@@ -43,7 +43,7 @@ from training.memory import (
     saved_params,
 )
 from training.plan import DryRunPlan, Plan, plan_dry_run
-from training.run import sample_prompt, start_run
+from training.run import start_run
 from training.tracking import check_wandb_login
 
 CHINCHILLA_TOKENS_PER_PARAM = 20

@@ -1,5 +1,5 @@
 """Evaluation: a training run's loss estimate; the exact loss over every token of a text, and bits
-per byte (eval.py scores multiple choice).
+per byte (eval.py scores multiple choice); an eval's sample of the model as it is.
 
 `evaluate_tokens` predicts every token exactly once, in windows of block_size (with `stride` S the
 windows slide by S and only their last S predictions count, as in the transformers perplexity
@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from common.errors import UserError
 from common.threads import ThreadTuner
 from data.shards import TokenFiles
-from data.tokenizers import bits_per_byte
+from data.tokenizers import Tokenizer, bits_per_byte
+from runs.config_schema import Config
 from runs.runtime import Runtime
 from training import distributed
 
@@ -131,7 +132,6 @@ def window_batch(
     return x, np.where(counted, y, -1)
 
 
-@torch.no_grad()
 def check_ids(x: np.ndarray, y: np.ndarray, vocab_size: int) -> None:
     """Refuse ids past the vocabulary of the model or its tokenizer: the text was tokenized for
     another model."""
@@ -143,6 +143,17 @@ def check_ids(x: np.ndarray, y: np.ndarray, vocab_size: int) -> None:
         )
 
 
+def batch_sums(logits: torch.Tensor, y: torch.Tensor, byte_table: torch.Tensor) -> torch.Tensor:
+    """(predictions, nats, bytes) of one batch, in float64: targets of -1 are not counted."""
+    nats = F.cross_entropy(
+        logits.float().flatten(0, 1), y.flatten(), ignore_index=-1, reduction="none"
+    )
+    counted = y.flatten() >= 0
+    n_bytes = (byte_table[y.flatten().clamp(min=0)] * counted).sum()
+    return torch.stack([counted.sum(), nats.sum(), n_bytes]).double()
+
+
+@torch.no_grad()
 def evaluate_tokens(
     model: torch.nn.Module,
     tokens: np.ndarray | TokenFiles,
@@ -185,16 +196,46 @@ def evaluate_tokens(
         x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
         with tuner.timed(), autocast():
             logits, _ = model(x)
-        nats = F.cross_entropy(
-            logits.float().flatten(0, 1), y.flatten(), ignore_index=-1, reduction="none"
-        )
-        counted = y.flatten() >= 0
-        n_bytes = (byte_table[y.flatten().clamp(min=0)] * counted).sum()
-        sums += torch.stack([counted.sum(), nats.sum(), n_bytes]).double()
+        counted = batch_sums(logits, y, byte_table)
+        sums += counted
         if progress is not None:
-            progress(int(counted.sum()))
+            progress(int(counted[0]))
     model.train(was_training)
     if rt is not None:
         sums = distributed.all_sum(sums, rt)
     tokens_done, nats_sum, bytes_sum = sums.tolist()
     return TokenLoss(int(tokens_done), nats_sum, int(bytes_sum), time.perf_counter() - start_time)
+
+
+# --- an eval's sample ---
+
+
+def sample_prompt(cfg: Config, tokenizer: Tokenizer) -> list[int]:
+    """The ids of log.sample_prompt (default: a newline, or <|endoftext|> for BPE), as sample.py has
+    them."""
+    from data.prompts import encode_prompt, read_prompt
+
+    return encode_prompt(
+        read_prompt(cfg.log.sample_prompt, None, tokenizer), tokenizer, cfg.model.context_limit
+    )
+
+
+def draw_sample(model: torch.nn.Module, tokenizer: Tokenizer, cfg: Config, rt: Runtime) -> str:
+    """log.sample_tokens tokens from the model as it is now, after log.sample_prompt: temperature
+    0.8, seeded by train.seed, in fp32; compiled where sample.py left the step on disk (never built
+    beside training)."""
+    from sampling.generate import generate
+    from sampling.steps import kept_on_disk
+
+    n = cfg.log.sample_tokens
+    gen = torch.Generator(device=rt.device).manual_seed(cfg.train.seed)
+    idx = torch.tensor([sample_prompt(cfg, tokenizer)], device=rt.device)
+    model.eval()
+    tuner = rt.thread_tuner(tries=8)
+    compiled = not rt.distributed and kept_on_disk(model, 1)
+    tokens = [
+        t.item()
+        for t in generate(model, idx, n, 0.8, None, None, gen, compile=compiled, tuner=tuner)
+    ]
+    model.train()
+    return tokenizer.decode(idx[0].tolist()) + tokenizer.decode(tokens)

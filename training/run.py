@@ -22,14 +22,13 @@ from common.errors import UserError
 from common.threads import ThreadTuner
 from data.dataset import Dataset
 from data.loader import TokenWindows
-from data.tokenizers import Tokenizer
 from model import GPT
 from runs import checkpoint
 from runs.checkpoint import Progress
 from runs.config import Config
 from runs.runtime import Runtime, compile_enabled
 from training import distributed
-from training.evaluation import estimate_loss, final_eval_wanted
+from training.evaluation import draw_sample, estimate_loss, final_eval_wanted, sample_prompt
 from training.optim import lr_factor, make_optimizers, schedule_progress, set_lr, step_unless
 from training.plan import Plan
 from training.stopping import Clock, StopRequest, SyncedStop, resume_command
@@ -74,16 +73,16 @@ class Run:
 
 
 def train(run: Run, argv: list[str]) -> int:
-    """Train until train.max_iters, train.max_time or a stop signal; the exit code (128 + the
-    signal)."""
+    """Train until train.max_iters, train.max_time or a stop signal; returns the exit code."""
     cfg = run.cfg
     t = run.cfg.train
     p = run.progress
     check_before_training(run)
     describe_run(run)
     log = Tracker(run)
-    stop = StopRequest(verbose=run.rt.is_main)
     clock = Clock(p.elapsed_s)
+    # Ctrl-C and the other signals that end a job, and the clock, the same on every rank
+    stop = StopRequest(verbose=run.rt.is_main)
     synced = SyncedStop(run.rt, stop, clock, sync_every=(cfg.log.interval, t.eval_interval))
     try:
         while True:
@@ -92,16 +91,14 @@ def train(run: Run, argv: list[str]) -> int:
             last = p.iter >= t.max_iters or elapsed >= (t.max_time or math.inf)
             evaluating = (last or p.iter % t.eval_interval == 0) and p.evaluated_at != p.iter
 
-            # the steps' results since the last look, read back once: losses shown, non-finite steps
-            # counted
+            # the steps' results read back at once: losses shown, non-finite steps counted
             if evaluating or signum or last or p.iter % cfg.log.interval == 0:
                 read_back(run, log, elapsed)
 
             # the learning rate
             set_lr(run.optimizers, lr_factor(p.iter, schedule_progress(p, elapsed, t), cfg.optim))
 
-            # once in a while: evaluate, write checkpoints, draw loss.png (the clock stops
-            # meanwhile)
+            # once in a while: evaluate, write checkpoints, draw loss.png (the clock paused)
             if evaluating:
                 with clock.paused():
                     p.elapsed_s = elapsed
@@ -118,13 +115,8 @@ def train(run: Run, argv: list[str]) -> int:
             if last:
                 break
 
-            # forward, backward, update (on a CPU at the thread count common/threads.py chooses)
-            if run.compiled and p.iter == log.first[0]:
-                results = first_compiled_step(run, log, clock)
-            else:
-                with run.tuner.timed(p.iter):
-                    results = train_step(run, p.iter)
-            run.unread.append((p.iter, results))
+            # forward, backward, update, its results read back later
+            run.unread.append((p.iter, timed_step(run, log, clock)))
             p.iter += 1
             log.step()
         log.finish()
@@ -265,6 +257,15 @@ def train_step(run: Run, it: int) -> torch.Tensor:
     return torch.stack([loss_sum, grad_norm.float(), counted.float()])
 
 
+def timed_step(run: Run, log: Tracker, clock: Clock) -> torch.Tensor:
+    """`train_step` at this iteration, on a CPU at the thread count common/threads.py chooses; a
+    compiled model's first step compiles it, timed apart."""
+    if run.compiled and run.progress.iter == log.first[0]:
+        return first_compiled_step(run, log, clock)
+    with run.tuner.timed(run.progress.iter):
+        return train_step(run, run.progress.iter)
+
+
 def first_compiled_step(run: Run, log: Tracker, clock: Clock) -> torch.Tensor:
     """A compiled model's first step, which compiles it: timed on its own line, outside training
     time."""
@@ -384,7 +385,7 @@ def evaluate(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:
         log.write(f"  heads: {strongest_heads(record['heads'])}")
     sampling = cfg.log.sample_every and p.iter > 0 and (last or p.iter % cfg.log.sample_every == 0)
     if finite and sampling and runs_extra_forwards(run):
-        record["sample"] = draw_sample(run)
+        record["sample"] = draw_sample(run.model, run.dataset.tokenizer, cfg, run.rt)
         log.write(f"sample at iteration {p.iter} (temperature 0.8, seed {cfg.train.seed}):")
         log.write(record["sample"].strip("\n") + "\n")
     log.eval(record)
@@ -409,40 +410,6 @@ def exact_val_loss(run: Run) -> dict:
     result = evaluate_tokens(run.model, run.dataset.split("val"), byte_lengths, batch, rt=run.rt)
     out = {"final_val_loss": round(result.loss, 5), "final_val_tokens": result.tokens}
     return out | ({"final_val_bpb": round(result.bpb, 5)} if result.bytes else {})
-
-
-def sample_prompt(cfg: Config, tokenizer: Tokenizer) -> list[int]:
-    """The ids of log.sample_prompt (default: a newline, or <|endoftext|> for BPE), as sample.py has
-    them."""
-    from data.prompts import encode_prompt, read_prompt
-
-    return encode_prompt(
-        read_prompt(cfg.log.sample_prompt, None, tokenizer), tokenizer, cfg.model.context_limit
-    )
-
-
-def draw_sample(run: Run) -> str:
-    """log.sample_tokens tokens from the model as it is now, after log.sample_prompt: temperature
-    0.8, seeded by train.seed, in fp32; compiled where sample.py left the step on disk (never built
-    beside training)."""
-    from sampling.generate import generate
-    from sampling.steps import kept_on_disk
-
-    cfg = run.cfg
-    model = run.model
-    tokenizer = run.dataset.tokenizer
-    n = run.cfg.log.sample_tokens
-    gen = torch.Generator(device=run.rt.device).manual_seed(cfg.train.seed)
-    idx = torch.tensor([sample_prompt(cfg, tokenizer)], device=run.rt.device)
-    model.eval()
-    tuner = run.rt.thread_tuner(tries=8)
-    compiled = not run.rt.distributed and kept_on_disk(model, 1)
-    tokens = [
-        t.item()
-        for t in generate(model, idx, n, 0.8, None, None, gen, compile=compiled, tuner=tuner)
-    ]
-    model.train()
-    return tokenizer.decode(idx[0].tolist()) + tokenizer.decode(tokens)
 
 
 # --- a checkpoint ---
