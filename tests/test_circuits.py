@@ -263,12 +263,12 @@ def test_attribution_equals_activation_patching_where_the_model_is_linear(name):
         np.testing.assert_allclose(
             estimated[table][last], real[table][last], atol=1.5e-4, rtol=0, err_msg=table
         )
-        assert result["correlation"][table] > 0.9
+        assert result["agreement"][table]["correlation"] > 0.9
     assert (
         np.abs(np.array(estimated["head_positions"][0]) - np.array(real["head_positions"][0])).max()
         > 1e-3
     )
-    assert estimated["metric_base"] == pytest.approx(real["metric_base"], abs=1e-5)
+    assert estimated["metric_corrupted"] == pytest.approx(real["metric_corrupted"], abs=1e-5)
 
 
 @pytest.mark.parametrize("name", OPTIONS)
@@ -368,7 +368,9 @@ def test_the_circuit_and_the_composition_table_on_every_option(name):
         for kind in "qkv"
     )
     circuit = find_circuit(model, prompt_pair(model, *pair(model)))
-    assert circuit["nodes"] and {e["kind"] for e in circuit["edges"]} <= {"q", "k", "v"}
+    kinds = {"q", "k", "v", "logits"} | ({"mlp"} if model.config.mlp else set())
+    assert circuit["nodes"] and {e["kind"] for e in circuit["edges"]} <= kinds
+    assert {n["name"] for n in circuit["nodes"]} & {"MLP0", "MLP1"} or not model.config.mlp
     json.dumps(circuit)  # plain data
     fresh = GPT(model.config).eval()  # as initialised: it copies nothing
     with pytest.raises(ValueError, match="no better on the clean input"):
@@ -428,7 +430,7 @@ def test_the_circuit_of_the_induction_model(induction_run):
     task = prompt_pair(
         model, tokenizer.encode(clean).tolist(), tokenizer.encode(corrupted).tolist()
     )
-    agreement = compare(model, task, TABLES)["correlation"]
+    agreement = {t: a["correlation"] for t, a in compare(model, task, TABLES)["agreement"].items()}
     assert agreement["head_positions"] >= 0.9 and agreement["resid_pre"] >= 0.9, agreement
 
 
@@ -480,7 +482,7 @@ def test_heads_command_writes_the_composition_the_attribution_and_the_circuit(
     )
     assert all(e["kind"] in ("q", "k", "v") for e in circuit["edges"])
     attribution = json.loads((tmp_path / "attribution.json").read_text())
-    assert set(attribution["correlation"]) == {"heads", "head_positions", "resid_pre", "attn_out"}
+    assert set(attribution["agreement"]) == {"heads", "head_positions", "resid_pre", "attn_out"}
     assert "K-composition, strongest: L0H" in result.stdout and "through its K" in result.stdout
 
     import heads as command
