@@ -54,6 +54,7 @@ from runs.config_schema import seed_problem
 from runs.pretrained import Loaded, load_model
 from runs.runtime import Runtime, pick_device, pick_precision
 
+SMALL_WIDTH = 256  # below this n_embd, --discover runs on one CPU thread
 # without --prompt: this many tokens from the start of the validation split
 DEFAULT_PROMPT_TOKENS = 40
 
@@ -352,6 +353,9 @@ def main(argv: list[str]) -> int:
     tokenizer = loaded.tokenizer
     ckpt = loaded.where
     mc = model.config
+    if args.discover is not None and device.type == "cpu" and mc.n_embd < SMALL_WIDTH:
+        # --discover's small products run fastest on one core (BENCHMARKS.md, "Circuits found ...")
+        torch.set_num_threads(1)
     check_args(args, mc.n_layer, mc.n_head)
     head_groups(args, mc.n_layer, mc.n_head)
     val = validation_split(loaded, args.data_dir, device)
