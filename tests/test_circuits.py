@@ -476,13 +476,18 @@ def test_heads_command_writes_the_composition_the_attribution_and_the_circuit(
     circuit = json.loads((tmp_path / "circuit.json").read_text())
     assert {"nodes", "edges"} <= set(circuit) and circuit["checkpoint"] == str(out / "best")
     assert all(
-        {"from", "to", "kind", "composition", "effect"} <= set(e)
+        {"from", "to", "kind", "composition", "effect", "effect_se"} <= set(e)
         for e in circuit["edges"]
-        if e["from"] != "embeddings"
+        if e["from"] != "embeddings" and e["kind"] != "logits"
     )
-    assert all(e["kind"] in ("q", "k", "v") for e in circuit["edges"])
+    assert all(e["kind"] in ("q", "k", "v", "logits") for e in circuit["edges"])
+    assert circuit["faithfulness"]["ablation"] == "resample"
+    assert "faithfulness" in result.stdout and "below 5%, the strongest" in result.stdout
     attribution = json.loads((tmp_path / "attribution.json").read_text())
     assert set(attribution["agreement"]) == {"heads", "head_positions", "resid_pre", "attn_out"}
+    # one vocabulary: clean and corrupted, in the JSON as in the words
+    assert {"metric_clean", "metric_corrupted"} <= set(attribution["attribution"])
+    assert "on the clean run" in result.stdout and "slope" in result.stdout
     assert "K-composition, strongest: L0H" in result.stdout and "through its K" in result.stdout
 
     import heads as command

@@ -131,3 +131,115 @@ def test_heads_discover_writes_the_circuit_and_its_picture(induction_run, capsys
     assert found["ablation"] == "resample" and found["metric"] == "task"
     assert found["faithfulness"] >= 0.9 and len(found["edges"]) == 81
     assert (tmp_path / "discovered.png").stat().st_size > 10_000
+
+
+# --- tasks: the previous-token task and a JSONL file's ---
+
+
+def test_the_previous_token_task_changes_only_the_token_before_the_last(model, induction_run):
+    from interp.tasks import previous_token_task
+
+    out, _ = induction_run
+    loaded = load_model(out, torch.device("cpu"))
+    val = loaded.dataset(None).windows("val", 64, torch.device("cpu"), 0)
+    task = previous_token_task(model, val, 32, 0)
+    differs = task.clean != task.corrupted
+    assert differs[:, -2].all() and not differs[:, :-2].any() and not differs[:, -1].any()
+    assert task.clean.shape == (32, 32)
+
+
+def write_task(folder: Path, lines: list) -> Path:
+    path = folder / "task.jsonl"
+    path.write_text(
+        "\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines)
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (["{not json"], "line 1 is not JSON"),
+        ([{"clean": "ab", "corrupted": "ac"}], "line 1 has no answer"),
+        ([{"clean": "ab", "corrupted": "ac", "answer": "b", "other": "x"}], "unknown keys other"),
+        ([{"clean": "ab", "corrupted": "abc", "answer": "b"}], "the clean prompt is 2 tokens"),
+        ([{"clean": "ab", "corrupted": "ac", "answer": "bc"}], "is 2 tokens; give one token"),
+        (
+            [
+                {"clean": "ab", "corrupted": "ac", "answer": "b"},
+                {"clean": "abc", "corrupted": "acc", "answer": "b"},
+            ],
+            "line 2: 3 tokens where the first line has 2",
+        ),
+        (
+            [
+                {"clean": "ab", "corrupted": "ac", "answer": "b", "wrong": "c"},
+                {"clean": "ab", "corrupted": "ac", "answer": "b"},
+            ],
+            "give `wrong` on every line or on none",
+        ),
+        ([""], "has no lines"),
+    ],
+)
+def test_a_bad_task_file_is_one_line(induction_run, capsys, tmp_path: Path, lines, message):
+    from conftest import script_error
+
+    import heads
+
+    out, _ = induction_run
+    path = write_task(tmp_path, lines)
+    script_error(capsys, heads.main, [str(out), "--discover", str(path)], message)
+
+
+def test_an_unknown_task_is_one_line(induction_run, capsys):
+    from conftest import script_error
+
+    import heads
+
+    out, _ = induction_run
+    script_error(capsys, heads.main, [str(out), "--discover", "nosuch"], "no file 'nosuch'")
+
+
+def test_a_task_file_gives_the_logit_difference_of_its_answers(model, induction_run, tmp_path):
+    from interp.task_file import file_task
+    from runs.pretrained import load_model as load
+
+    out, _ = induction_run
+    tokenizer = load(out, torch.device("cpu")).tokenizer
+    clean = "KLxiQEFBWOmACVzYafwcKLxiQEFBWOmACVzYafw"
+    corrupted = "KLxiQEFBWOmACVzYafwqKLxiQEFBWOmACVzYafw"
+    path = write_task(
+        tmp_path, [{"clean": clean, "corrupted": corrupted, "answer": "c", "wrong": "q"}]
+    )
+    task = file_task(model, str(path), tokenizer)
+    with torch.no_grad():
+        logits = model(task.clean)[0][0, -1]
+    c, q = (int(tokenizer.encode(t)[0]) for t in "cq")
+    assert float(task.value(model(task.clean)[0][None])) == pytest.approx(
+        float(logits[c] - logits[q]), abs=1e-5
+    )
+    setup = prepare(model, task)
+    found = discover(setup, "exact")
+    assert found["faithfulness"] >= 0.9 and found["metric"] == "task"
+
+
+# --- --circuit's circuit as edges of the graph ---
+
+
+def test_the_circuit_lists_its_paths_into_the_logits_and_its_faithfulness(model, setup):
+    from interp.task_circuit import find_circuit
+
+    circuit = find_circuit(model, setup.task)
+    into_logits = [e for e in circuit["edges"] if e["kind"] == "logits"]
+    assert {e["from"] for e in into_logits} >= {"L1H1", "L1H2", "L1H3"}
+    f = circuit["faithfulness"]
+    assert f["ablation"] == "resample" and 0.6 <= f["faithfulness"] <= 0.8, f
+    keep = torch.zeros(len(setup.graph))
+    for e in circuit["edges"]:
+        keep[setup.graph.find(e["from"], e["to"], e["kind"])] = 1
+    assert float(faithfulness(setup, keep[None])[0]) == pytest.approx(f["faithfulness"], abs=1e-3)
+    without = keep.clone()
+    for e in into_logits:
+        without[setup.graph.find(e["from"], e["to"], e["kind"])] = 0
+    assert abs(float(faithfulness(setup, without[None])[0])) < 0.05  # the edges alone carry nothing
+    assert all("effect_se" in e for e in circuit["edges"]) and circuit["gap"]["value"] > 4
