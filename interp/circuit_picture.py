@@ -15,7 +15,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from common.files import save_figure
-from interp.diagram import CURVES, KIND_COLOURS, KIND_NAMES, ROW, arrow, positions
+from interp.diagram import CURVES, KIND_COLOURS, KIND_NAMES, arrow, layer_axes, positions
 from interp.graph import EMBEDDINGS, LOGITS
 
 METRIC_WORDS = {"task": "the task's metric", "kl": "minus the KL divergence"}
@@ -91,16 +91,7 @@ def plot_discovered(found: dict, n_layer: int, n_head: int, mlp: bool, path: Pat
     where = positions(n_layer, n_head, spread)
     _nodes(ax, found, where, mlp)
     _edges(ax, found, where)
-    xs = [x for x, _ in where.values()]
-    ax.set(xlim=(min(xs) - 0.7, max(xs) + 0.7), ylim=(-0.5, ROW * (n_layer + 1) + 0.5))
-    ax.set_yticks(
-        [ROW * (layer + 1) for layer in range(n_layer)],
-        [f"layer {layer}" for layer in range(n_layer)],
-    )
-    ax.tick_params(length=0)
-    ax.set_xticks([])
-    for spine in ax.spines.values():
-        spine.set_visible(False)
+    layer_axes(ax, where, n_layer)
     for kind, colour in KIND_COLOURS.items():
         if kind != "mlp" or mlp:
             ax.plot([], [], color=colour, linewidth=3, label=KIND_NAMES[kind])

@@ -159,15 +159,8 @@ def legend_text(circuit: dict, rows: int = 16) -> str:
     return "\n".join(lines)
 
 
-def plot_circuit(circuit: dict, n_layer: int, n_head: int, path: Path) -> None:
-    """circuit.png: `circuit` as interp/task_circuit.py's find_circuit returns it."""
-    spread = 1.0 if n_head <= 8 else 12.0 / n_head
-    width = max(5.0, 1.2 * n_head * spread + 1.5)
-    fig = Figure(figsize=(width + 4.6, 2.4 + 1.8 * (n_layer + 1)), layout="constrained")
-    ax, side = fig.subplots(1, 2, width_ratios=[width, 4.6])
-    where = positions(n_layer, n_head, spread)
-    _heads(ax, circuit, where, n_layer, n_head)
-    _draw_paths(ax, circuit, where)
+def layer_axes(ax, where: dict, n_layer: int) -> None:
+    """The axes of a circuit's picture: every node in view, a label per layer, no frame."""
     xs = [x for x, _ in where.values()]
     ax.set(xlim=(min(xs) - 0.7, max(xs) + 0.7), ylim=(-0.5, ROW * (n_layer + 1) + 0.5))
     ax.set_yticks(
@@ -178,6 +171,18 @@ def plot_circuit(circuit: dict, n_layer: int, n_head: int, path: Path) -> None:
     ax.set_xticks([])
     for spine in ax.spines.values():
         spine.set_visible(False)
+
+
+def plot_circuit(circuit: dict, n_layer: int, n_head: int, path: Path) -> None:
+    """circuit.png: `circuit` as interp/task_circuit.py's find_circuit returns it."""
+    spread = 1.0 if n_head <= 8 else 12.0 / n_head
+    width = max(5.0, 1.2 * n_head * spread + 1.5)
+    fig = Figure(figsize=(width + 4.6, 2.4 + 1.8 * (n_layer + 1)), layout="constrained")
+    ax, side = fig.subplots(1, 2, width_ratios=[width, 4.6])
+    where = positions(n_layer, n_head, spread)
+    _heads(ax, circuit, where, n_layer, n_head)
+    _draw_paths(ax, circuit, where)
+    layer_axes(ax, where, n_layer)
     side.axis("off")
     text = legend_text(circuit)
     side.text(
