@@ -283,6 +283,17 @@ def format_circuit(circuit: dict) -> str:
             "at all, and the nodes and edges below may be noise (more --sequences, or a model "
             "trained longer)"
         )
+    noisy = [
+        f"{n['name']} {n['effect']:+.2f} ± {n['effect_se']:.2f}"
+        for n in circuit["nodes"]
+        if abs(n["effect"]) < 2 * n["effect_se"]
+    ]
+    if noisy:
+        lines.append(
+            f"  warning: {', '.join(noisy)}: within twice the standard error of 0. On "
+            f"{gap['rows']} rows a gap of {gap['value']:.3f} is too small to tell these from noise "
+            "(more --sequences, or a model that does the task better)"
+        )
     lines += _format_nodes(circuit) + _format_edges(circuit)
     f = circuit["faithfulness"]
     low, high = f["interval"]

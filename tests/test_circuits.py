@@ -559,3 +559,11 @@ def test_heads_command_on_hugging_face_folders(data_dir: Path, tmp_path: Path, c
     script_error(
         capsys, command.main, [str(fresh), "--circuit", *sizes], "no better on the clean input"
     )
+
+
+def test_a_gap_within_its_noise_is_a_warning():
+    from interp.task_circuit import within_noise
+
+    assert within_noise({"value": 0.19, "se": 0.12, "rows": 16})
+    assert not within_noise({"value": 4.39, "se": 0.05, "rows": 16})
+    assert not within_noise({"value": 0.19, "se": 0.0, "rows": 1})  # one prompt pair: no sampling

@@ -213,10 +213,10 @@ def test_a_task_file_gives_the_logit_difference_of_its_answers(model, induction_
     )
     task = file_task(model, str(path), tokenizer)
     with torch.no_grad():
-        logits = model(task.clean)[0][0, -1]
+        logits = model(task.clean)[0]
     c, q = (int(tokenizer.encode(t)[0]) for t in "cq")
-    assert float(task.value(model(task.clean)[0][None])) == pytest.approx(
-        float(logits[c] - logits[q]), abs=1e-5
+    assert float(task.value(logits[None])) == pytest.approx(
+        float(logits[0, -1, c] - logits[0, -1, q]), abs=1e-5
     )
     setup = prepare(model, task)
     found = discover(setup, "exact")

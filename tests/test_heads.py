@@ -328,3 +328,13 @@ def test_heads_command_prints_the_roles_and_draws_the_maps(
         and bad.stderr.startswith("error: --layer must be")
         and len(bad.stderr.splitlines()) == 1
     )
+
+
+def test_scores_say_when_the_repeated_sequences_cannot_mean_anything():
+    from interp.scores import caveats
+
+    scores = {"repeat_length": 64, "repeat_loss_first_half": 6.99}
+    window, rare = caveats(scores, 32, 65)
+    assert "window of 32 tokens does not reach back 64" in window
+    assert "above uniform guessing's ln 65 = 4.17" in rare
+    assert caveats({"repeat_length": 32, "repeat_loss_first_half": 4.0}, None, 52) == []
