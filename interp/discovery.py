@@ -291,6 +291,11 @@ def format_discovery(found: dict) -> str:
         f"± {found['noise']:.3f} "
         f"(standard error over the {found['rows']} rows); {found['ablation']} ablation: "
         f"{ABLATION_WORDS[found['ablation']]}",
+        *(
+            ["  warning: the gap is within twice its standard error: f below is a share of noise"]
+            if found["rows"] > 1 and found["gap"] < 2 * found["noise"]
+            else []
+        ),
         f"  scored {n} edges by {found['method']} ("
         + ", ".join(f"{k} {v:.2f} s" for k, v in found["seconds"].items())
         + ")",
