@@ -275,54 +275,61 @@ def format_curve(curve: dict, points: int = 12) -> list[str]:
     ]
 
 
-def format_edges(edges: list, signed: bool = True) -> str:
+def format_edges(edges: list) -> str:
+    """Edges as [from, to, kind, number]: "L0H0 -> L1H1 K +0.352, ..." (or "none")."""
     return ", ".join(f"{a} -> {b} {kind.upper()} {v:+.3f}" for a, b, kind, v in edges) or "none"
 
 
 def format_discovery(found: dict) -> str:
-    """--discover's report for people."""
+    """--discover's report for people: the task and its gap, the curve, the circuit and its
+    measures, the rank agreement, the strongest kept edges."""
     n = len(found["edges"])
-    size = found["size"]
-    low, high = found["interval"]
     lines = [
         f"task: {found['task']}",
         f"  metric ({found['metric']}) {found['metric_model']:+.3f} with every edge, "
         f"{found['metric_none']:+.3f} with none: a gap of {found['gap']:.3f} "
-        f"± {found['noise']:.3f} "
-        f"(standard error over the {found['rows']} rows); {found['ablation']} ablation: "
-        f"{ABLATION_WORDS[found['ablation']]}",
-        *(
-            ["  warning: the gap is within twice its standard error: f below is a share of noise"]
-            if found["rows"] > 1 and found["gap"] < 2 * found["noise"]
-            else []
-        ),
-        f"  scored {n} edges by {found['method']} ("
-        + ", ".join(f"{k} {v:.2f} s" for k, v in found["seconds"].items())
-        + ")",
+        f"± {found['noise']:.3f} (standard error over the {found['rows']} rows); "
+        f"{found['ablation']} ablation: {ABLATION_WORDS[found['ablation']]}",
+    ]
+    if found["rows"] > 1 and found["gap"] < 2 * found["noise"]:
+        lines.append("  warning: the gap is within twice its standard error: f is a share of noise")
+    seconds = ", ".join(f"{k} {v:.2f} s" for k, v in found["seconds"].items())
+    lines += [
+        f"  scored {n} edges by {found['method']} ({seconds})",
         "faithfulness f of the strongest k edges (1: all the model does, 0: none of it):",
         *format_curve(found["curve"]),
         f"  area under the curve {found['area']:.3f} (x: the share of the {n} edges kept)",
+        *_format_cut(found),
     ]
+    if "agreement" in found:
+        a = found["agreement"]
+        lines.append(
+            f"EAP-IG against exact patching: Spearman {a['spearman']:.3f}; ROC AUC "
+            f"{a['roc_auc']:.3f} at finding the exact circuit's edges"
+        )
+    kept = [(e["from"], e["to"], e["kind"], e["score"]) for e in found["edges"] if e["kept"]]
+    lines.append("strongest kept edges: " + format_edges(kept[:8]))
+    return "\n".join(lines)
+
+
+def _format_cut(found: dict) -> list[str]:
+    """The circuit the curve was cut at, and its measures."""
+    low, high = found["interval"]
     if found["reached"]:
-        head = (
-            f"circuit: {size} edges reach f = {found['faithfulness']:.3f} [{low:.3f}, {high:.3f}]"
-        )
-        lines.append(
-            f"{head} (target {found['target']}; the strongest {found['prefix']}, less any edge "
-            "off a path from the embeddings to the logits)"
-        )
+        lines = [
+            f"circuit: {found['size']} edges reach f = {found['faithfulness']:.3f} [{low:.3f}, "
+            f"{high:.3f}] (target {found['target']}; the strongest {found['prefix']}, less any "
+            "edge off a path from the embeddings to the logits)"
+        ]
     else:
-        lines.append(
-            f"circuit: no set of the strongest edges reaches f = {found['target']}; all {n} kept"
-        )
+        lines = [f"circuit: no set of the strongest edges reaches f = {found['target']}; all kept"]
+    minimal = found["minimality"]
     lines += [
         f"  f is for {found['ablation']} ablation: another ablation gives another f (--ablation)",
         f"  incompleteness {found['incompleteness']['value']:.3f} (the most f that removing a set "
-        "of its "
-        "edges costs the circuit and the model differently)",
-        f"  minimality {found['minimality']['share']:.2f} of {found['minimality']['edges']} "
-        "edges each "
-        f"lower f by at least {MINIMAL_DROP} when removed alone",
+        "of its edges costs the circuit and the model differently)",
+        f"  minimality {minimal['share']:.2f} of {minimal['edges']} edges each lower f by at least "
+        f"{MINIMAL_DROP} when removed alone",
         f"  left out, the most: {format_edges(found['left_out'])}",
     ]
     if "held_out" in found:
@@ -331,16 +338,4 @@ def format_discovery(found: dict) -> str:
             f"  on {h['rows']} other rows (seed {h['seed']}): f = {h['faithfulness']:.3f} "
             f"[{h['interval'][0]:.3f}, {h['interval'][1]:.3f}]"
         )
-    if "agreement" in found:
-        a = found["agreement"]
-        lines.append(
-            f"EAP-IG against exact patching: Spearman {a['spearman']:.3f}; "
-            f"ROC AUC {a['roc_auc']:.3f} "
-            "at finding the exact circuit's edges"
-        )
-    kept = [e for e in found["edges"] if e["kept"]][:8]
-    lines.append(
-        "strongest kept edges: "
-        + format_edges([(e["from"], e["to"], e["kind"], e["score"]) for e in kept])
-    )
-    return "\n".join(lines)
+    return lines
