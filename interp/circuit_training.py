@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -44,6 +45,7 @@ class CircuitLog:
     def __init__(self, model: GPT):
         self.snapshots: list[tuple[int, dict]] = []
         self.evals: list[dict] = []  # each eval's iteration, val loss and numbers
+        self.seconds = 0.0  # what the records and the end took, all evals together
         size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         self.room = max(0, SNAPSHOT_BYTES // max(1, size))  # how many evals' weights fit
         self.baseline: Optional[tuple[float, float]] = None
@@ -165,6 +167,7 @@ def log_circuits(run, record: dict, last: bool, log) -> None:
     metrics.jsonl, wandb); at the last eval, the final circuit measured on every eval's weights,
     written to OUT_DIR (circuits.json, circuits_training.png), and one line saying where each curve
     changed most."""
+    start = time.perf_counter()
     if run.circuits is None:
         run.circuits = CircuitLog(run.model)
     found = run.circuits.record(run.model, run.splits["val"], record["iter"], record.get("heads"))
@@ -175,4 +178,7 @@ def log_circuits(run, record: dict, last: bool, log) -> None:
     if last:
         result = run.circuits.finish(run.model)
         files = write_circuits(result, run.out_dir)
-        log.write(f"{format_phase_change(result)}; {', '.join(str(f) for f in files)}")
+    run.circuits.seconds += time.perf_counter() - start
+    if last:
+        written = ", ".join(str(f) for f in files)
+        log.write(f"{format_phase_change(result)}; {run.circuits.seconds:.1f} s in all; {written}")
