@@ -28,29 +28,33 @@ import numpy as np
 import torch
 
 from common.arguments import ScriptParser
-from common.user_text import user_text
 from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
 from interp.ablation import KINDS, ablate_heads, format_ablation
+from interp.discovery import EXACT_EDGES, METHODS
 from interp.explorer import write_page
-from interp.patching import predictions
-from interp.plots import MAX_LABELS, plot_ablation, plot_head, plot_layer, plot_scores, token_labels
+from interp.faithfulness import METRICS
+from interp.graph import ABLATIONS
+from interp.plots import plot_ablation
 from interp.report import (
+    draw_maps,
     write_attribution,
     write_circuit,
     write_composition,
+    write_discovery,
     write_json,
     write_lens,
     write_patching,
+    write_scores,
 )
-from interp.scores import HEAD_NAME, ROLES, THRESHOLD, head_name, role_name, score_heads
-from interp.task_circuit import check_task
-from interp.tasks import prompt_pair, repeat_task
+from interp.scores import HEAD_NAME, head_name, score_heads
+from interp.task_inputs import circuit_task, discover_tasks, patch_prompts
 from runs.checkpoint import run_of
 from runs.config_schema import seed_problem
 from runs.pretrained import Loaded, load_model
 from runs.runtime import Runtime, pick_device, pick_precision
 
+SMALL_WIDTH = 256  # below this n_embd, --discover runs on one CPU thread
 # without --prompt: this many tokens from the start of the validation split
 DEFAULT_PROMPT_TOKENS = 40
 
@@ -166,16 +170,54 @@ def add_circuit_args(p: argparse.ArgumentParser) -> None:
         nargs="*",
         metavar="PROMPT",
         help="the circuit: heads that matter, the paths between them, the answer's writers, on "
-        "repeated "
-        "random sequences (default) or on a CLEAN CORRUPTED prompt pair",
+        "repeated random sequences (default) or on a CLEAN CORRUPTED prompt pair",
+    )
+    add_discover_args(p)
+
+
+def add_discover_args(p: argparse.ArgumentParser) -> None:
+    """--discover (with --scores, --target, --ablation, --metric): a circuit from a task alone."""
+    p.add_argument(
+        "--discover",
+        nargs="?",
+        const="induction",
+        metavar="TASK",
+        help="find the circuit of a task from every edge of the graph: induction (the default), "
+        "previous-token, or a JSONL file of prompt pairs (docs/heads.md)",
+    )
+    p.add_argument(
+        "--scores",
+        default="auto",
+        choices=METHODS,
+        help="with --discover: how edges are scored (auto: exact patching up to "
+        f"{EXACT_EDGES:,} edges, EAP-IG above; both: the two, with their rank agreement)",
+    )
+    p.add_argument(
+        "--target",
+        type=float,
+        default=0.9,
+        help="with --discover: the faithfulness the circuit must reach (default: %(default)s)",
+    )
+    p.add_argument(
+        "--ablation",
+        default="resample",
+        choices=ABLATIONS,
+        help="with --discover and --circuit: what a removed edge carries (default: resample, the "
+        "corrupted run's)",
+    )
+    p.add_argument(
+        "--metric",
+        default="task",
+        choices=METRICS,
+        help="with --discover: the task's own metric (default) or kl, the KL divergence from the "
+        "clean run's predictions",
     )
 
 
 def analyses(args: argparse.Namespace) -> bool:
     """Whether an analysis runs instead of the maps and role scores."""
-    return bool(args.ablate or args.patch or args.lens or args.attribute or args.composition) or (
-        args.circuit is not None
-    )
+    asked = (args.ablate, args.patch, args.lens, args.attribute, args.composition)
+    return any(asked) or args.circuit is not None or args.discover is not None
 
 
 def check_args(args: argparse.Namespace, n_layer: int, n_head: int) -> None:
@@ -192,6 +234,8 @@ def check_args(args: argparse.Namespace, n_layer: int, n_head: int) -> None:
             "--circuit takes no prompt (repeated random sequences) or two (CLEAN CORRUPTED), got "
             f"{len(args.circuit)}"
         )
+    if not 0 < args.target <= 1:
+        raise UserError(f"--target is a faithfulness in (0, 1], got {args.target}")
     if args.ablate is not None and args.ablate not in KINDS:
         raise UserError(f"--ablate takes {' or '.join(KINDS)} (default zero), got {args.ablate!r}")
     if (args.layer is None) != (args.head is None):
@@ -221,7 +265,7 @@ def head_groups(args: argparse.Namespace, n_layer: int, n_head: int) -> list[lis
         raise UserError("--group removes heads together in an ablation; give --ablate as well")
     groups = []
     for text in args.group:
-        found = [HEAD_NAME.fullmatch(part.strip()) for part in text.split(",")]
+        found = [HEAD_NAME.fullmatch(part.strip().upper()) for part in text.split(",")]
         if not all(found):
             raise UserError(
                 "--group takes heads as L<layer>H<head> separated by commas (L1H0,L1H2), got "
@@ -249,63 +293,6 @@ def val_prompt(val: TokenWindows, block_size: int) -> list[int]:
     return val.tokens[: min(block_size, DEFAULT_PROMPT_TOKENS)].astype(np.int64).tolist()
 
 
-def format_tables(scores: dict) -> str:
-    """The role scores as one layer x head table per role, then the model-level numbers."""
-    n_head = len(scores[ROLES[0]][0])
-    lines = [
-        "head role scores (rows: layers, columns: heads; 1.00 = all attention on the role's key)"
-    ]
-    for role in ROLES:
-        lines.append(
-            f"{role_name(role):<16}" + "".join(f"{'H' + str(h):>6}" for h in range(n_head))
-        )
-        for layer, row in enumerate(scores[role]):
-            lines.append(f"  L{layer:<14}" + "".join(f"{v:6.2f}" for v in row))
-    roles = [
-        f"{head_name(layer, head)} {role_name(role)} {v:.2f}"
-        for role in ROLES
-        for layer, row in enumerate(scores[role])
-        for head, v in enumerate(row)
-        if v >= THRESHOLD
-    ]
-    early, late = scores["icl_positions"]
-    lines += [
-        f"heads with a role (score >= {THRESHOLD}): {', '.join(roles) or 'none'}",
-        f"in-context learning score: {scores['icl_score']:+.3f} (loss at context position {late} "
-        "minus "
-        f"at position {early}, validation windows)",
-        f"repeated-sequence loss: {scores['repeat_loss_first_half']:.3f} on the first half, "
-        f"{scores['repeat_loss_second_half']:.3f} on the second (R of {scores['repeat_length']} "
-        "tokens)",
-    ]
-    return "\n".join(lines)
-
-
-def draw_maps(model, ids: list[int], tokenizer, args: argparse.Namespace, out: Path) -> list[Path]:
-    """Every layer's attention maps on the prompt, and the one head of --layer/--head enlarged."""
-    device = next(model.parameters()).device
-    _, weights = model.attention_weights(torch.tensor([ids], dtype=torch.long, device=device))
-    labels = token_labels(ids, tokenizer) if len(ids) <= MAX_LABELS else None
-    written = []
-    for layer, w in enumerate(weights):
-        written.append(out / f"attention_layer{layer}.png")
-        plot_layer(w[0].float().cpu().numpy(), labels, layer, written[-1])
-    if args.layer is not None:
-        written.append(out / f"attention_{head_name(args.layer, args.head)}.png")
-        head = weights[args.layer][0, args.head].float().cpu().numpy()
-        plot_head(head, labels, args.layer, args.head, written[-1])
-    return written
-
-
-def role_scores(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt: Path):
-    """score_heads at the command's sizes: printed, written as JSON and a picture."""
-    sequences = args.sequences or 16
-    scores = score_heads(model, val, args.seed, sequences=sequences, windows=args.windows)
-    print(format_tables(scores))
-    plot_scores(scores, out / "head_scores.png")
-    return scores, [write_json(out / "head_scores.json", ckpt, scores), out / "head_scores.png"]
-
-
 def ablation(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt: Path):
     """--ablate: every head removed alone, printed, written as JSON and a picture."""
     groups = head_groups(args, model.config.n_layer, model.config.n_head)
@@ -317,52 +304,10 @@ def ablation(model, val: TokenWindows, args: argparse.Namespace, out: Path, ckpt
         result = ablate_heads(model, val, args.ablate, args.seed, groups, **sizes)
     result["precision"] = rt.precision
     print(format_ablation(result))
-    plot_ablation(result, out / "head_ablation.png")
-    return result, [write_json(out / "head_ablation.json", ckpt, result), out / "head_ablation.png"]
-
-
-def patch_prompts(
-    model, tokenizer, texts: list[str], option: str = "--patch"
-) -> tuple[list[int], list[int]]:
-    """A prompt pair's token ids (--patch, --attribute, --circuit), refused unless they have the
-    same length and the model predicts different next tokens after them."""
-    # as --prompt is read
-    texts = [user_text(t, f"a prompt of {option}", "give it in UTF-8") for t in texts]
-    clean, corrupted = (
-        encode_prompt(text, tokenizer, model.config.context_limit) for text in texts
-    )
-    if len(clean) != len(corrupted):
-        raise UserError(
-            f"{option} needs two prompts of the same length: the clean one has {len(clean)} "
-            f"tokens, the corrupted one {len(corrupted)}; swap a word for one of the same length"
-        )
-    a, b = predictions(model, clean, corrupted)
-    if a == b:
-        token = token_labels([a], tokenizer)[0]
-        raise UserError(
-            f"{option}: both prompts make the same token the most likely next (“{token}”); give a "
-            "corrupted prompt that changes the prediction"
-        )
-    return clean, corrupted
-
-
-def circuit_task(model, args: argparse.Namespace, prompts):
-    """--circuit's task, refused (before any work) when the model does it no better clean than
-    corrupted."""
-    task = (
-        prompt_pair(model, *prompts)
-        if prompts
-        else repeat_task(model, args.sequences or 16, args.seed)
-    )
-    try:
-        return check_task(model, task)
-    except ValueError as e:
-        fix = (
-            "give another prompt pair"
-            if prompts
-            else "give --circuit CLEAN CORRUPTED for a task it does"
-        )
-        raise UserError(f"--circuit: {e}; {fix}") from None
+    # each kind its own files: zero ablation's are head_ablation.*, mean's head_ablation_mean.*
+    name = "head_ablation" if args.ablate == "zero" else f"head_ablation_{args.ablate}"
+    plot_ablation(result, out / f"{name}.png")
+    return result, [write_json(out / f"{name}.json", ckpt, result), out / f"{name}.png"]
 
 
 def inputs(
@@ -381,6 +326,8 @@ def inputs(
         read.append("repeated random sequences (--circuit)")
     if args.composition:
         read.append("the weights (--composition)")
+    if args.discover is not None:
+        read.append(f"the {args.discover} task (--discover, {args.ablation} ablation)")
     return ", ".join(read)
 
 
@@ -406,6 +353,9 @@ def main(argv: list[str]) -> int:
     tokenizer = loaded.tokenizer
     ckpt = loaded.where
     mc = model.config
+    if args.discover is not None and device.type == "cpu" and mc.n_embd < SMALL_WIDTH:
+        # --discover's small products run fastest on one core (BENCHMARKS.md, "Circuits found ...")
+        torch.set_num_threads(1)
     check_args(args, mc.n_layer, mc.n_head)
     head_groups(args, mc.n_layer, mc.n_head)
     val = validation_split(loaded, args.data_dir, device)
@@ -424,24 +374,29 @@ def main(argv: list[str]) -> int:
         for name in ("patch", "attribute", "circuit")
         if getattr(args, name)
     }
-    task = circuit_task(model, args, pairs.get("circuit")) if args.circuit is not None else None
+    tasks = {}
+    if args.circuit is not None:
+        tasks["circuit"] = circuit_task(model, args, pairs.get("circuit"), tokenizer)
+    if args.discover is not None:
+        tasks["discover"] = discover_tasks(model, args, val, tokenizer)
     out = output_folder(args, ckpt)
     print(
         f"heads of {ckpt}: {mc.n_layer} layers x {mc.n_head} heads; {inputs(args, ids, pairs)}",
         file=sys.stderr,
     )
-    written = run_analyses(model, tokenizer, val, ids, pairs, task, args, out, ckpt)
+    written = run_analyses(model, tokenizer, val, ids, pairs, tasks, args, out, ckpt)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
 
-def run_analyses(model, tokenizer, val, ids, pairs, task, args, out, ckpt) -> list[Path]:
+def run_analyses(model, tokenizer, val, ids, pairs, tasks, args, out, ckpt) -> list[Path]:
     """Each analysis asked for (the maps and role scores when none is), in order; the files
     written."""
     written = []
     found = {}
     if not analyses(args):
-        written += draw_maps(model, ids, tokenizer, args, out)
+        one = None if args.layer is None else (args.layer, args.head)
+        written += draw_maps(model, ids, tokenizer, one, out)
     if args.ablate:
         found["ablation"], files = ablation(model, val, args, out, ckpt)
         written += files
@@ -455,19 +410,26 @@ def run_analyses(model, tokenizer, val, ids, pairs, task, args, out, ckpt) -> li
         written += write_composition(model, out, ckpt)[1]
     scores = None
     if not analyses(args) or args.html:
-        scores, files = role_scores(model, val, args, out, ckpt)
+        sizes = {"sequences": args.sequences or 16, "windows": args.windows}
+        scores, files = write_scores(model, val, args.seed, sizes, out, ckpt)
         written += files
     if args.circuit is not None:
         scores = scores or score_heads(
             model, val, args.seed, sequences=args.sequences or 16, windows=args.windows
         )
-        found["circuit"], files = write_circuit(model, task, scores, out, ckpt)
+        found["circuit"], files = write_circuit(
+            model, tasks["circuit"], scores, args.ablation, out, ckpt
+        )
+        written += files
+    if args.discover is not None:
+        options = {k: getattr(args, k) for k in ("scores", "target", "ablation", "metric", "seed")}
+        task, other = tasks["discover"]
+        found["discovered"], files = write_discovery(model, task, options, out, ckpt, other)
         written += files
     if args.html:
         more = {
             "seed": args.seed,
-            "ablation": found.get("ablation"),
-            "circuit": found.get("circuit"),
+            **{k: found.get(k) for k in ("ablation", "circuit", "discovered")},
         }
         written.append(
             write_page(out / "attention.html", model, ids, tokenizer, scores, str(ckpt), **more)

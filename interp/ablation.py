@@ -59,29 +59,36 @@ def head_edits(heads: Heads, kind: str, means: Optional[list[torch.Tensor]], T: 
 
 
 def _text_metrics(model: GPT, x, y, interventions) -> np.ndarray:
-    """(1 + interventions, 2): the mean val loss and ICL score, intact and under each
+    """(1 + interventions, B, 2): each window's val loss and ICL score, intact and under each
     intervention."""
-    sums = np.zeros((1 + len(interventions), 2))
+    values = np.zeros((1 + len(interventions), x.size(0), 2))
     for which, rows, logits in passes(model, x, interventions):
         G, B, T, V = logits.shape
         flat = logits.reshape(G * B, T, V)
         targets = y[rows].repeat(G, 1)
-        loss = token_losses(flat, targets).mean(dim=1).view(G, B).sum(dim=1)
-        icl = icl_differences(flat, targets).view(G, B).sum(dim=1)
-        sums[which] += torch.stack([loss, icl], dim=1).double().cpu().numpy()
-    return sums / x.size(0)
+        loss = token_losses(flat, targets).mean(dim=1).view(G, B)
+        icl = icl_differences(flat, targets).view(G, B)
+        values[which, rows] = torch.stack([loss, icl], dim=2).double().cpu().numpy()
+    return values
 
 
 def _repeat_metrics(model: GPT, tokens, n: int, interventions) -> np.ndarray:
-    """(1 + interventions, 2): the mean first- and second-half loss on [R, R], intact and under
-    each."""
-    sums = np.zeros((1 + len(interventions), 2))
+    """(1 + interventions, B, 2): each sequence's first- and second-half loss on [R, R], intact
+    and under each intervention."""
+    values = np.zeros((1 + len(interventions), tokens.size(0), 2))
     for which, rows, logits in passes(model, tokens, interventions):
         G, B, T, V = logits.shape
         first, second = repeat_losses(logits.reshape(G * B, T, V), tokens[rows].repeat(G, 1), n)
-        halves = torch.stack([first.view(G, B).sum(dim=1), second.view(G, B).sum(dim=1)], dim=1)
-        sums[which] += halves.double().cpu().numpy()
-    return sums / tokens.size(0)
+        halves = torch.stack([first.view(G, B), second.view(G, B)], dim=2)
+        values[which, rows] = halves.double().cpu().numpy()
+    return values
+
+
+def _standard_errors(text: np.ndarray, rep: np.ndarray) -> dict[str, float]:
+    """Each metric's standard error over its inputs (the intact model's windows or sequences)."""
+    se = lambda v: float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0  # noqa: E731
+    parts = [se(text[0, :, 0]), se(rep[0, :, 0]), se(rep[0, :, 1]), se(text[0, :, 1])]
+    return {m: round(v, 4) for m, v in zip(METRICS, parts)}
 
 
 @torch.no_grad()
@@ -115,7 +122,10 @@ def ablate(
         )
         text = _text_metrics(model, x, y, [head_edits(g, kind, means, x.size(1)) for g in groups])
         rep = _repeat_metrics(model, tokens, n, [head_edits(g, kind, means, 2 * n) for g in groups])
-    values = np.concatenate([text[:, :1], rep, text[:, 1:]], axis=1)  # in the order of METRICS
+    # in the order of METRICS, each the mean over its inputs
+    text_mean = text.mean(axis=1)
+    rep_mean = rep.mean(axis=1)
+    values = np.concatenate([text_mean[:, :1], rep_mean, text_mean[:, 1:]], axis=1)
     clean = values[0]
     changes = values[1:] - values[0]
     return {
@@ -124,6 +134,7 @@ def ablate(
         "sequences": sequences,
         "repeat_length": n,
         "clean": {m: round(float(v), 4) for m, v in zip(METRICS, clean)},
+        "clean_se": _standard_errors(text, rep),
         "effects": [{m: round(float(v), 4) for m, v in zip(METRICS, row)} for row in changes],
     }
 
@@ -174,5 +185,14 @@ def format_ablation(result: dict) -> str:
     for group in result.get("groups", []):
         changes = ", ".join(f"{m} {group[m]:+.3f}" for m in METRICS)
         lines.append(f"{' '.join(group['heads'])} removed together: {changes}")
-    clean = ", ".join(f"{m} {v:.3f}" for m, v in result["clean"].items())
-    return "\n".join([*lines, f"intact model: {clean}"])
+    se = result.get("clean_se", {})
+    clean = ", ".join(f"{m} {v:.3f} ± {se.get(m, 0):.3f}" for m, v in result["clean"].items())
+    return "\n".join(
+        [
+            *lines,
+            f"intact model, on these inputs (± the standard error over them): {clean}",
+            "  (training's exact val loss reads every val token and heads.py's role scores 8k "
+            "tokens of windows: theirs are the better estimates of the model; --windows and "
+            "--sequences give more here)",
+        ]
+    )

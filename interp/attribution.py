@@ -55,7 +55,7 @@ def _gradients(model: GPT, task: Task, names: list[str]) -> tuple[dict, dict]:
 
 def attribute(model: GPT, task: Task, tables: Sequence[str] = TABLES) -> dict:
     """The estimated effect of every patch of `tables` (interp/patching.py's TABLES and shapes),
-    source into base, with the metric on both runs ("metric_base", "metric_source")."""
+    source into base, with the metric on both runs ("metric_clean", "metric_corrupted")."""
     cfg = model.config
     names = cached_points(model, tables)
     with evaluating(model):
@@ -64,7 +64,7 @@ def attribute(model: GPT, task: Task, tables: Sequence[str] = TABLES) -> dict:
         grads, base = _gradients(model, task, names)
         ends = metric_ends(model, task)
     scale = ends[1] - ends[0]
-    out = {"metric_base": ends[0], "metric_source": ends[1]}
+    out = task.ends(*ends)
     for table in tables_of(model, tables):
         per_layer = []
         for layer in range(cfg.n_layer):
@@ -79,6 +79,20 @@ def attribute(model: GPT, task: Task, tables: Sequence[str] = TABLES) -> dict:
         values = torch.stack(per_layer) / scale
         out[table] = values.round(decimals=4).tolist()
     return out
+
+
+def agreement(estimated, real) -> dict[str, float]:
+    """How two tables' values agree: Pearson's correlation (nan when either is constant), the slope
+    of the estimates against the real values (least squares through 0: 1 when they agree in size)
+    and the mean error (estimate - real)."""
+    x = np.ravel(np.asarray(real, dtype=float))
+    y = np.ravel(np.asarray(estimated, dtype=float))
+    slope = float((x * y).sum() / (x * x).sum()) if (x * x).sum() > 0 else float("nan")
+    return {
+        "correlation": round(correlation(x, y), 4),
+        "slope": round(slope, 4),
+        "mean_error": round(float((y - x).mean()), 4),
+    }
 
 
 def correlation(a, b) -> float:
@@ -101,9 +115,7 @@ def compare(
     return {
         "attribution": estimated,
         "patching": real,
-        "correlation": {
-            t: round(correlation(estimated[t], real[t]), 4) for t in tables_of(model, tables)
-        },
+        "agreement": {t: agreement(estimated[t], real[t]) for t in tables_of(model, tables)},
         "seconds": {
             "attribution": round(middle - start, 3),
             "patching": round(time.perf_counter() - middle, 3),
@@ -117,15 +129,23 @@ def format_attribution(result: dict, labels: list[str], top: int = 8) -> str:
     estimated = result.get("attribution", result)
     heads = np.array(estimated["heads"])
     lines = [
-        f"attribution patching: metric {estimated['metric_base']:+.3f} on the base run, "
-        f"{estimated['metric_source']:+.3f} on the source run; estimated fraction of it each patch "
-        "moves:",
-        "  each head at every position at once:",
-        "        " + "".join(f"{'H' + str(h):>7}" for h in range(heads.shape[1])),
+        f"attribution patching: metric {estimated['metric_clean']:+.3f} on the clean run, "
+        f"{estimated['metric_corrupted']:+.3f} on the corrupted run; estimated fraction of the "
+        "way each patch of the clean run into the corrupted one moves it:"
     ]
+    real = np.array(result["patching"]["heads"]) if "patching" in result else None
+    beside = "" if real is None else " (with --compare, the real patch's beside each)"
+    width = 7 if real is None else 15
     lines += [
-        f"  L{layer:<5}" + "".join(f"{v:+7.2f}" for v in row) for layer, row in enumerate(heads)
+        f"  each head at every position at once{beside}:",
+        "        " + "".join(f"{'H' + str(h):>{width}}" for h in range(heads.shape[1])),
     ]
+    for layer, row in enumerate(heads):  # with --compare, each beside its real value
+        cells = [
+            f"{v:+7.2f}" + ("" if real is None else f" ({real[layer, h]:+.2f})")
+            for h, v in enumerate(row)
+        ]
+        lines.append(f"  L{layer:<5}" + "".join(cells))
     cells = np.array(estimated["head_positions"]) if "head_positions" in estimated else None
     if cells is not None:
         order = np.argsort(-np.abs(cells), axis=None)[:top]
@@ -134,10 +154,17 @@ def format_attribution(result: dict, labels: list[str], top: int = 8) -> str:
             "  strongest heads at one position: "
             + ", ".join(f"L{l}H{h} at {p} “{labels[p]}” {cells[l, h, p]:+.2f}" for l, h, p in named)  # noqa: E741
         )
-    if "correlation" in result:
+    if "agreement" in result:
         seconds = result["seconds"]
-        agreement = ", ".join(f"{t} {r:.3f}" for t, r in result["correlation"].items())
-        lines.append(f"against activation patching, correlation per table: {agreement}")
+        lines.append(
+            "against activation patching, per table: correlation, slope of the estimates against "
+            "the real values (1: the same size), mean error (estimate - real):"
+        )
+        for t, a in result["agreement"].items():
+            lines.append(
+                f"  {t:<15} {a['correlation']:.3f}, slope {a['slope']:.2f}, mean error "
+                f"{a['mean_error']:+.3f}"
+            )
         lines.append(
             f"  {seconds['attribution']:.2f} s against {seconds['patching']:.2f} s "
             f"({seconds['patching'] / max(seconds['attribution'], 1e-9):.0f}x)"

@@ -9,8 +9,9 @@ the markup, styles and script of interp/page/, inlined, and the data as one JSON
   cut to the tokens whose weights fit in MAX_WEIGHTS: in a causal model a prefix's rows are the
   whole prompt's;
 - the role scores are `interp.scores.score_heads`'s; the page also carries the logit lens and direct
-  attributions (interp/lens.py), any ablation effects, the composition scores and, after --circuit,
-  the circuit (drawn by page/circuits.js).
+  attributions (interp/lens.py), any ablation effects, the composition scores, after --circuit the
+  circuit (drawn by page/circuits.js) and after --discover the discovered circuit with its
+  faithfulness and its curve (page/discovered.js).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from interp.plots import token_labels
 from interp.scores import ROLES, THRESHOLD, head_roles, repeated_tokens, role_name
 from model import GPT
 
-PAGE = Path(__file__).with_name("page")  # page.html, explorer.css, explorer.js, circuits.js
+# page.html, explorer.css, explorer.js, circuits.js, discovered.js
+PAGE = Path(__file__).with_name("page")
 # prompt weights on one page (bytes before base64): 6 x 6 heads x 256 tokens fit
 MAX_WEIGHTS = 2_000_000
 DEMO_LENGTH = 32  # tokens in R of the page's [R, R] demo, at most
@@ -132,10 +134,12 @@ def page_data(
     seed: int = 0,
     ablation=None,
     circuit=None,
+    discovered=None,
 ) -> dict:
     """Everything the page shows, as JSON-ready data (`ablation`: `interp.ablation.ablate_heads`'s
-    result, shown beside the role scores, or None; `circuit`: `interp.task_circuit.find_circuit`'s,
-    or None). The composition scores of every pair of heads are always there: they come from the
+    result, shown beside the role scores, or None; `circuit`:
+    `interp.task_circuit.find_circuit`'s, or None; `discovered`: `interp.discovery.discover`'s, or
+    None). The composition scores of every pair of heads are always there: they come from the
     weights alone."""
     cfg = model.config
     viridis = matplotlib.colormaps["viridis"].resampled(256)
@@ -158,6 +162,19 @@ def page_data(
         "metrics": list(METRICS),
         "composition": composition_table(model),
         "circuit": circuit,
+        "discovered": None if discovered is None else discovered_view(model, discovered),
+    }
+
+
+def discovered_view(model: GPT, found: dict) -> dict:
+    """What the page shows of a discovered circuit (interp/discovery.py's): its kept edges, its
+    numbers and its curve."""
+    shown = ("task", "ablation", "metric", "faithfulness", "interval", "size", "target", "reached")
+    return {
+        **{k: found[k] for k in shown},
+        **{k: found[k] for k in ("prefix", "curve", "area", "incompleteness", "minimality")},
+        "mlp": model.config.mlp,
+        "edges": [e for e in found["edges"] if e["kept"]],
     }
 
 
@@ -170,7 +187,8 @@ def render(data: dict) -> str:
     parts = {
         "styles": (PAGE / "explorer.css").read_text(encoding="utf-8"),
         "script": "\n".join(
-            (PAGE / name).read_text(encoding="utf-8") for name in ("explorer.js", "circuits.js")
+            (PAGE / name).read_text(encoding="utf-8")
+            for name in ("explorer.js", "circuits.js", "discovered.js")
         ),
         "title": html.escape(data["title"]),
         "data": as_json,
@@ -183,7 +201,7 @@ def write_page(
     path: Path, model: GPT, ids: list[int], tokenizer, scores: dict, title: str, **more
 ) -> Path:
     """Write the explorer page for `ids` (the prompt) to `path` (`more`: page_data's seed, ablation,
-    circuit)."""
+    circuit, discovered)."""
     data = page_data(model, ids, tokenizer, scores, title, **more)
     atomic_write(path, render(data))
     return path

@@ -166,6 +166,23 @@ def format_lens(lens: dict, heads: np.ndarray, labels: list[str], label) -> str:
     order = np.argsort(mean, axis=None)
     named = [(head_name(*divmod(int(i), mean.shape[1])), mean.flat[i]) for i in order]
     lines.append("direct logit attribution to the true next token, mean over positions:")
-    lines.append("  most up:   " + ", ".join(f"{n} {v:+.2f}" for n, v in reversed(named[-3:])))
-    lines.append("  most down: " + ", ".join(f"{n} {v:+.2f}" for n, v in named[:3]))
+    lines.append("  most up:   " + extremes(list(reversed(named[-3:])), 1))
+    lines.append("  most down: " + extremes(named[:3], -1))
     return "\n".join(lines)
+
+
+def meaningful(v: float) -> str:
+    """A signed number with enough digits that it does not round to zero (two at least)."""
+    digits = 2 if v == 0 else max(2, 1 - int(np.floor(np.log10(abs(v)))))
+    return f"{v:+.{digits}f}"
+
+
+def extremes(named: list[tuple[str, float]], sign: int) -> str:
+    """The heads of one end of the attribution, each with digits enough not to read as zero; when
+    every head pushes the other way, that said, with the one nearest to zero."""
+    shown = [(n, v) for n, v in named if np.sign(v) == sign]
+    if not shown:
+        nearest = named[0]
+        least = f"{nearest[0]} {meaningful(nearest[1])}"
+        return f"none: every head pushes the other way (the least: {least})"
+    return ", ".join(f"{n} {meaningful(v)}" for n, v in shown)

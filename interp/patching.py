@@ -78,17 +78,24 @@ def patch_edits(
     return edits
 
 
+def row_effects(
+    model: GPT, task: Task, interventions: Sequence[Sequence[Edit]], ends: tuple[float, float]
+) -> torch.Tensor:
+    """Each intervention's effect on each row of the task's base run, (len(interventions), B):
+    (metric - base) / (source - base), `ends` the (base, source) metrics over all the rows."""
+    base, source = ends
+    values = torch.zeros(1 + len(interventions), task.base.size(0), dtype=torch.float64)
+    for which, rows, logits in passes(model, task.base, interventions):
+        values[which, rows] = task.metric(logits, rows).double().cpu()
+    return (values[1:] - base) / (source - base)
+
+
 def effects(
     model: GPT, task: Task, interventions: Sequence[Sequence[Edit]], ends: tuple[float, float]
 ):
-    """Each intervention's effect on the task's base run, (len(interventions),): (metric - base) /
-    (source - base), `ends` the (base, source) metrics."""
-    base, source = ends
-    B = task.base.size(0)
-    sums = torch.zeros(1 + len(interventions), dtype=torch.float64)
-    for which, rows, logits in passes(model, task.base, interventions):
-        sums[which] += task.metric(logits, rows).double().sum(dim=-1).cpu()
-    return (sums[1:] / B - base) / (source - base)
+    """Each intervention's effect on the task's base run, the mean of its rows' `row_effects`,
+    (len(interventions),)."""
+    return row_effects(model, task, interventions, ends).mean(dim=1)
 
 
 def metric_ends(model: GPT, task: Task) -> tuple[float, float]:
@@ -101,12 +108,12 @@ def metric_ends(model: GPT, task: Task) -> tuple[float, float]:
 def patch_task(model: GPT, task: Task, tables: Sequence[str] = ("heads", *POSITION_POINTS)) -> dict:
     """The effect of every patch of `tables` (TABLES: "heads" n_layer x n_head, "head_positions"
     n_layer x n_head x T, the POSITION_POINTS n_layer x T), source activations into the base run,
-    with the metric on both runs ("metric_base", "metric_source")."""
+    with the metric on both runs ("metric_clean", "metric_corrupted")."""
     cfg = model.config
     with evaluating(model):
         _, cache = run_with_cache(model, task.source, cached_points(model, tables))
         ends = metric_ends(model, task)
-        out = {"metric_base": ends[0], "metric_source": ends[1]}
+        out = task.ends(*ends)
         for table, interventions in patch_edits(model, cache, tables).items():
             values = effects(model, task, interventions, ends)
             shape = (cfg.n_layer, cfg.n_head) if table == "heads" else (cfg.n_layer, -1)
@@ -135,7 +142,7 @@ def patch(model: GPT, clean: list[int], corrupted: list[int]) -> dict:
     task = prompt_pair(model, clean, corrupted)
     (_, _, a, _), (_, _, b, _) = task.answers
     result = patch_task(model, task)
-    lds = result.pop("metric_source"), result.pop("metric_base")
+    lds = result.pop("metric_clean"), result.pop("metric_corrupted")
     return {
         "answer": a,
         "alternative": b,

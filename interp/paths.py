@@ -1,14 +1,15 @@
 """Path patching (Wang et al. 2022, the IOI circuit; Goldowsky-Dill et al. 2023): the effect of a
-sender head on a receiver through one input of the receiver alone (its queries, its keys or its
-values), every other path held at the base run's values.
+sender head (or MLP) on a receiver through one input of the receiver alone (its queries, its keys or
+its values), every other path held at the base run's values.
 
-1. the sender run: the base input with the senders' outputs z from the source run and every other
-   head's output frozen at the base run's (the MLPs are recomputed: a path through an MLP counts as
-   direct);
+1. the sender run: the base input with the senders' outputs (a head's z, an MLP's output) from the
+   source run and every other head's output frozen at the base run's (the other MLPs are
+   recomputed: a path through an MLP counts as direct);
 2. the receiver run: the base input with only R's inputs from the sender run: a head's q, k or v
    (with grouped-query attention its group's), an MLP's output (`mlp`) or the final residual
    (`logits`: the direct effect); everything after R is recomputed.
-The effect is scored as activation patching's; `EMBEDDINGS` as a sender stands for the embeddings.
+The effect is scored as activation patching's, per row (`path_effects(rows=True)`) or averaged;
+`EMBEDDINGS` as a sender stands for the embeddings, "MLP2" for layer 2's MLP.
 Each sender set costs one forward pass and each receiver set a forward from its first layer on, all
 batched.
 """
@@ -17,20 +18,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional, Union
 
 import torch
 
+from interp.graph import EMBEDDINGS, mlp_name
 from interp.interventions import Edit
-from interp.patching import effects, metric_ends
+from interp.patching import metric_ends, row_effects
 from interp.scores import evaluating
 from interp.tasks import Task
 from model import GPT
 from model.hooks import hooked, run_with_cache
 
-EMBEDDINGS = "embeddings"
 RECEIVER_KINDS = ("q", "k", "v", "mlp", "logits")
-Sender = Union[tuple[int, int], str]  # (layer, head), or EMBEDDINGS
+Sender = Union[tuple[int, int], str]  # (layer, head), EMBEDDINGS or an MLP's name (MLP0)
 SENDER_BATCH_BYTES = 1 << 29  # activations of the sender runs held at once, roughly
 
 
@@ -73,10 +75,18 @@ def _frozen_heads(
         B = base[name].size(0)
         for g, group in enumerate(senders):
             for sender in group:
-                if sender != EMBEDDINGS and sender[0] == layer:
+                if not isinstance(sender, str) and sender[0] == layer:
                     z[g * B : (g + 1) * B, :, sender[1]] = source[name][:, :, sender[1]]
         frozen[name] = z
     return frozen
+
+
+def _from_source(sets: list[int], B: int, source: torch.Tensor, x: torch.Tensor, name: str):
+    """An MLP's output with the source run's in the rows of the sender sets `sets`."""
+    x = x.clone()
+    for g in sets:
+        x[g * B : (g + 1) * B] = source
+    return x
 
 
 def sender_runs(model: GPT, task: Task, senders: Sequence[Sequence[Sender]], points: list[str]):
@@ -84,8 +94,10 @@ def sender_runs(model: GPT, task: Task, senders: Sequence[Sequence[Sender]], poi
     L = model.config.n_layer
     B = task.base.size(0)
     heads = [f"blocks.{layer}.attn.z" for layer in range(L)]
-    _, base = run_with_cache(model, task.base, [*heads, "blocks.0.resid_pre"])
-    _, source = run_with_cache(model, task.source, [*heads, "blocks.0.resid_pre"])
+    mlps = [layer for layer in range(L) if any(mlp_name(layer) in group for group in senders)]
+    wanted = [*heads, "blocks.0.resid_pre"]
+    _, base = run_with_cache(model, task.base, wanted)
+    _, source = run_with_cache(model, task.source, wanted + [f"blocks.{m}.mlp_out" for m in mlps])
     frozen = _frozen_heads(base, source, senders, L)
     embeddings = base["blocks.0.resid_pre"].repeat(len(senders), 1, 1)
     for g, group in enumerate(senders):
@@ -93,6 +105,10 @@ def sender_runs(model: GPT, task: Task, senders: Sequence[Sequence[Sender]], poi
             embeddings[g * B : (g + 1) * B] = source["blocks.0.resid_pre"]
     hooks = {name: (lambda x, name: frozen[name]) for name in heads}
     hooks["blocks.0.resid_pre"] = lambda x, name: embeddings
+    for layer in mlps:  # an MLP sender's output from the source run, in its sets' rows
+        sets = [g for g, group in enumerate(senders) if mlp_name(layer) in group]
+        point = f"blocks.{layer}.mlp_out"
+        hooks[point] = partial(_from_source, sets, B, source[point])
     with hooked(model, hooks):
         _, cache = run_with_cache(model, task.base.repeat(len(senders), 1), points)
     return {name: x.view(len(senders), B, *x.shape[1:]) for name, x in cache.items()}
@@ -123,8 +139,10 @@ def receiver_edits(model: GPT, task: Task, paths: Sequence[Path]) -> list[list[E
 
 
 @torch.no_grad()
-def path_effects(model: GPT, task: Task, paths: Sequence[Path]) -> torch.Tensor:
+def path_effects(model: GPT, task: Task, paths: Sequence[Path], rows: bool = False) -> torch.Tensor:
     """The effect of each path (senders, receivers) on the task (see the module's doc),
-    (len(paths),)."""
+    (len(paths),), or with `rows` each row's, (len(paths), B)."""
     with evaluating(model):
-        return effects(model, task, receiver_edits(model, task, paths), metric_ends(model, task))
+        edits = receiver_edits(model, task, paths)
+        found = row_effects(model, task, edits, metric_ends(model, task))
+    return found if rows else found.mean(dim=1)

@@ -331,13 +331,10 @@ def plot_attribution(result: dict, path: Path) -> None:
         fig.colorbar(image, ax=ax, shrink=0.8)
     if real:
         ax = axes[-1]
-        for table, r in result["correlation"].items():
+        for table, a in result["agreement"].items():
+            label = f"{table} r={a['correlation']:.3f}, slope {a['slope']:.2f}"
             ax.scatter(
-                np.ravel(real[table]),
-                np.ravel(estimated[table]),
-                s=6,
-                alpha=0.6,
-                label=f"{table} r={r:.3f}",
+                np.ravel(real[table]), np.ravel(estimated[table]), s=6, alpha=0.6, label=label
             )
         lo, hi = ax.get_xlim()
         ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
@@ -348,8 +345,8 @@ def plot_attribution(result: dict, path: Path) -> None:
         )
         ax.legend(fontsize=7)
     metric = (
-        f"metric {estimated['metric_base']:+.2f} (base) -> {estimated['metric_source']:+.2f} "
-        "(source)"
+        f"metric {estimated['metric_corrupted']:+.2f} (corrupted) -> "
+        f"{estimated['metric_clean']:+.2f} (clean)"
     )
     fig.suptitle(
         f"attribution patching, one backward pass: the linear estimate of each patch; {metric}"

@@ -1,11 +1,13 @@
-"""heads.py's analyses that read the model alone, each printed, written as JSON and drawn into the
-command's folder: activation patching, the logit lens, attribution patching, composition and the
-circuit (the role scores and ablation, which read the dataset and choose a precision, stay in
-heads.py)."""
+"""heads.py's analyses, each printed, written as JSON and drawn into the command's folder: the
+attention maps and role scores, activation patching, the logit lens, attribution patching,
+composition, the circuit and the discovered circuit (ablation, which chooses a precision, stays in
+heads.py). The modules a picture or an analysis needs are imported where it runs."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import torch
 
 from common import json_text
 from common.files import atomic_write
@@ -15,13 +17,17 @@ from interp.diagram import plot_circuit
 from interp.lens import direct_attribution, format_lens, head_attributions, logit_lens
 from interp.patching import TABLES, format_patching, patch
 from interp.plots import (
+    MAX_LABELS,
     plot_attribution,
     plot_composition,
+    plot_head,
     plot_layer,
     plot_lens,
     plot_patching,
+    plot_scores,
     token_labels,
 )
+from interp.scores import format_scores, head_name, score_heads
 from interp.task_circuit import find_circuit, format_circuit
 from interp.tasks import prompt_pair
 from interp.weights import head_weights
@@ -96,9 +102,53 @@ def write_composition(model, out: Path, ckpt: Path) -> tuple[dict, list[Path]]:
     return table, [*written, out / "positional_qk.png"]
 
 
-def write_circuit(model, task, scores, out: Path, ckpt: Path):
+def write_circuit(model, task, scores, ablation: str, out: Path, ckpt: Path):
     """--circuit [CLEAN CORRUPTED]: the task's circuit, printed, written as JSON and a diagram."""
-    found = find_circuit(model, task, scores)
+    found = find_circuit(model, task, scores, ablation)
     print(format_circuit(found))
     plot_circuit(found, model.config.n_layer, model.config.n_head, out / "circuit.png")
     return found, [write_json(out / "circuit.json", ckpt, found), out / "circuit.png"]
+
+
+def draw_maps(model, ids: list[int], tokenizer, one, out: Path) -> list[Path]:
+    """Every layer's attention maps on the prompt, and the one head `one` (layer, head) of
+    --layer/--head enlarged (None: none)."""
+    device = next(model.parameters()).device
+    _, weights = model.attention_weights(torch.tensor([ids], dtype=torch.long, device=device))
+    labels = token_labels(ids, tokenizer) if len(ids) <= MAX_LABELS else None
+    written = []
+    for layer, w in enumerate(weights):
+        written.append(out / f"attention_layer{layer}.png")
+        plot_layer(w[0].float().cpu().numpy(), labels, layer, written[-1])
+    if one is not None:
+        layer, head = one
+        written.append(out / f"attention_{head_name(layer, head)}.png")
+        plot_head(weights[layer][0, head].float().cpu().numpy(), labels, layer, head, written[-1])
+    return written
+
+
+def write_scores(model, val, seed: int, sizes: dict, out: Path, ckpt: Path):
+    """The role scores at the command's sizes (`sizes`: score_heads' sequences and windows),
+    printed, written as JSON and a picture."""
+    scores = score_heads(model, val, seed, **sizes)
+    print(format_scores(scores))
+    plot_scores(scores, out / "head_scores.png")
+    return scores, [write_json(out / "head_scores.json", ckpt, scores), out / "head_scores.png"]
+
+
+def write_discovery(model, task, options: dict, out: Path, ckpt: Path, other=None):
+    """--discover: the circuit found from the task alone, printed, written as JSON and a picture;
+    `other`: the same task on other rows, to measure its faithfulness again."""
+    from interp.circuit_picture import plot_discovered
+    from interp.discovery import discover, format_discovery, held_out, kept_mask
+    from interp.faithfulness import prepare
+
+    setup = prepare(model, task, options["ablation"], options["metric"])
+    found = discover(setup, options["scores"], options["target"], options["seed"])
+    if other is not None:
+        again = prepare(model, other, options["ablation"], options["metric"])
+        found["held_out"] = held_out(again, kept_mask(setup, found["edges"]), options["seed"] + 1)
+    print(format_discovery(found))
+    cfg = model.config
+    plot_discovered(found, cfg.n_layer, cfg.n_head, cfg.mlp, out / "discovered.png")
+    return found, [write_json(out / "discovered.json", ckpt, found), out / "discovered.png"]

@@ -174,7 +174,7 @@ def score_heads(
             first.append(halves[0])
             second.append(halves[1])
     scores = {role: _table(text if role in TEXT_ROLES else rep, role) for role in ROLES}
-    return {
+    found = {
         **scores,
         "icl_score": _mean(icl),
         "repeat_loss_first_half": _mean(first),
@@ -182,6 +182,29 @@ def score_heads(
         "repeat_length": n,
         "icl_positions": list(icl_positions(cfg.block_size)),
     }
+    return {**found, "notes": caveats(found, cfg.window, cfg.vocab_size)}
+
+
+def caveats(scores: dict, window: Optional[int], vocab_size: int) -> list[str]:
+    """Where the repeated-sequence numbers cannot mean what they say: a window that cannot reach the
+    first copy, a first copy predicted worse than uniform guessing (rare tokens, not copying)."""
+    n = scores["repeat_length"]
+    notes = []
+    if window is not None and window <= n:
+        notes.append(
+            f"the window of {window} tokens does not reach back {n} tokens to the first copy of R: "
+            "no head can attend there, so the duplicate-token and induction scores are 0 by "
+            "construction, whatever the model learned"
+        )
+    uniform = float(np.log(vocab_size))
+    if scores["repeat_loss_first_half"] > uniform + 0.5:
+        notes.append(
+            f"the first copy's loss ({scores['repeat_loss_first_half']:.2f}) is above uniform "
+            f"guessing's ln {vocab_size} = {uniform:.2f}: random tokens are rarer than this model "
+            "expects, so the repeated-sequence losses measure rare tokens as much as copying; "
+            "compare the two halves, not either with ln(vocab)"
+        )
+    return notes
 
 
 def strongest(table: list[list[float]]) -> tuple[int, int, float]:
@@ -236,3 +259,35 @@ def flat_scores(scores: dict) -> dict[str, float]:
     for key in ("icl_score", "repeat_loss_first_half", "repeat_loss_second_half"):
         out[f"heads/{key}"] = scores[key]
     return out
+
+
+def format_scores(scores: dict) -> str:
+    """The role scores as one layer x head table per role, then the model-level numbers."""
+    n_head = len(scores[ROLES[0]][0])
+    lines = [
+        "head role scores (rows: layers, columns: heads; 1.00 = all attention on the role's key)"
+    ]
+    for role in ROLES:
+        lines.append(
+            f"{role_name(role):<16}" + "".join(f"{'H' + str(h):>6}" for h in range(n_head))
+        )
+        for layer, row in enumerate(scores[role]):
+            lines.append(f"  L{layer:<14}" + "".join(f"{v:6.2f}" for v in row))
+    roles = [
+        f"{head_name(layer, head)} {role_name(role)} {v:.2f}"
+        for role in ROLES
+        for layer, row in enumerate(scores[role])
+        for head, v in enumerate(row)
+        if v >= THRESHOLD
+    ]
+    early, late = scores["icl_positions"]
+    lines += [
+        f"heads with a role (score >= {THRESHOLD}): {', '.join(roles) or 'none'}",
+        f"in-context learning score: {scores['icl_score']:+.3f} (loss at context position {late} "
+        f"minus at position {early}, validation windows)",
+        f"repeated-sequence loss: {scores['repeat_loss_first_half']:.3f} on the first half, "
+        f"{scores['repeat_loss_second_half']:.3f} on the second (R of {scores['repeat_length']} "
+        "tokens)",
+        *(f"note: {note}" for note in scores.get("notes", [])),
+    ]
+    return "\n".join(lines)

@@ -1,14 +1,17 @@
-"""The circuit behind a task (heads.py --circuit): the heads that matter, the edges between them,
-each with what the weights say (its composition score) and what running the model says (its
-path-patching effect), and the heads that write the answer.
+"""The circuit behind a task (heads.py --circuit): the heads and MLPs that matter, the edges between
+them, each with what the weights say (its composition score) and what running the model says (its
+path-patching effect), the nodes that write the answer, and how much of the task the whole carries.
 
 On a task of interp/tasks.py (by default [R, R] against [R', R]), in the noising direction (what
-breaks when one thing alone is corrupted): nodes are the heads whose patch (interp/patching.py)
-moves the metric at least NODE_THRESHOLD of the way (at most MAX_NODES); edges are the paths between
-nodes in different layers, through q, k or v, whose path-patching effect (interp/paths.py) reaches
-EDGE_THRESHOLD, each with its composition score (interp/circuits.py); the answer is each node's
-direct effect and its direct logit attribution (interp/lens.py). Each number is a fraction of the
-clean-to-corrupted change of the metric, except the attribution (logits). The induction model's
+breaks when one thing alone is corrupted): nodes are the heads and MLPs whose patch
+(interp/patching.py) moves the metric at least NODE_THRESHOLD of the way (at most MAX_NODES); edges
+are the paths from the embeddings and each node into a later node (a head's q, k or v, an MLP's
+input) and into the logits (its direct effect), whose path-patching effect (interp/paths.py)
+reaches EDGE_THRESHOLD, head to head with its composition score (interp/circuits.py); the heads'
+direct logit attribution (interp/lens.py). Each number is a fraction of the clean-to-corrupted
+change of the metric (but the attribution: logits), with its standard error over the task's rows.
+The circuit's edges, those into the logits included, are a set of the graph's (interp/graph.py):
+its faithfulness, incompleteness and minimality are interp/faithfulness.py's. The induction model's
 circuit: docs/heads.md.
 """
 
@@ -18,17 +21,22 @@ from collections import defaultdict
 from typing import Optional
 
 import numpy as np
+import torch
 
 from interp.circuits import KINDS, all_composition_scores, composition_baseline, copying_scores
+from interp.faithfulness import assess, prepare
+from interp.graph import EMBEDDINGS, LOGITS, mlp_name
+from interp.interventions import Edit
 from interp.lens import direct_attribution, head_attributions
-from interp.patching import metric_ends, patch_task
-from interp.paths import EMBEDDINGS, Receiver, path_effects
-from interp.scores import THRESHOLD, head_name, head_roles
+from interp.patching import cached_points, metric_ends, patch_edits, row_effects
+from interp.paths import Receiver, path_effects
+from interp.scores import HEAD_NAME, THRESHOLD, evaluating, head_name, head_roles
 from interp.tasks import Task
 from interp.weights import head_weights
 from model import GPT
+from model.hooks import run_with_cache
 
-NODE_THRESHOLD = 0.05  # a head is a node when patching it alone goes this fraction of the way
+NODE_THRESHOLD = 0.05  # a node when patching it alone goes this fraction of the way
 EDGE_THRESHOLD = 0.05  # an edge is in the circuit when its path alone goes this fraction of the way
 MAX_NODES = 12  # the strongest nodes kept (edges cost three path patches per pair)
 # the clean run's metric must beat the corrupted run's by this much (nats or logits)
@@ -59,16 +67,58 @@ def answer_attribution(model: GPT, task: Task) -> np.ndarray:
     return total
 
 
-def select_nodes(effects: list[list[float]]) -> list[tuple[int, int]]:
-    """The heads whose patch goes at least NODE_THRESHOLD of the way (at most MAX_NODES, the
-    strongest), in layer order."""
-    table = np.abs(np.array(effects))
-    strong = [
-        (float(table[layer, head]), layer, head)
-        for layer, head in zip(*np.nonzero(table >= NODE_THRESHOLD))
-    ]
-    kept = sorted(strong, reverse=True)[:MAX_NODES]
-    return sorted((int(layer), int(head)) for _, layer, head in kept)
+def stage(node: str) -> int:
+    """Where a node writes and reads in the forward pass: 2 L for a head of layer L, 2 L + 1 for its
+    MLP (as interp/graph.py orders them); -1 for the embeddings."""
+    if node == EMBEDDINGS:
+        return -1
+    if node.startswith("MLP"):
+        return 2 * int(node[3:]) + 1
+    return 2 * int(node[1 : node.index("H")])
+
+
+def sender(node: str):
+    """A node as interp/paths.py names a sender: a head's (layer, head), else its name (the
+    embeddings, an MLP)."""
+    head = HEAD_NAME.fullmatch(node)
+    return (int(head.group(1)), int(head.group(2))) if head else node
+
+
+def receivers(node: str) -> list[tuple[str, Receiver]]:
+    """The inputs of a node a path can end in: a head's q, k and v, an MLP's input."""
+    if node.startswith("MLP"):
+        return [("mlp", Receiver("mlp", int(node[3:])))]
+    layer, head = sender(node)
+    return [(kind, Receiver(kind, layer, head)) for kind in KINDS]
+
+
+def node_effects(model: GPT, noised: Task) -> tuple[list[str], torch.Tensor]:
+    """Every head's and MLP's effect on each row when its output alone is patched:
+    (names, (N, B))."""
+    cfg = model.config
+    with evaluating(model):
+        points = cached_points(model, ("heads",)) + [
+            f"blocks.{layer}.mlp_out" for layer in range(cfg.n_layer) if cfg.mlp
+        ]
+        _, cache = run_with_cache(model, noised.source, points)
+        edits = patch_edits(model, cache, ("heads",))["heads"]
+        if cfg.mlp:
+            for layer in range(cfg.n_layer):
+                value = cache[f"blocks.{layer}.mlp_out"]
+                edits.append([Edit("mlp_out", layer, value, per_row=True)])
+        found = row_effects(model, noised, edits, metric_ends(model, noised))
+    names = [head_name(layer, head) for layer in range(cfg.n_layer) for head in range(cfg.n_head)]
+    return names + [mlp_name(layer) for layer in range(cfg.n_layer) if cfg.mlp], found
+
+
+def select_nodes(names: list[str], effects: list[float]) -> list[str]:
+    """The nodes whose patch goes at least NODE_THRESHOLD of the way (at most MAX_NODES, the
+    strongest), in the order of the forward pass."""
+    strong = sorted(
+        ((abs(e), n) for n, e in zip(names, effects) if abs(e) >= NODE_THRESHOLD), reverse=True
+    )
+    kept = [n for _, n in strong[:MAX_NODES]]
+    return sorted(kept, key=lambda n: (stage(n), n))
 
 
 def _role(
@@ -91,113 +141,221 @@ def check_task(model: GPT, task: Task) -> Task:
     return task
 
 
-def find_circuit(model: GPT, task: Task, scores: Optional[dict] = None) -> dict:
-    """The circuit of `task` (see the module's doc) as JSON-ready data: "nodes", "edges" (in the
-    circuit) and "weaker_edges" (measured, below EDGE_THRESHOLD), with the task and the composition
-    baseline. `scores`: interp.scores.score_heads' result, to name each node's role. ValueError from
-    `check_task`."""
-    noised = check_task(model, task).noised()
-    weights = head_weights(model)
-    composition = all_composition_scores(weights)
-    baseline = composition_baseline(weights)
-    patched = patch_task(model, noised, ("heads",))
-    nodes = select_nodes(patched["heads"])
-    direct = path_effects(
-        model, noised, [([node], [Receiver("logits")]) for node in nodes]
-    ).tolist()
-    attribution = answer_attribution(model, task)
-    copying = copying_scores(weights)
-    roles = head_roles(scores) if scores is not None else None
-    senders = [EMBEDDINGS, *nodes]
+def _mean_se(rows: torch.Tensor) -> tuple[float, float]:
+    """A row effect's mean and its standard error over the rows."""
+    n = rows.numel()
+    se = float(rows.std() / n**0.5) if n > 1 else 0.0
+    return round(float(rows.mean()), 4), round(se, 4)
+
+
+def measure_edges(model: GPT, noised: Task, nodes: list[str], composition: dict) -> list[dict]:
+    """Every path from the embeddings or a node into a later node, and from a node into the logits,
+    path-patched: JSON-ready edges, the strongest first."""
+    n_head = model.config.n_head
     pairs = [
-        (s, r, kind)
-        for s in senders
+        (s, r, kind, receiver)
+        for s in [EMBEDDINGS, *nodes]
         for r in nodes
-        if s == EMBEDDINGS or s[0] < r[0]
-        for kind in KINDS
-    ]
-    path = path_effects(
-        model, noised, [([s], [Receiver(kind, *r)]) for s, r, kind in pairs]
-    ).tolist()
-    edges = _edge_data(pairs, path, composition, model.config.n_head)
-    node_data = [
-        _node_data(layer, head, roles, patched, d, attribution, copying)
-        for (layer, head), d in zip(nodes, direct)
-    ]
-    return {
-        "task": task.description,
-        "direction": noised.direction,
-        "metric_clean": round(patched["metric_base"], 4),
-        "metric_corrupted": round(patched["metric_source"], 4),
-        "thresholds": {"node": NODE_THRESHOLD, "edge": EDGE_THRESHOLD},
-        "composition_baseline": {"mean": round(baseline[0], 4), "std": round(baseline[1], 4)},
-        "head_effects": patched["heads"],
-        "nodes": node_data,
-        "edges": [e for e in edges if abs(e["effect"]) >= EDGE_THRESHOLD],
-        "weaker_edges": [e for e in edges if abs(e["effect"]) < EDGE_THRESHOLD],
-    }
-
-
-def _edge_data(pairs: list, path: list[float], composition: dict, n_head: int) -> list[dict]:
-    """Each measured edge as JSON-ready data, the strongest first."""
+        if stage(s) < stage(r)
+        for kind, receiver in receivers(r)
+    ] + [(s, LOGITS, LOGITS, Receiver(LOGITS)) for s in nodes]
+    paths = [([sender(s)], [receiver]) for s, _, _, receiver in pairs]
+    found = path_effects(model, noised, paths, rows=True)
     edges = []
-    for (s, r, kind), effect in zip(pairs, path):
-        edge = {
-            "from": EMBEDDINGS if s == EMBEDDINGS else head_name(*s),
-            "to": head_name(*r),
-            "kind": kind,
-        }
-        if s != EMBEDDINGS:  # the embeddings are no head: no composition score
-            edge["composition"] = round(
-                float(composition[kind][s[0] * n_head + s[1], r[0] * n_head + r[1]]), 4
-            )
-        edges.append({**edge, "effect": round(effect, 4)})
+    for (s, r, kind, _), rows in zip(pairs, found):
+        edge = {"from": s, "to": r, "kind": kind}
+        heads = [sender(n) for n in (s, r)]
+        if all(isinstance(h, tuple) for h in heads):  # two heads: their weights' composition
+            (a, b), (c, d) = heads
+            score = composition[kind][a * n_head + b, c * n_head + d]
+            edge["composition"] = round(float(score), 4)
+        edge["effect"], edge["effect_se"] = _mean_se(rows)
+        edges.append(edge)
     return sorted(edges, key=lambda e: -abs(e["effect"]))
 
 
-def _node_data(layer, head, roles, patched, direct, attribution, copying) -> dict:
-    """A node of the circuit as JSON-ready data: its role, effect, direct effect and copying."""
-    role, role_score = _role(roles, layer, head)
+def find_circuit(
+    model: GPT, task: Task, scores: Optional[dict] = None, ablation: str = "resample"
+) -> dict:
+    """The circuit of `task` (see the module's doc) as JSON-ready data: "nodes", "edges" (in the
+    circuit, those into the logits included) and "weaker_edges" (measured, below EDGE_THRESHOLD),
+    what fell below the cut, the task's gap, the composition baseline and the circuit's
+    faithfulness under `ablation`. `scores`: interp.scores.score_heads' result, to name each head's
+    role. ValueError from `check_task`."""
+    noised = check_task(model, task).noised()
+    weights = head_weights(model)
+    baseline = composition_baseline(weights)
+    names, rows = node_effects(model, noised)
+    means = rows.mean(dim=1).tolist()
+    nodes = select_nodes(names, means)
+    edges = measure_edges(model, noised, nodes, all_composition_scores(weights))
+    kept = [e for e in edges if abs(e["effect"]) >= EDGE_THRESHOLD]
+    circuit = {
+        "task": task.description,
+        **gap_of(model, task),
+        "direction": noised.direction,
+        "thresholds": {"node": NODE_THRESHOLD, "edge": EDGE_THRESHOLD},
+        "composition_baseline": {"mean": round(baseline[0], 4), "std": round(baseline[1], 4)},
+        "head_effects": np.array(means[: len(names) - model.config.n_layer * model.config.mlp])
+        .reshape(model.config.n_layer, -1)
+        .round(4)
+        .tolist(),
+        "nodes": _nodes(model, task, nodes, names, rows, edges, scores, weights),
+        "edges": kept,
+        "weaker_edges": [e for e in edges if abs(e["effect"]) < EDGE_THRESHOLD],
+        "below": sorted(
+            ([n, round(e, 4)] for n, e in zip(names, means) if n not in nodes),
+            key=lambda p: -abs(p[1]),
+        )[:5],
+    }
+    circuit.update(_faithfulness(model, task, kept, ablation))
+    return circuit
+
+
+def _faithfulness(model: GPT, task: Task, kept: list[dict], ablation: str) -> dict:
+    """The circuit's edges as a set of the graph's, assessed (interp/faithfulness.py)."""
+    setup = prepare(model, task, ablation)
+    keep = torch.zeros(len(setup.graph))
+    for e in kept:
+        keep[setup.graph.find(e["from"], e["to"], e["kind"])] = 1
+    return {"faithfulness": {"ablation": ablation, **assess(setup, keep, limit=16)}}
+
+
+@torch.no_grad()
+def gap_of(model: GPT, task: Task) -> dict:
+    """The metric on the clean and the corrupted input, their gap and its standard error over the
+    rows (a single row: 0, nothing to sample)."""
+    with evaluating(model):
+        ends = [
+            task.metric(model(idx)[0], slice(None)).double() for idx in (task.clean, task.corrupted)
+        ]
+    diff = ends[0] - ends[1]
+    se = float(diff.std() / len(diff) ** 0.5) if len(diff) > 1 else 0.0
     return {
-        "name": head_name(layer, head),
-        "layer": layer,
-        "head": head,
-        "role": role,
-        "role_score": role_score,
-        "effect": patched["heads"][layer][head],
-        "direct_effect": round(direct, 4),
-        "direct_logit_attribution": round(float(attribution[layer, head]), 4),
-        "copying": round(float(copying[layer, head]), 4),
+        "metric_clean": round(float(ends[0].mean()), 4),
+        "metric_corrupted": round(float(ends[1].mean()), 4),
+        "gap": {"value": round(float(diff.mean()), 4), "se": round(se, 4), "rows": len(diff)},
     }
 
 
+def _nodes(model, task, nodes, names, rows, edges, scores, weights) -> list[dict]:
+    """Each node as JSON-ready data: its role, effect, direct effect and copying (heads)."""
+    attribution = answer_attribution(model, task)
+    copying = copying_scores(weights)
+    roles = head_roles(scores) if scores is not None else None
+    direct = {e["from"]: e for e in edges if e["kind"] == LOGITS}
+    out = []
+    for name in nodes:
+        effect, se = _mean_se(rows[names.index(name)])
+        node = {"name": name, "effect": effect, "effect_se": se}
+        node["direct_effect"] = direct[name]["effect"]
+        node["direct_effect_se"] = direct[name]["effect_se"]
+        if name.startswith("MLP"):
+            out.append({**node, "layer": int(name[3:]), "head": None, "role": None})
+            continue
+        layer, head = sender(name)
+        role, role_score = _role(roles, layer, head)
+        node |= {"layer": layer, "head": head, "role": role, "role_score": role_score}
+        node["direct_logit_attribution"] = round(float(attribution[layer, head]), 4)
+        out.append({**node, "copying": round(float(copying[layer, head]), 4)})
+    return out
+
+
+def within_noise(gap: dict) -> bool:
+    """Whether a task's gap (gap_of's) is less than twice its standard error."""
+    return gap["rows"] > 1 and gap["value"] < 2 * gap["se"]
+
+
 def format_circuit(circuit: dict) -> str:
-    """The nodes, the circuit's edges and the answer writers, for people."""
-    base = circuit["composition_baseline"]
+    """The gap, the nodes (and what fell below the cut), the edges (and why one can exceed its
+    receiver) and the circuit's faithfulness, for people."""
+    gap = circuit["gap"]
     lines = [
         f"circuit of the task: {circuit['task']}",
         f"  metric {circuit['metric_clean']:+.3f} clean, {circuit['metric_corrupted']:+.3f} "
-        "corrupted; each "
-        f"number below is the fraction of that change one patch makes, {circuit['direction']}",
-        "heads that matter (each one's output alone corrupted):",
+        f"corrupted: a gap of {gap['value']:.3f} ± {gap['se']:.3f} (standard error over "
+        f"{gap['rows']} rows); each number below is the fraction of that gap one patch makes, "
+        f"{circuit['direction']}, ± its standard error",
+    ]
+    if within_noise(gap):
+        lines.append(
+            "  warning: the gap is within twice its standard error: the model may not do this task "
+            "at all, and the nodes and edges below may be noise (more --sequences, or a model "
+            "trained longer)"
+        )
+    noisy = [
+        f"{n['name']} {n['effect']:+.2f} ± {n['effect_se']:.2f}"
+        for n in circuit["nodes"]
+        if abs(n["effect"]) < 2 * n["effect_se"]
+    ]
+    if noisy:
+        lines.append(
+            f"  warning: {', '.join(noisy)}: within twice the standard error of 0. On "
+            f"{gap['rows']} rows a gap of {gap['value']:.3f} is too small to tell these from noise "
+            "(more --sequences, or a model that does the task better)"
+        )
+    lines += _format_nodes(circuit) + _format_edges(circuit)
+    f = circuit["faithfulness"]
+    low, high = f["interval"]
+    left_out = ", ".join(f"{a} -> {b} {k.upper()} {g:+.3f}" for a, b, k, g in f["left_out"])
+    lines += [
+        f"the circuit as {f['size']} edges of the graph (those into the logits included): "
+        f"faithfulness {f['faithfulness']:.3f} [{low:.3f}, {high:.3f}] under {f['ablation']} "
+        "ablation (another ablation gives another f: --ablation)",
+        f"  incompleteness {f['incompleteness']['value']:.3f}; minimality "
+        f"{f['minimality']['share'] or 0:.2f} of its edges lower f by at least 0.01 alone; left "
+        f"out, the most: {left_out or 'none'}",
+    ]
+    return "\n".join(lines)
+
+
+def _format_nodes(circuit: dict) -> list[str]:
+    cut = circuit["thresholds"]["node"]
+    lines = [
+        f"nodes: heads and MLPs whose output alone corrupted moves the metric {cut:.0%} of the way "
+        "or more:"
     ]
     for node in circuit["nodes"]:
-        role = f" ({node['role']} {node['role_score']:.2f})" if node["role"] else ""
+        role = f" ({node['role']} {node['role_score']:.2f})" if node.get("role") else ""
+        dla = node.get("direct_logit_attribution")
+        attribution = f", direct logit attribution {dla:+.2f}" if dla is not None else ""
         lines.append(
-            f"  {node['name']}{role}: {node['effect']:+.2f}; directly to the answer "
-            f"{node['direct_effect']:+.2f}, direct logit attribution "
-            f"{node['direct_logit_attribution']:+.2f}"
+            f"  {node['name']}{role}: {node['effect']:+.2f} ± {node['effect_se']:.2f}; directly "
+            f"to the answer {node['direct_effect']:+.2f} ± {node['direct_effect_se']:.2f}"
+            f"{attribution}"
         )
-    lines.append(
-        f"edges (path patching through one input of the receiver; composition score, random heads "
-        f"{base['mean']:.3f} ± {base['std']:.3f}):"
-    )
+    if not circuit["nodes"]:
+        lines.append("  none")
+    below = ", ".join(f"{name} {effect:+.3f}" for name, effect in circuit["below"]) or "none"
+    lines.append(f"  below {cut:.0%}, the strongest: {below}")
+    return lines
+
+
+def _format_edges(circuit: dict) -> list[str]:
+    base = circuit["composition_baseline"]
+    cut = circuit["thresholds"]["edge"]
+    lines = [
+        f"edges of {cut:.0%} or more (path patching through one input of the receiver; "
+        f"composition of two heads' weights, random heads {base['mean']:.3f} ± {base['std']:.3f}):"
+    ]
+    effects = {n["name"]: n["effect"] for n in circuit["nodes"]}
+    larger = []
     for edge in circuit["edges"]:
         score = f", composition {edge['composition']:.3f}" if "composition" in edge else ""
+        into = "directly" if edge["kind"] == LOGITS else f"through its {edge['kind'].upper()}"
         lines.append(
-            f"  {edge['from']} -> {edge['to']} through its {edge['kind'].upper()}: effect "
-            f"{edge['effect']:+.2f}{score}"
+            f"  {edge['from']} -> {edge['to']} {into}: {edge['effect']:+.2f} ± "
+            f"{edge['effect_se']:.2f}{score}"
         )
-    if not circuit["edges"]:
-        lines.append(f"  none reaches {circuit['thresholds']['edge']}")
-    return "\n".join(lines)
+        if edge["to"] in effects and edge["effect"] > effects[edge["to"]]:
+            larger.append(f"{edge['from']} -> {edge['to']} {edge['kind'].upper()}")
+    weaker = circuit["weaker_edges"]
+    strongest = f" (the strongest {weaker[0]['effect']:+.3f})" if weaker else ""
+    lines.append(f"  below {cut:.0%}: {len(weaker)} more edges in circuit.json{strongest}")
+    if larger:
+        lines.append(
+            f"  {', '.join(larger)}: larger than the receiver's own effect. Corrupting one input "
+            "of a node can hurt the task more than the corrupted run's whole output, which its own "
+            "effect patches in (keys corrupted alone send its attention to the wrong tokens)"
+        )
+    return lines

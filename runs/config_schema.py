@@ -92,6 +92,9 @@ class LogConfig:
     wandb_project: str = "tinygpt"
     wandb_run_name: Optional[str] = None
     head_scores: bool = False  # score attention heads at each eval (heads.py)
+    # the induction task's circuit through training: each eval's role scores, K-composition and
+    # in-context score, and the final circuit's faithfulness at each eval (OUT_DIR/circuits.json)
+    circuits: bool = False
     # keep OUT_DIR/loss.png up to date (at evals, within 1% of the run's time; at the end)
     plot: bool = True
     # print (and log) a sample every N iterations (a multiple of train.eval_interval,

@@ -263,12 +263,12 @@ def test_attribution_equals_activation_patching_where_the_model_is_linear(name):
         np.testing.assert_allclose(
             estimated[table][last], real[table][last], atol=1.5e-4, rtol=0, err_msg=table
         )
-        assert result["correlation"][table] > 0.9
+        assert result["agreement"][table]["correlation"] > 0.9
     assert (
         np.abs(np.array(estimated["head_positions"][0]) - np.array(real["head_positions"][0])).max()
         > 1e-3
     )
-    assert estimated["metric_base"] == pytest.approx(real["metric_base"], abs=1e-5)
+    assert estimated["metric_corrupted"] == pytest.approx(real["metric_corrupted"], abs=1e-5)
 
 
 @pytest.mark.parametrize("name", OPTIONS)
@@ -368,7 +368,9 @@ def test_the_circuit_and_the_composition_table_on_every_option(name):
         for kind in "qkv"
     )
     circuit = find_circuit(model, prompt_pair(model, *pair(model)))
-    assert circuit["nodes"] and {e["kind"] for e in circuit["edges"]} <= {"q", "k", "v"}
+    kinds = {"q", "k", "v", "logits"} | ({"mlp"} if model.config.mlp else set())
+    assert circuit["nodes"] and {e["kind"] for e in circuit["edges"]} <= kinds
+    assert {n["name"] for n in circuit["nodes"]} & {"MLP0", "MLP1"} or not model.config.mlp
     json.dumps(circuit)  # plain data
     fresh = GPT(model.config).eval()  # as initialised: it copies nothing
     with pytest.raises(ValueError, match="no better on the clean input"):
@@ -428,7 +430,7 @@ def test_the_circuit_of_the_induction_model(induction_run):
     task = prompt_pair(
         model, tokenizer.encode(clean).tolist(), tokenizer.encode(corrupted).tolist()
     )
-    agreement = compare(model, task, TABLES)["correlation"]
+    agreement = {t: a["correlation"] for t, a in compare(model, task, TABLES)["agreement"].items()}
     assert agreement["head_positions"] >= 0.9 and agreement["resid_pre"] >= 0.9, agreement
 
 
@@ -474,13 +476,18 @@ def test_heads_command_writes_the_composition_the_attribution_and_the_circuit(
     circuit = json.loads((tmp_path / "circuit.json").read_text())
     assert {"nodes", "edges"} <= set(circuit) and circuit["checkpoint"] == str(out / "best")
     assert all(
-        {"from", "to", "kind", "composition", "effect"} <= set(e)
+        {"from", "to", "kind", "composition", "effect", "effect_se"} <= set(e)
         for e in circuit["edges"]
-        if e["from"] != "embeddings"
+        if e["from"] != "embeddings" and e["kind"] != "logits"
     )
-    assert all(e["kind"] in ("q", "k", "v") for e in circuit["edges"])
+    assert all(e["kind"] in ("q", "k", "v", "logits") for e in circuit["edges"])
+    assert circuit["faithfulness"]["ablation"] == "resample"
+    assert "faithfulness" in result.stdout and "below 5%, the strongest" in result.stdout
     attribution = json.loads((tmp_path / "attribution.json").read_text())
-    assert set(attribution["correlation"]) == {"heads", "head_positions", "resid_pre", "attn_out"}
+    assert set(attribution["agreement"]) == {"heads", "head_positions", "resid_pre", "attn_out"}
+    # one vocabulary: clean and corrupted, in the JSON as in the words
+    assert {"metric_clean", "metric_corrupted"} <= set(attribution["attribution"])
+    assert "on the clean run" in result.stdout and "slope" in result.stdout
     assert "K-composition, strongest: L0H" in result.stdout and "through its K" in result.stdout
 
     import heads as command
@@ -552,3 +559,11 @@ def test_heads_command_on_hugging_face_folders(data_dir: Path, tmp_path: Path, c
     script_error(
         capsys, command.main, [str(fresh), "--circuit", *sizes], "no better on the clean input"
     )
+
+
+def test_a_gap_within_its_noise_is_a_warning():
+    from interp.task_circuit import within_noise
+
+    assert within_noise({"value": 0.19, "se": 0.12, "rows": 16})
+    assert not within_noise({"value": 4.39, "se": 0.05, "rows": 16})
+    assert not within_noise({"value": 0.19, "se": 0.0, "rows": 1})  # one prompt pair: no sampling

@@ -307,6 +307,7 @@ def test_the_page_in_a_browser_shows_the_models_weights(browser, induction_run, 
         "--html",
         "--ablate",
         "--circuit",
+        "--discover",
         "--out",
         str(tmp_path),
         check=True,
@@ -460,14 +461,31 @@ def check_composition_and_circuit(
     )
     drawn.dispatch_event("mouseenter")
     assert page.inner_text("#circuit-readout") == (
-        f"L0H{previous} → L1H{induction} through its K: effect {signed(edge['effect'])}, "
-        f"K-composition {edge['composition']:.3f}"
+        f"L0H{previous} → L1H{induction} through its K: effect {signed(edge['effect'])} ± "
+        f"{edge['effect_se']:.2f}, K-composition {edge['composition']:.3f}"
     )
-    assert page.locator("#circuit-svg .edge").count() == len(circuit["edges"]) + sum(
-        abs(n["direct_effect"]) >= circuit["thresholds"]["edge"] for n in circuit["nodes"]
-    )
+    # every edge, those into the logits (the answer writers' direct effects) included
+    assert page.locator("#circuit-svg .edge").count() == len(circuit["edges"])
     page.click(f'#circuit-svg .node[data-name="L1H{induction}"] circle')
     assert page.inner_text("#detail-title").startswith(f"L1H{induction} · induction")
+    check_discovered(page, folder)
+
+
+def check_discovered(page, folder: Path) -> None:
+    """The discovered circuit: an arrow per kept edge, its faithfulness as discovered.json has it,
+    a point per measured size on its curve, and an edge's score on hover."""
+    found = json.loads((folder / "discovered.json").read_text())
+    kept = [e for e in found["edges"] if e["kept"]]
+    assert page.locator("#discovered-svg .edge").count() == len(kept) == found["size"]
+    assert f"f = {found['faithfulness']:.3f}" in page.inner_text("#discovered-note")
+    assert f"under {found['ablation']} ablation" in page.inner_text("#discovered-note")
+    assert page.locator("#discovered-curve circle").count() == len(found["curve"])
+    e = kept[0]
+    at = f'[data-from="{e["from"]}"][data-to="{e["to"]}"][data-kind="{e["kind"]}"]'
+    page.locator(f"#discovered-svg .edge{at}").dispatch_event("mouseenter")
+    assert f"score {signed(e['score'])[0]}{abs(e['score']):.3f}" in page.inner_text(
+        "#discovered-readout"
+    )
 
 
 def signed(x: float) -> str:

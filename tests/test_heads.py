@@ -238,8 +238,23 @@ def test_repeats_dataset_is_deterministic_periodic_and_distinct():
 
 
 @pytest.mark.slow
+def phase_changes(out: Path) -> dict:
+    """Where each curve of OUT_DIR/circuits.json (log.circuits) changed most, by eval index."""
+    found = json.loads((out / "circuits.json").read_text())
+    evals = [e["iter"] for e in found["evals"]]
+    change = found["phase_change"]
+    return {k: None if c is None else evals.index(c["from"]) for k, c in change.items()}, found
+
+
 def test_two_layers_form_a_previous_token_head_and_an_induction_head(induction_run):
-    _, scores = induction_run
+    out, scores = induction_run
+    # log.circuits: K-composition, the in-context score and what the final circuit carries change
+    # most within one eval of each other and of the loss plateau's end (the phase change)
+    at, found = phase_changes(out)
+    steps = [at["k_composition"], at["icl_score"], at["carried"], at["val_loss"]]
+    assert None not in steps and max(steps) - min(steps) <= 1, found["phase_change"]
+    assert found["evals"][-1]["faithfulness"] >= 0.8, found["evals"][-1]
+    assert (out / "circuits_training.png").stat().st_size > 10_000
     assert max(scores["induction"][1]) >= 0.4, strongest_heads(scores)
     assert max(scores["previous_token"][0]) >= 0.4, strongest_heads(scores)
     assert scores["repeat_loss_second_half"] < 0.3 * scores["repeat_loss_first_half"], (
@@ -251,6 +266,12 @@ def test_two_layers_form_a_previous_token_head_and_an_induction_head(induction_r
 @pytest.mark.slow
 def test_one_layer_forms_no_induction_head(repeats_dir: Path, tmp_path: Path):
     scores = train_induction("induction_1layer", repeats_dir, tmp_path / "out")
+    # log.circuits: no K-composition (one layer), and no steep change of the in-context score or of
+    # what the final circuit carries (the two-layer model's: 1.7 and 3.0 nats between two evals)
+    _, found = phase_changes(tmp_path / "out")
+    change = found["phase_change"]
+    assert change["k_composition"] is None
+    assert change["icl_score"]["by"] < 0.5 and change["carried"]["by"] < 0.5, change
     assert max(scores["induction"][0]) < 0.4, strongest_heads(scores)
     assert scores["repeat_loss_second_half"] > 0.6 * scores["repeat_loss_first_half"], (
         strongest_heads(scores)
@@ -307,3 +328,13 @@ def test_heads_command_prints_the_roles_and_draws_the_maps(
         and bad.stderr.startswith("error: --layer must be")
         and len(bad.stderr.splitlines()) == 1
     )
+
+
+def test_scores_say_when_the_repeated_sequences_cannot_mean_anything():
+    from interp.scores import caveats
+
+    scores = {"repeat_length": 64, "repeat_loss_first_half": 6.99}
+    window, rare = caveats(scores, 32, 65)
+    assert "window of 32 tokens does not reach back 64" in window
+    assert "above uniform guessing's ln 65 = 4.17" in rare
+    assert caveats({"repeat_length": 32, "repeat_loss_first_half": 4.0}, None, 52) == []

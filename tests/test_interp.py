@@ -472,7 +472,7 @@ def test_heads_command_ablates_patches_and_reads_the_lens(
         str(out),
         "--ablate",
         "--group",
-        "L1H0,L1H1,L1H2,L1H3",
+        "l1h0,L1H1,l1H2,L1h3",  # head names in any case
         "--group",
         "L0H0",
         "--patch",
@@ -513,6 +513,12 @@ def test_heads_command_ablates_patches_and_reads_the_lens(
     assert max(patched["heads"][1]) > max(patched["heads"][0])  # the induction heads carry the copy
     lens = json.loads((tmp_path / "lens.json").read_text())
     assert lens["lens"]["loss"][-1] == logit_lens(model, lens["ids"])["loss"][-1]
+    # the lens's extremes never read as zero, and the intact model's values come with their error
+    down = next(line for line in result.stdout.splitlines() if "most down:" in line)
+    assert "+0.00," not in down + "," and "-0.00," not in down + ",", down
+    assert "intact model, on these inputs (± the standard error over them): val_loss" in (
+        result.stdout
+    )
 
     import heads as command
 
@@ -540,3 +546,8 @@ def test_heads_command_ablates_patches_and_reads_the_lens(
     assert low["precision"] == "bf16" and ", bf16)" in capsys.readouterr().out
     for m in METRICS:
         np.testing.assert_allclose(low[m], saved[m], atol=0.15)
+    # mean ablation writes its own files beside zero ablation's
+    assert command.main([str(out), "--ablate", "mean", "--out", str(tmp_path)]) == 0
+    mean = json.loads((tmp_path / "head_ablation_mean.json").read_text())
+    assert mean["kind"] == "mean" and (tmp_path / "head_ablation_mean.png").is_file()
+    assert json.loads((tmp_path / "head_ablation.json").read_text())["kind"] == "zero"

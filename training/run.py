@@ -55,6 +55,8 @@ class Run:
     unread: list = field(default_factory=list)
     # a resumed run: what its config changes (training/resume.py's `resumed`), in words
     changed: str = ""
+    # log.circuits: what the evals keep for the end (interp/circuit_training.py's CircuitLog)
+    circuits: object = None
 
     @property
     def out_dir(self) -> Path:
@@ -383,6 +385,10 @@ def evaluate(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:
         from interp.scores import strongest_heads
 
         log.write(f"  heads: {strongest_heads(record['heads'])}")
+    if finite and cfg.log.circuits and run.rt.is_main and cfg.train.parallel != "fsdp":
+        from interp.circuit_training import log_circuits  # runs that log their circuits only
+
+        log_circuits(run, record, last, log)
     sampling = cfg.log.sample_every and p.iter > 0 and (last or p.iter % cfg.log.sample_every == 0)
     if finite and sampling and runs_extra_forwards(run):
         record["sample"] = draw_sample(run.model, run.dataset.tokenizer, cfg, run.rt)

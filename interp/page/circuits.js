@@ -2,8 +2,8 @@
    inlined after explorer.js, in the same script: it uses its DATA, $, element, COLOURS and selectHead, and
    explorer.js's start() calls buildComposition and buildCircuit. */
 
-const KINDS = { q: "Q", k: "K", v: "V" };
-const KIND_COLOURS = { q: "#1f77b4", k: "#ff7f0e", v: "#2ca02c", direct: "#b2182b" };
+const KINDS = { q: "Q", k: "K", v: "V" };   // the composition matrix's kinds
+const KIND_COLOURS = { q: "#1f77b4", k: "#ff7f0e", v: "#2ca02c", mlp: "#9467bd", direct: "#b2182b" };
 const ROLE_COLOURS = { "previous-token": "#9467bd", induction: "#d62728", "duplicate-token": "#8c564b" };
 const SVG = "http://www.w3.org/2000/svg";
 const compositionState = { kind: "k", cell: null };
@@ -135,6 +135,7 @@ function circuitLayout() {
   const where = new Map();
   for (let l = 0; l < N_LAYER; l++) {
     for (let h = 0; h < N_HEAD; h++) where.set(headName(l, h), [30 + h * dx, (N_LAYER - l) * row + 30]);
+    where.set(`MLP${l}`, [30 + (N_HEAD - 0.5) * dx, (N_LAYER - l) * row - row / 2 + 30]);   // half a row up
   }
   where.set("embeddings", [width / 2, (N_LAYER + 1) * row + 30]);
   where.set("answer", [width / 2, 30]);
@@ -153,15 +154,15 @@ function buildCircuit() {
   const box = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, id: "circuit-svg" });
   box.append(arrowHeads());
   const nodes = new Map(c.nodes.map((n) => [n.name, n]));
-  const sizes = [...c.edges.map((e) => e.effect), ...c.nodes.map((n) => n.direct_effect)].map(Math.abs);
-  const strongest = Math.max(1e-9, ...sizes);
+  const strongest = Math.max(1e-9, ...c.edges.map((e) => Math.abs(e.effect)));
   for (const [name, [x, y]] of where) {
     if (name.startsWith("L") && !nodes.has(name)) box.append(svg("circle", { cx: x, cy: y, r: 4, fill: "#d0d0d0" }));
   }
-  for (const e of c.edges) box.append(circuitArrow(where, e.from, e.to, e.kind, e.effect / strongest, edgeText(e)));
-  for (const n of c.nodes) {
-    if (Math.abs(n.direct_effect) < c.thresholds.edge) continue;
-    box.append(circuitArrow(where, n.name, "answer", "direct", n.direct_effect / strongest, directText(n)));
+  for (const e of c.edges) {   // an edge into the logits is its sender's direct effect
+    const direct = e.kind === "logits";
+    const text = direct ? directText(nodes.get(e.from)) : edgeText(e);
+    box.append(circuitArrow(where, e.from, direct ? "answer" : e.to, direct ? "direct" : e.kind,
+      e.effect / strongest, text));
   }
   for (const n of c.nodes) box.append(circuitNode(where, n));
   for (const [name, label] of [["embeddings", "tokens (embeddings)"], ["answer", "answer (logits)"]]) {
@@ -184,16 +185,17 @@ function arrowHeads() {
 }
 
 const edgeText = (e) =>
-  `${e.from} → ${e.to} through its ${KINDS[e.kind]}: effect ${signed(e.effect)}` +
+  `${e.from} → ${e.to} ${e.kind === "mlp" ? "into its input" : `through its ${KINDS[e.kind]}`}: ` +
+  `effect ${signed(e.effect)} ± ${e.effect_se.toFixed(2)}` +
   (e.composition === undefined ? "" : `, ${KINDS[e.kind]}-composition ${e.composition.toFixed(3)}`);
 const directText = (n) =>
-  `${n.name} → the answer, directly: effect ${signed(n.direct_effect)}, direct logit attribution ` +
-  `${signed(n.direct_logit_attribution)}`;
+  `${n.name} → the answer, directly: effect ${signed(n.direct_effect)}` +
+  (n.direct_logit_attribution == null ? "" : `, direct logit attribution ${signed(n.direct_logit_attribution)}`);
 
 function circuitArrow(where, from, to, kind, strength, text) {
   const [x1, y1] = where.get(from);
   const [x2, y2] = where.get(to);
-  const bend = { q: -0.25, k: 0, v: 0.25, direct: 0 }[kind];
+  const bend = { q: -0.25, k: 0, v: 0.25, mlp: 0.15, direct: 0 }[kind];
   const [cx, cy] = [(x1 + x2) / 2 - bend * (y2 - y1), (y1 + y2) / 2 + bend * (x2 - x1)];
   const group = svg("g", { class: "edge", "data-from": from, "data-to": to, "data-kind": kind });
   group.append(svg("title", {}, text));
@@ -215,13 +217,15 @@ function circuitNode(where, n) {
   const group = svg("g", { class: "node", "data-name": n.name });
   const role = n.role ? ` (${n.role} ${n.role_score.toFixed(2)})` : "";
   const text =
-    `${n.name}${role}: its output alone corrupted moves the metric ${signed(n.effect)} of the way; directly ` +
-    `to the answer ${signed(n.direct_effect)}, direct logit attribution ${signed(n.direct_logit_attribution)}`;
+    `${n.name}${role}: its output alone corrupted moves the metric ${signed(n.effect)} of the way; ` +
+    directText(n).replace(`${n.name} → the answer, directly: effect`, "directly to the answer");
   group.append(svg("title", {}, text));
-  group.append(svg("circle", { cx: x, cy: y, r: 13, fill: ROLE_COLOURS[n.role] || "#7f7f7f" }));
+  const fill = ROLE_COLOURS[n.role] || "#7f7f7f";
+  group.append(n.head === null ? svg("rect", { x: x - 12, y: y - 12, width: 24, height: 24, fill })
+    : svg("circle", { cx: x, cy: y, r: 13, fill }));
   group.append(svg("text", { x: x + 16, y: y - 2 }, `${n.name} ${signed(n.effect)}`));   // beside the dot
   if (n.role) group.append(svg("text", { x: x + 16, y: y + 11, class: "role" }, n.role));
   group.addEventListener("mouseenter", () => ($("circuit-readout").textContent = text));
-  group.addEventListener("click", () => selectHead(n.layer, n.head));
+  if (n.head !== null) group.addEventListener("click", () => selectHead(n.layer, n.head));
   return group;
 }

@@ -649,6 +649,7 @@ function start() {
   buildAblation();
   buildComposition();   // circuits.js
   buildCircuit();
+  buildDiscovered();    // discovered.js
   const strip = $("tokens");
   strip.addEventListener("mouseover", (e) => {
     const token = e.target.closest(".token");
@@ -682,5 +683,6 @@ function start() {
   showView(0);
 }
 
-// After the whole script has run: circuits.js, inlined after this file, defines what start() calls.
+// After the whole script has run: circuits.js and discovered.js, inlined after this file, define what
+// start() calls.
 document.addEventListener("DOMContentLoaded", start);

@@ -1,0 +1,92 @@
+"""The tasks heads.py's analyses read, checked before any work: a prompt pair (--patch, --attribute,
+--circuit CLEAN CORRUPTED), the circuit's task (--circuit: [R, R] by default) and --discover's
+(induction, previous-token, or a JSONL file of prompt pairs, interp/task_file.py). Each problem is
+one line for people (UserError)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from common.errors import UserError
+from common.user_text import user_text
+from data.prompts import encode_prompt
+from interp.patching import predictions
+from interp.plots import token_labels
+from interp.task_circuit import check_task
+from interp.task_file import file_task
+from interp.tasks import previous_token_task, prompt_pair, repeat_task
+
+BUILT_IN = ("induction", "previous-token")  # --discover's own tasks
+
+
+def patch_prompts(
+    model, tokenizer, texts: list[str], option: str = "--patch"
+) -> tuple[list[int], list[int]]:
+    """A prompt pair's token ids (--patch, --attribute, --circuit), refused unless they have the
+    same length and the model predicts different next tokens after them."""
+    # as --prompt is read
+    texts = [user_text(t, f"a prompt of {option}", "give it in UTF-8") for t in texts]
+    clean, corrupted = (
+        encode_prompt(text, tokenizer, model.config.context_limit) for text in texts
+    )
+    if len(clean) != len(corrupted):
+        raise UserError(
+            f"{option} needs two prompts of the same length: the clean one has {len(clean)} "
+            f"tokens, the corrupted one {len(corrupted)}; swap a word for one of the same length"
+        )
+    a, b = predictions(model, clean, corrupted)
+    if a == b:
+        token = token_labels([a], tokenizer)[0]
+        raise UserError(
+            f"{option}: both prompts make the same token the most likely next (“{token}”); give a "
+            "corrupted prompt that changes the prediction"
+        )
+    return clean, corrupted
+
+
+def circuit_task(model, args: argparse.Namespace, prompts, tokenizer):
+    """--circuit's task, refused (before any work) when the model does it no better clean than
+    corrupted; a prompt pair's metric names its tokens."""
+    if prompts:
+        task = prompt_pair(model, *prompts, name=lambda i: f"“{token_labels([i], tokenizer)[0]}”")
+    else:
+        task = repeat_task(model, args.sequences or 16, args.seed)
+    try:
+        return check_task(model, task)
+    except ValueError as e:
+        fix = (
+            "give another prompt pair"
+            if prompts
+            else "give --circuit CLEAN CORRUPTED for a task it does"
+        )
+        raise UserError(f"--circuit: {e}; {fix}") from None
+
+
+def discover_tasks(model, args: argparse.Namespace, val, tokenizer):
+    """--discover's task and, for a built-in one, the same on other sequences (to measure the
+    circuit again); refused before any work when the model does it no better clean than
+    corrupted."""
+    if args.discover not in BUILT_IN and not Path(args.discover).is_file():
+        raise UserError(
+            f"--discover takes {' or '.join(BUILT_IN)} or a JSONL task file; no file "
+            f"{args.discover!r} (docs/heads.md shows the file's lines)"
+        )
+    made = [
+        discovery_task(model, args.discover, val, tokenizer, args.sequences, args.seed + k)
+        for k in range(2 if args.discover in BUILT_IN else 1)
+    ]
+    try:
+        check_task(model, made[0])
+    except ValueError as e:
+        raise UserError(f"--discover: {e}; give a task the model does") from None
+    return made[0], made[1] if len(made) > 1 else None
+
+
+def discovery_task(model, task: str, val, tokenizer, sequences, seed: int):
+    """--discover's task: the built-in induction or previous-token task, or a JSONL file's."""
+    if task == "induction":
+        return repeat_task(model, sequences or 16, seed)
+    if task == "previous-token":
+        return previous_token_task(model, val, sequences or 64, seed)
+    return file_task(model, task, tokenizer)
