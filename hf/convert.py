@@ -246,61 +246,61 @@ def _from_llama_config(c: dict, refuse) -> GPTConfig:
 # --- weights ---
 
 
-def weight_names(cfg: GPTConfig) -> Iterator[tuple[str, list[tuple[str, int | None]], bool]]:
+# one name pair: (our tensor, [(transformers' tensor, how many of our rows it holds)], transposed)
+Names = Iterator[tuple[str, list[tuple[str, int | None]], bool]]
+
+
+def weight_names(cfg: GPTConfig) -> Names:
     """(our tensor, [(transformers' tensor, how many of our rows it holds)], stored transposed) for
     every tensor. Names on the transformers side lack the module prefix; one of ours made of several
     of theirs stacks them along its rows (the output dimension), in the order given (rows None: the
     whole tensor)."""
-    kind = family(cfg)
-    L = cfg.n_layer
-    d = cfg.head_dim
-    w = cfg.mlp_width
-    if kind == "gpt2":
-        yield "token_emb.weight", [("wte.weight", None)], False
-        yield "pos_emb.weight", [("wpe.weight", None)], False
-        pairs = [
-            ("norm1", "ln_1"),
-            ("attn.W_QKV", "attn.c_attn"),
-            ("attn.W_O", "attn.c_proj"),
-            ("norm2", "ln_2"),
-            ("mlp.W_in", "mlp.c_fc"),
-            ("mlp.W_out", "mlp.c_proj"),
-        ]
-        for i in range(L):
-            for ours, theirs in pairs:
-                for p in ("weight", "bias"):
-                    conv1d = p == "weight" and not ours.startswith("norm")
-                    yield f"blocks.{i}.{ours}.{p}", [(f"h.{i}.{theirs}.{p}", None)], conv1d
-        for p in ("weight", "bias"):
-            yield f"norm_f.{p}", [(f"ln_f.{p}", None)], False
-    else:
-        q, kv = cfg.n_head * d, cfg.kv_heads * d
-        yield "token_emb.weight", [("embed_tokens.weight", None)], False
-        for i in range(L):
-            a = f"layers.{i}.self_attn."
-            m = f"layers.{i}.mlp."
-            yield f"blocks.{i}.norm1.weight", [(f"layers.{i}.input_layernorm.weight", None)], False
-            yield (
-                f"blocks.{i}.norm2.weight",
-                [(f"layers.{i}.post_attention_layernorm.weight", None)],
-                False,
-            )
-            for p in ("weight", "bias") if cfg.bias else ("weight",):
-                yield (
-                    f"blocks.{i}.attn.W_QKV.{p}",
-                    [(a + f"{x}_proj.{p}", n) for x, n in (("q", q), ("k", kv), ("v", kv))],
-                    False,
-                )
-                yield f"blocks.{i}.attn.W_O.{p}", [(a + f"o_proj.{p}", None)], False
-                yield (
-                    f"blocks.{i}.mlp.W_in.{p}",
-                    [(m + f"gate_proj.{p}", w), (m + f"up_proj.{p}", w)],
-                    False,
-                )
-                yield f"blocks.{i}.mlp.W_out.{p}", [(m + f"down_proj.{p}", None)], False
-        yield "norm_f.weight", [("norm.weight", None)], False
+    yield from _gpt2_names(cfg) if family(cfg) == "gpt2" else _llama_names(cfg)
     if not cfg.tie_embeddings:
         yield "lm_head.weight", [("lm_head.weight", None)], False
+
+
+def _gpt2_names(cfg: GPTConfig) -> Names:
+    """GPT-2's: Conv1D layers store their weights transposed."""
+    yield "token_emb.weight", [("wte.weight", None)], False
+    yield "pos_emb.weight", [("wpe.weight", None)], False
+    pairs = [
+        ("norm1", "ln_1"),
+        ("attn.W_QKV", "attn.c_attn"),
+        ("attn.W_O", "attn.c_proj"),
+        ("norm2", "ln_2"),
+        ("mlp.W_in", "mlp.c_fc"),
+        ("mlp.W_out", "mlp.c_proj"),
+    ]
+    for i in range(cfg.n_layer):
+        for ours, theirs in pairs:
+            for p in ("weight", "bias"):
+                conv1d = p == "weight" and not ours.startswith("norm")
+                yield f"blocks.{i}.{ours}.{p}", [(f"h.{i}.{theirs}.{p}", None)], conv1d
+    for p in ("weight", "bias"):
+        yield f"norm_f.{p}", [(f"ln_f.{p}", None)], False
+
+
+def _llama_names(cfg: GPTConfig) -> Names:
+    """Llama's: our W_QKV is their q, k and v projections stacked, our W_in their gate and up."""
+    q = cfg.n_head * cfg.head_dim
+    kv = cfg.kv_heads * cfg.head_dim
+    w = cfg.mlp_width
+    yield "token_emb.weight", [("embed_tokens.weight", None)], False
+    for i in range(cfg.n_layer):
+        a = f"layers.{i}.self_attn."
+        m = f"layers.{i}.mlp."
+        yield f"blocks.{i}.norm1.weight", [(f"layers.{i}.input_layernorm.weight", None)], False
+        norm2 = f"layers.{i}.post_attention_layernorm.weight"
+        yield f"blocks.{i}.norm2.weight", [(norm2, None)], False
+        for p in ("weight", "bias") if cfg.bias else ("weight",):
+            qkv = [(a + f"{x}_proj.{p}", n) for x, n in (("q", q), ("k", kv), ("v", kv))]
+            yield f"blocks.{i}.attn.W_QKV.{p}", qkv, False
+            yield f"blocks.{i}.attn.W_O.{p}", [(a + f"o_proj.{p}", None)], False
+            gate_up = [(m + f"gate_proj.{p}", w), (m + f"up_proj.{p}", w)]
+            yield f"blocks.{i}.mlp.W_in.{p}", gate_up, False
+            yield f"blocks.{i}.mlp.W_out.{p}", [(m + f"down_proj.{p}", None)], False
+    yield "norm_f.weight", [("norm.weight", None)], False
 
 
 def from_hf_weights(

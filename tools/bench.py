@@ -73,11 +73,14 @@ class Setup:
         return self.run.rt
 
 
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[list[str]]]:
-    """The options, and each setup's `CONFIG [section.key=value ...]` (the groups --compare
+# the options that take a value
+VALUED = {"--steps", "--rounds", "--warmup", "--only", "--sample-tokens", "--json", "--window"}
+VALUED |= {"--contexts", "--plot"}
+
+
+def split_setups(argv: list[str]) -> tuple[list[str], list[list[str]]]:
+    """argv's options, and each setup's `CONFIG [section.key=value ...]` (the groups --compare
     separates)."""
-    options = {"--steps", "--rounds", "--warmup", "--only", "--sample-tokens", "--json"}
-    options |= {"--window", "--contexts", "--plot"}
     groups = [[]]
     flags = []
     i = 0
@@ -85,7 +88,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[list[str]]]:
         a = argv[i]
         if a == "--compare":
             groups.append([])
-        elif a in options:
+        elif a in VALUED:
             flags += [a, argv[i + 1] if i + 1 < len(argv) else ""]
             i += 1
         elif a.startswith("--"):
@@ -93,6 +96,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[list[str]]]:
         else:
             groups[-1].append(a)
         i += 1
+    return flags, groups
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[list[str]]]:
+    """The options, and each setup's `CONFIG [section.key=value ...]`."""
+    flags, groups = split_setups(argv)
     p = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=10, help="timed steps per round (default 10)")
     p.add_argument(
@@ -635,6 +644,32 @@ def attention_section(args: argparse.Namespace, groups: list) -> dict:
     return {"attention": rows, "attention_device": f"{rt.device} ({where})"}
 
 
+def train_section(args: argparse.Namespace, setups: list[Setup]) -> dict:
+    """--only train: warm up, then time the setups' steps in alternate rounds, quiet and (--busy)
+    beside a busy process; print the table; the results."""
+    for s in setups:
+        timed_steps(s, args.warmup, record=False)
+    # alternate, so slow spells of a shared machine hit every setup
+    for _ in range(args.rounds):
+        for s in setups:
+            timed_steps(s, args.steps, record=True)
+    # the same again beside a busy process, once the tuners settled
+    with busy_neighbour(args.busy):
+        for s in setups if args.busy else []:
+            timed_steps(s, 4 * args.warmup, record=False)
+        for _ in range(args.rounds if args.busy else 0):
+            for s in setups:
+                timed_steps(s, args.steps, record=True, busy=True)
+    results: dict = {"train": [train_result(s) for s in setups]}
+    print(format_table(results["train"]))
+    if len(setups) == 2:
+        a, b = results["train"]
+        ratio = round(b["tokens_per_s"] / a["tokens_per_s"], 3)
+        results["ratio_B_over_A_tokens_per_s"] = ratio
+        print(f"B / A training tokens/s: {ratio}")
+    return results
+
+
 def main(argv: list[str]) -> int:
     args, groups = parse_args(argv)
     only = set(args.only.split(","))
@@ -659,26 +694,7 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
     if "train" in only:
-        for s in setups:
-            timed_steps(s, args.warmup, record=False)
-        # alternate, so slow spells of a shared machine hit every setup
-        for _ in range(args.rounds):
-            for s in setups:
-                timed_steps(s, args.steps, record=True)
-        # the same again beside a busy process, once the tuners settled
-        with busy_neighbour(args.busy):
-            for s in setups if args.busy else []:
-                timed_steps(s, 4 * args.warmup, record=False)
-            for _ in range(args.rounds if args.busy else 0):
-                for s in setups:
-                    timed_steps(s, args.steps, record=True, busy=True)
-        results["train"] = [train_result(s) for s in setups]
-        if len(setups) == 2:
-            a, b = results["train"]
-            results["ratio_B_over_A_tokens_per_s"] = round(b["tokens_per_s"] / a["tokens_per_s"], 3)
-        print(format_table(results["train"]))
-        if "ratio_B_over_A_tokens_per_s" in results:
-            print(f"B / A training tokens/s: {results['ratio_B_over_A_tokens_per_s']}")
+        results |= train_section(args, setups)
     if "sample" in only:
         measured = [sampling(s, args.sample_tokens, args.rounds, args.busy) for s in setups]
         results["sample_floor"] = [floor for floor, _ in measured]
