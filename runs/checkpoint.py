@@ -141,6 +141,8 @@ def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     state = get_model_state_dict(model, options=whole_state_options())
+    # a tied head is the embedding itself: safetensors refuses two names for one storage, and
+    # loading ties them again
     if getattr(getattr(model, "config", None), "tie_embeddings", True):
         state.pop("lm_head.weight", None)
     return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
@@ -165,6 +167,7 @@ def write_checkpoint(
         from model.lora import adapter_weights
 
         saved = adapter_weights(weights)
+    # asked of the disk before anything is written: a full disk fails here, last/ untouched
     need = _tensor_bytes([saved, train_state.to_dict() if train_state is not None else None])
     from common import json_text  # writing only: reading a model needs none of it
     from common.files import atomic_folder, save_tensors
@@ -200,6 +203,7 @@ def copy_checkpoint(out_dir: Path | str, src: str, dst: str) -> Path:
     from common.files import atomic_folder
 
     with atomic_folder(out_dir, dst, "checkpoint", OUT_DIR_ADVICE) as tmp:
+        # linked, best/ costs no disk while it is last/; last/ is replaced, never written in place
         shutil.copytree(out_dir / src, tmp, copy_function=_link_or_copy)
     return out_dir / dst
 
@@ -265,6 +269,7 @@ def rng_state() -> dict[str, Any]:
     its device alike and draws alike, and a run resumed where fewer GPUs are visible has no
     generators for the others."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    # the key array as a tensor: weights_only loading takes tensors and plain numbers, not arrays
     numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)
     state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
     if torch.cuda.is_available():
@@ -362,6 +367,7 @@ class Checkpoint:
                 f"{path} is missing: this checkpoint holds weights only and cannot resume training"
             )
         try:
+            # weights_only: tensors and plain values only; a crafted pickle's code never runs
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # UnpicklingError for code, anything for a damaged file
             raise UserError(
@@ -370,7 +376,9 @@ class Checkpoint:
             ) from None
         check_state(state, path)
         progress = Progress(**progress_fields(state, typing.get_type_hints(Progress), path))
-        scaler, tokens = state.get("scaler"), state.get("tokens", 0)
+        # scaler: fp16 runs only; tokens: for people reading the file, 0 where it is missing
+        scaler = state.get("scaler")
+        tokens = state.get("tokens", 0)
         return TrainState(progress, state["rng"], state["optimizer"], scaler, tokens)
 
     def _read(self, name: str, parse, damage: tuple[type[Exception], ...], damaged: str = " ({})"):
