@@ -1,4 +1,5 @@
-"""Text a person gives tinygpt, read one way everywhere: prompts, --text-file, local text datasets.
+"""Text a person gives tinygpt, read one way everywhere: prompts, --text-file, local text datasets,
+the lines of a JSON Lines file (`json_line`).
 
 UTF-8; a byte-order mark at the start (Notepad writes one) is removed; line ends are read as text
 mode reads them (\r\n and a lone \r become \n), so a file saved on Windows gives the same tokens as
@@ -7,6 +8,7 @@ on Linux. A file that is not UTF-8 is one error naming the first bad byte and th
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from common.errors import UserError
@@ -62,3 +64,25 @@ def read_user_text(path: Path | str, what: str, fix: str = "check the path") -> 
     except UnicodeDecodeError as e:
         raise not_utf8(path, raw, e, what=what) from None
     return as_read(text.removeprefix(BOM))
+
+
+def json_line(
+    raw: str, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> dict:
+    """One line of a JSON Lines file a person wrote (`where`: "FILE line N"): a JSON object with
+    the `required` fields. With `optional`, a field named in neither is refused too (without, other
+    fields are left for the caller: HellaSwag's files carry more than we read)."""
+    try:
+        line = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{where} is not JSON ({e.msg}); write one object per line") from None
+    fields = ", ".join(required) + (f", {', '.join(optional)} (optional)" if optional else "")
+    if not isinstance(line, dict):
+        raise UserError(f"{where} is not a JSON object; write one per line, with {fields}")
+    missing = [k for k in required if k not in line]
+    unknown = sorted(set(line) - set(required) - set(optional)) if optional else []
+    if missing:
+        raise UserError(f"{where} has no {', '.join(missing)} (the fields are {fields})")
+    if unknown:
+        raise UserError(f"{where} has unknown keys {', '.join(unknown)} (the fields are {fields})")
+    return line

@@ -14,14 +14,13 @@ HellaSwag's format.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from common.errors import UserError
-from common.user_text import read_user_text
+from common.user_text import json_line, read_user_text
 from data.sources import TextFile
 from data.tokenizers import Tokenizer, encode_text
 
@@ -57,19 +56,7 @@ def read_choices(path: str | Path) -> list[Choice]:
 
 def _parse_choice(line: str, n: int, path: Path) -> Choice:
     where = f"{path} line {n}"
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise UserError(
-            f"{where} is not JSON ({e.msg}); each line must be one JSON object"
-        ) from None
-    if not isinstance(row, dict):
-        raise UserError(f"{where} is not a JSON object with ctx, endings and label")
-    missing = [k for k in ("ctx", "endings", "label") if k not in row]
-    if missing:
-        raise UserError(
-            f"{where} has no {', '.join(missing)} (the fields are ctx, endings and label)"
-        )
+    row = json_line(line, where, ("ctx", "endings", "label"))
     ctx, endings, label = row["ctx"], row["endings"], row["label"]
     if not isinstance(ctx, str) or not ctx:
         raise UserError(f"{where}: ctx must be a non-empty string")

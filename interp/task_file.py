@@ -7,18 +7,17 @@ one batch); `answer` is the token the model should predict after the clean promp
 model's vocabulary; `wrong`, optional on every line or on none, the one it should predict after the
 corrupted prompt. The metric is the logit difference logit(answer) - logit(wrong) at the last
 position where every line has `wrong`, else the answer's log-probability. A bad line is one error
-naming its number. docs/heads.md walks through examples/tasks/shakespeare_names.jsonl on the default
-Shakespeare model."""
+naming its number. docs/heads.md walks through docs/heads/words.jsonl on the default Shakespeare
+model."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from common.errors import UserError
-from common.user_text import read_user_text, user_text
+from common.user_text import json_line, read_user_text, user_text
 from data.tokenizers import encode_text
 from interp.tasks import Task, answer_difference, answer_log_probability
 from model import GPT
@@ -27,23 +26,7 @@ KEYS = ("clean", "corrupted", "answer", "wrong")
 
 
 def _line(raw: str, number: int, where: str) -> dict:
-    try:
-        line = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise UserError(
-            f"{where} line {number} is not JSON ({e.msg}); write one object per line"
-        ) from None
-    if not isinstance(line, dict):
-        raise UserError(f"{where} line {number} is not a JSON object; write one object per line")
-    unknown = sorted(set(line) - set(KEYS))
-    missing = [k for k in KEYS[:3] if k not in line]
-    if unknown or missing:
-        wrong = (
-            f"has no {', '.join(missing)}" if missing else f"has unknown keys {', '.join(unknown)}"
-        )
-        raise UserError(
-            f"{where} line {number} {wrong}; each line holds {', '.join(KEYS)} (optional)"
-        )
+    line = json_line(raw, f"{where} line {number}", KEYS[:3], KEYS[3:])
     for key, value in line.items():
         if not isinstance(value, str) or value == "":
             raise UserError(f"{where} line {number}: {key} must be a non-empty text, got {value!r}")
