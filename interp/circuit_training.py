@@ -137,14 +137,15 @@ def phase_change(evals: list[dict]) -> dict:
 
 def format_phase_change(found: dict) -> str:
     """One line: where each curve changed most."""
+    # each curve's name, and the unit of its change (the in-context score and the loss fall)
     words = {
-        "k_composition": "K-composition",
-        "icl_score": "in-context learning score",
-        "carried": "what the final circuit carries",
-        "val_loss": "val loss (falls)",
+        "k_composition": ("K-composition", ""),
+        "icl_score": ("in-context learning score (falls)", " nats"),
+        "carried": ("what the final circuit carries", " nats"),
+        "val_loss": ("val loss (falls)", " nats"),
     }
     parts = [
-        f"{words[name]} {c['from']}-{c['to']} ({c['by']:+.2f})"
+        f"{words[name][0]} {c['from']}-{c['to']} ({c['by']:+.2f}{words[name][1]})"
         for name, c in found["phase_change"].items()
         if c is not None
     ]

@@ -277,7 +277,9 @@ def format_curve(curve: dict, points: int = 12) -> list[str]:
 
 def format_edges(edges: list) -> str:
     """Edges as [from, to, kind, number]: "L0H0 -> L1H1 K +0.352, ..." (or "none")."""
-    return ", ".join(f"{a} -> {b} {kind.upper()} {v:+.3f}" for a, b, kind, v in edges) or "none"
+    # an edge into the logits has no q, k or v to name: "L1H1 -> logits +0.301"
+    kinds = ["" if e[2] == "logits" else f" {e[2].upper()}" for e in edges]
+    return ", ".join(f"{a} -> {b}{k} {v:+.3f}" for (a, b, _, v), k in zip(edges, kinds)) or "none"
 
 
 def format_discovery(found: dict) -> str:

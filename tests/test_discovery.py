@@ -13,7 +13,14 @@ import pytest
 import torch
 from conftest import script
 
-from interp.discovery import discover, exact_scores, held_out, kept_mask, rank_agreement
+from interp.discovery import (
+    discover,
+    exact_scores,
+    format_edges,
+    held_out,
+    kept_mask,
+    rank_agreement,
+)
 from interp.edge_run import run_edges
 from interp.faithfulness import assess, connected, faithfulness, incompleteness, prepare
 from interp.tasks import repeat_task
@@ -243,3 +250,10 @@ def test_the_circuit_lists_its_paths_into_the_logits_and_its_faithfulness(model,
         without[setup.graph.find(e["from"], e["to"], e["kind"])] = 0
     assert abs(float(faithfulness(setup, without[None])[0])) < 0.05  # the edges alone carry nothing
     assert all("effect_se" in e for e in circuit["edges"]) and circuit["gap"]["value"] > 4
+
+
+def test_edges_are_named_as_people_read_them():
+    """An edge into a head names the input it reaches; one into the logits has none to name."""
+    edges = [("L0H0", "L1H1", "k", 0.352), ("L1H1", "logits", "logits", 0.301)]
+    assert format_edges(edges) == "L0H0 -> L1H1 K +0.352, L1H1 -> logits +0.301"
+    assert format_edges([]) == "none"
