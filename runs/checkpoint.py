@@ -40,6 +40,7 @@ TOKENIZER = METADATA_FILE
 ADAPTERS = "adapters.safetensors"
 STATE = "state.pt"
 OUT_DIR_ADVICE = "choose another train.out_dir"
+KEPT = "iter_"  # OUT_DIR/iter_N: the checkpoint of iteration N, kept (train.keep_iters)
 
 
 # --- what state.pt holds ---
@@ -119,18 +120,22 @@ def save(
     progress: Progress,
     lora_base: dict[str, str] | None = None,
     best: bool = False,
+    keep: bool = False,
     writer: bool = True,
 ) -> Path:
     """Write OUT_DIR/last with everything a run needs to resume, and copy it to OUT_DIR/best when
-    `best`. Under torchrun every rank calls it and helps gather the full state; rank 0 (`writer`)
-    writes. FSDP gathers the weights first: that leaves the parameters resharded, which gathering
-    the optimizer state needs (torch's get_state_dict orders them so too)."""
+    `best`, to OUT_DIR/iter_N when `keep`. Under torchrun every rank calls it and helps gather the
+    full state; rank 0 (`writer`) writes. FSDP gathers the weights first: that leaves the
+    parameters resharded, which gathering the optimizer state needs (torch's get_state_dict orders
+    them so too)."""
     weights = model_weights(model)
     state = TrainState.capture(progress, cfg.tokens_per_iter, model, optimizers, scaler)
     if writer:
         write_checkpoint(out_dir, "last", weights, cfg, tokenizer_meta, state, lora_base)
         if best:
             copy_checkpoint(out_dir, "last", "best")
+        if keep:
+            copy_checkpoint(out_dir, "last", f"{KEPT}{progress.iter}")
     return Path(out_dir) / "last"
 
 

@@ -50,6 +50,9 @@ class TrainConfig:
     resume: bool = False  # continue from out_dir's last checkpoint
     overwrite: bool = False  # start afresh even if out_dir holds a checkpoint (deleting it)
     save: bool = True  # write checkpoints (best and last) at each eval
+    # evals whose checkpoint is also kept as OUT_DIR/iter_N, e.g. [250, 300]: the model as it was
+    # there, for heads.py (best/ and last/ are replaced as the run goes on)
+    keep_iters: list[int] = field(default_factory=list)
     threads: int = 0  # CPU threads for torch; 0 = one per physical core
     parallel: Literal["ddp", "fsdp"] = "ddp"  # under torchrun
     # torchrun: minutes a rank waits in a collective before it fails (a hang becomes an error)
@@ -210,6 +213,7 @@ def problems(cfg: Config, setup: bool = True) -> list[tuple[str, str]]:
         fix = every * max(1, round(n / every))
         msg = f"{n} is not a multiple of train.eval_interval={every} (samples are drawn at evals)"
         out.append(("log.sample_every", f"{msg}; set log.sample_every={fix}"))
+    out += _keep_problems(t)
     if t.dist_timeout <= 0:
         out.append(
             ("train.dist_timeout", f"must be a positive number of minutes, got {t.dist_timeout}")
@@ -237,6 +241,20 @@ def problems(cfg: Config, setup: bool = True) -> list[tuple[str, str]]:
     if not cfg.data.dataset or "/" in cfg.data.dataset:
         out.append(("data.dataset", f"must be a dataset folder name, got {cfg.data.dataset!r}"))
     return out + (_setup_problems(cfg) if setup else [])
+
+
+def _keep_problems(t: TrainConfig) -> list[tuple[str, str]]:
+    """train.keep_iters: iterations at which a checkpoint is written (an eval's)."""
+    every = t.eval_interval
+    for i in t.keep_iters:
+        if i < 0:
+            return [("train.keep_iters", f"holds {i}; iterations are 0 or more")]
+        if every > 0 and i % every and i != t.max_iters:
+            near = sorted({every * (i // every), every * (i // every + 1)})
+            fix = f"use {' or '.join(map(str, near))}"
+            why = f"checkpoints are written at evals (train.eval_interval={every}); {fix}"
+            return [("train.keep_iters", f"holds {i}, which is no eval's iteration: {why}")]
+    return []
 
 
 def _sign_problems(cfg: Config) -> list[tuple[str, str]]:

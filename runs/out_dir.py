@@ -12,7 +12,7 @@ from pathlib import Path
 from common import locks
 from common.errors import UserError
 from common.files import check_not_links, size_text
-from runs.checkpoint import OUT_DIR_ADVICE, is_checkpoint
+from runs.checkpoint import KEPT, OUT_DIR_ADVICE, is_checkpoint
 from runs.config import Config
 
 LOCK = ".lock"  # in an out_dir: held by the train.py that writes into it
@@ -72,7 +72,8 @@ def check_out_dir(out_dir: Path, cfg: Config, n_params: int) -> None:
     if what and not cfg.train.resume:
         if not cfg.train.overwrite:
             raise UserError(f"{out_dir} already holds {what}; {held_advice(what)}")
-        for name in ("last", "best", ".last.old", ".best.old"):
+        kept = [p.name for p in out_dir.glob(f"{KEPT}*") if is_checkpoint(p)]
+        for name in ("last", "best", ".last.old", ".best.old", *kept):
             shutil.rmtree(out_dir / name, ignore_errors=True)
         for name in RECORDS:
             (out_dir / name).unlink(missing_ok=True)
@@ -83,6 +84,8 @@ def check_room(out_dir: Path, cfg: Config, n_params: int) -> None:
     """Refuse an out_dir (that exists) without room for the checkpoints of `n_params` trained
     parameters; the dry run calls it too."""
     need = n_params * 4 * 4 * 2  # weights + AdamW moments, fp32, in last/ and best/ while swapping
+    # a kept checkpoint shares last/'s files until last/ is replaced: then it holds its own
+    need += n_params * 4 * 3 * len(cfg.train.keep_iters)
     free = shutil.disk_usage(out_dir).free
     if cfg.train.save and free < need:
         raise UserError(

@@ -186,9 +186,10 @@ def train(
 
 @pytest.fixture(scope="session")
 def run(data_dir: Path, tmp_path_factory) -> Path:
-    """The out_dir of one short real training run (60 iterations, evals at 0, 30, 60)."""
+    """The out_dir of one short real training run (60 iterations, evals at 0, 30, 60; iteration
+    30's checkpoint kept)."""
     out = tmp_path_factory.mktemp("run") / "out"
-    train(data_dir, out, "train.max_iters=60", "train.eval_interval=30")
+    train(data_dir, out, "train.max_iters=60", "train.eval_interval=30", "train.keep_iters=[30]")
     return out
 
 

@@ -274,6 +274,19 @@ def test_samples_are_drawn_at_evals():
     assert load_config(None, ["log.sample_every=500"]).cfg.log.sample_every == 500
 
 
+def test_kept_checkpoints_are_evals():
+    """train.keep_iters names iterations at which a checkpoint is written: evals, or the last."""
+    with pytest.raises(
+        ConfigError,
+        match=r"^train\.keep_iters: holds 310, which is no eval's iteration: .*; use 250 or 500",
+    ):
+        load_config(None, ["train.keep_iters=[250,310]"])
+    cfg = load_config(None, ["train.keep_iters=[250,5000]"]).cfg
+    assert cfg.train.keep_iters == [250, 5000]
+    with pytest.raises(ConfigError, match=r"^train\.keep_iters: must be a list \(\[A,B\]"):
+        load_config(None, ["train.keep_iters=300"])
+
+
 def test_messages_name_the_source_and_a_fix(tmp_path: Path):
     # a learner tweaks the default config from the command line: the line names the override, not
     # the file

@@ -43,6 +43,19 @@ def test_a_short_run_writes_checkpoints_and_metrics(run: Path):
     )
 
 
+def test_a_kept_iterations_checkpoint_is_the_model_there(run: Path):
+    """train.keep_iters=[30]: OUT_DIR/iter_30 is iteration 30's whole checkpoint (it resumes from
+    there), not the last; heads.py and sample.py take it as any checkpoint folder."""
+    kept = run / "iter_30"
+    files = sorted(p.name for p in (run / "last").iterdir())
+    assert sorted(p.name for p in kept.iterdir()) == files
+    assert torch.load(kept / "state.pt", weights_only=True)["iter"] == 30
+    there = load_file(str(kept / "model.safetensors"))
+    last = load_file(str(run / "last" / "model.safetensors"))
+    assert not torch.equal(there["token_emb.weight"], last["token_emb.weight"])
+    assert pretrained.load_model(kept).where == kept
+
+
 def test_checkpoint_load_gives_the_same_model(run: Path):
     loaded = pretrained.load_model(run / "last")
     model, cfg, tokenizer_meta, ckpt = (

@@ -422,8 +422,9 @@ def exact_val_loss(run: Run) -> dict:
 
 
 def save_checkpoint(run: Run, improved: bool) -> Path:
-    """Write OUT_DIR/last with everything needed to resume, and OUT_DIR/best when `improved`
-    (runs/checkpoint.py). Every rank calls it; rank 0 writes while the others wait."""
+    """Write OUT_DIR/last with everything needed to resume, OUT_DIR/best when `improved`, and
+    OUT_DIR/iter_N at an iteration of train.keep_iters (runs/checkpoint.py). Every rank calls it;
+    rank 0 writes while the others wait."""
     # a resumed run goes on at the thread count the steps ran at
     run.progress.threads = run.tuner.count if run.tuner.enabled else 0
     path = checkpoint.save(
@@ -436,6 +437,7 @@ def save_checkpoint(run: Run, improved: bool) -> Path:
         run.progress,
         lora_base=run.lora_base,
         best=improved,
+        keep=run.progress.iter in run.cfg.train.keep_iters,
         writer=run.rt.is_main,
     )
     distributed.barrier(run.rt)
