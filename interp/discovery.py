@@ -33,6 +33,7 @@ from interp.faithfulness import (
     interval,
     metric_values,
     noise,
+    normalise,
 )
 from interp.graph import ABLATION_WORDS, writer_outputs
 from interp.scores import evaluating
@@ -231,7 +232,7 @@ def discover(setup: TaskGraph, method: str = "auto", target: float = 0.9, seed: 
 def held_out(setup: TaskGraph, keep: torch.Tensor, seed: int) -> dict:
     """The circuit's faithfulness measured again on another task's rows (`setup`'s)."""
     values = metric_values(setup, keep[None])[0]
-    f = float((values.mean() - setup.none.mean()) / (setup.full.mean() - setup.none.mean()))
+    f = float(normalise(setup, values))
     return {
         "seed": seed,
         "rows": len(values),
@@ -260,8 +261,7 @@ def edge_list(setup: TaskGraph, scores: dict[str, torch.Tensor], keep: torch.Ten
                 float(values[e]), 4
             )
         out.append({**edge, "kept": bool(keep[e])})
-    key = "score"
-    return sorted(out, key=lambda e: (-e["kept"], -abs(e[key])))
+    return sorted(out, key=lambda e: (-e["kept"], -abs(e["score"])))
 
 
 def format_curve(curve: dict, points: int = 12) -> list[str]:
