@@ -248,6 +248,34 @@ def test_dry_run_of_a_gpu_config_without_a_gpu_projects_from_flops():
         estimate.dry_run(load_config(None, ["data.dataset=nothing_here"]))
 
 
+def test_the_dry_runs_model_line_is_the_one_the_run_prints(
+    data_dir: Path, tmp_path: Path, monkeypatch
+):
+    """GPTConfig.describe, the real run's description, under the overrides that made it: named in
+    the first line; one layer is "1 layer"; 4,160 embedding parameters are not "0.00M"."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the dry run would time real steps")
+    model = ["model.n_layer=1", "model.n_embd=64", "model.pos_emb=rope", "model.norm=rmsnorm"]
+    model += ["model.activation=swiglu", "model.n_kv_head=2", "model.tie_embeddings=false"]
+    args = [f"data.dir={data_dir}", f"train.out_dir={tmp_path}", "train.device=cuda", *model]
+    request = load_config("shakespeare_char", args)
+    report = estimate.dry_run(request)
+    assert report.startswith("dry run of shakespeare_char with 10 overrides: nothing is trained")
+    lines = report.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("model "))
+    assert lines[at].endswith(" parameters: 0.05M non-embedding + 4,160 embedding")
+    described = " ".join(line.strip() for line in lines[at + 1 : at + 3])
+    shape = with_vocabulary(request.cfg, 65).model.describe()
+    assert described.startswith(f"{shape}; vocabulary 65") and shape.startswith("1 layer, ")
+    for option in ("rotary positions", "RMSNorm", "SwiGLU", "sharing 2 key/value", "untied head"):
+        assert option in shape, shape
+    monkeypatch.chdir(data_dir.parent)  # a short data.dir: few overrides are listed, not counted
+    short = ["train.device=cuda", f"data.dir={data_dir.name}", "model.n_layer=1"]
+    named = estimate.dry_run(load_config("shakespeare_char", short)).splitlines()[0]
+    assert named.startswith("dry run of shakespeare_char with ") and "written" in named
+    assert sorted(named.split(": ")[0].split(" ")[5:]) == sorted(short)  # in the schema's order
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

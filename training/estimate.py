@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from training.memory import (
 )
 from training.plan import DryRunPlan, Plan, plan_dry_run
 from training.run import start_run
-from training.tracking import check_wandb_login
+from training.tracking import check_wandb_login, millions
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 SMALLER_BATCH = "lower train.batch_size (raise train.grad_accum)"  # memory that does not fit
@@ -58,6 +59,7 @@ PROJECTED_GPUS = {
     "RTX 4090": "GeForce RTX 4090",
     "L4": "L4",
 }
+INDENT = " " * 12  # the report's values start in this column
 # PyTorch code the first steps page in on a CPU (training/measure.py)
 CPU_RUNTIME_BYTES = 15 * 2**20
 
@@ -66,7 +68,7 @@ CPU_RUNTIME_BYTES = 15 * 2**20
 class Estimate:
     """What the dry run found, every figure worked out before the report is written."""
 
-    name: str  # the config, for the first line
+    name: str  # the config and its overrides, for the first line
     cfg: Config  # as training/plan.py settles it
     meta: Meta | None  # the dataset's; None: not prepared yet
     device: str  # cpu | cuda | mps
@@ -164,7 +166,7 @@ def _estimate(request: Request, plan: DryRunPlan) -> Estimate:
     held_line = _held_run(out_dir, request.cfg.train.resume, t.overwrite)  # the plan starts afresh
     timing, why_not = _timed_steps(plan, fits=(free or float("inf")) >= max(mem.peak, eval_peak))
     return Estimate(
-        request.name,
+        _config_named(request),
         cfg,
         meta,
         device,
@@ -186,6 +188,18 @@ def _estimate(request: Request, plan: DryRunPlan) -> Estimate:
         why_not,
         _unprepared(plan),
     )
+
+
+def _config_named(request: Request) -> str:
+    """The config the dry run is of, for its first line: the file, and the overrides given (listed
+    where they are few, else counted: a model changed by eight of them is not "the default")."""
+    given = [s for s in dict.fromkeys(request.origins.values()) if s.startswith("override ")]
+    listed = " ".join(s.removeprefix("override ") for s in given)
+    if not given:
+        return request.name
+    if len(listed) <= 60:
+        return f"{request.name} with {listed}"
+    return f"{request.name} with {len(given)} overrides"
 
 
 def _timed_steps(plan: DryRunPlan, fits: bool) -> tuple[Timing | None, str | None]:
@@ -253,6 +267,11 @@ def _available_bytes(device: str) -> float | None:
     return None
 
 
+def _wrapped(text: str) -> list[str]:
+    """A continuation of the report's line, wrapped under its values' column."""
+    return textwrap.wrap(text, 110, initial_indent=INDENT, subsequent_indent=INDENT)
+
+
 def _duration(s: float) -> str:
     if s < 1:
         return "under 1 s"
@@ -284,11 +303,9 @@ def _model_lines(e: Estimate) -> list[str]:
     local = [f"a window of {m.window} tokens, in blocks of {block}"] if reach else []
     local += ["within documents"] if m.doc_mask else []
     lines = [
-        f"model       {params.total / 1e6:,.2f}M parameters: {params.non_embedding / 1e6:,.2f}M "
-        f"non-embedding + {params.embedding / 1e6:,.2f}M embedding{tied}",
-        f"            {m.n_layer} layers x {m.n_embd}, {m.n_head} heads, context {m.block_size}, "
-        "vocabulary "
-        f"{m.vocab_size:,}",
+        f"model       {millions(params.total)} parameters: {millions(params.non_embedding)} "
+        f"non-embedding + {millions(params.embedding)} embedding{tied}",
+        *_wrapped(f"{m.describe()}; vocabulary {m.vocab_size:,}"),
         f"compute     {params.flops_per_token / 1e6:,.1f} MFLOP per token trained: {per_weight} "
         f"{params.matmul / 1e6:,.2f}M weights in matrix products + {attention / 1e6:,.1f}M in "
         "attention",
