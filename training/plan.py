@@ -22,7 +22,7 @@ from data.tokenizers import describe, same
 from model import GPTConfig
 from model.config import model_problem
 from runs.checkpoint import Checkpoint, find_last
-from runs.config import Config, Request
+from runs.config import Config, Request, TrainConfig
 from runs.runtime import Ranks, Runtime, compile_enabled, planned, setup, torchrun_ranks
 from training import distributed
 
@@ -69,7 +69,7 @@ def plan_run(request: Request, dataset: Dataset) -> Plan:
     built (see the module docstring)."""
     t = request.cfg.train
     cfg, resume, pretrained, changed = starting_point(request)
-    rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
+    rt = one_count_when_compiled(setup(t.device, t.precision, cfg.model.n_embd, t.threads), t)
     # once the dataset is there: its preparation outlasts any collective
     distributed.join(rt, t.dist_timeout)
     return Plan(
@@ -88,7 +88,22 @@ def plan_dry_run(request: Request, dataset: Dataset | None) -> DryRunPlan:
     cfg = _fit_for_dry_run(cfg, dataset, pretrained)
     t = cfg.train
     rt, present = planned(t.device, t.precision, cfg.model.n_embd, t.threads)
+    rt = one_count_when_compiled(rt, t)
     return DryRunPlan(cfg, rt, dataset, pretrained, present, compile_enabled(t.compile, rt.device))
+
+
+def one_count_when_compiled(rt: Runtime, t: TrainConfig) -> Runtime:
+    """rt with one CPU thread count for the whole run where torch.compile is on, as train.threads
+    keeps one (every tuner of the run leaves it): the count the other processes' load leaves free
+    at the start (every core on a quiet machine). Inductor builds its CPU kernels for the count
+    they are compiled at, and Dynamo compiles the model again for every other count a tuner moves
+    to: 30-60 s inside a training step, counted as training (issue 48)."""
+    if rt.threads or rt.device.type != "cpu" or not compile_enabled(t.compile, rt.device):
+        return rt
+    from common.threads import ThreadTuner  # compiled CPU runs only
+
+    # set to what the load leaves free (all cores: quiet); a load that comes later is not followed
+    return dataclasses.replace(rt, threads=ThreadTuner(by_load=True).count)
 
 
 def _fit_for_dry_run(cfg: Config, dataset: Dataset | None, pretrained: Pretrained | None) -> Config:
