@@ -171,20 +171,6 @@ MEMORY_CONFIGS = {
 }
 
 
-def test_the_exact_eval_keeps_nothing_for_backward():
-    """evaluate_tokens runs its forwards without gradients: a forward's memory (forward_peak), not
-    training's (a decorator moved to the function above it once made the default config's exact eval
-    hold 3.7 GB)."""
-    from training.evaluation import evaluate_tokens
-
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=16))
-    graded = []
-    model.register_forward_hook(lambda *_: graded.append(torch.is_grad_enabled()))
-    evaluate_tokens(model, torch.randint(0, 65, (100,)).numpy(), torch.ones(65).numpy(), 4)
-    assert graded and not any(graded)
-
-
 def pin_malloc(monkeypatch) -> None:
     """The fresh processes measured below get glibc's malloc with its mmap threshold pinned at its
     starting 128 KiB. A process's resident peak is what its tensors take plus what malloc keeps of
@@ -524,3 +510,25 @@ def test_the_dry_run_reports_the_final_evals_peak(data_dir: Path, tmp_path: Path
     assert "exact val eval" not in estimate.dry_run(
         load_config("shakespeare_char", [*args, "train.final_eval=false"])
     )
+
+
+@pytest.mark.slow
+def test_the_dry_run_says_what_the_real_run_warns_about_or_stops_on(data_dir: Path, tmp_path: Path):
+    """Issue 48: the dry run was silent on optim.lr=10 (the real run stops on a non-finite loss: at
+    iteration 55 after the default warmup, at 3 at that rate from the start) and on a warmup past
+    the run's end (the real run warns), and said "1,016 iterations (train.max_time ends it first)"
+    beside "training 114 s" for train.max_time=100: its iterations are those whose training seconds
+    reach max_time."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the dry run would time its steps there")
+    args = [f"data.dir={data_dir}", f"train.out_dir={tmp_path}", "optim.lr=10"]
+    args += ["optim.warmup_iters=5000", "train.max_time=20"]
+    report = estimate.dry_run(load_config("shakespeare_char", args))
+    warnings = [line for line in report.splitlines() if line.startswith("warning ")]
+    assert warnings[0].startswith(
+        "warning     optim.warmup_iters=5000 is not below train.max_iters=2000: the learning rate"
+    )
+    assert "THE REAL RUN WILL LIKELY STOP on a non-finite loss or gradient" in warnings[1]
+    iterations = int(re.search(r"x ([\d,]+) iterations", report)[1].replace(",", ""))
+    assert iterations < 2000 and "(train.max_time ends it first)" in report
+    assert int(re.search(r"time        training (\d+) s", report)[1]) <= 20

@@ -43,8 +43,9 @@ from training.memory import (
     recompute_share,
     saved_params,
 )
+from training.optim import schedule_warning
 from training.plan import DryRunPlan, Plan, plan_dry_run
-from training.run import start_run
+from training.run import NONFINITE_FIX, start_run
 from training.tracking import check_wandb_login, millions
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
@@ -96,11 +97,27 @@ class Estimate:
 
     @property
     def iterations(self) -> int:
-        """Iterations the run will take: max_iters, or fewer where train.max_time ends it first."""
+        """Iterations the run will take: max_iters, or fewer where train.max_time ends it first,
+        when its training seconds (`training_s`, those the time line shows) reach it."""
         t = self.cfg.train
-        if t.max_time and self.timing is not None:
-            return min(t.max_iters, int(t.max_time / (self.timing.step_s * t.grad_accum)))
-        return t.max_iters
+        timing = self.timing
+        if not t.max_time or timing is None or self.training_s(t.max_iters) <= t.max_time:
+            return t.max_iters
+        before = self.training_s(timing.after)
+        if before >= t.max_time:
+            return max(1, int(t.max_time / before * timing.after))
+        return timing.after + int((t.max_time - before) / (timing.step_s * t.grad_accum))
+
+    def training_s(self, iters: int) -> float:
+        """Seconds of training for `iters` iterations: the steps before those timed as they took
+        (the first, and beside a busy process the stalls before the thread tuner's choice), then
+        the timed steps' median each."""
+        timing = self.timing
+        accum = self.cfg.train.grad_accum
+        after = max(1, timing.after)
+        if iters <= after:
+            return iters * timing.before_s * accum / after
+        return timing.before_s * accum + (iters - after) * timing.step_s * accum
 
 
 def dry_run(request: Request) -> str:
@@ -290,7 +307,27 @@ def _report(e: Estimate) -> list[str]:
     lines = [f"dry run of {e.name}: nothing is trained or written", ""]
     if e.unprepared:
         lines += [f"dataset     {e.cfg.data.dataset} is {e.unprepared}"]
-    return lines + _model_lines(e) + _token_lines(e) + _memory_lines(e) + _time_lines(e)
+    lines += _model_lines(e) + _token_lines(e) + _memory_lines(e) + _time_lines(e)
+    return lines + _warning_lines(e)
+
+
+def _warning_lines(e: Estimate) -> list[str]:
+    """What the real run warns about (a warmup as long as the run: training/optim.py's
+    `schedule_warning`) or would stop on (a timed step train_step did not apply: its loss or
+    gradient not finite, at the peak learning rate)."""
+    lines = []
+    warning = schedule_warning(e.cfg.optim, e.cfg.train)
+    if warning:
+        lines.append(f"warning     {warning} (the real run warns too)")
+    if e.timing is not None and e.timing.nonfinite is not None:
+        o = e.cfg.optim
+        lines.append(
+            f"warning     timed step {e.timing.nonfinite} was not finite at the peak learning rate "
+            f"optim.lr={o.lr:g} (the real run's warmup rises to it over optim.warmup_iters="
+            f"{o.warmup_iters}): THE REAL RUN WILL LIKELY STOP on a non-finite "
+            f"loss or gradient. {NONFINITE_FIX}"
+        )
+    return lines
 
 
 def _model_lines(e: Estimate) -> list[str]:
@@ -427,10 +464,7 @@ def _time_lines(e: Estimate) -> list[str]:
     if timing is None:
         return [f"time        not measured: {e.why_not}", _gpu_line(e)]
     step = timing.step_s * t.grad_accum
-    # and the steps before those timed, as they took (beside a busy process: stalls)
-    train_s = iters * step
-    if iters > timing.after:
-        train_s += timing.before_s * t.grad_accum - timing.after * step
+    train_s = e.training_s(iters)
     evals = iters // t.eval_interval + 1 + (1 if iters % t.eval_interval else 0)
     eval_s = 2 * t.eval_iters * timing.forward_s
     exact = ""
