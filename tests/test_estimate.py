@@ -284,16 +284,16 @@ def test_dry_run_predicts_a_real_runs_time(data_dir: Path, tmp_path: Path):
         for line in ("model ", "compute ", "tokens ", "memory ", "checkpoint ", "speed ", "time "):
             assert f"\n{line}" in report, report
         assert "200 iterations = 204,800 tokens = 0.20 epochs" in report
-        ms = float(
-            re.search(r"speed +([\d,.]+) ms per iteration", report).group(1).replace(",", "")
-        )
         train(data_dir, out, *args[len(TINY) :])
         elapsed = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["elapsed_s"]
-        predicted = 200 * ms / 1e3
+        # the time line, which counts the steps before the thread tuner's choice as they took:
+        # 200 x the median step alone fell 40% short beside other work (issue 48)
+        predicted = training_seconds(report)
         print(f"dry run: {predicted:.2f} s of training predicted, {elapsed:.2f} s measured")
         errors.append(abs(predicted / elapsed - 1))
         if errors[-1] <= 0.3:
             break
+    # 30%: both time ~10 s of steps on a machine others may use, and the line rounds to 1 s
     assert min(errors) <= 0.3, (errors, report)
 
 
@@ -487,6 +487,8 @@ def test_beside_a_busy_process_the_dry_run_predicts_the_real_runs_time_within_1_
             )
             if 1 / 1.5 <= ratios[-1] <= 1.5:
                 break
+    # 1.5x: the neighbour's share of the cores moves from second to second; both time the same
+    # steps beside it, on any CPU
     assert any(1 / 1.5 <= r <= 1.5 for r in ratios), (ratios, report)
 
 
