@@ -199,8 +199,11 @@ def test_a_compiled_runs_compile_is_its_own_line_not_training_time(data_dir: Pat
 
     out = tmp_path / "out"
     args = ("train.compile=true", "train.max_iters=40", "train.eval_interval=20", "log.interval=10")
+    # Inductor's own cache, fresh: on a machine shared with other sessions, runs at one thread
+    # aborted in a kernel /tmp/torchinductor_$USER held (free(): invalid pointer), main's alike
+    env = {"TORCH_LOGS": "recompiles", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     with busy_neighbour():
-        result = train(data_dir, out, *args, env={"TORCH_LOGS": "recompiles"})
+        result = train(data_dir, out, *args, env=env)
     compiled = [
         line for line in result.stdout.splitlines() if line.startswith("compiled the model in ")
     ]

@@ -31,7 +31,7 @@ from runs.checkpoint import OUT_DIR_ADVICE
 from runs.config import Config, Request
 from runs.out_dir import check_room, held, held_advice, holds_run
 from training.evaluation import default_batch_size, final_eval_wanted, sample_prompt
-from training.hardware import GPU_PEAKS
+from training.hardware import PROJECTION_MFU, projected_seconds
 from training.measure import Timing, time_steps
 from training.memory import (
     Memory,
@@ -50,16 +50,6 @@ from training.tracking import check_wandb_login, millions
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 SMALLER_BATCH = "lower train.batch_size (raise train.grad_accum)"  # memory that does not fit
-# the MFU assumed for GPUs not at hand (nanoGPT reaches ~40% on an A100 for GPT-2 small)
-PROJECTION_MFU = 0.4
-# GPUs the dry run projects to: the name it prints -> the exact product name in hardware.GPU_PEAKS
-PROJECTED_GPUS = {
-    "H100": "H100 80GB HBM3",
-    "A100": "A100-SXM4-80GB",
-    "L40S": "L40S",
-    "RTX 4090": "GeForce RTX 4090",
-    "L4": "L4",
-}
 INDENT = " " * 12  # the report's values start in this column
 # PyTorch code the first steps page in on a CPU (training/measure.py)
 CPU_RUNTIME_BYTES = 15 * 2**20
@@ -440,7 +430,8 @@ def _final_eval_line(e: Estimate) -> str:
     said = "the run's peak" if e.eval_peak > e.memory.peak else "below training's"
     return (
         "            the exact val eval at the end (train.final_eval): peak "
-        f"{size_text(e.eval_peak)}, {said}"
+        f"{size_text(e.eval_peak)}, {said} (its tensors: glibc's malloc can keep up to as much "
+        "again of what they freed, docs/training.md)"
     )
 
 
@@ -486,20 +477,21 @@ def _time_lines(e: Estimate) -> list[str]:
         f"time        training {_duration(train_s)} + {evals} evals x {eval_s:.1f} s{exact} = "
         f"about {_duration(total)} (checkpoint writes not counted)",
     ]
+    if e.compiled and e.device == "cpu":
+        lines.append(
+            f"{INDENT}torch.compile: the first step compiles (not training time); on a CPU "
+            "compiled steps measured 0.95x eager's speed for the default model and 1.09x for 6 x "
+            "384 x 256 (docs/training.md, Speed on a CPU): it pays for wide models over long runs"
+        )
     if e.device != "cuda" and iters * step > 3600:  # a long run here: what a GPU would take
         lines.append(_gpu_line(e))
     return lines
 
 
 def _gpu_line(e: Estimate) -> str:
-    """The run's time on common GPUs, from its FLOPs at PROJECTION_MFU of their bf16 (else fp16)
-    peak."""
+    """The run's time on common GPUs (training/hardware.py's `projected_seconds`)."""
     # activation checkpointing computes the blocks' forward again: time the MFU does not count
     flops = e.iterations * e.cfg.tokens_per_iter * e.params.flops_per_token * (1 + e.recompute)
-    projected = []
-    for gpu, product in PROJECTED_GPUS.items():
-        peaks = GPU_PEAKS[product]
-        peak = peaks.get("bf16") or peaks["fp16"]
-        projected.append(f"{gpu} {_duration(flops / (peak * 1e12 * PROJECTION_MFU))}")
+    projected = [f"{gpu} {_duration(s)}" for gpu, s in projected_seconds(flops).items()]
     at = f"{flops:.2g} FLOPs at {PROJECTION_MFU:.0%} MFU of the bf16 peak"
     return f"on a GPU    {at}: " + ", ".join(projected)
