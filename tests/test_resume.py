@@ -143,7 +143,7 @@ def test_a_run_made_with_overrides_resumes_without_typing_them_again(
 
     out = tmp_path / "out"
     shape = ("model.n_layer=1", "model.pos_emb=rope", "model.norm=rmsnorm")
-    train(data_dir, out, *RUN, *shape, "train.max_iters=20")
+    train(data_dir, out, *RUN, *shape, "train.threads=1", "train.max_iters=20")
     again = (f"data.dir={data_dir}", f"train.out_dir={out}", "train.resume=true")
     longer = run_script("train.py", *again, "train.max_iters=30", check=True)
     assert resume_line(longer).endswith(
@@ -151,6 +151,7 @@ def test_a_run_made_with_overrides_resumes_without_typing_them_again(
         "100% done to its end at the new budget)"
     )
     assert recorded(out)["model"]["n_layer"] == 1 and recorded(out)["optim"]["lr"] == 2e-3
+    assert ", 1 threads;" in longer.stdout  # the run is set up as its checkpoint's config says
 
     report = estimate.dry_run(load_config(None, [*again, "train.max_iters=40"]))
     described = next(line for line in report.splitlines() if line.startswith("model "))

@@ -44,7 +44,7 @@ from training.memory import (
     saved_params,
 )
 from training.optim import schedule_warning
-from training.plan import DryRunPlan, Plan, plan_dry_run
+from training.plan import DryRunPlan, Plan, plan_dry_run, requested_config
 from training.run import NONFINITE_FIX, start_run
 from training.tracking import check_wandb_login, millions
 
@@ -113,7 +113,7 @@ class Estimate:
 def dry_run(request: Request) -> str:
     """The dry run's report: nothing is trained or written (data/recipes.py's `dataset_for_dry_run`,
     then training/plan.py's `plan_dry_run`)."""
-    data = request.cfg.data
+    data = requested_config(request).data  # a resume's: its checkpoint's
     with dataset_for_dry_run(data.dataset, data.dir) as dataset:
         plan = plan_dry_run(request, dataset)
         check_as_the_run_does(plan)

@@ -61,15 +61,27 @@ class DryRunPlan:
 def run_dataset(request: Request) -> Dataset:
     """The dataset of the run `request` asks for, ready before the run is planned
     (`_first_use_per_machine` says how a first use prepares it)."""
-    data = request.cfg.data
+    data = requested_config(request).data
     return ready_dataset(data.dataset, data.dir, first_use=_first_use_per_machine(torchrun_ranks()))
+
+
+def requested_config(request: Request) -> Config:
+    """The config the command line asks for, before the run is planned: request's, or a resume's
+    (its checkpoint's, with the command line's overrides: training/resume.py's `resume_config`)
+    where train.out_dir holds a checkpoint."""
+    t = request.cfg.train
+    if not (t.resume and holds_run(Path(t.out_dir))):
+        return request.cfg
+    from training.resume import resume_config  # resumed runs only
+
+    return resume_config(request, find_last(t.out_dir))
 
 
 def plan_run(request: Request, dataset: Dataset) -> Plan:
     """The final config of a run on `dataset` (`run_dataset`'s) and what it needs before anything is
     built (see the module docstring)."""
-    t = request.cfg.train
     cfg, resume, pretrained, changed = starting_point(request)
+    t = cfg.train  # a resume's: its checkpoint's, with the command line's overrides
     rt = one_count_when_compiled(setup(t.device, t.precision, cfg.model.n_embd, t.threads), t)
     # once the dataset is there: its preparation outlasts any collective
     distributed.join(rt, t.dist_timeout)
@@ -96,6 +108,7 @@ def plan_dry_run(request: Request, dataset: Dataset | None) -> DryRunPlan:
 
 
 def _fresh(request: Request) -> Request:
+    """request with train.resume=false."""
     return dataclasses.replace(
         request,
         cfg=dataclasses.replace(
