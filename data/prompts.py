@@ -1,5 +1,8 @@
 """Prompts for the scripts that take one (sample.py, heads.py, and train.py's samples): reading the
 text of --prompt or --prompt-file, and encoding it into token ids with errors a person can act on.
+
+A prompt file's last line end is dropped: editors end a file with one, and it is not part of the
+prompt (a character model without a newline in its vocabulary would refuse the file).
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from data.tokenizers import Tokenizer, encode_text
 
 def read_prompt(prompt: str | None, prompt_file: str | None, tokenizer: Tokenizer) -> str:
     """The text of --prompt, or of the file --prompt-file names, read as every text a person gives
-    is (common/user_text.py: a byte-order mark removed, CRLF read as LF); with neither, the default
-    prompt."""
+    is (common/user_text.py: a byte-order mark removed, CRLF read as LF), less a file's last line
+    end; with neither, the default prompt."""
     if prompt_file is not None:
-        return read_user_text(prompt_file, "prompt file")
+        # the editor's line end, not the prompt's: "ROMEO:\n" in a file is the prompt "ROMEO:"
+        return read_user_text(prompt_file, "prompt file").removesuffix("\n")
     if prompt is None:
         return default_prompt(tokenizer)
     return user_text(prompt, "the prompt", "give it in UTF-8, or with --prompt-file")

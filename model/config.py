@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+# the MLP's activations as the model's description names them (GPTConfig.describe)
+ACTIVATION_NAMES = {"gelu": "GELU", "gelu_tanh": "tanh-GELU", "relu2": "ReLU^2", "swiglu": "SwiGLU"}
+
 
 @dataclass
 class GPTConfig:
@@ -61,22 +64,38 @@ class GPTConfig:
         return self.window is not None and self.pos_emb == "rope"
 
     def describe(self) -> str:
-        """The shape and what decides where attention reads, for a run's first line: layers, heads
-        (and the key/value heads they share), width, context, positions and window."""
-        heads = f"{self.n_head} heads of {self.head_dim}"
+        """The network in words, the one description a run's first line and the dry run's model line
+        share: layers, heads (and the key/value heads they share), width, context, positions, then
+        each option that differs from GPT-2's (the norm, QK-norm, the MLP, the window, documents,
+        the head, biases, soft-capped logits)."""
+        heads = f"{self.n_head} head{'s' if self.n_head != 1 else ''} of {self.head_dim}"
         if self.kv_heads != self.n_head:
             heads += f" sharing {self.kv_heads} key/value head{'s' if self.kv_heads > 1 else ''}"
         positions = "rotary positions" if self.pos_emb == "rope" else "learned positions"
         parts = [
-            f"{self.n_layer} layers",
+            f"{self.n_layer} layer{'s' if self.n_layer != 1 else ''}",
             heads,
             f"n_embd {self.n_embd}",
             f"context {self.block_size}",
             positions,
         ]
-        if self.window is not None:
-            parts.append(f"window {self.window}")
-        return ", ".join(parts)
+        return ", ".join(parts + self._options_in_words())
+
+    def _options_in_words(self) -> list[str]:
+        """`describe`'s options: each one that differs from GPT-2's."""
+        words = ["RMSNorm"] if self.norm == "rmsnorm" else []
+        words += ["QK-norm"] if self.qk_norm else []
+        if not self.mlp:
+            words.append("attention only (no MLP)")
+        elif self.activation != "gelu" or self.mlp_width != 4 * self.n_embd:
+            words.append(f"{ACTIVATION_NAMES[self.activation]} MLP {self.mlp_width} wide")
+        words += [f"window {self.window}"] if self.window is not None else []
+        words += ["attention within documents"] if self.doc_mask else []
+        words += ["untied head"] if not self.tie_embeddings else []
+        words += ["no biases"] if not self.bias else []
+        if self.logit_softcap:
+            words.append(f"logits soft-capped at {self.logit_softcap:g}")
+        return words
 
     @property
     def context_limit(self) -> int | None:

@@ -47,6 +47,8 @@ class Request:
     # dotted key -> the file or override that set it
     origins: dict[str, str] = field(default_factory=dict)
     name: str = "the default config"  # the config file, for messages
+    # the command line's section.key=value items, in order (a resumed run applies them alone)
+    overrides: tuple[str, ...] = ()
 
 
 def _flatten(d: Any, prefix: str = "") -> list[str]:
@@ -244,7 +246,36 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Request:
         raise ConfigError(
             f"{key}: {msg} (in {_blame(key, msg, origins, sources) or 'the defaults'})"
         )
-    return Request(cfg, origins, name)
+    return Request(cfg, origins, name, tuple(overrides))
+
+
+def with_overrides(base: Config, overrides: tuple[str, ...], where: str) -> Config:
+    """base (a checkpoint's config) with the overrides' keys set as load_config sets them, checked
+    as it checks them. The overrides are typed on the schema's defaults alone: base's values never
+    pass through OmegaConf (config.yaml is data: `${...}` in it stays text)."""
+    typed = OmegaConf.structured(Config)
+    keys: list[str] = []
+    for item in overrides:
+        data = parse_override(item)
+        try:
+            typed = OmegaConf.merge(typed, data)
+        except OmegaConfBaseException as e:
+            raise _explain(e, f"override {item}") from None
+        keys += _flatten(data)
+    given: Config = resolve_paths(OmegaConf.to_object(typed))
+    cfg = base
+    for key in dict.fromkeys(keys):
+        section, name = key.split(".", 1)
+        # a section the checkpoint has not (lora on a full run): the schema's, as a fresh run has it
+        ours = getattr(cfg, section) or getattr(given, section)
+        value = getattr(getattr(given, section), name)
+        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(ours, **{name: value})})
+    found = problems(cfg)
+    if found:
+        key, msg = found[0]
+        item = next((i for i in reversed(overrides) if i.startswith(f"{key}=")), None)
+        raise ConfigError(f"{key}: {msg} (in {f'override {item}' if item else where})")
+    return cfg
 
 
 def _blame(

@@ -212,7 +212,9 @@ def train_induction(config: str, data_dir: Path, out: Path) -> dict:
         timeout=240,
     )
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert metrics[-1]["elapsed_s"] < 60  # the budget: under a minute of CPU training
+    # the budget: under a minute of CPU training (11-19 s on one core, docs/heads.md: room
+    # for a CPU a third as fast, or beside other work)
+    assert metrics[-1]["elapsed_s"] < 60
     loaded = pretrained.load_model(out)
     model, cfg = loaded.model, loaded.config
     val = Dataset.open("repeats", data_dir).windows(

@@ -48,7 +48,9 @@ def test_bench_compare_sample_and_memory(data_dir: Path, tmp_path: Path):
     assert 0 < floor["int8_weights_MB_per_token"] < floor["weights_MB_per_token"] / 2
     memory = [m for m in r["memory"] if m["setup"] == "A"]
     assert [m["context"] for m in memory] == [512, 1024, 2048, 4096]
-    # flash attention: memory grows about linearly with the context, not quadratically
+    # flash attention: memory grows about linearly with the context, not quadratically. A ratio of
+    # two peaks in one run: a doubled context doubles a linear peak (2.0), a quadratic one 4.0; the
+    # 0.2 is the allocator's rounding, on any CPU
     assert memory[-1]["growth_vs_previous"] <= 2.2
     assert "B / A training tokens/s" in result.stdout
 

@@ -38,6 +38,16 @@ OPTIONS = [
     },
     {"window": 32, "block_size": 256, "dropout": 0.1},  # the blocks through SDPA's math path
 ]
+OPTION_IDS = [
+    "gpt2",
+    "modern",
+    "swiglu-gqa",
+    "dropout-no-mlp",
+    "window-dense",
+    "window-blocks",
+    "window-rope-gqa-docs",
+    "window-dropout",
+]
 
 
 def saved_bytes(model: GPT, idx: torch.Tensor, precision: str) -> int:
@@ -57,20 +67,7 @@ def saved_bytes(model: GPT, idx: torch.Tensor, precision: str) -> int:
     return sum(seen.values())
 
 
-@pytest.mark.parametrize(
-    "options",
-    OPTIONS,
-    ids=[
-        "gpt2",
-        "modern",
-        "swiglu-gqa",
-        "dropout-no-mlp",
-        "window-dense",
-        "window-blocks",
-        "window-rope-gqa-docs",
-        "window-dropout",
-    ],
-)
+@pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_activation_model_counts_what_autograd_keeps(options: dict, precision: str):
     m = GPTConfig(
@@ -87,6 +84,64 @@ def test_activation_model_counts_what_autograd_keeps(options: dict, precision: s
     if precision == "bf16":  # the weights cast for matrix products are kept too
         predicted += 2 * memory.count_params(m).linear
     assert abs(predicted / got - 1) < 0.03, (predicted, got)
+
+
+def live_peak_bytes(model: GPT, idx: torch.Tensor, precision: str) -> int:
+    """The most bytes of tensors held at once (each storage once, parameters and the input left
+    out) while the exact eval's ops run (training/evaluation.py's `evaluate_tokens`): a forward
+    without gradients, the logits as fp32, cross-entropy per token."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), idx]}
+    live: dict[int, int] = {}
+    peak = [0]
+
+    class Held(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                storage = t.untyped_storage() if isinstance(t, torch.Tensor) else None
+                key = storage.data_ptr() if storage is not None else 0
+                if key and key not in own and key not in live:
+                    live[key] = storage.nbytes()
+                    weakref.finalize(storage, live.pop, key, None)
+            peak[0] = max(peak[0], sum(live.values()))
+            return out
+
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    with torch.no_grad(), autocast, Held():
+        logits = model(idx)[0]
+        torch.nn.functional.cross_entropy(
+            logits.float().flatten(0, 1), idx.flatten(), ignore_index=-1, reduction="none"
+        )
+    return peak[0]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_final_evals_forward_is_counted_as_the_tensors_it_holds(options: dict, precision: str):
+    """memory.forward_peak against the tensors a forward without gradients holds at its peak: what
+    the exact eval at the end of a run adds to the weights, on any CPU (the resident size a process
+    shows is the allocator's business: the test below)."""
+    m = GPTConfig(
+        **{"vocab_size": 65, "block_size": 48, "n_layer": 2, "n_head": 4, "n_embd": 64, **options}
+    )
+    torch.manual_seed(0)
+    model = GPT(m).eval()
+    got = live_peak_bytes(model, torch.randint(0, 65, (3, m.block_size)), precision)
+    predicted = memory.forward_peak(m, precision, "cpu", 3)
+    assert abs(predicted / got - 1) < 0.05, (predicted, got)  # they came within 4%
+    if "block_size" in options:  # a long context: the blocks are the peak, as above
+        return
+    # the head's logits the peak: a vocabulary of 4,096, a block of 32 wide
+    large = GPTConfig(
+        **{"vocab_size": 4096, "block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32, **options}
+    )
+    torch.manual_seed(0)
+    got = live_peak_bytes(GPT(large).eval(), torch.randint(0, 4096, (4, 32)), precision)
+    assert abs(memory.forward_peak(large, precision, "cpu", 4) / got - 1) < 0.05, (large, got)
 
 
 MEMORY_CONFIGS = {
@@ -116,11 +171,27 @@ MEMORY_CONFIGS = {
 }
 
 
+def pin_malloc(monkeypatch) -> None:
+    """The fresh processes measured below get glibc's malloc with its mmap threshold pinned at its
+    starting 128 KiB. A process's resident peak is what its tensors take plus what malloc keeps of
+    blocks they freed: after a large block is freed, glibc raises the threshold (up to 32 MiB) and
+    serves smaller blocks from heaps, one per thread, that keep what is freed, by the thread count
+    and the order of events (the default config's exact eval: 250 MiB of tensors, 320-470 MiB
+    resident from one CPU and one load to another, BENCHMARKS.md). Pinned, every block from
+    128 KiB is mapped and unmapped as torch asks: the measure is then what the tensors and the
+    kernels allocate, which is what the dry run counts, on any CPU."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))  # read by each spawned process
+
+
 @pytest.mark.slow
 def test_predicted_peak_memory_is_within_30_percent_of_the_measured_one(data_dir: Path):
     """Two real steps of each config in a fresh process (bench.py's measure: the peak resident
     memory they add), less the file-backed pages of PyTorch's code they page in, against the
-    prediction less weights."""
+    prediction less weights. The 30%: besides the tensors counted, what backward's chains of small
+    ops make (rotary, QK-norm, ReLU^2, Muon: up to 21% above, BENCHMARKS.md) and what glibc's malloc
+    keeps of freed blocks (unpinned here, as a run has it: the prediction counts it for activation
+    checkpointing; the default config in bf16 measured 44 MB for 33 predicted on a Zen 4, 31 on a
+    Sapphire Rapids)."""
     runs = [["shakespeare_char", f"data.dir={data_dir}", *o] for o in MEMORY_CONFIGS.values()]
     with mp.get_context("spawn").Pool(len(runs)) as pool:  # a fresh process each, side by side
         measured = pool.map(measure._memory_probe, runs)
@@ -137,7 +208,9 @@ def test_predicted_peak_memory_is_within_30_percent_of_the_measured_one(data_dir
 
 # the second: 128 windows a forward, logits capped at 256 MiB, and their log-softmax
 EVAL_CONFIGS = {  # the exact val eval at the end is these runs' peak
-    "default": [],  # 1,024 windows of 64 tokens a forward: a block's activations
+    "default": [],  # 1,024 windows of 64 tokens a forward: the last MLP's activations
+    # fp32, as `auto` picks on a CPU without bf16 instructions (AVX2 alone: AMD Zen 3)
+    "default fp32": ["train.precision=fp32"],
     "8192 vocabulary": [
         "model.vocab_size=8192",
         "model.n_layer=2",
@@ -148,9 +221,13 @@ EVAL_CONFIGS = {  # the exact val eval at the end is these runs' peak
 
 
 @pytest.mark.slow
-def test_the_final_evals_memory_is_counted_within_30_percent_of_the_measured_peak(data_dir: Path):
-    """Two real steps and the exact val eval in a fresh process (the peak resident memory they add)
-    against the larger of the training's and the eval's predictions, less the weights."""
+def test_the_final_evals_memory_is_counted_within_30_percent_of_the_measured_peak(
+    data_dir: Path, monkeypatch
+):
+    """Two real steps and the exact val eval in a fresh process (the peak resident memory they add,
+    malloc pinned) against the larger of the training's and the eval's predictions, less the
+    weights. Unpinned, the resident peak was 1.1-1.9 times the tensors' (`pin_malloc`)."""
+    pin_malloc(monkeypatch)
     runs = [
         ["shakespeare_char", f"data.dir={data_dir}", "train.final_eval=true", *o]
         for o in EVAL_CONFIGS.values()
@@ -178,6 +255,7 @@ def test_the_final_evals_memory_is_counted_within_30_percent_of_the_measured_pea
             )
         )
     print("memory (config, precision, training MB, final eval MB, measured MB):", rows)
+    # the tensors are counted within 5% (above); the 30%: PyTorch's buffers besides them
     for _, _, training, final, measured in rows:
         assert final > training and abs(final / measured - 1) <= 0.3, rows
 
@@ -197,7 +275,7 @@ def test_dry_run_predicts_a_real_runs_time(data_dir: Path, tmp_path: Path):
     ]
     args.append("train.eval_interval=100")
     errors = []
-    for attempt in range(2):  # a shared machine can stall either timing for a second: measure twice
+    for attempt in range(3):  # a shared machine can stall either timing for seconds: three tries
         out = tmp_path / f"out{attempt}"
         report = dry_run(
             "configs/shakespeare_char.yaml", f"data.dir={data_dir}", f"train.out_dir={out}", *args
@@ -206,16 +284,17 @@ def test_dry_run_predicts_a_real_runs_time(data_dir: Path, tmp_path: Path):
         for line in ("model ", "compute ", "tokens ", "memory ", "checkpoint ", "speed ", "time "):
             assert f"\n{line}" in report, report
         assert "200 iterations = 204,800 tokens = 0.20 epochs" in report
-        ms = float(
-            re.search(r"speed +([\d,.]+) ms per iteration", report).group(1).replace(",", "")
-        )
         train(data_dir, out, *args[len(TINY) :])
         elapsed = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["elapsed_s"]
-        predicted = 200 * ms / 1e3
+        # the time line, which counts the steps before the thread tuner's choice as they took:
+        # 200 x the median step alone fell 40% short beside other work (issue 48)
+        predicted = training_seconds(report)
         print(f"dry run: {predicted:.2f} s of training predicted, {elapsed:.2f} s measured")
         errors.append(abs(predicted / elapsed - 1))
         if errors[-1] <= 0.3:
             break
+    # 30%: both time ~10 s of steps on a machine others may use, and the line rounds to 1 s (beside
+    # a load of 4 on 2 cores, tries gave 2.6x and 4.4x, then 0.82x: the load moves by the second)
     assert min(errors) <= 0.3, (errors, report)
 
 
@@ -246,6 +325,34 @@ def test_dry_run_of_a_gpu_config_without_a_gpu_projects_from_flops():
         UserError, match="dataset nothing_here is not prepared, so its vocabulary is unknown"
     ):
         estimate.dry_run(load_config(None, ["data.dataset=nothing_here"]))
+
+
+def test_the_dry_runs_model_line_is_the_one_the_run_prints(
+    data_dir: Path, tmp_path: Path, monkeypatch
+):
+    """GPTConfig.describe, the real run's description, under the overrides that made it: named in
+    the first line; one layer is "1 layer"; 4,160 embedding parameters are not "0.00M"."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the dry run would time real steps")
+    model = ["model.n_layer=1", "model.n_embd=64", "model.pos_emb=rope", "model.norm=rmsnorm"]
+    model += ["model.activation=swiglu", "model.n_kv_head=2", "model.tie_embeddings=false"]
+    args = [f"data.dir={data_dir}", f"train.out_dir={tmp_path}", "train.device=cuda", *model]
+    request = load_config("shakespeare_char", args)
+    report = estimate.dry_run(request)
+    assert report.startswith("dry run of shakespeare_char with 10 overrides: nothing is trained")
+    lines = report.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("model "))
+    assert lines[at].endswith(" parameters: 0.05M non-embedding + 4,160 embedding")
+    described = " ".join(line.strip() for line in lines[at + 1 : at + 3])
+    shape = with_vocabulary(request.cfg, 65).model.describe()
+    assert described.startswith(f"{shape}; vocabulary 65") and shape.startswith("1 layer, ")
+    for option in ("rotary positions", "RMSNorm", "SwiGLU", "sharing 2 key/value", "untied head"):
+        assert option in shape, shape
+    monkeypatch.chdir(data_dir.parent)  # a short data.dir: few overrides are listed, not counted
+    short = ["train.device=cuda", f"data.dir={data_dir.name}", "model.n_layer=1"]
+    named = estimate.dry_run(load_config("shakespeare_char", short)).splitlines()[0]
+    assert named.startswith("dry run of shakespeare_char with ") and "written" in named
+    assert sorted(named.split(": ")[0].split(" ")[5:]) == sorted(short)  # in the schema's order
 
 
 @pytest.mark.parametrize(
@@ -381,6 +488,8 @@ def test_beside_a_busy_process_the_dry_run_predicts_the_real_runs_time_within_1_
             )
             if 1 / 1.5 <= ratios[-1] <= 1.5:
                 break
+    # 1.5x: the neighbour's share of the cores moves from second to second; both time the same
+    # steps beside it, on any CPU
     assert any(1 / 1.5 <= r <= 1.5 for r in ratios), (ratios, report)
 
 
@@ -404,3 +513,25 @@ def test_the_dry_run_reports_the_final_evals_peak(data_dir: Path, tmp_path: Path
     assert "exact val eval" not in estimate.dry_run(
         load_config("shakespeare_char", [*args, "train.final_eval=false"])
     )
+
+
+@pytest.mark.slow
+def test_the_dry_run_says_what_the_real_run_warns_about_or_stops_on(data_dir: Path, tmp_path: Path):
+    """Issue 48: the dry run was silent on optim.lr=10 (the real run stops on a non-finite loss: at
+    iteration 55 after the default warmup, at 3 at that rate from the start) and on a warmup past
+    the run's end (the real run warns), and said "1,016 iterations (train.max_time ends it first)"
+    beside "training 114 s" for train.max_time=100: its iterations are those whose training seconds
+    reach max_time."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the dry run would time its steps there")
+    args = [f"data.dir={data_dir}", f"train.out_dir={tmp_path}", "optim.lr=10"]
+    args += ["optim.warmup_iters=5000", "train.max_time=20"]
+    report = estimate.dry_run(load_config("shakespeare_char", args))
+    warnings = [line for line in report.splitlines() if line.startswith("warning ")]
+    assert warnings[0].startswith(
+        "warning     optim.warmup_iters=5000 is not below train.max_iters=2000: the learning rate"
+    )
+    assert "THE REAL RUN WILL LIKELY STOP on a non-finite loss or gradient" in warnings[1]
+    iterations = int(re.search(r"x ([\d,]+) iterations", report)[1].replace(",", ""))
+    assert iterations < 2000 and "(train.max_time ends it first)" in report
+    assert int(re.search(r"time        training (\d+) s", report)[1]) <= 20

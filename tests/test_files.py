@@ -132,8 +132,35 @@ def test_every_file_written_gets_the_mode_of_a_plain_open(data_dir: Path, tmp_pa
 def test_a_windows_file_reads_as_the_same_text(tmp_path: Path):
     (tmp_path / "w.txt").write_bytes(windows(TEXT) + b"\rold mac\r")
     assert read_user_text(tmp_path / "w.txt", "text file") == TEXT + "\nold mac\n"
-    assert read_prompt(None, str(tmp_path / "w.txt"), None) == TEXT + "\nold mac\n"
+    # a prompt file's last line end is its editor's, not the prompt's
+    assert read_prompt(None, str(tmp_path / "w.txt"), None) == TEXT + "\nold mac"
     assert read_prompt("\ufeffROMEO:\r\nO", None, None) == "ROMEO:\nO"
+
+
+def test_a_prompt_file_ends_where_its_text_does(tmp_path: Path, capsys):
+    """An editor ends the file with a line end: a model whose vocabulary has no newline (the
+    induction model's) takes the file as it takes --prompt; a second line end is the prompt's."""
+    import torch
+
+    from data.tokenizers import CharTokenizer
+    from model import GPT
+    from runs import checkpoint
+    from runs.config import load_config
+
+    shape = ["model.vocab_size=8", "model.block_size=16", "model.n_layer=1", "model.n_embd=8"]
+    cfg = load_config(None, [*shape, "model.n_head=2"]).cfg
+    torch.manual_seed(0)
+    weights = checkpoint.model_weights(GPT(cfg.model))
+    meta = CharTokenizer.from_texts(["abcdefgh"]).to_meta()
+    ckpt = str(checkpoint.write_checkpoint(tmp_path / "m", "last", weights, cfg, meta))
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("abca\n")
+    args = ["--max-new-tokens", "6", "--temperature", "0"]
+    given = script(capsys, sample_script.main, ckpt, "--prompt", "abca", *args)
+    assert script(capsys, sample_script.main, ckpt, "--prompt-file", str(prompt), *args) == given
+    prompt.write_text("abca\n\n")
+    message = "not in the vocabulary"
+    script_error(capsys, sample_script.main, [ckpt, "--prompt-file", str(prompt), *args], message)
 
 
 @pytest.mark.parametrize("block", [5, 8, 64, 1 << 18])

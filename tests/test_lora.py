@@ -438,7 +438,7 @@ def test_the_dry_run_of_a_lora_finetune_counts_the_base_and_the_adapters(
     assert train_script.main([*args, "--dry-run"]) == 0
     out = capsys.readouterr().out
     # the base's shape, block_size lowered
-    assert "2 layers x 32, 2 heads, context 16, vocabulary 65" in out
+    assert "2 layers, 2 heads of 16, n_embd 32, context 16, learned positions; vocabulary 65" in out
     # A and B of rank 8 on W_QKV (32 -> 96) and W_O, in 2 layers
     n = 2 * (8 * (32 + 96) + 8 * (32 + 32))
     assert f"lora        rank 8 on W_QKV, W_O: {n / 1e6:,.3f}M parameters train" in out

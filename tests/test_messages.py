@@ -153,3 +153,19 @@ def test_the_model_line_names_what_decides_where_attention_reads():
     )
     one = GPTConfig(n_head=4, n_kv_head=1, n_embd=32)
     assert "4 heads of 8 sharing 1 key/value head," in one.describe()
+    modern = GPTConfig(
+        n_layer=1, n_head=1, n_embd=32, norm="rmsnorm", qk_norm=True, activation="relu2", bias=False
+    )
+    assert modern.describe() == (
+        "1 layer, 1 head of 32, n_embd 32, context 256, learned positions, RMSNorm, QK-norm, "
+        "ReLU^2 MLP 128 wide, no biases"
+    )
+    toy = GPTConfig(n_embd=32, n_head=4, mlp=False, doc_mask=True, tie_embeddings=False)
+    assert toy.describe().endswith(
+        "attention only (no MLP), attention within documents, untied head"
+    )
+    assert (
+        GPTConfig(logit_softcap=30.0, mlp_ratio=2)
+        .describe()
+        .endswith("GELU MLP 768 wide, logits soft-capped at 30")
+    )

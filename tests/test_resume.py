@@ -9,14 +9,16 @@ where to go instead.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import one_line_error, train
+from conftest import one_line_error, run_script, train
 
-from runs.checkpoint import Progress
-from runs.config import TrainConfig
+from common.errors import UserError
+from runs.checkpoint import Progress, find_last
+from runs.config import TrainConfig, load_config
 from training.optim import schedule_progress
 
 # cosine to 2e-4 (min_lr_ratio 0.1)
@@ -100,7 +102,7 @@ def test_what_a_resumed_run_cannot_change_stops_in_one_line(data_dir: Path, tmp_
         muon,
         "has optim.name=adamw but the config says muon; a resumed run keeps its optimizer "
         "(state.pt holds "
-        f"its state): resume with optim.name=adamw, or start a new run {how}",
+        f"its state): resume without optim.name=muon, or start a new run {how}",
     )
     assert (out / "metrics.jsonl").read_text() == before and recorded(out)["train"][
         "max_iters"
@@ -127,3 +129,49 @@ def test_a_new_budget_spreads_what_was_left_of_the_schedule():
         assert schedule_progress(Progress(iter=it), elapsed, timed) == min(
             1.0, max(it / 10**6, elapsed / 300.0)
         )
+
+
+@pytest.mark.slow
+def test_a_run_made_with_overrides_resumes_without_typing_them_again(
+    data_dir: Path, tmp_path: Path
+):
+    """A resume starts from the checkpoint's config (issue 48: the default config's block_size,
+    then its n_layer, were refused one at a time, and every override had to be typed again): the
+    command line's overrides alone are applied, those a resume must keep named all at once; its
+    dry run describes the checkpoint's model and checks the same."""
+    from training import estimate
+
+    out = tmp_path / "out"
+    shape = ("model.n_layer=1", "model.pos_emb=rope", "model.norm=rmsnorm")
+    train(data_dir, out, *RUN, *shape, "train.threads=1", "train.max_iters=20")
+    again = (f"data.dir={data_dir}", f"train.out_dir={out}", "train.resume=true")
+    longer = run_script("train.py", *again, "train.max_iters=30", check=True)
+    assert resume_line(longer).endswith(
+        "; changed: train.max_iters 20 -> 30 (learning rate 0.0002; the schedule goes on from "
+        "100% done to its end at the new budget)"
+    )
+    assert recorded(out)["model"]["n_layer"] == 1 and recorded(out)["optim"]["lr"] == 2e-3
+    assert ", 1 threads;" in longer.stdout  # the run is set up as its checkpoint's config says
+
+    report = estimate.dry_run(load_config(None, [*again, "train.max_iters=40"]))
+    described = next(line for line in report.splitlines() if line.startswith("model "))
+    assert "1,0" not in described  # not the default's 10.7M parameters
+    model = find_last(out).config().model
+    assert model.describe() in " ".join(line.strip() for line in report.splitlines())
+    assert model.describe().startswith("1 layer, ") and "RMSNorm" in model.describe()
+
+    kept = ("model.n_layer=4", "model.block_size=64", "optim.name=muon", "train.max_iters=40")
+    refused = run_script("train.py", *again, *kept, check=False)
+    one_line_error(
+        refused,
+        f"checkpoint {out / 'last'} has model.block_size=32, model.n_layer=1, optim.name=adamw but "
+        "the config says 64, 4, muon; a resumed run keeps its model's shape (its weights have it) "
+        "and optimizer (state.pt holds its state): resume without model.block_size=64 "
+        "model.n_layer=4 optim.name=muon, or train a new model in another train.out_dir; or "
+        f"start a new run from its weights: train.init_from={out / 'last'} train.out_dir=NEW "
+        "optim.name=muon",
+    )
+    with pytest.raises(
+        UserError, match=re.escape("has model.block_size=32, model.n_layer=1, optim")
+    ):
+        estimate.dry_run(load_config(None, [*again, *kept]))

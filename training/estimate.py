@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from runs.checkpoint import OUT_DIR_ADVICE
 from runs.config import Config, Request
 from runs.out_dir import check_room, held, held_advice, holds_run
 from training.evaluation import default_batch_size, final_eval_wanted, sample_prompt
-from training.hardware import GPU_PEAKS
+from training.hardware import PROJECTION_MFU, projected_seconds
 from training.measure import Timing, time_steps
 from training.memory import (
     Memory,
@@ -42,22 +43,14 @@ from training.memory import (
     recompute_share,
     saved_params,
 )
-from training.plan import DryRunPlan, Plan, plan_dry_run
-from training.run import start_run
-from training.tracking import check_wandb_login
+from training.optim import schedule_warning
+from training.plan import DryRunPlan, Plan, plan_dry_run, requested_config
+from training.run import NONFINITE_FIX, start_run
+from training.tracking import check_wandb_login, millions
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 SMALLER_BATCH = "lower train.batch_size (raise train.grad_accum)"  # memory that does not fit
-# the MFU assumed for GPUs not at hand (nanoGPT reaches ~40% on an A100 for GPT-2 small)
-PROJECTION_MFU = 0.4
-# GPUs the dry run projects to: the name it prints -> the exact product name in hardware.GPU_PEAKS
-PROJECTED_GPUS = {
-    "H100": "H100 80GB HBM3",
-    "A100": "A100-SXM4-80GB",
-    "L40S": "L40S",
-    "RTX 4090": "GeForce RTX 4090",
-    "L4": "L4",
-}
+INDENT = " " * 12  # the report's values start in this column
 # PyTorch code the first steps page in on a CPU (training/measure.py)
 CPU_RUNTIME_BYTES = 15 * 2**20
 
@@ -66,7 +59,7 @@ CPU_RUNTIME_BYTES = 15 * 2**20
 class Estimate:
     """What the dry run found, every figure worked out before the report is written."""
 
-    name: str  # the config, for the first line
+    name: str  # the config and its overrides, for the first line
     cfg: Config  # as training/plan.py settles it
     meta: Meta | None  # the dataset's; None: not prepared yet
     device: str  # cpu | cuda | mps
@@ -94,17 +87,33 @@ class Estimate:
 
     @property
     def iterations(self) -> int:
-        """Iterations the run will take: max_iters, or fewer where train.max_time ends it first."""
+        """Iterations the run will take: max_iters, or fewer where train.max_time ends it first,
+        when its training seconds (`training_s`, those the time line shows) reach it."""
         t = self.cfg.train
-        if t.max_time and self.timing is not None:
-            return min(t.max_iters, int(t.max_time / (self.timing.step_s * t.grad_accum)))
-        return t.max_iters
+        timing = self.timing
+        if not t.max_time or timing is None or self.training_s(t.max_iters) <= t.max_time:
+            return t.max_iters
+        before = self.training_s(timing.after)
+        if before >= t.max_time:
+            return max(1, int(t.max_time / before * timing.after))
+        return timing.after + int((t.max_time - before) / (timing.step_s * t.grad_accum))
+
+    def training_s(self, iters: int) -> float:
+        """Seconds of training for `iters` iterations: the steps before those timed as they took
+        (the first, and beside a busy process the stalls before the thread tuner's choice), then
+        the timed steps' median each."""
+        timing = self.timing
+        accum = self.cfg.train.grad_accum
+        after = max(1, timing.after)
+        if iters <= after:
+            return iters * timing.before_s * accum / after
+        return timing.before_s * accum + (iters - after) * timing.step_s * accum
 
 
 def dry_run(request: Request) -> str:
     """The dry run's report: nothing is trained or written (data/recipes.py's `dataset_for_dry_run`,
     then training/plan.py's `plan_dry_run`)."""
-    data = request.cfg.data
+    data = requested_config(request).data  # a resume's: its checkpoint's
     with dataset_for_dry_run(data.dataset, data.dir) as dataset:
         plan = plan_dry_run(request, dataset)
         check_as_the_run_does(plan)
@@ -164,7 +173,7 @@ def _estimate(request: Request, plan: DryRunPlan) -> Estimate:
     held_line = _held_run(out_dir, request.cfg.train.resume, t.overwrite)  # the plan starts afresh
     timing, why_not = _timed_steps(plan, fits=(free or float("inf")) >= max(mem.peak, eval_peak))
     return Estimate(
-        request.name,
+        _config_named(request),
         cfg,
         meta,
         device,
@@ -186,6 +195,18 @@ def _estimate(request: Request, plan: DryRunPlan) -> Estimate:
         why_not,
         _unprepared(plan),
     )
+
+
+def _config_named(request: Request) -> str:
+    """The config the dry run is of, for its first line: the file, and the overrides given (listed
+    where they are few, else counted: a model changed by eight of them is not "the default")."""
+    given = [s for s in dict.fromkeys(request.origins.values()) if s.startswith("override ")]
+    listed = " ".join(s.removeprefix("override ") for s in given)
+    if not given:
+        return request.name
+    if len(listed) <= 60:
+        return f"{request.name} with {listed}"
+    return f"{request.name} with {len(given)} overrides"
 
 
 def _timed_steps(plan: DryRunPlan, fits: bool) -> tuple[Timing | None, str | None]:
@@ -253,6 +274,11 @@ def _available_bytes(device: str) -> float | None:
     return None
 
 
+def _wrapped(text: str) -> list[str]:
+    """A continuation of the report's line, wrapped under its values' column."""
+    return textwrap.wrap(text, 110, initial_indent=INDENT, subsequent_indent=INDENT)
+
+
 def _duration(s: float) -> str:
     if s < 1:
         return "under 1 s"
@@ -271,7 +297,27 @@ def _report(e: Estimate) -> list[str]:
     lines = [f"dry run of {e.name}: nothing is trained or written", ""]
     if e.unprepared:
         lines += [f"dataset     {e.cfg.data.dataset} is {e.unprepared}"]
-    return lines + _model_lines(e) + _token_lines(e) + _memory_lines(e) + _time_lines(e)
+    lines += _model_lines(e) + _token_lines(e) + _memory_lines(e) + _time_lines(e)
+    return lines + _warning_lines(e)
+
+
+def _warning_lines(e: Estimate) -> list[str]:
+    """What the real run warns about (a warmup as long as the run: training/optim.py's
+    `schedule_warning`) or would stop on (a timed step train_step did not apply: its loss or
+    gradient not finite, at the peak learning rate)."""
+    lines = []
+    warning = schedule_warning(e.cfg.optim, e.cfg.train)
+    if warning:
+        lines.append(f"warning     {warning} (the real run warns too)")
+    if e.timing is not None and e.timing.nonfinite is not None:
+        o = e.cfg.optim
+        lines.append(
+            f"warning     timed step {e.timing.nonfinite} was not finite at the peak learning rate "
+            f"optim.lr={o.lr:g} (the real run's warmup rises to it over optim.warmup_iters="
+            f"{o.warmup_iters}): THE REAL RUN WILL LIKELY STOP on a non-finite "
+            f"loss or gradient. {NONFINITE_FIX}"
+        )
+    return lines
 
 
 def _model_lines(e: Estimate) -> list[str]:
@@ -284,11 +330,9 @@ def _model_lines(e: Estimate) -> list[str]:
     local = [f"a window of {m.window} tokens, in blocks of {block}"] if reach else []
     local += ["within documents"] if m.doc_mask else []
     lines = [
-        f"model       {params.total / 1e6:,.2f}M parameters: {params.non_embedding / 1e6:,.2f}M "
-        f"non-embedding + {params.embedding / 1e6:,.2f}M embedding{tied}",
-        f"            {m.n_layer} layers x {m.n_embd}, {m.n_head} heads, context {m.block_size}, "
-        "vocabulary "
-        f"{m.vocab_size:,}",
+        f"model       {millions(params.total)} parameters: {millions(params.non_embedding)} "
+        f"non-embedding + {millions(params.embedding)} embedding{tied}",
+        *_wrapped(f"{m.describe()}; vocabulary {m.vocab_size:,}"),
         f"compute     {params.flops_per_token / 1e6:,.1f} MFLOP per token trained: {per_weight} "
         f"{params.matmul / 1e6:,.2f}M weights in matrix products + {attention / 1e6:,.1f}M in "
         "attention",
@@ -386,7 +430,8 @@ def _final_eval_line(e: Estimate) -> str:
     said = "the run's peak" if e.eval_peak > e.memory.peak else "below training's"
     return (
         "            the exact val eval at the end (train.final_eval): peak "
-        f"{size_text(e.eval_peak)}, {said}"
+        f"{size_text(e.eval_peak)}, {said} (its tensors: glibc's malloc can keep up to as much "
+        "again of what they freed, docs/training.md)"
     )
 
 
@@ -410,10 +455,7 @@ def _time_lines(e: Estimate) -> list[str]:
     if timing is None:
         return [f"time        not measured: {e.why_not}", _gpu_line(e)]
     step = timing.step_s * t.grad_accum
-    # and the steps before those timed, as they took (beside a busy process: stalls)
-    train_s = iters * step
-    if iters > timing.after:
-        train_s += timing.before_s * t.grad_accum - timing.after * step
+    train_s = e.training_s(iters)
     evals = iters // t.eval_interval + 1 + (1 if iters % t.eval_interval else 0)
     eval_s = 2 * t.eval_iters * timing.forward_s
     exact = ""
@@ -435,20 +477,21 @@ def _time_lines(e: Estimate) -> list[str]:
         f"time        training {_duration(train_s)} + {evals} evals x {eval_s:.1f} s{exact} = "
         f"about {_duration(total)} (checkpoint writes not counted)",
     ]
+    if e.compiled and e.device == "cpu":
+        lines.append(
+            f"{INDENT}torch.compile: the first step compiles (not training time); on a CPU "
+            "compiled steps measured 0.95x eager's speed for the default model and 1.09x for 6 x "
+            "384 x 256 (docs/training.md, Speed on a CPU): it pays for wide models over long runs"
+        )
     if e.device != "cuda" and iters * step > 3600:  # a long run here: what a GPU would take
         lines.append(_gpu_line(e))
     return lines
 
 
 def _gpu_line(e: Estimate) -> str:
-    """The run's time on common GPUs, from its FLOPs at PROJECTION_MFU of their bf16 (else fp16)
-    peak."""
+    """The run's time on common GPUs (training/hardware.py's `projected_seconds`)."""
     # activation checkpointing computes the blocks' forward again: time the MFU does not count
     flops = e.iterations * e.cfg.tokens_per_iter * e.params.flops_per_token * (1 + e.recompute)
-    projected = []
-    for gpu, product in PROJECTED_GPUS.items():
-        peaks = GPU_PEAKS[product]
-        peak = peaks.get("bf16") or peaks["fp16"]
-        projected.append(f"{gpu} {_duration(flops / (peak * 1e12 * PROJECTION_MFU))}")
+    projected = [f"{gpu} {_duration(s)}" for gpu, s in projected_seconds(flops).items()]
     at = f"{flops:.2g} FLOPs at {PROJECTION_MFU:.0%} MFU of the bf16 peak"
     return f"on a GPU    {at}: " + ", ".join(projected)

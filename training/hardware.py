@@ -1,4 +1,5 @@
-"""Peak FLOP/s of the machine, for model FLOPs utilisation (MFU).
+"""Peak FLOP/s of the machine, for model FLOPs utilisation (MFU), and the dry run's projection of a
+run's time to GPUs not at hand (`projected_seconds`).
 
 GPUs: a table of dense (no sparsity) tensor-core peaks by exact product name and precision, from the
 vendors' data sheets (each figure's source beside it). CPUs have no data sheet number worth trusting
@@ -59,6 +60,27 @@ GPU_PEAKS: dict[str, dict[str, float]] = {
     "Tesla V100-PCIE-32GB": _V100_PCIE,
     "Tesla T4": {"fp16": 65.0, "fp32": 8.1},  # T4 data sheet: mixed precision 65, FP32 8.1
 }
+
+# the MFU assumed for GPUs not at hand (nanoGPT reaches ~40% on an A100 for GPT-2 small)
+PROJECTION_MFU = 0.4
+# GPUs the dry run projects to: the name it prints -> the exact product name in GPU_PEAKS
+PROJECTED_GPUS = {
+    "H100": "H100 80GB HBM3",
+    "A100": "A100-SXM4-80GB",
+    "L40S": "L40S",
+    "RTX 4090": "GeForce RTX 4090",
+    "L4": "L4",
+}
+
+
+def projected_seconds(flops: float) -> dict[str, float]:
+    """Seconds `flops` take on each of PROJECTED_GPUS at PROJECTION_MFU of its bf16 (else fp16)
+    peak (the dry run's projection for a GPU not at hand)."""
+    out = {}
+    for gpu, product in PROJECTED_GPUS.items():
+        peaks = GPU_PEAKS[product]
+        out[gpu] = flops / ((peaks.get("bf16") or peaks["fp16"]) * 1e12 * PROJECTION_MFU)
+    return out
 
 
 def gpu_peak_flops(device_name: str, precision: str) -> Optional[float]:

@@ -92,15 +92,20 @@ class Timing:
         float
     )
     threads: int  # the CPU threads they ran on (the thread tuner's count)
+    # the first step train_step did not apply (its loss or gradient not finite), else None
+    nonfinite: int | None = None
 
 
 def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
     """Time real training steps of `run` (built with grad_accum 1) and eval forwards on this device.
     On a CPU the steps go through the run's thread tuner (common/threads.py) as training's do,
     numbered as training numbers them, and those timed are the ones after its first choice at the
-    count it chose: what training runs beside a busy process, not the stalls before the choice."""
+    count it chose: what training runs beside a busy process, not the stalls before the choice.
+    They run at the peak learning rate (optim.lr, no warmup), and are read back once at the end
+    for a step training would not apply (`Timing.nonfinite`)."""
     rt = run.rt
     tuner = run.tuner
+    results = []
 
     def timed(fn) -> float:
         start = time.perf_counter()
@@ -110,7 +115,7 @@ def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
 
     def step(it: int) -> float:
         with tuner.timed(it):
-            return timed(lambda: train_step(run, it))
+            return timed(lambda: results.append(train_step(run, it)))
 
     first = step(0)
     # the first try of another count is over
@@ -137,6 +142,7 @@ def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
     forwards = [timed(forward) for _ in range(4)][1:]
     run.forward.train()
     threads = tuner.count if tuner.enabled else torch.get_num_threads()
+    applied = torch.stack(results)[:, 2].tolist()  # train_step's [loss, gradient norm, counted]
     return Timing(
         statistics.median(times),
         statistics.median(forwards),
@@ -145,4 +151,5 @@ def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
         it - len(times),
         waited,
         threads,
+        next((i for i, counted in enumerate(applied) if not counted), None),
     )

@@ -4,11 +4,12 @@
 inputs, attention inputs and output, the MLP's hidden activations, dropout masks; a window's or
 documents' blocks, model/local_attention.py) and the head's log-softmax; under autocast the 2-byte
 copies and cast weights. On top: fp32 weights, the gradients and optimizer state of what trains, and
-the backward pass's working set. `final_eval_memory` counts the exact val eval at the end of a run,
-whose logits can outgrow training. The counts were read off autograd's saved tensors
+the backward pass's working set. The counts were read off autograd's saved tensors
 (saved_tensors_hooks); tests/test_estimate.py keeps checking them against training/measure.py's
-measurement. What is counted, and what is not measured (the GPU, torch.compile's savings, LoRA), is
-in docs/training.md, "What a run will cost".
+measurement. `final_eval_memory` counts the exact val eval at the end of a run: its forwards keep
+nothing for backward but take many windows at once (`forward_peak`, read off the tensors a forward
+holds). What is counted, and what is not measured (the GPU, torch.compile's savings, LoRA), is in
+docs/training.md, "What a run will cost".
 """
 
 from __future__ import annotations
@@ -251,22 +252,88 @@ def memory(cfg: Config, precision: str, device: str, params: Params | None = Non
     )
 
 
+# --- the exact eval at the end: forwards without gradients ---
+
+
 def final_eval_memory(
     cfg: Config, precision: str, device: str, batch: int, params: Params
 ) -> float:
     """The peak of the exact val eval at the end of a run (training/evaluation.py's
     `evaluate_tokens`, `batch` windows a forward, no gradients): the weights and optimizer state
-    (the gradients are freed by then), under autocast the cast weights, and the larger of one
-    block's activations (freed as the forward moves on) and the head's: the logits over the
-    vocabulary (their fp32 copy under autocast; tanh's with a soft cap) and cross-entropy's
-    log-softmax. A large vocabulary's logits can make it the run's peak."""
-    m = cfg.model
-    tokens = batch * cfg.model.block_size
-    a = 2 if precision in ("bf16", "fp16") else 4
-    head = m.vocab_size * tokens * (a + (a if m.logit_softcap else 0) + (4 if a == 2 else 0) + 4)
-    block = block_bytes_per_token(m, precision, device, batch) * tokens
+    (the gradients are freed by then) and what one forward holds at its peak (`forward_peak`). A
+    large vocabulary's logits can make it the run's peak."""
     kept = 4 * params.total + 8 * (params.trained - params.muon) + 4 * params.muon
-    return kept + (2 * params.linear if a == 2 else 0) + max(block, head)
+    return kept + forward_peak(cfg.model, precision, device, batch)
+
+
+def forward_peak(m: GPTConfig, precision: str, device: str, batch: int) -> float:
+    """Bytes a forward of `batch` windows without gradients holds at its peak, beyond the weights.
+    Nothing is kept for backward: each tensor is freed once the next op has read it, so the peak
+    is the largest of three moments of the last block and the head, each with the 2-byte copies of
+    the weights autocast has cast by then, plus the pass's masks. Counted as the tensors a forward
+    holds (tests/test_estimate.py checks it against them); a process's resident size can be larger:
+    the allocator keeps freed blocks (BENCHMARKS.md, "The dry run: predicted against measured")."""
+    tokens = batch * m.block_size
+    a = 2 if precision in ("bf16", "fp16") else 4
+    b = 4 if a == 4 or device == "cpu" else a  # model/gpt.py attends in fp32 under CPU autocast
+    attention, mlp = _layer_weights(m)
+    cast = 0 if a == 4 else 2  # bytes of each weight's autocast copy, kept to the pass's end
+    blocks = m.n_layer * (sum(attention) + sum(mlp))  # the LM head is cast last
+    moments = [
+        # at the last block's attention: its W_O and its MLP not cast yet
+        _attention_live(m, a, b, batch) * tokens + cast * (blocks - attention[1] - sum(mlp)),
+        # at the last MLP's activation: its W_out not cast yet
+        _mlp_live(m, a) * tokens + cast * (blocks - mlp[1]) if m.mlp else 0.0,
+        _head_live(m, a) * tokens + cast * (blocks + m.vocab_size * m.n_embd),
+    ]
+    return mask_bytes_per_token(m, precision, device, batch) * tokens + max(moments)
+
+
+def _layer_weights(m: GPTConfig) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The weights of one block's matrix products: (W_QKV, W_O), (W_in, W_out) (none without an
+    MLP)."""
+    C = m.n_embd
+    qkv = C * (m.n_head + 2 * m.kv_heads) * m.head_dim
+    if not m.mlp:
+        return (qkv, C * C), (0, 0)
+    w_in = C * m.mlp_width * (2 if m.activation == "swiglu" else 1)
+    return (qkv, C * C), (w_in, m.mlp_width * C)
+
+
+def _attention_live(m: GPTConfig, a: int, b: int, batch: int) -> float:
+    """Bytes per token at the last block's attention: its input (the caller holds it), norm1's
+    output, W_QKV's output (q, k, v are views of it), q and k made afresh by rotary or QK-norm; at
+    SDPA their fp32 copies under CPU autocast and the output (and a window's blocks: padded
+    token-major copies, the blocks' outputs and the output assembled), or after it the output and
+    W_O's."""
+    C = m.n_embd
+    kv = m.kv_heads * m.head_dim
+    qkv = C + 2 * kv
+    base = 8 * C + qkv * a + ((C + kv) * a if m.pos_emb == "rope" or m.qk_norm else 0)
+    sdpa = base + (qkv * b if b != a else 0) + C * b + m.n_head * 4  # + its log-sum-exp
+    local = local_attention(m, batch)
+    if local is not None and local.blocked:
+        made = m.pos_emb == "rope" or m.qk_norm  # not token-major: copied
+        copies = qkv * b * local.padded if local.padded > 1 else ((C + kv) * b if made else 0)
+        sdpa += copies + C * b * (local.outputs - 1) + C * b * local.padded
+    return max(sdpa, base + 2 * C * a)
+
+
+def _mlp_live(m: GPTConfig, a: int) -> float:
+    """Bytes per token at the last MLP's activation: the block's input, the residual after
+    attention, norm2's output, and the hidden activations the activation holds at once (GELU: its
+    input and output; ReLU^2 three; SwiGLU the two halves' input, SiLU's output and the product)."""
+    held = {"gelu": 2, "gelu_tanh": 2, "relu2": 3, "swiglu": 4}[m.activation]
+    return 12 * m.n_embd + held * m.mlp_width * a
+
+
+def _head_live(m: GPTConfig, a: int) -> float:
+    """Bytes per token at the head: the final norm's output and the logits (a soft cap's division
+    and tanh beside them), or after it the logits, their fp32 copy and cross-entropy's
+    log-softmax."""
+    V = m.vocab_size
+    logits = 4 * m.n_embd + V * a * (3 if m.logit_softcap else 1)
+    return max(logits, V * a + (V * 4 if a == 2 else 0) + V * 4)
 
 
 # --- activation checkpointing (train.activation_checkpointing) ---

@@ -22,7 +22,8 @@ from data.tokenizers import describe, same
 from model import GPTConfig
 from model.config import model_problem
 from runs.checkpoint import Checkpoint, find_last
-from runs.config import Config, Request
+from runs.config import Config, Request, TrainConfig
+from runs.out_dir import holds_run
 from runs.runtime import Ranks, Runtime, compile_enabled, planned, setup, torchrun_ranks
 from training import distributed
 
@@ -60,16 +61,28 @@ class DryRunPlan:
 def run_dataset(request: Request) -> Dataset:
     """The dataset of the run `request` asks for, ready before the run is planned
     (`_first_use_per_machine` says how a first use prepares it)."""
-    data = request.cfg.data
+    data = requested_config(request).data
     return ready_dataset(data.dataset, data.dir, first_use=_first_use_per_machine(torchrun_ranks()))
+
+
+def requested_config(request: Request) -> Config:
+    """The config the command line asks for, before the run is planned: request's, or a resume's
+    (its checkpoint's, with the command line's overrides: training/resume.py's `resume_config`)
+    where train.out_dir holds a checkpoint."""
+    t = request.cfg.train
+    if not (t.resume and holds_run(Path(t.out_dir))):
+        return request.cfg
+    from training.resume import resume_config  # resumed runs only
+
+    return resume_config(request, find_last(t.out_dir))
 
 
 def plan_run(request: Request, dataset: Dataset) -> Plan:
     """The final config of a run on `dataset` (`run_dataset`'s) and what it needs before anything is
     built (see the module docstring)."""
-    t = request.cfg.train
     cfg, resume, pretrained, changed = starting_point(request)
-    rt = setup(t.device, t.precision, cfg.model.n_embd, t.threads)
+    t = cfg.train  # a resume's: its checkpoint's, with the command line's overrides
+    rt = one_count_when_compiled(setup(t.device, t.precision, cfg.model.n_embd, t.threads), t)
     # once the dataset is there: its preparation outlasts any collective
     distributed.join(rt, t.dist_timeout)
     return Plan(
@@ -79,24 +92,53 @@ def plan_run(request: Request, dataset: Dataset) -> Plan:
 
 def plan_dry_run(request: Request, dataset: Dataset | None) -> DryRunPlan:
     """The run `request` asks for, on `dataset` (data/recipes.py's `dataset_for_dry_run`), planned
-    from its start (train.resume aside) on the device runs/runtime.py chooses for it, where it is
-    here: nothing is written."""
-    fresh = dataclasses.replace(
-        request.cfg, train=dataclasses.replace(request.cfg.train, resume=False)
-    )
-    cfg, _, pretrained, _ = starting_point(dataclasses.replace(request, cfg=fresh))
-    cfg = _fit_for_dry_run(cfg, dataset, pretrained)
+    on the device runs/runtime.py chooses for it, where it is here: nothing is written. A resume
+    is planned from its checkpoint's config and checked as the real run checks it
+    (`starting_point`), then costed as a run from its start (the estimate is for the whole run)."""
+    resume = request.cfg.train.resume and holds_run(Path(request.cfg.train.out_dir))
+    # no checkpoint to resume: costed afresh (the dry run says the real run will refuse it)
+    planned_as = request if resume else _fresh(request)
+    cfg, ckpt, pretrained, _ = starting_point(planned_as)
+    cfg = _fit_for_dry_run(cfg, dataset, pretrained, ckpt)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume=False))
     t = cfg.train
     rt, present = planned(t.device, t.precision, cfg.model.n_embd, t.threads)
+    rt = one_count_when_compiled(rt, t)
     return DryRunPlan(cfg, rt, dataset, pretrained, present, compile_enabled(t.compile, rt.device))
 
 
-def _fit_for_dry_run(cfg: Config, dataset: Dataset | None, pretrained: Pretrained | None) -> Config:
-    """The dry run's `fit_to_data`. Without a dataset (one from the hub, not prepared), the
-    vocabulary is its recipe's tokenizer's (bpe:N, GPT-2's), else model.vocab_size, which must then
-    be set."""
+def _fresh(request: Request) -> Request:
+    """request with train.resume=false."""
+    return dataclasses.replace(
+        request,
+        cfg=dataclasses.replace(
+            request.cfg, train=dataclasses.replace(request.cfg.train, resume=False)
+        ),
+    )
+
+
+def one_count_when_compiled(rt: Runtime, t: TrainConfig) -> Runtime:
+    """rt with one CPU thread count for the whole run where torch.compile is on, as train.threads
+    keeps one (every tuner of the run leaves it): the count the other processes' load leaves free
+    at the start (every core on a quiet machine). Inductor builds its CPU kernels for the count
+    they are compiled at, and Dynamo compiles the model again for every other count a tuner moves
+    to: 30-60 s inside a training step, counted as training (issue 48)."""
+    if rt.threads or rt.device.type != "cpu" or not compile_enabled(t.compile, rt.device):
+        return rt
+    from common.threads import ThreadTuner  # compiled CPU runs only
+
+    # set to what the load leaves free (all cores: quiet); a load that comes later is not followed
+    return dataclasses.replace(rt, threads=ThreadTuner(by_load=True).count)
+
+
+def _fit_for_dry_run(
+    cfg: Config, dataset: Dataset | None, pretrained: Pretrained | None, resume: Checkpoint | None
+) -> Config:
+    """The dry run's `fit_to_data` (a resume's tokenizer checked against the data's). Without a
+    dataset (one from the hub, not prepared), the vocabulary is its recipe's tokenizer's (bpe:N,
+    GPT-2's), else model.vocab_size, which must then be set."""
     if dataset is not None:
-        return fit_to_data(cfg, dataset, None, pretrained)
+        return fit_to_data(cfg, dataset, resume, pretrained)
     vocab = recipe_vocab_size(cfg.data.dataset)
     if vocab is not None:
         cfg = with_vocabulary(cfg, vocab)
@@ -121,9 +163,9 @@ def starting_point(
     cfg = request.cfg
     resume = find_last(cfg.train.out_dir) if cfg.train.resume else None
     if resume is not None:  # the rule for resuming with changed values: resumed runs only
-        from training.resume import follow_checkpoint, resume_changes
+        from training.resume import resume_changes, resume_config
 
-        cfg = follow_checkpoint(cfg, resume.config())
+        cfg = resume_config(request, resume)
     pretrained = None
     changed = []
     # a fresh run: shape and weights of a pretrained model
@@ -135,9 +177,6 @@ def starting_point(
         cfg = follow_model(
             cfg, pretrained.model, request.origins, f"train.init_from {pretrained.where}"
         )
-    # resuming one: the shape it was given, without reading the source again
-    elif cfg.train.init_from:
-        cfg = follow_model(cfg, resume.config().model, request.origins, f"checkpoint {resume}")
     if resume is not None:
         changed = resume_changes(resume, cfg)
     if cfg.lora is not None:

@@ -1,8 +1,10 @@
 """Resuming with changed values: one rule, applied by training/plan.py and training/run.py.
 
-A resumed run may change any value of its config (the budget, evals, logging, the learning rate and
-its schedule, ...) but those KEPT_ON_RESUME lists: the weights, adapters and state.pt have their
-shape, so a change there is refused in one line naming where it can go instead (`resume_changes`).
+A resumed run starts from its checkpoint's config, with what the command line's overrides set
+(`resume_config`). It may change any value (the budget, evals, logging, the learning rate and its
+schedule, ...) but those KEPT_ON_RESUME lists: the weights, adapters and state.pt have their
+shape, so changes there are refused, all in one line naming where they can go instead
+(`resume_changes`).
 What changes is applied (the optimizers' numbers are the config's; state.pt restores moments and
 step counts) and named in the resume line (`resumed`); another budget continues the schedule from
 where it was. Only resumed runs import this module.
@@ -20,12 +22,10 @@ import torch
 
 from common.errors import UserError
 from runs.checkpoint import STATE, Checkpoint, Progress, TrainState
-from runs.config import Config
+from runs.config import Config, Request, with_overrides
 from training.optim import lr_factor, schedule_progress
 
-FROM_WEIGHTS = (
-    "start a new run from its weights: train.init_from={ckpt} train.out_dir=NEW {key}={ours}"
-)
+FROM_WEIGHTS = "start a new run from its weights: train.init_from={ckpt} train.out_dir=NEW {ours}"
 
 # What a resumed run must keep, as (what it is, where a change can go instead): every other value
 # may change on resume (applied, and named in the resume line); dropout may change here too.
@@ -38,20 +38,24 @@ KEPT_ON_RESUME = {
 NOT_COMPARED = ("train.resume", "train.overwrite", "train.out_dir")
 
 
-def follow_checkpoint(cfg: Config, theirs: Config) -> Config:
-    """cfg with what it leaves unset as the checkpoint it resumes has it (the vocabulary and the
-    document token, else set from the data), and its train.init_from: where the run's weights came
-    from at iteration 0, which only a fresh run reads (one given again may have moved since, or be
-    spelled otherwise)."""
-    model = cfg.model
-    ckpt_model = theirs.model
-    model = dataclasses.replace(
-        model,
-        vocab_size=ckpt_model.vocab_size if model.vocab_size is None else model.vocab_size,
-        doc_token=ckpt_model.doc_token if model.doc_token is None else model.doc_token,
+def resume_config(request: Request, ckpt: Checkpoint) -> Config:
+    """The config a resumed run starts from: its checkpoint's, with the command line's overrides
+    set (`resume_changes` then refuses those it must keep). A config file named beside
+    train.resume=true finds the run (its train.out_dir); its other values are the checkpoint's, so
+    nothing a run was started with needs typing again. How this command finds the run
+    (NOT_COMPARED) is its own; train.init_from stays where the weights came from at iteration 0,
+    which only a fresh run reads (one given again may have moved since, or be spelled otherwise)."""
+    theirs = ckpt.config()
+    cfg = with_overrides(theirs, request.overrides, f"checkpoint {ckpt}")
+    t = request.cfg.train
+    train = dataclasses.replace(
+        cfg.train,
+        resume=t.resume,
+        overwrite=t.overwrite,
+        out_dir=t.out_dir,
+        init_from=theirs.train.init_from,
     )
-    train = dataclasses.replace(cfg.train, init_from=theirs.train.init_from)
-    return dataclasses.replace(cfg, model=model, train=train)
+    return dataclasses.replace(cfg, train=train)
 
 
 def _values(cfg: Config) -> dict[str, Any]:
@@ -85,21 +89,35 @@ def resume_changes(ckpt: Checkpoint, cfg: Config) -> list[tuple[str, Any, Any]]:
             f"{'does' if 'lora' in theirs else 'does not'}; resume with the config it was trained "
             "with, or start a new run in another train.out_dir"
         )
-    changed = []
+    changed, kept = [], []
     for key in [*ours, *(k for k in theirs if k not in ours)]:
         old, new = theirs.get(key), ours.get(key)
         if old == new or key in NOT_COMPARED:
             continue
-        kept = next((v for k, v in KEPT_ON_RESUME.items() if key.startswith(k)), None)
-        if kept is not None and not key.endswith(".dropout"):
-            what, way = kept
-            raise UserError(
-                f"checkpoint {ckpt} has {key}={shown(old)} but the config says {shown(new)}; a "
-                f"resumed run keeps its {what}: resume with {key}={shown(old)}, or "
-                + way.format(ckpt=ckpt, key=key, ours=shown(new))
-            )
+        why = next((v for k, v in KEPT_ON_RESUME.items() if key.startswith(k)), None)
+        if why is not None and not key.endswith(".dropout"):
+            kept.append((key, old, new, why))
         changed.append((key, old, new))
+    if kept:
+        raise _kept_changed(ckpt, kept)
     return changed
+
+
+def _kept_changed(ckpt: Checkpoint, kept: list[tuple[str, Any, Any, tuple[str, str]]]) -> UserError:
+    """One line naming every value the command line changes that a resumed run must keep (the
+    config is the checkpoint's, `resume_config`), and where the changes can go instead."""
+    has = ", ".join(f"{key}={shown(old)}" for key, old, _, _ in kept)
+    says = ", ".join(shown(new) for _, _, new, _ in kept)
+    whats = " and ".join(dict.fromkeys(what for *_, (what, _) in kept))
+    ours = " ".join(f"{key}={shown(new)}" for key, _, new, _ in kept)
+    by_way: dict[str, list[str]] = {}  # each way with the changes it takes
+    for key, _, new, (_, way) in kept:
+        by_way.setdefault(way, []).append(f"{key}={shown(new)}")
+    ways = [way.format(ckpt=ckpt, ours=" ".join(given)) for way, given in by_way.items()]
+    return UserError(
+        f"checkpoint {ckpt} has {has} but the config says {says}; a resumed run keeps its "
+        f"{whats}: resume without {ours}, or " + "; or ".join(ways)
+    )
 
 
 def resumed(plan, model, optimizers, scaler) -> tuple[Progress, str]:

@@ -210,6 +210,12 @@ class Tracker:
             self.wandb.finish()
 
 
+def millions(n: int) -> str:
+    """A count of parameters as the run's first line and the dry run give it: in millions, or whole
+    below 5,000 (a tiny model's 3,328 embedding parameters are not "0.00M")."""
+    return f"{n / 1e6:,.2f}M" if n >= 5_000 else f"{n:,}"
+
+
 def describe_run(run) -> None:
     """What is about to train: the model, the dataset, the device, the batch; a resumed or LoRA
     run."""
@@ -223,7 +229,7 @@ def describe_run(run) -> None:
     every = model.num_params(non_embedding=False)  # as --dry-run counts
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(
-        f"model: {every / 1e6:.2f}M parameters ({mc.describe()}); dataset {cfg.data.dataset}: "
+        f"model: {millions(every)} parameters ({mc.describe()}); dataset {cfg.data.dataset}: "
         f"{meta.train_tokens:,} train / {meta.val_tokens:,} val tokens"
     )
     print(
@@ -249,7 +255,7 @@ def describe_run(run) -> None:
         print(
             f"LoRA: rank {lc.rank}, alpha {lc.alpha:g} on {', '.join(lc.targets)}: "
             f"{trained / 1e6:.3f}M parameters train ({100 * trained / every:.2f}% of "
-            f"{every / 1e6:.2f}M); the base is frozen, checkpoints hold the adapters alone"
+            f"{millions(every)}); the base is frozen, checkpoints hold the adapters alone"
         )
 
 
