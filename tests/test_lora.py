@@ -397,7 +397,7 @@ def test_bad_lora_settings_and_a_moved_or_changed_base_are_one_line(
                 "lora.rank=4",
                 "train.resume=true",
             ],
-            "has lora.rank=8 but the config says 4",
+            "has lora.rank=8 but the command line asks for 4",
         ),
         (
             export_script.main,

@@ -100,8 +100,8 @@ def test_what_a_resumed_run_cannot_change_stops_in_one_line(data_dir: Path, tmp_
     how = f"from its weights: train.init_from={out / 'last'} train.out_dir=NEW optim.name=muon"
     one_line_error(
         muon,
-        "has optim.name=adamw but the config says muon; a resumed run keeps its optimizer "
-        "(state.pt holds "
+        "has optim.name=adamw but the command line asks for muon; a resumed run keeps its "
+        "optimizer (state.pt holds "
         f"its state): resume without optim.name=muon, or start a new run {how}",
     )
     assert (out / "metrics.jsonl").read_text() == before and recorded(out)["train"][
@@ -154,6 +154,7 @@ def test_a_run_made_with_overrides_resumes_without_typing_them_again(
     assert ", 1 threads;" in longer.stdout  # the run is set up as its checkpoint's config says
 
     report = estimate.dry_run(load_config(None, [*again, "train.max_iters=40"]))
+    assert report.startswith(f"dry run of resuming {out / 'last'} with ")  # not "the default"
     described = next(line for line in report.splitlines() if line.startswith("model "))
     assert "1,0" not in described  # not the default's 10.7M parameters
     model = find_last(out).config().model
@@ -165,8 +166,8 @@ def test_a_run_made_with_overrides_resumes_without_typing_them_again(
     one_line_error(
         refused,
         f"checkpoint {out / 'last'} has model.block_size=32, model.n_layer=1, optim.name=adamw but "
-        "the config says 64, 4, muon; a resumed run keeps its model's shape (its weights have it) "
-        "and optimizer (state.pt holds its state): resume without model.block_size=64 "
+        "the command line asks for 64, 4, muon; a resumed run keeps its model's shape (its weights "
+        "have it) and optimizer (state.pt holds its state): resume without model.block_size=64 "
         "model.n_layer=4 optim.name=muon, or train a new model in another train.out_dir; or "
         f"start a new run from its weights: train.init_from={out / 'last'} train.out_dir=NEW "
         "optim.name=muon",

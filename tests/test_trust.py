@@ -222,7 +222,7 @@ def test_resuming_a_different_model_or_tokenizer_is_refused(
     result = train(
         data_dir, out, "train.max_iters=4", "train.resume=true", "model.n_layer=3", check=False
     )
-    one_line_error(result, "has model.n_layer=2 but the config says 3")
+    one_line_error(result, "has model.n_layer=2 but the command line asks for 3")
     # same vocabulary size (65 characters), different characters
     from data.prepare import Recipe, prepare_dataset
     from data.sources import TextFile

@@ -201,12 +201,20 @@ def _config_named(request: Request) -> str:
     """The config the dry run is of, for its first line: the file, and the overrides given (listed
     where they are few, else counted: a model changed by eight of them is not "the default")."""
     given = [s for s in dict.fromkeys(request.origins.values()) if s.startswith("override ")]
+    name = request.name
+    if request.cfg.train.resume:  # the checkpoint's config, not the file's (training/resume.py)
+        name = f"resuming {Path(request.cfg.train.out_dir) / 'last'}"
+        given = [
+            s
+            for s in given
+            if not s.startswith(("override train.resume=", "override train.out_dir="))
+        ]
     listed = " ".join(s.removeprefix("override ") for s in given)
     if not given:
-        return request.name
+        return name
     if len(listed) <= 60:
-        return f"{request.name} with {listed}"
-    return f"{request.name} with {len(given)} overrides"
+        return f"{name} with {listed}"
+    return f"{name} with {len(given)} overrides"
 
 
 def _timed_steps(plan: DryRunPlan, fits: bool) -> tuple[Timing | None, str | None]:

@@ -115,8 +115,8 @@ def _kept_changed(ckpt: Checkpoint, kept: list[tuple[str, Any, Any, tuple[str, s
         by_way.setdefault(way, []).append(f"{key}={shown(new)}")
     ways = [way.format(ckpt=ckpt, ours=" ".join(given)) for way, given in by_way.items()]
     return UserError(
-        f"checkpoint {ckpt} has {has} but the config says {says}; a resumed run keeps its "
-        f"{whats}: resume without {ours}, or " + "; or ".join(ways)
+        f"checkpoint {ckpt} has {has} but the command line asks for {says}; a resumed run keeps "
+        f"its {whats}: resume without {ours}, or " + "; or ".join(ways)
     )
 
 
