@@ -166,13 +166,18 @@ def build_library(step: DecodeStep, path: Path, threads: int) -> None:
     if spans_vary(step.cache):
         inputs += (torch.arange(slots - 1),)
         shapes = (None, None, {0: torch.export.Dim("span", min=2, max=slots - 1)})
+    # weights: the model's
+    options = {"aot_inductor.package_constants_in_so": False, "cpp.threads": threads}
     with torch.no_grad(), warnings.catch_warnings():
         # torch.export's notes about its own internals, not for our users
         warnings.simplefilter("ignore")
         program = torch.export.export(step, inputs, dynamic_shapes=shapes, strict=False)
-    # weights: the model's
-    options = {"aot_inductor.package_constants_in_so": False, "cpp.threads": threads}
-    if token.numel() == 1:  # batch 1: matrix-vector products as inductor's own loops (narrow ones)
+        if batch > 1:  # several rows: products and attention as inductor's own loops
+            from sampling import loops  # a build only
+
+            program = loops.fused(program)
+            options |= loops.OPTIONS
+    if batch == 1:  # batch 1: matrix-vector products as inductor's own loops (narrow ones)
         options["post_grad_fusion_options"] = {"decompose_mm_pass": {}}
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path) as part, warnings.catch_warnings():  # renamed into place whole: another
