@@ -16,8 +16,9 @@ import torch
 
 aten = torch.ops.aten
 
-# rows a matrix product is written as sums for: each holds an accumulator in a register
-MOST_ROWS = 16
+# rows a matrix product is written as sums for, each with its accumulator in a vector register
+# (AVX2 has 16 of them); measured at 8 (BENCHMARKS.md), more go to ATen
+MOST_ROWS = 8
 
 
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
