@@ -5,7 +5,8 @@ A CPU's step is one C++ library per thread count, called without Python between 
 small model's step costs most). A library holds no weights (it reads the model's and the cache's
 tensors in place), so it is kept on disk (`cache_folder()/decode`) per model shape and options,
 batch, dtype, torch, CPU and the source of model/ and sampling/: seconds to build, milliseconds to
-load. Which step runs: sampling/steps.py.
+load. A step for several samples has its matrix products and attention written as sums first
+(sampling/loops.py). Which step runs: sampling/steps.py.
 """
 
 from __future__ import annotations
