@@ -38,7 +38,7 @@ def tokens_per_s(checkout: Path, run: str, samples: int, tokens: int, threads: i
     return float(found[1].replace(",", ""))
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tools.batch_speed", description=__doc__)
     p.add_argument("run", help="a training run's out_dir (or a checkpoint folder)")
     p.add_argument("--checkouts", nargs="+", default=[str(ROOT)])
@@ -46,7 +46,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokens", type=int, default=500)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     run = str(Path(args.run).resolve())
     cases = [(Path(c).resolve(), n) for c in args.checkouts for n in (1, args.batch)]
     for checkout, n in cases:  # compiled (or loaded) once, outside the rounds
