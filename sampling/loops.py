@@ -2,8 +2,8 @@
 (sampling/compiled.py applies them to the exported step before AOTInductor compiles it).
 
 A step is a few rows: the batch, one token each. ATen's matrix product for a few rows (MKL's sgemm
-on this CPU) reads the weights at a third of the memory's speed, and SDPA's flash kernel for one
-query spends more on its blocks than on the keys (BENCHMARKS.md, "Several samples at once"). As
+on an AMD EPYC) reads the weights at a quarter of the memory's speed, and SDPA's flash kernel for
+one query spends more on its blocks than on the keys (BENCHMARKS.md, "Several samples at once"). As
 sums of products, inductor compiles both into its own vectorised loops: a product's rows share each
 load of a weight row (one accumulator per row), and attention is fused with the ops around it.
 """
@@ -48,11 +48,12 @@ def one_query_attention(
     q = q.view(B, H_kv, H // H_kv, 1, d)
     k, v = k.unsqueeze(2), v.unsqueeze(2)
     scale = 1 / math.sqrt(d) if scale is None else scale
-    scores = (q * k).sum(-1, dtype=torch.float32) * scale  # (B, H_kv, g, S)
+    # in float32 at least, as SDPA computes them
+    scores = (q * k).sum(-1, dtype=torch.promote_types(q.dtype, torch.float32)) * scale
     if attn_mask is not None:  # (T, S) or (B, 1, T, S), T = 1
         mask = attn_mask.view(-1, 1, 1, attn_mask.size(-1)) if attn_mask.dim() == 4 else attn_mask
         scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1).to(v.dtype)
+    weights = torch.softmax(scores, dim=-1).to(v.dtype)  # (B, H_kv, g, S)
     y = (weights.unsqueeze(-1) * v).sum(-2)  # (B, H_kv, g, d)
     return y.view(B, H, 1, d)
 
