@@ -54,7 +54,6 @@ from runs.config_schema import seed_problem
 from runs.pretrained import Loaded, load_model
 from runs.runtime import Runtime, pick_device, pick_precision
 
-SMALL_WIDTH = 256  # below this n_embd, --discover runs on one CPU thread
 # without --prompt: this many tokens from the start of the validation split
 DEFAULT_PROMPT_TOKENS = 40
 
@@ -353,9 +352,12 @@ def main(argv: list[str]) -> int:
     tokenizer = loaded.tokenizer
     ckpt = loaded.where
     mc = model.config
-    if args.discover is not None and device.type == "cpu" and mc.n_embd < SMALL_WIDTH:
-        # --discover's small products run fastest on one core (BENCHMARKS.md, "Circuits found ...")
-        torch.set_num_threads(1)
+    if args.discover is not None and device.type == "cpu":
+        from common.threads import ThreadTuner  # --discover only
+
+        # the cores other processes leave free: two threads ran --discover's small products 1.1-1.7x
+        # faster on a quiet machine and 1.3-2.8x slower beside other work (BENCHMARKS.md)
+        torch.set_num_threads(ThreadTuner(by_load=True).count)
     check_args(args, mc.n_layer, mc.n_head)
     head_groups(args, mc.n_layer, mc.n_head)
     val = validation_split(loaded, args.data_dir, device)
