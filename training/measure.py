@@ -96,6 +96,21 @@ class Timing:
     nonfinite: int | None = None
 
 
+def _eval_forward_s(run: Run) -> float:
+    """Seconds of one eval batch's forward (no gradients, eval mode), the median of 3 after one."""
+    x, y = run.splits["val"].batch(0, run.cfg.train.batch_size, stream=1)
+    times = []
+    run.forward.eval()
+    for _ in range(4):
+        start = time.perf_counter()
+        with torch.no_grad(), run.rt.autocast():
+            run.forward(x, y)
+        run.rt.synchronize()
+        times.append(time.perf_counter() - start)
+    run.forward.train()
+    return statistics.median(times[1:])
+
+
 def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
     """Time real training steps of `run` (built with grad_accum 1) and eval forwards on this device.
     On a CPU the steps go through the run's thread tuner (common/threads.py) as training's do,
@@ -132,20 +147,11 @@ def time_steps(run: Run, budget_s: float = 3.0, max_steps: int = 20) -> Timing:
         else:
             waited += seconds
         it += 1
-    x, y = run.splits["val"].batch(0, run.cfg.train.batch_size, stream=1)
-
-    def forward():
-        with torch.no_grad(), rt.autocast():
-            run.forward(x, y)
-
-    run.forward.eval()
-    forwards = [timed(forward) for _ in range(4)][1:]
-    run.forward.train()
     threads = tuner.count if tuner.enabled else torch.get_num_threads()
     applied = torch.stack(results)[:, 2].tolist()  # train_step's [loss, gradient norm, counted]
     return Timing(
         statistics.median(times),
-        statistics.median(forwards),
+        _eval_forward_s(run),
         first,
         len(times),
         it - len(times),
