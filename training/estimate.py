@@ -6,29 +6,33 @@ training FLOPs per token, tokens per iteration and in all, epochs, tokens per pa
 Chinchilla's ~20, predicted peak training memory (training/memory.py), checkpoint size, and the time
 of a few real steps on this machine (training/measure.py) projected over the run (or, for a CUDA
 config on a machine without one, the time on common GPUs from FLOPs at a stated MFU). The run is
-planned as training does it, on the dataset data/recipes.py's `dataset_for_dry_run` gives and on the
-device and in the precision runs/runtime.py chooses (training/plan.py's `plan_dry_run`), and
-`check_as_the_run_does` first makes the real run's checks with its functions, so that what the run
-would refuse the dry run refuses in the same line. The memory is training's and the final exact
-eval's, the larger the run's peak. `_estimate` works the figures out, training/dry_run_report.py
-writes them.
+planned as training does it (`plan_dry_run`, with training/plan.py's functions), on the dataset
+data/recipes.py's `dataset_for_dry_run` gives and on the device and in the precision
+runs/runtime.py chooses, and `check_as_the_run_does` first makes the real run's checks with its
+functions, so that what the run would refuse the dry run refuses in the same line. The memory is
+training's and the final exact eval's, the larger the run's peak. `_estimate` works the figures
+out, training/dry_run_report.py writes them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from common.errors import UserError
 from common.files import check_not_links
-from data.dataset import dataset_folder
-from data.recipes import dataset_for_dry_run
+from data.dataset import Dataset, dataset_folder
+from data.recipes import dataset_for_dry_run, recipe_vocab_size
 from model.local_attention import block_layout
-from runs.checkpoint import OUT_DIR_ADVICE
-from runs.config import Request
+from runs.checkpoint import OUT_DIR_ADVICE, Checkpoint
+from runs.config import Config, Request
 from runs.out_dir import check_room, held, held_advice, holds_run
+from runs.pretrained import Pretrained
+from runs.runtime import Runtime, compile_enabled, planned
 from training.dry_run_report import Estimate, report_lines
 from training.evaluation import default_batch_size, final_eval_wanted, sample_prompt
 from training.measure import Timing, time_steps
@@ -40,14 +44,21 @@ from training.memory import (
     recompute_share,
     saved_params,
 )
-from training.plan import DryRunPlan, Plan, plan_dry_run, requested_config
+from training.plan import (
+    Plan,
+    fit_to_data,
+    one_count_when_compiled,
+    requested_config,
+    starting_point,
+    with_vocabulary,
+)
 from training.run import start_run
 from training.tracking import check_wandb_login
 
 
 def dry_run(request: Request) -> str:
     """The dry run's report: nothing is trained or written (data/recipes.py's `dataset_for_dry_run`,
-    then training/plan.py's `plan_dry_run`)."""
+    then `plan_dry_run`)."""
     data = requested_config(request).data  # a resume's: its checkpoint's
     with dataset_for_dry_run(data.dataset, data.dir) as dataset:
         plan = plan_dry_run(request, dataset)
@@ -215,3 +226,69 @@ def _available_bytes(device: str) -> float | None:
     except OSError:
         pass
     return None
+
+
+# --- the dry run's plan ---
+
+
+@dataclass
+class DryRunPlan:
+    """A run planned as `plan_run` plans it, without joining a process group or resuming (the dry
+    run's): what it would train, on what, and where."""
+
+    cfg: Config  # final where the dataset is prepared (else model.vocab_size must be set)
+    # the device and precision runs/runtime.py chooses (`planned`: taken where it is here)
+    rt: Runtime
+    # data/recipes.py's `dataset_for_dry_run`: None when not prepared and from the hub
+    dataset: Dataset | None
+    pretrained: Pretrained | None  # train.init_from's model, read
+    present: bool  # the device is here (a CUDA config on a machine without a GPU: False)
+    compiled: bool  # torch.compile on (train.compile on this device)
+
+
+def plan_dry_run(request: Request, dataset: Dataset | None) -> DryRunPlan:
+    """The run `request` asks for, on `dataset` (data/recipes.py's `dataset_for_dry_run`), planned
+    on the device runs/runtime.py chooses for it, where it is here: nothing is written. A resume
+    is planned from its checkpoint's config and checked as the real run checks it
+    (`starting_point`), then costed as a run from its start (the estimate is for the whole run)."""
+    resume = request.cfg.train.resume and holds_run(Path(request.cfg.train.out_dir))
+    # no checkpoint to resume: costed afresh (the dry run says the real run will refuse it)
+    planned_as = request if resume else _fresh(request)
+    cfg, ckpt, pretrained, _ = starting_point(planned_as)
+    cfg = _fit_for_dry_run(cfg, dataset, pretrained, ckpt)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume=False))
+    t = cfg.train
+    rt, present = planned(t.device, t.precision, cfg.model.n_embd, t.threads)
+    rt = one_count_when_compiled(rt, t)
+    return DryRunPlan(cfg, rt, dataset, pretrained, present, compile_enabled(t.compile, rt.device))
+
+
+def _fresh(request: Request) -> Request:
+    """request with train.resume=false."""
+    return dataclasses.replace(
+        request,
+        cfg=dataclasses.replace(
+            request.cfg, train=dataclasses.replace(request.cfg.train, resume=False)
+        ),
+    )
+
+
+def _fit_for_dry_run(
+    cfg: Config, dataset: Dataset | None, pretrained: Pretrained | None, resume: Checkpoint | None
+) -> Config:
+    """The dry run's `fit_to_data` (a resume's tokenizer checked against the data's). Without a
+    dataset (one from the hub, not prepared), the vocabulary is its recipe's tokenizer's (bpe:N,
+    GPT-2's), else model.vocab_size, which must then be set."""
+    if dataset is not None:
+        return fit_to_data(cfg, dataset, resume, pretrained)
+    vocab = recipe_vocab_size(cfg.data.dataset)
+    if vocab is not None:
+        cfg = with_vocabulary(cfg, vocab)
+    elif cfg.model.vocab_size is None:
+        raise UserError(
+            f"dataset {cfg.data.dataset} is not prepared, so its vocabulary is unknown; set "
+            "model.vocab_size for the dry run, or prepare the dataset first"
+        )
+    if cfg.model.doc_mask and cfg.model.doc_token is None:  # its id changes no cost: any will do
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=0))
+    return cfg

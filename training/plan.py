@@ -4,7 +4,8 @@
 `plan_run` settles what the command line's config leaves open, in the order the code reads: the
 checkpoint to resume or the pretrained model to start from (whose shape the model section follows),
 the runtime and the process group, the vocabulary, and the checks that the model fits the data.
-training/run.py builds the run from the `Plan`; `plan_dry_run` plans one for the dry run.
+training/run.py builds the run from the `Plan`; training/estimate.py's `plan_dry_run` plans one for
+the dry run.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from common.errors import ConfigError, UserError
 from data.dataset import META_FILE, Dataset
-from data.recipes import FirstUse, ready_dataset, recipe_vocab_size
+from data.recipes import FirstUse, ready_dataset
 from data.tokenizers import describe, same
 from model import GPTConfig
 from model.config import model_problem
 from runs.checkpoint import Checkpoint, find_last
 from runs.config import Config, Request, TrainConfig
 from runs.out_dir import holds_run
-from runs.runtime import Ranks, Runtime, compile_enabled, planned, setup, torchrun_ranks
+from runs.runtime import Ranks, Runtime, compile_enabled, setup, torchrun_ranks
 from training import distributed
 
 if TYPE_CHECKING:  # a run from pretrained weights imports it where it reads them
@@ -41,21 +42,6 @@ class Plan:
     pretrained: Pretrained | None = None
     # resumed: (key, checkpoint's, ours)
     changed: list[tuple[str, Any, Any]] = field(default_factory=list)
-
-
-@dataclass
-class DryRunPlan:
-    """A run planned as `plan_run` plans it, without joining a process group or resuming (the dry
-    run's): what it would train, on what, and where."""
-
-    cfg: Config  # final where the dataset is prepared (else model.vocab_size must be set)
-    # the device and precision runs/runtime.py chooses (`planned`: taken where it is here)
-    rt: Runtime
-    # data/recipes.py's `dataset_for_dry_run`: None when not prepared and from the hub
-    dataset: Dataset | None
-    pretrained: Pretrained | None  # train.init_from's model, read
-    present: bool  # the device is here (a CUDA config on a machine without a GPU: False)
-    compiled: bool  # torch.compile on (train.compile on this device)
 
 
 def run_dataset(request: Request) -> Dataset:
@@ -90,33 +76,6 @@ def plan_run(request: Request, dataset: Dataset) -> Plan:
     )
 
 
-def plan_dry_run(request: Request, dataset: Dataset | None) -> DryRunPlan:
-    """The run `request` asks for, on `dataset` (data/recipes.py's `dataset_for_dry_run`), planned
-    on the device runs/runtime.py chooses for it, where it is here: nothing is written. A resume
-    is planned from its checkpoint's config and checked as the real run checks it
-    (`starting_point`), then costed as a run from its start (the estimate is for the whole run)."""
-    resume = request.cfg.train.resume and holds_run(Path(request.cfg.train.out_dir))
-    # no checkpoint to resume: costed afresh (the dry run says the real run will refuse it)
-    planned_as = request if resume else _fresh(request)
-    cfg, ckpt, pretrained, _ = starting_point(planned_as)
-    cfg = _fit_for_dry_run(cfg, dataset, pretrained, ckpt)
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume=False))
-    t = cfg.train
-    rt, present = planned(t.device, t.precision, cfg.model.n_embd, t.threads)
-    rt = one_count_when_compiled(rt, t)
-    return DryRunPlan(cfg, rt, dataset, pretrained, present, compile_enabled(t.compile, rt.device))
-
-
-def _fresh(request: Request) -> Request:
-    """request with train.resume=false."""
-    return dataclasses.replace(
-        request,
-        cfg=dataclasses.replace(
-            request.cfg, train=dataclasses.replace(request.cfg.train, resume=False)
-        ),
-    )
-
-
 def one_count_when_compiled(rt: Runtime, t: TrainConfig) -> Runtime:
     """rt with one CPU thread count for the whole run where torch.compile is on, as train.threads
     keeps one (every tuner of the run leaves it): the count the other processes' load leaves free
@@ -129,27 +88,6 @@ def one_count_when_compiled(rt: Runtime, t: TrainConfig) -> Runtime:
 
     # set to what the load leaves free (all cores: quiet); a load that comes later is not followed
     return dataclasses.replace(rt, threads=ThreadTuner(by_load=True).count)
-
-
-def _fit_for_dry_run(
-    cfg: Config, dataset: Dataset | None, pretrained: Pretrained | None, resume: Checkpoint | None
-) -> Config:
-    """The dry run's `fit_to_data` (a resume's tokenizer checked against the data's). Without a
-    dataset (one from the hub, not prepared), the vocabulary is its recipe's tokenizer's (bpe:N,
-    GPT-2's), else model.vocab_size, which must then be set."""
-    if dataset is not None:
-        return fit_to_data(cfg, dataset, resume, pretrained)
-    vocab = recipe_vocab_size(cfg.data.dataset)
-    if vocab is not None:
-        cfg = with_vocabulary(cfg, vocab)
-    elif cfg.model.vocab_size is None:
-        raise UserError(
-            f"dataset {cfg.data.dataset} is not prepared, so its vocabulary is unknown; set "
-            "model.vocab_size for the dry run, or prepare the dataset first"
-        )
-    if cfg.model.doc_mask and cfg.model.doc_token is None:  # its id changes no cost: any will do
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=0))
-    return cfg
 
 
 def starting_point(
