@@ -132,6 +132,7 @@ def main(argv: list[str]) -> int:
         from sampling.quantize import quantize_int8  # --quantize only
 
         model = quantize_int8(model)
+    # the batch sizes the samples run in: full batches, and the remainder's (each its own step)
     batches = sorted(
         {min(args.batch_size, args.num_samples), args.num_samples % args.batch_size} - {0}
     )
@@ -233,7 +234,8 @@ class SpeedLine:
         if self.first:  # the prompt's forward pass and the first token drawn from it
             self.prompt_s += now - self.last
         else:
-            self.tokens, self.decode_s = self.tokens + n, self.decode_s + now - self.last
+            self.tokens += n
+            self.decode_s += now - self.last
         self.last = now
         self.first = False
 
