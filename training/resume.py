@@ -89,7 +89,8 @@ def resume_changes(ckpt: Checkpoint, cfg: Config) -> list[tuple[str, Any, Any]]:
             f"{'does' if 'lora' in theirs else 'does not'}; resume with the config it was trained "
             "with, or start a new run in another train.out_dir"
         )
-    changed, kept = [], []
+    changed = []
+    kept = []  # values a resume must keep that the command line changes
     for key in [*ours, *(k for k in theirs if k not in ours)]:
         old, new = theirs.get(key), ours.get(key)
         if old == new or key in NOT_COMPARED:
