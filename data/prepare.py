@@ -261,8 +261,10 @@ def interruptible(work):
             result["error"] = e
 
     thread = threading.Thread(target=run, daemon=True)
-    thread.start()
     try:
+        # start() is inside: it waits for the thread to begin, and a Ctrl-C can land there (a CI
+        # run aborted so while the thread imported tokenizers)
+        thread.start()
         while thread.is_alive():
             thread.join(0.1)
     except KeyboardInterrupt:
