@@ -693,7 +693,7 @@ real_start = threading.Thread.start
 
 def start(self):
     real_start(self)
-    if self._target.__qualname__.startswith("interruptible"):
+    if getattr(self._target, "__qualname__", "").startswith("interruptible"):
         os.kill(os.getpid(), signal.SIGINT)
         threading.Event().wait(5)
 
