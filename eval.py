@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
 
 def evaluate_checkpoint(path: str, args: argparse.Namespace, device: torch.device) -> dict:
     """One checkpoint's result, as eval.py prints it."""
-    loaded = load_model(path, device)
+    loaded = load_model(path, device, other_format=_hugging_face_folder)
     model = loaded.model
     cfg = loaded.config
     tokenizer = loaded.tokenizer
@@ -132,6 +132,13 @@ def evaluate_checkpoint(path: str, args: argparse.Namespace, device: torch.devic
         "stride": args.stride,
         **loss_fields(loss),
     }
+
+
+def _hugging_face_folder(name: str):
+    """runs/pretrained.py's `OtherFormat`: a Hugging Face model folder (hf/ imported for one)."""
+    from hf.folders import read_pretrained
+
+    return read_pretrained(name)
 
 
 def loss_fields(loss: TokenLoss) -> dict:

@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
             f"--dtype is for GGUF files (DEST ending in .gguf); {dest} is written in float32"
         )
     check_dest(dest, args.overwrite)
-    source = load_pretrained(args.checkpoint, merge=not args.adapter)
+    source = load_pretrained(args.checkpoint, not args.adapter, folders.read_pretrained)
     if args.adapter:
         return export_adapter(source, dest)
     if source.tokenizer_meta is None:

@@ -30,6 +30,7 @@ import torch
 from common.arguments import ScriptParser
 from data.loader import TokenWindows
 from data.prompts import encode_prompt, read_prompt
+from hf import folders  # a Hugging Face model folder too
 from interp.ablation import KINDS, ablate_heads, format_ablation
 from interp.discovery import EXACT_EDGES, METHODS
 from interp.explorer import write_page
@@ -347,7 +348,7 @@ def output_folder(args: argparse.Namespace, ckpt: Path) -> Path:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
-    loaded = load_model(args.out_dir, device)
+    loaded = load_model(args.out_dir, device, other_format=folders.read_pretrained)
     model = loaded.model
     tokenizer = loaded.tokenizer
     ckpt = loaded.where

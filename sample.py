@@ -120,7 +120,7 @@ def check_args(args: argparse.Namespace, vocab_size: int) -> None:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
-    loaded = load_model(args.out_dir, device)
+    loaded = load_model(args.out_dir, device, other_format=_hugging_face_folder)
     model = loaded.model
     tokenizer = loaded.tokenizer
     ckpt = loaded.where
@@ -151,6 +151,13 @@ def main(argv: list[str]) -> int:
     now = decoding_steps(model, batches, args.compile)
     print(timing.summary() + (f" ({now})" if now != how else ""), file=sys.stderr)
     return 0
+
+
+def _hugging_face_folder(name: str):
+    """runs/pretrained.py's `OtherFormat`: a Hugging Face model folder (hf/ imported for one)."""
+    from hf.folders import read_pretrained
+
+    return read_pretrained(name)
 
 
 def write_batch(model, tokenizer, ids: list[int], n: int, args, generator, timing) -> None:

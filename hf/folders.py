@@ -25,6 +25,8 @@ from common.files import save_tensors
 from data.tokenizers import METADATA_FILE
 from model import GPTConfig
 from model.config import LoRAConfig
+from runs.pretrained import Pretrained
+from runs.weight_checks import check_weight_shapes
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -113,6 +115,26 @@ def read_model(folder: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], dict |
         folder, config.get("model_type"), cfg.vocab_size
     )
     return cfg, weights, tokenizer_meta, about
+
+
+def read_pretrained(name: str) -> Pretrained | None:
+    """The model in Hugging Face model folder `name`, converted to ours and its weights checked, or
+    None where `name` is no model folder: runs/pretrained.py's `OtherFormat`, which sample.py,
+    eval.py, export.py and heads.py hand in."""
+    path = Path(name)
+    if not is_model_folder(path):
+        return None
+    model, weights, tokenizer_meta, about = read_model(path)
+    check_weight_shapes({k: tuple(v.shape) for k, v in weights.items()}, model, path)
+    return Pretrained(path, model, weights, tokenizer_meta, about)
+
+
+def read_or_download(name: str) -> Pretrained | None:
+    """`read_pretrained`, a hub name (gpt2) first fetched from the hub where no such folder exists:
+    the `OtherFormat` of train.init_from."""
+    if not Path(name).exists() and is_hub_name(name):
+        name = str(download(name))
+    return read_pretrained(name)
 
 
 def download(name: str) -> Path:

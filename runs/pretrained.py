@@ -1,5 +1,5 @@
-"""Where a model comes from: a checkpoint of ours, or a Hugging Face model folder or hub name (via
-hf/).
+"""Where a model comes from: a checkpoint of ours, or a model of another format that a script reads
+with a reader it hands in (`OtherFormat`: the scripts that read Hugging Face folders pass one).
 
 `load_pretrained` reads the weights a run starts from (train.init_from) or a script runs, as a
 `Pretrained`; `load_model` builds the model for sampling, evaluation and the heads tool, and gives
@@ -15,6 +15,7 @@ format), or apart.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -27,7 +28,7 @@ from data.tokenizers import Tokenizer, describe, from_meta
 from model import GPT, GPTConfig
 from runs.checkpoint import CONFIG, WEIGHTS, Checkpoint, find
 from runs.config_schema import Config, DataConfig
-from runs.weight_checks import check_weight_shapes, load_into
+from runs.weight_checks import load_into
 
 # the dataset a model was trained on: eval.py and heads.py open it, sample.py does not
 if TYPE_CHECKING:
@@ -36,8 +37,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Pretrained:
-    """Weights to start from or to run: a checkpoint of ours, or a Hugging Face model converted by
-    hf/."""
+    """Weights to start from or to run: a checkpoint of ours, or a model of another format converted
+    to ours (`OtherFormat`)."""
 
     where: Path  # the checkpoint or model folder
     model: GPTConfig
@@ -87,8 +88,7 @@ class Loaded:
         (--data-dir), else where its run recorded it (data.dir: absolute; an older version's
         relative one is taken from the folder the command runs in, as it was then). A known dataset
         not prepared is prepared there."""
-        from data.dataset import META_FILE, dataset_folder, prepare_command
-        from data.recipes import ready_dataset, recipes
+        from data.dataset import META_FILE, dataset_folder, prepare_command, ready_dataset, recipes
 
         name = self.config.data.dataset
         recorded = self.config.data.dir
@@ -108,21 +108,24 @@ class Loaded:
         return ready_dataset(name, data_dir or recorded, tokenizer_meta=self.tokenizer_meta)
 
 
-def load_pretrained(name: Path | str, hub: bool = False, merge: bool = True) -> Pretrained:
-    """The model at `name`: a training run's folder (its best checkpoint, else its last), a
-    checkpoint folder, a Hugging Face model folder (config.json), or with `hub` a Hugging Face hub
-    name (gpt2). A LoRA checkpoint gives its base's weights with the adapters merged in, or with
-    `merge` False, apart."""
-    path = Path(name)
-    if not is_ours(path):  # a Hugging Face model folder or hub name: only then is hf/ imported
-        from hf import folders
+# A reader of another format, handed in by a script: the model at a name that is not ours (a
+# Hugging Face model folder, a hub name), converted and checked, or None where it is not of that
+# format either.
+OtherFormat = Callable[[str], "Pretrained | None"]
 
-        if hub and not path.exists() and folders.is_hub_name(str(name)):
-            path = folders.download(str(name))
-        if folders.is_model_folder(path):  # converted by hf/, its tokenizer metadata checked there
-            model, weights, tokenizer_meta, about = folders.read_model(path)
-            check_weight_shapes({k: tuple(v.shape) for k, v in weights.items()}, model, path)
-            return Pretrained(path, model, weights, tokenizer_meta, about)
+
+def load_pretrained(
+    name: Path | str, merge: bool = True, other_format: OtherFormat | None = None
+) -> Pretrained:
+    """The model at `name`: a training run's folder (its best checkpoint, else its last), a
+    checkpoint folder, or what `other_format` reads there. A LoRA checkpoint gives its base's
+    weights (read with `other_format` too) with the adapters merged in, or with `merge` False,
+    apart."""
+    path = Path(name)
+    if other_format is not None and not is_ours(path):
+        found = other_format(str(name))
+        if found is not None:
+            return found
     try:
         ckpt = find(path)
     except UserError:
@@ -139,7 +142,7 @@ def load_pretrained(name: Path | str, hub: bool = False, merge: bool = True) -> 
     if not ckpt.is_lora:
         return Pretrained(ckpt.folder, cfg.model, ckpt.weights(), tokenizer_meta, about, cfg)
     adapters, recorded = ckpt.adapters()
-    weights = _base(recorded, ckpt).weights_for(cfg.model)
+    weights = _base(recorded, ckpt, other_format).weights_for(cfg.model)
     if merge:
         from model.lora import merge
 
@@ -149,8 +152,8 @@ def load_pretrained(name: Path | str, hub: bool = False, merge: bool = True) -> 
 
 def is_ours(path: Path) -> bool:
     """Whether `path` is a checkpoint of ours (its config.yaml) or a training run's folder (best/ or
-    last/), not a Hugging Face model folder, whose model.safetensors beside config.json looks like a
-    checkpoint's."""
+    last/), not another format's folder (a Hugging Face model's model.safetensors beside config.json
+    looks like a checkpoint's)."""
     places = [path] + [path / name for name in ("best", "last", ".best.old", ".last.old")]
     return any((place / CONFIG).is_file() for place in places)
 
@@ -161,12 +164,14 @@ def lora_base(base: Pretrained) -> dict[str, str]:
     return {"base": str(Path(base.where).resolve()), "base_sha256": base.fingerprint}
 
 
-def base_of(ckpt: Checkpoint) -> Pretrained:
+def base_of(ckpt: Checkpoint, other_format: OtherFormat | None = None) -> Pretrained:
     """The base model of LoRA checkpoint `ckpt`, read where it was trained from (`_base`)."""
-    return _base(ckpt.adapters()[1], ckpt)
+    return _base(ckpt.adapters()[1], ckpt, other_format)
 
 
-def _base(recorded: dict[str, str], ckpt: Checkpoint) -> Pretrained:
+def _base(
+    recorded: dict[str, str], ckpt: Checkpoint, other_format: OtherFormat | None
+) -> Pretrained:
     """The base a LoRA checkpoint recorded (`lora_base`); one line if it has moved or its weights
     have changed since (the adapters would then apply to other weights)."""
     folder = Path(recorded["base"])
@@ -177,7 +182,7 @@ def _base(recorded: dict[str, str], ckpt: Checkpoint) -> Pretrained:
             "adapters: put the base back there (a symbolic link will do)"
         )
     try:
-        base = load_pretrained(folder)
+        base = load_pretrained(folder, other_format=other_format)
     except UserError as e:
         raise UserError(f"{what}, {folder}, cannot be read: {e}") from None
     if base.fingerprint != recorded["base_sha256"]:
@@ -189,12 +194,17 @@ def _base(recorded: dict[str, str], ckpt: Checkpoint) -> Pretrained:
     return base
 
 
-def load_model(path: Path | str, device: torch.device | str = "cpu", merge: bool = True) -> Loaded:
-    """The model at `path` (`load_pretrained`) built for sampling, evaluation and the heads tool,
-    with its tokenizer. For a Hugging Face model folder the config is made up: its model, and a
-    shipped dataset with its tokenizer. A LoRA checkpoint's model has the adapters merged into its
-    weights, or with `merge` False, beside them."""
-    source = load_pretrained(path, merge=merge)
+def load_model(
+    path: Path | str,
+    device: torch.device | str = "cpu",
+    merge: bool = True,
+    other_format: OtherFormat | None = None,
+) -> Loaded:
+    """The model at `path` (`load_pretrained`, `other_format` as there) built for sampling,
+    evaluation and the heads tool, with its tokenizer. For a model of another format the config is
+    made up: its model, and a shipped dataset with its tokenizer. A LoRA checkpoint's model has the
+    adapters merged into its weights, or with `merge` False, beside them."""
+    source = load_pretrained(path, merge, other_format)
     tokenizer_meta = source.tokenizer_meta
     if tokenizer_meta is None:
         raise UserError(

@@ -45,6 +45,7 @@ import train as train_script
 from data.prepare import prepare_dataset
 from data.recipes import SHAKESPEARE, recipes
 from data.tokenizers import from_meta
+from hf import folders
 from model import GPT
 from runs import checkpoint, pretrained
 from runs.config import load_config
@@ -119,7 +120,7 @@ def bpe_data(data_dir: Path) -> Path:
 
 
 def ours(folder: Path) -> GPT:
-    source = pretrained.load_pretrained(folder)
+    source = pretrained.load_pretrained(folder, other_format=folders.read_pretrained)
     model = GPT(source.model)
     pretrained.load_into(model, source.weights, folder)
     return model.eval()
