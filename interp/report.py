@@ -1,7 +1,7 @@
 """heads.py's analyses, each printed, written as JSON and drawn into the command's folder: the
 attention maps and role scores, activation patching, the logit lens, attribution patching,
-composition, the circuit and the discovered circuit (ablation, which chooses a precision, stays in
-heads.py). The modules a picture or an analysis needs are imported where it runs."""
+composition, the circuit and the discovered circuit, and ablation (in the precision it asks
+for). The modules a picture or an analysis needs are imported where it runs."""
 
 from __future__ import annotations
 
@@ -38,6 +38,27 @@ def write_json(path: Path, ckpt: Path, data: dict) -> Path:
     file is read from other folders)."""
     atomic_write(path, json_text.dumps({"checkpoint": str(ckpt.absolute()), **data}, indent=1))
     return path
+
+
+def write_ablation(model, val, kind: tuple, groups, sizes: dict, out: Path, ckpt: Path):
+    """--ablate: every head removed alone (and each group together), printed, written as JSON and a
+    picture; `kind`: (zero or mean, the precision asked for, the seed), `sizes`: ablate_heads'."""
+    from interp.ablation import ablate_heads, format_ablation
+    from interp.plots import plot_ablation
+    from runs.runtime import Runtime, pick_precision
+
+    ablate, precision, seed = kind
+    device = next(model.parameters()).device
+    rt = Runtime(device, pick_precision(precision, device, model.config.n_embd))
+    # the costly analysis: bf16 where it pays (BENCHMARKS.md, "Interventions: ...")
+    with rt.autocast():
+        result = ablate_heads(model, val, ablate, seed, groups, **sizes)
+    result["precision"] = rt.precision
+    print(format_ablation(result))
+    # each kind its own files: zero ablation's are head_ablation.*, mean's head_ablation_mean.*
+    name = "head_ablation" if ablate == "zero" else f"head_ablation_{ablate}"
+    plot_ablation(result, out / f"{name}.png")
+    return result, [write_json(out / f"{name}.json", ckpt, result), out / f"{name}.png"]
 
 
 def write_patching(model, tokenizer, prompts, out: Path, ckpt: Path) -> list[Path]:

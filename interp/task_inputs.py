@@ -1,7 +1,7 @@
-"""The tasks heads.py's analyses read, checked before any work: a prompt pair (--patch, --attribute,
---circuit CLEAN CORRUPTED), the circuit's task (--circuit: [R, R] by default) and --discover's
-(induction, previous-token, or a JSONL file of prompt pairs, interp/task_file.py). Each problem is
-one line for people (UserError)."""
+"""The tasks heads.py's analyses read, checked before any work: --ablate's --group, a prompt pair
+(--patch, --attribute, --circuit CLEAN CORRUPTED), the circuit's task (--circuit: [R, R] by
+default) and --discover's (induction, previous-token, or a JSONL file of prompt pairs,
+interp/task_file.py). Each problem is one line for people (UserError)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,33 @@ from common.user_text import user_text
 from data.prompts import encode_prompt
 from interp.patching import predictions
 from interp.plots import token_labels
+from interp.scores import HEAD_NAME, head_name
 from interp.task_circuit import check_task
 from interp.task_file import file_task
 from interp.tasks import previous_token_task, prompt_pair, repeat_task
 
 BUILT_IN = ("induction", "previous-token")  # --discover's own tasks
+
+
+def head_groups(texts: list[str], n_layer: int, n_head: int) -> list[list[tuple[int, int]]]:
+    """--group's heads (--ablate), each "L1H0,L1H2" as [(1, 0), (1, 2)]."""
+    groups = []
+    for text in texts:
+        found = [HEAD_NAME.fullmatch(part.strip().upper()) for part in text.split(",")]
+        if not all(found):
+            raise UserError(
+                "--group takes heads as L<layer>H<head> separated by commas (L1H0,L1H2), got "
+                f"{text!r}"
+            )
+        heads = [(int(m.group(1)), int(m.group(2))) for m in found]
+        for layer, head in heads:
+            if not (0 <= layer < n_layer and 0 <= head < n_head):
+                shape = f"{n_layer} layers x {n_head} heads"
+                raise UserError(
+                    f"--group: {head_name(layer, head)} is not a head of this model ({shape})"
+                )
+        groups.append(heads)
+    return groups
 
 
 def patch_prompts(
