@@ -21,7 +21,7 @@ from typing import Optional, Union
 import torch
 
 from model import GPT
-from model.hooks import hooked
+from model.hooks import hooked, run_with_cache
 
 ACTIVATION_BYTES = 1 << 30  # logits and activations of one pass, float32, roughly
 
@@ -51,7 +51,7 @@ class Edit:
 
     def index(self, rows: slice) -> tuple:
         position = slice(None) if self.position is None else self.position
-        return (rows, position, self.head) if self.point in HEAD_POINTS else (rows, position)
+        return (rows, position) if self.head is None else (rows, position, self.head)
 
     def for_rows(self, rows: slice) -> Edit:
         """The edit for a slice of the input's rows (its values' rows, when it has one per row)."""
@@ -77,16 +77,21 @@ def _apply(edits: list[tuple[slice, Edit]], x: torch.Tensor, name: str) -> torch
 
 @torch.no_grad()
 def intervene(
-    model: GPT, idx: torch.Tensor, interventions: Sequence[Sequence[Edit]]
-) -> torch.Tensor:
+    model: GPT,
+    idx: torch.Tensor,
+    interventions: Sequence[Sequence[Edit]],
+    capture: Sequence[str] = (),
+):
     """Logits (1 + G, B, T, vocab) of idx (B, T): first unedited, then under each of the G
-    interventions.
+    interventions; with `capture` (hook point names), also {name: (1 + G, B, ...)}, the activations
+    there in the same order (a point before the batch's first growth, or after its last).
 
     The batch grows as the forward goes: the unedited rows come first; at each layer's resid_pre, a
     copy of them is appended for every intervention that starts there (its edits then write into its
     rows), so no layer runs for an intervention before the layer it first changes."""
     B = idx.size(0)
-    order = sorted(range(len(interventions)), key=lambda g: first_layer(interventions[g]))
+    G = len(interventions)
+    order = sorted(range(G), key=lambda g: first_layer(interventions[g]))
     block = {g: 1 + k for k, g in enumerate(order)}  # row block of each intervention
     hooks: dict[str, list] = {}
     for layer in sorted({first_layer(i) for i in interventions}):
@@ -99,9 +104,16 @@ def intervene(
     for name, todo in edits.items():
         hooks.setdefault(name, []).append(partial(_apply, todo))
     with hooked(model, hooks):
-        logits, _ = model(idx)
-    logits = logits.view(1 + len(interventions), B, *logits.shape[1:])
-    return logits[[0, *(block[g] for g in range(len(interventions)))]]
+        logits, cache = run_with_cache(model, idx, capture)
+    picked = [0, *(block[g] for g in range(G))]
+
+    def blocks(x: torch.Tensor) -> torch.Tensor:  # a point before the batch grew: every block alike
+        x = x.view(-1, B, *x.shape[1:])
+        return x.expand(1 + G, *x.shape[1:]) if len(x) == 1 else x[picked]
+
+    if not capture:
+        return blocks(logits)
+    return blocks(logits), {name: blocks(x) for name, x in cache.items()}
 
 
 def rows_per_pass(model: GPT, T: int) -> int:

@@ -18,18 +18,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Optional, Union
 
 import torch
 
-from interp.graph import EMBEDDINGS, mlp_name
-from interp.interventions import Edit
+from interp.graph import EMBEDDINGS
+from interp.interventions import Edit, intervene
 from interp.patching import metric_ends, row_effects
 from interp.scores import evaluating
 from interp.tasks import Task
 from model import GPT
-from model.hooks import hooked, run_with_cache
+from model.hooks import run_with_cache
 
 RECEIVER_KINDS = ("q", "k", "v", "mlp", "logits")
 Sender = Union[tuple[int, int], str]  # (layer, head), EMBEDDINGS or an MLP's name (MLP0)
@@ -63,55 +62,29 @@ class Receiver:
 Path = tuple[Sequence[Sender], Sequence[Receiver]]
 
 
-def _frozen_heads(
-    base: dict, source: dict, senders: Sequence[Sequence[Sender]], n_layer: int
-) -> dict:
-    """Per layer, the sender runs' head outputs stacked (G B, T, H, d): base, but each set's
-    senders' from the source run."""
-    frozen = {}
-    for layer in range(n_layer):
-        name = f"blocks.{layer}.attn.z"
-        z = base[name].repeat(len(senders), 1, 1, 1)
-        B = base[name].size(0)
-        for g, group in enumerate(senders):
-            for sender in group:
-                if not isinstance(sender, str) and sender[0] == layer:
-                    z[g * B : (g + 1) * B, :, sender[1]] = source[name][:, :, sender[1]]
-        frozen[name] = z
-    return frozen
-
-
-def _from_source(sets: list[int], B: int, source: torch.Tensor, x: torch.Tensor, name: str):
-    """An MLP's output with the source run's in the rows of the sender sets `sets`."""
-    x = x.clone()
-    for g in sets:
-        x[g * B : (g + 1) * B] = source
-    return x
-
-
 def sender_runs(model: GPT, task: Task, senders: Sequence[Sequence[Sender]], points: list[str]):
     """Step 1 for each sender set: the activations at `points`, each (G, B, T, ...)."""
     L = model.config.n_layer
-    B = task.base.size(0)
-    heads = [f"blocks.{layer}.attn.z" for layer in range(L)]
-    mlps = [layer for layer in range(L) if any(mlp_name(layer) in group for group in senders)]
-    wanted = [*heads, "blocks.0.resid_pre"]
-    _, base = run_with_cache(model, task.base, wanted)
-    _, source = run_with_cache(model, task.source, wanted + [f"blocks.{m}.mlp_out" for m in mlps])
-    frozen = _frozen_heads(base, source, senders, L)
-    embeddings = base["blocks.0.resid_pre"].repeat(len(senders), 1, 1)
-    for g, group in enumerate(senders):
-        if EMBEDDINGS in group:
-            embeddings[g * B : (g + 1) * B] = source["blocks.0.resid_pre"]
-    hooks = {name: (lambda x, name: frozen[name]) for name in heads}
-    hooks["blocks.0.resid_pre"] = lambda x, name: embeddings
-    for layer in mlps:  # an MLP sender's output from the source run, in its sets' rows
-        sets = [g for g, group in enumerate(senders) if mlp_name(layer) in group]
-        point = f"blocks.{layer}.mlp_out"
-        hooks[point] = partial(_from_source, sets, B, source[point])
-    with hooked(model, hooks):
-        _, cache = run_with_cache(model, task.base.repeat(len(senders), 1), points)
-    return {name: x.view(len(senders), B, *x.shape[1:]) for name, x in cache.items()}
+    outputs = [f"blocks.{layer}.attn.z" for layer in range(L)] + ["blocks.0.resid_pre"]
+    outputs += [f"blocks.{layer}.mlp_out" for layer in range(L) if model.config.mlp]
+    _, base = run_with_cache(model, task.base, outputs)
+    _, source = run_with_cache(model, task.source, outputs)
+    runs = []
+    for group in senders:
+        # every head's output the base run's but the senders', from the source run
+        edits = [Edit("z", i, base[f"blocks.{i}.attn.z"].clone(), per_row=True) for i in range(L)]
+        for sender in group:
+            if sender == EMBEDDINGS:
+                edits.append(Edit("resid_pre", 0, source["blocks.0.resid_pre"], per_row=True))
+            elif isinstance(sender, str):  # an MLP, "MLP2"
+                point = f"blocks.{sender[3:]}.mlp_out"
+                edits.append(Edit("mlp_out", int(sender[3:]), source[point], per_row=True))
+            else:
+                layer, head = sender
+                edits[layer].value[:, :, head] = source[f"blocks.{layer}.attn.z"][:, :, head]
+        runs.append(edits)
+    _, cache = intervene(model, task.base, runs, capture=points)
+    return {name: x[1:] for name, x in cache.items()}
 
 
 def _sets_per_batch(model: GPT, task: Task) -> int:
