@@ -1,59 +1,247 @@
-"""A discovered circuit as a picture (heads.py --discover writes discovered.png): the circuit's
-edges on the model's nodes, and beside it the faithfulness-against-edges curve it was cut from.
+"""Circuits as pictures: what heads.py --circuit finds (circuit.png), a discovered circuit and its
+curve (--discover, discovered.png), and circuits through training (circuits_training.png).
 
-Left, bottom to top as the residual stream flows: the embeddings, each layer's heads (and its MLP,
-right of them), the logits. An arrow is a kept edge into a head's queries (Q), keys (K) or values
-(V), an MLP's input or the logits; its width is the edge's score (the fraction of the task's effect
-it carries alone). Right: f of the strongest k edges against k, the target, and the circuit's k;
-under it, f's interval, the ablation and the metric, which every number depends on. Drawn with
-matplotlib's object API."""
+A circuit is read bottom to top, as the residual stream flows: the tokens' embeddings at the bottom,
+one row of heads per layer (an MLP a square right of them), the answer (the logits) at the top. An
+arrow from one node into another says the later one reads what the earlier wrote, through its
+queries (Q), keys (K) or values (V), an MLP's input, or into the logits: its colour is that input,
+its width its effect (--circuit: the path-patching effect; --discover: the edge's score).
+circuit.png names each node with its role and effect and lists the edges with the composition
+score of the pair's weights beside; discovered.png puts the faithfulness-against-edges curve it was
+cut from beside, with f's interval, the ablation and the metric, which every number depends on.
+Drawn with matplotlib's object API (no display needed).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from matplotlib.patches import FancyArrowPatch
 
 from common.files import save_figure
-from interp.diagram import CURVES, KIND_COLOURS, KIND_NAMES, arrow, layer_axes, positions
-from interp.graph import EMBEDDINGS, LOGITS
+from interp.graph import EMBEDDINGS, LOGITS, mlp_name
+from interp.scores import head_name
+
+KIND_COLOURS = {
+    "q": "#1f77b4",
+    "k": "#ff7f0e",
+    "v": "#2ca02c",
+    "mlp": "#9467bd",
+    "logits": "#b2182b",
+}
+KIND_NAMES = {
+    "q": "through its queries (Q)",
+    "k": "through its keys (K)",
+    "v": "through its values (V)",
+    "mlp": "into an MLP",
+    "logits": "writes the answer",
+}
+ROLE_COLOURS = {"previous-token": "#9467bd", "induction": "#d62728", "duplicate-token": "#8c564b"}
+# arrows of one pair of nodes bend apart
+CURVES = {"q": -0.25, "k": 0.0, "v": 0.25, "mlp": 0.15, "logits": 0.0}
+ROW = 1.6  # the distance between layers, in the units of the distance between heads
+
+
+def positions(n_layer: int, n_head: int, spread: float) -> dict[str, tuple[float, float]]:
+    """Where each head, each MLP, the embeddings and the logits sit: x across a layer's heads (an
+    MLP right of them, half a row up), y the layer."""
+    where = {
+        head_name(layer, head): (head * spread, ROW * (layer + 1))
+        for layer in range(n_layer)
+        for head in range(n_head)
+    }
+    for layer in range(n_layer):
+        where[mlp_name(layer)] = (n_head * spread, ROW * (layer + 1.5))
+    middle = (n_head - 1) * spread / 2
+    where[EMBEDDINGS] = (middle, 0.0)
+    where[LOGITS] = (middle, ROW * (n_layer + 1))
+    return where
+
+
+def arrow(
+    ax, start, end, colour: str, width: float, bend: float, label: str, alpha: float = 0.85
+) -> None:
+    """An arrow from start to end bent by `bend` (matplotlib's arc3), its label (if any) on the
+    curve (the labels of a pair's Q, K and V arrows at different heights)."""
+    style = {"arrowstyle": "-|>", "mutation_scale": 12, "shrinkA": 14, "shrinkB": 14, "zorder": 2}
+    bent = f"arc3,rad={bend}"
+    arrow = FancyArrowPatch(
+        start, end, connectionstyle=bent, linewidth=width, color=colour, alpha=alpha, **style
+    )
+    ax.add_patch(arrow)
+    if not label:
+        return
+    (x1, y1) = start
+    (x2, y2) = end
+    t = 0.5 + 0.6 * bend
+    # as arc3 places it
+    control = ((x1 + x2) / 2 + bend * (y2 - y1), (y1 + y2) / 2 - bend * (x2 - x1))
+    x, y = (
+        (1 - t) ** 2 * a + 2 * t * (1 - t) * c + t**2 * b for a, c, b in zip(start, control, end)
+    )
+    box = {"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.85}
+    ax.text(x, y, label, fontsize=7, color=colour, ha="center", va="center", zorder=4, bbox=box)
+
 
 METRIC_WORDS = {"task": "the task's metric", "kl": "minus the KL divergence"}
-MAX_ARROWS = 60  # the strongest kept edges drawn; the JSON has them all
+MAX_ARROWS = 60  # the strongest kept edges a discovered circuit draws; the JSON has them all
 
 
-def _nodes(ax, found: dict, where: dict, mlp: bool) -> None:
-    used = {e["from"] for e in found["edges"] if e["kept"]} | {
-        e["to"] for e in found["edges"] if e["kept"]
-    }
-    for name, (x, y) in where.items():
-        if name in (EMBEDDINGS, LOGITS) or (name.startswith("MLP") and not mlp):
-            continue
-        big = name in used
-        ax.plot(x, y, "s" if name.startswith("MLP") else "o", color="#7f7f7f" if big else "#d0d0d0",
-                markersize=14 if big else 6, zorder=3)  # fmt: skip
-        if big:
-            ax.text(x, y - 0.2, name, ha="center", va="top", fontsize=8, zorder=5)
+def _figure(n_layer: int, n_head: int, columns: int, side: float, height: float):
+    """The figure, the circuit's axes, the axes beside and where each node sits."""
+    spread = 1.0 if n_head <= 8 else 12.0 / n_head
+    width = max(5.0, 1.2 * columns * spread + 1.5)
+    fig = Figure(figsize=(width + side, height + 1.8 * (n_layer + 1)), layout="constrained")
+    ax, beside = fig.subplots(1, 2, width_ratios=[width, side])
+    return fig, ax, beside, positions(n_layer, n_head, spread)
+
+
+def _nodes(ax, where: dict, big: dict, small: list[str], size: int, boxed: bool) -> None:
+    """Each of `small` a small grey dot, each of `big` ({name: (colour, label)}) a large one (an MLP
+    a square) with its label under it, and the embeddings and the logits as boxes."""
+    for name in small:
+        if name not in big:
+            ax.plot(*where[name], "s" if name.startswith("MLP") else "o", color="#d0d0d0",
+                    markersize=6, zorder=1)  # fmt: skip
+    box = {"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none"}
+    for name, (colour, label) in big.items():
+        x, y = where[name]
+        ax.plot(
+            x, y, "s" if name.startswith("MLP") else "o", color=colour, markersize=size, zorder=3
+        )
+        ax.text(x, y - (0.16 if boxed else 0.2), label, ha="center", va="top", fontsize=8,
+                zorder=5, bbox=box if boxed else None)  # fmt: skip
     box = {"boxstyle": "round,pad=0.4", "facecolor": "#f2f2f2", "edgecolor": "#888888"}
     for name, text in ((EMBEDDINGS, "tokens (embeddings)"), (LOGITS, "answer (logits)")):
         ax.text(*where[name], text, ha="center", va="center", fontsize=9, zorder=4, bbox=box)
 
 
-def _edges(ax, found: dict, where: dict) -> None:
-    kept = [e for e in found["edges"] if e["kept"]][:MAX_ARROWS]
-    strongest = max([abs(e["score"]) for e in kept] + [1e-9])
-    for e in kept:
-        width = 0.6 + 4.5 * abs(e["score"]) / strongest
-        label = f"{e['score']:+.2f}" if abs(e["score"]) >= 0.1 * strongest else ""
-        arrow(
-            ax,
-            where[e["from"]],
-            where[e["to"]],
-            KIND_COLOURS[e["kind"]],
-            width,
-            CURVES[e["kind"]],
-            label,
+def _arrows(ax, where: dict, edges: list[dict], key: str, widths: tuple, label) -> None:
+    """An arrow per edge, its width widths[0] + widths[1] |edge[key]| / the strongest's; label(edge,
+    strongest) its (text, alpha)."""
+    strongest = max([abs(e[key]) for e in edges] + [1e-9])
+    for e in edges:
+        width = widths[0] + widths[1] * abs(e[key]) / strongest
+        text, alpha = label(e, strongest)
+        colour = KIND_COLOURS[e["kind"]]
+        ends = where[e["from"]], where[e["to"]]
+        arrow(ax, *ends, colour, width, CURVES[e["kind"]], text, alpha)
+
+
+def _path_label(edge: dict, strongest: float) -> tuple[str, float]:
+    """--circuit's arrows: the kind and the effect, the embeddings' unlabelled and faint (the table
+    beside has them)."""
+    if edge["from"] == EMBEDDINGS:
+        return "", 0.4
+    kind = "" if edge["kind"] == LOGITS else edge["kind"].upper() + " "
+    return f"{kind}{edge['effect']:+.2f}", 0.85
+
+
+def _score_label(edge: dict, strongest: float) -> tuple[str, float]:
+    """--discover's arrows: the score of those of a tenth of the strongest's or more."""
+    return (f"{edge['score']:+.2f}" if abs(edge["score"]) >= 0.1 * strongest else ""), 0.85
+
+
+def legend_text(circuit: dict, rows: int = 16) -> str:
+    """How to read the picture, then its edges with their composition scores, strongest first."""
+    base = circuit["composition_baseline"]
+    lines = [
+        "How to read it: bottom to top, as the residual",
+        "stream flows. A big dot is a head that matters:",
+        "corrupting its output alone moves the metric",
+        "that fraction of the way to the corrupted run.",
+        "An arrow: the later head reads what the earlier",
+        "one wrote, through its queries (Q), keys (K) or",
+        "values (V), or an MLP its input; its number, the",
+        "effect of that path alone (path patching); into",
+        "the answer: the node's direct effect.",
+        "",
+        f"edge, effect, composition (random {base['mean']:.2f} ± {base['std']:.2f}):",
+    ]
+    for edge in circuit["edges"][:rows]:
+        score = f"{edge['composition']:.2f}" if "composition" in edge else "–"
+        lines.append(
+            f"{edge['from']:>10} → {edge['to']:<6} {edge['kind'].upper()} {edge['effect']:+.2f}  "
+            f"{score}"
         )
+    if len(circuit["edges"]) > rows:
+        lines.append(f"... {len(circuit['edges']) - rows} more in circuit.json")
+    lines += ["", "direct logit attribution of the answer writers:"]
+    for node in circuit["nodes"]:
+        dla = node.get("direct_logit_attribution")
+        if abs(node["direct_effect"]) >= circuit["thresholds"]["edge"] and dla is not None:
+            lines.append(f"{node['name']:>10}  {dla:+.2f} (effect {node['direct_effect']:+.2f})")
+    f = circuit.get("faithfulness")
+    if f:
+        low, high = f["interval"]
+        lines += [
+            "",
+            f"the whole: {f['size']} edges, faithfulness",
+            f"{f['faithfulness']:.2f} [{low:.2f}, {high:.2f}] ({f['ablation']} ablation)",
+        ]
+    return "\n".join(lines)
+
+
+def layer_axes(ax, where: dict, n_layer: int) -> None:
+    """The axes of a circuit's picture: every node in view, a label per layer, no frame."""
+    xs = [x for x, _ in where.values()]
+    ax.set(xlim=(min(xs) - 0.7, max(xs) + 0.7), ylim=(-0.5, ROW * (n_layer + 1) + 0.5))
+    ax.set_yticks(
+        [ROW * (layer + 1) for layer in range(n_layer)],
+        [f"layer {layer}" for layer in range(n_layer)],
+    )
+    ax.tick_params(length=0)
+    ax.set_xticks([])
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+
+
+def plot_circuit(circuit: dict, n_layer: int, n_head: int, path: Path) -> None:
+    """circuit.png: `circuit` as interp/task_circuit.py's find_circuit returns it."""
+    fig, ax, side, where = _figure(n_layer, n_head, n_head, 4.6, 2.4)
+    big = {}
+    for node in circuit["nodes"]:
+        role = f"\n{node['role']}" if node["role"] else ""
+        colour = ROLE_COLOURS.get(node["role"], "#7f7f7f")
+        big[node["name"]] = (colour, f"{node['name']}{role}\n{node['effect']:+.2f}")
+    heads = [head_name(layer, head) for layer in range(n_layer) for head in range(n_head)]
+    _nodes(ax, where, big, heads, 22, boxed=True)
+    _arrows(ax, where, circuit["edges"], "effect", (0.8, 5), _path_label)
+    layer_axes(ax, where, n_layer)
+    side.axis("off")
+    text = legend_text(circuit)
+    side.text(0.0, 1.0, text, va="top", ha="left", fontsize=8, family="monospace",
+              transform=side.transAxes)  # fmt: skip
+    for kind, colour in KIND_COLOURS.items():
+        if kind != "mlp" or any(n["head"] is None for n in circuit["nodes"]):
+            side.plot([], [], color=colour, linewidth=3, label=KIND_NAMES[kind])
+    side.legend(loc="lower left", fontsize=8, frameon=False, title="an arrow: the receiver reads")
+    fig.suptitle(f"circuit: {circuit['task']}", fontsize=10)
+    save_figure(fig, path, dpi=120)
+
+
+def plot_discovered(found: dict, n_layer: int, n_head: int, mlp: bool, path: Path) -> None:
+    """discovered.png: `found` as interp/discovery.py's discover returns it."""
+    fig, ax, side, where = _figure(n_layer, n_head, n_head + mlp, 5.0, 2.6)
+    kept = [e for e in found["edges"] if e["kept"]]
+    used = {e["from"] for e in kept} | {e["to"] for e in kept}
+    small = [n for n in where if n not in (EMBEDDINGS, LOGITS) and (mlp or n[:3] != "MLP")]
+    _nodes(ax, where, {n: ("#7f7f7f", n) for n in small if n in used}, small, 14, boxed=False)
+    _arrows(ax, where, kept[:MAX_ARROWS], "score", (0.6, 4.5), _score_label)
+    layer_axes(ax, where, n_layer)
+    for kind, colour in KIND_COLOURS.items():
+        if kind != "mlp" or mlp:
+            ax.plot([], [], color=colour, linewidth=3, label=KIND_NAMES[kind])
+    ax.legend(loc="upper left", fontsize=8, frameon=False, title="an arrow", title_fontsize=8)
+    _curve(side, found)
+    low, high = found["interval"]
+    fig.suptitle(
+        f"{found['size']} edges, f = {found['faithfulness']:.2f} [{low:.2f}, {high:.2f}] under "
+        f"{found['ablation']} ablation ({METRIC_WORDS[found['metric']]})\n{found['task']}",
+        fontsize=9,
+    )
+    save_figure(fig, path, dpi=120)
 
 
 def _curve(ax, found: dict) -> None:
@@ -80,30 +268,6 @@ def _curve(ax, found: dict) -> None:
     )
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title(f"area under the curve {found['area']:.3f}", fontsize=9)
-
-
-def plot_discovered(found: dict, n_layer: int, n_head: int, mlp: bool, path: Path) -> None:
-    """discovered.png: `found` as interp/discovery.py's discover returns it."""
-    spread = 1.0 if n_head <= 8 else 12.0 / n_head
-    width = max(5.0, 1.2 * (n_head + mlp) * spread + 1.5)
-    fig = Figure(figsize=(width + 5.0, 2.6 + 1.8 * (n_layer + 1)), layout="constrained")
-    ax, side = fig.subplots(1, 2, width_ratios=[width, 5.0])
-    where = positions(n_layer, n_head, spread)
-    _nodes(ax, found, where, mlp)
-    _edges(ax, found, where)
-    layer_axes(ax, where, n_layer)
-    for kind, colour in KIND_COLOURS.items():
-        if kind != "mlp" or mlp:
-            ax.plot([], [], color=colour, linewidth=3, label=KIND_NAMES[kind])
-    ax.legend(loc="upper left", fontsize=8, frameon=False, title="an arrow", title_fontsize=8)
-    _curve(side, found)
-    low, high = found["interval"]
-    fig.suptitle(
-        f"{found['size']} edges, f = {found['faithfulness']:.2f} [{low:.2f}, {high:.2f}] under "
-        f"{found['ablation']} ablation ({METRIC_WORDS[found['metric']]})\n{found['task']}",
-        fontsize=9,
-    )
-    save_figure(fig, path, dpi=120)
 
 
 def plot_circuits_training(found: dict, path: Path) -> None:
