@@ -12,8 +12,8 @@ import torch
 from common import json_text
 from common.files import atomic_write
 from interp.attribution import attribute, compare, format_attribution
+from interp.circuit_picture import plot_circuit
 from interp.circuits import composition_table, format_composition, positional_patterns
-from interp.diagram import plot_circuit
 from interp.lens import direct_attribution, format_lens, head_attributions, logit_lens
 from interp.patching import TABLES, format_patching, patch
 from interp.plots import (
