@@ -2,13 +2,12 @@
 Mathematical Framework for Transformer Circuits"), on weights processed as TransformerLens processes
 them (interp/weights.py), every matrix kept factored (interp/factored.py).
 
-Per head: the OV circuit W_V W_O, the QK circuit W_Q W_K^T, the full OV W_E W_V W_O W_U and token QK
-W_E W_Q W_K^T W_E^T (vocab x vocab), and the position QK of learned positions; the copying score
-from the full OV circuit's eigenvalues. Composition of an earlier head A with a later B through B's
-queries, keys or values: ||left right||_F / (||left||_F ||right||_F), TransformerLens's
-all_composition_scores, against `baseline`, what random matrices of the same shapes score. What each
-means, and what the weights cannot show (rotary positions, QK-norm, a route through an MLP:
-interp/paths.py measures it): docs/heads.md.
+Per head: the position QK pattern of learned positions, and the copying score from the eigenvalues
+of the full OV circuit W_E W_V W_O W_U (vocab x vocab, never formed). Composition of an earlier head
+A with a later B through B's queries, keys or values: ||left right||_F / (||left||_F ||right||_F),
+TransformerLens's all_composition_scores, against `baseline`, what random matrices of the same
+shapes score. What each means, and what the weights cannot show (rotary positions, QK-norm, a
+route through an MLP: interp/paths.py measures it): docs/heads.md.
 """
 
 from __future__ import annotations
@@ -23,27 +22,6 @@ from model import GPT
 
 KINDS = ("q", "k", "v")  # composition through the reader's queries, keys or values
 BASELINE_DRAWS = 32  # random heads on each side: BASELINE_DRAWS^2 random pairs
-
-
-def ov_circuits(w: HeadWeights) -> Factored:
-    """Every head's OV circuit W_V W_O, (L, H, C, C)."""
-    return Factored(w.W_V, w.W_O)
-
-
-def qk_circuits(w: HeadWeights) -> Factored:
-    """Every head's QK circuit W_Q W_K^T, (L, H, C, C)."""
-    return Factored(w.W_Q, w.W_K.transpose(-2, -1))
-
-
-def full_ov_circuit(w: HeadWeights, layer: int, head: int) -> Factored:
-    """One head's W_E W_V W_O W_U, (vocab, vocab): row s, column t, what attending to s adds to t's
-    logit."""
-    return Factored(w.W_E @ w.W_V[layer, head], w.W_O[layer, head] @ w.W_U)
-
-
-def token_qk_circuit(w: HeadWeights, layer: int, head: int) -> Factored:
-    """One head's W_E W_Q W_K^T W_E^T, (vocab, vocab): row = query token, column = key token."""
-    return Factored(w.W_E @ w.W_Q[layer, head], (w.W_E @ w.W_K[layer, head]).T)
 
 
 def positional_qk_pattern(w: HeadWeights, layer: int, head: int, T: int) -> torch.Tensor:
@@ -84,13 +62,6 @@ def _readers(w: HeadWeights, kind: str) -> Factored:
     if kind == "k":
         return Factored(flat(w.W_K), flat(w.W_Q).transpose(-2, -1))
     return Factored(flat(w.W_V), flat(w.W_O))
-
-
-def later_layers(n_layer: int, n_head: int) -> torch.Tensor:
-    """(L H, L H) booleans: True where the reader (column) sits in a later layer than the writer
-    (row)."""
-    layer = torch.arange(n_layer).repeat_interleave(n_head)
-    return layer[:, None] < layer[None, :]
 
 
 @torch.no_grad()
