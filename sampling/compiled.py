@@ -3,34 +3,24 @@ with CUDA graphs.
 
 A CPU's step is one C++ library per thread count, called without Python between its kernels (what a
 small model's step costs most). A library holds no weights (it reads the model's and the cache's
-tensors in place), so it is kept on disk (`cache_folder()/decode`) per model shape and options,
-batch, dtype, torch, CPU and the source of model/ and sampling/: seconds to build, milliseconds to
-load. A step for several samples has its matrix products and attention written as sums first
-(sampling/loops.py). Which step runs: sampling/steps.py.
+tensors in place), so it is kept on disk (sampling/steps.py's `library_path`, by model shape and
+options, batch, dtype, torch, CPU and the source of model/ and sampling/): seconds to build,
+milliseconds to load. A step for several samples has its matrix products and attention written as
+sums first (sampling/loops.py). Which step runs: sampling/steps.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
-import json
-import platform
 import sys
-import time
 import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from common import json_text
-from common.errors import UserError
-from common.files import atomic_file, atomic_write, cache_folder
-from common.threads import DEFAULT_THREADS
+from common.files import atomic_file
 from sampling.kv_cache import KVCache, Step
 
 
@@ -62,66 +52,22 @@ class DecodeStep(nn.Module):
         return {n: t.detach() for n, t in named} | dict(self.named_buffers(remove_duplicate=False))
 
 
-def compile_seconds() -> dict[str, float]:
-    """How long compiles took on this machine: a library's build by its key, torch.compile by device
-    type."""
-    try:
-        return json.loads((decode_folder() / "compile-seconds.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def record_compile_seconds(what: str, seconds: float) -> None:
-    """Note a compile's time (a record another process writes meanwhile may be lost: it is only a
-    guide)."""
-    path = decode_folder() / "compile-seconds.json"
-    with contextlib.suppress(OSError, UserError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json_text.dumps(compile_seconds() | {what: round(seconds, 2)}))
-
-
-_libraries: dict[str, object] = {}  # the compiled steps loaded in this process, by key
+_libraries: dict[str, object] = {}  # the compiled steps loaded in this process, by file
 _owners: dict[str, object] = {}  # which step's tensors each one reads now
 
 
-def decode_folder() -> Path:
-    """Where compiled decoding steps, their builds' claims, logs and failures, and compile times are
-    kept."""
-    return cache_folder() / "decode"
-
-
-def library_path(key: str) -> Path:
-    return decode_folder() / f"{key}.pt2"
-
-
-def thread_counts() -> list[int]:
-    """The thread counts a compiled step is built for, one library each: one, and torch's default. A
-    library's threads are fixed when it is built, and the thread tuner moves between these two (one
-    beside a busy process: two threads there decode at a tenth of their quiet speed,
-    BENCHMARKS.md)."""
-    return sorted({1, DEFAULT_THREADS})
-
-
-def on_disk(keys: list[str]) -> bool:
-    return all(key in _libraries or library_path(key).exists() for key in keys)
-
-
-def ahead_of_time(step: DecodeStep) -> Step:
-    """AOTInductor's libraries for the step (one per `thread_counts`), from the disk cache or built
-    and saved there first; loaded once per process, and pointed at this step's weights and cache (no
-    copy) whenever another step used them. The call runs the one for torch's thread count now. It
-    holds the tensors, not the model, so a model whose step is kept for its next generation is still
-    freed."""
+def load_step(step: DecodeStep, paths: dict[int, Path]) -> Step:
+    """The step from AOTInductor's libraries at `paths` (by thread count: sampling/steps.py's
+    `ahead_of_time` builds those missing), loaded once per process and pointed at this step's
+    weights and cache (no copy) whenever another step used them. The call runs the one for torch's
+    thread count now. It holds the tensors, not the model, so a model whose step is kept for its
+    next generation is still freed."""
     tensors = step.tensors()
     owner = object()
     libraries = {}
-    for threads, key in zip(thread_counts(), step_keys(step, tensors)):
+    for threads, path in paths.items():
+        key = str(path)
         if key not in _libraries:
-            path = library_path(key)
-            if not path.exists():
-                start = time.perf_counter()
-                build_library(step, path, threads)
-                record_compile_seconds(key, time.perf_counter() - start)
             _libraries[key] = load_library(path)
         libraries[threads] = key, _libraries[key]
     spans = torch.arange(step.cache.slots) if spans_vary(step.cache) else None
@@ -195,33 +141,6 @@ def load_library(path: Path):
         return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
     except (AttributeError, TypeError):
         return torch._inductor.aoti_load_package(str(path)).loader
-
-
-@functools.cache
-def code_hash() -> str:
-    """The source of model/ and sampling/, which the compiled step was traced from (a hacked
-    gpt.py compiles anew)."""
-    root = Path(__file__).resolve().parent.parent
-    files = sorted([*root.glob("model/*.py"), *root.glob("sampling/*.py")])
-    return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
-
-
-def step_keys(step: DecodeStep, tensors: dict[str, torch.Tensor]) -> list[str]:
-    """What each of the step's libraries (`thread_counts`) depends on, hashed: shapes, options,
-    code, torch, this CPU and its threads."""
-    parts = {
-        "config": asdict(step.model.config),
-        "tensors": [(n, list(t.shape), str(t.dtype)) for n, t in tensors.items()],
-        "modules": [type(m).__qualname__ for m in step.modules()],
-        "code": code_hash(),
-        "torch": torch.__version__,
-        "cpu": [platform.machine(), torch.backends.cpu.get_cpu_capability()],
-    }
-    texts = [
-        json_text.dumps(parts | {"threads": n}, sort_keys=True, default=str)
-        for n in thread_counts()
-    ]
-    return [hashlib.sha256(text.encode()).hexdigest()[:24] for text in texts]
 
 
 # torch.compile's `traced_step` per device type (recompiled per model)

@@ -12,11 +12,13 @@ does) or `step` (one token, which attends over the slots).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
-from model.local_attention import LocalSpan, document_starts
+if TYPE_CHECKING:  # windows and documents only: imported where a model has them
+    from model.local_attention import LocalSpan
 
 # a decoding step into a cache: (token (B,), position (1,)) -> logits (B, vocab)
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -117,7 +119,11 @@ class CachedTokens:
         documents, (B, 1, T, slots)."""
         starts = self.document_starts(idx, cfg.doc_token) if cfg.doc_mask else None
         if self.prefill:
-            return None if cfg.window is None and starts is None else LocalSpan(cfg.window, starts)
+            if cfg.window is None and starts is None:
+                return None
+            from model.local_attention import LocalSpan
+
+            return LocalSpan(cfg.window, starts)
         rolling = self.cache.rolling
         if self.n_keys is not None and not rolling and starts is None:
             return None  # its query sees the first n_keys slots, every one
@@ -135,6 +141,8 @@ class CachedTokens:
     def document_starts(self, idx: torch.Tensor, doc_token: int) -> torch.Tensor:
         """Where each token's document begins (B, T), continued from the cache's last step and kept
         in it for the next."""
+        from model.local_attention import document_starts
+
         previous = None if self.prefill else self.cache.doc_start
         starts = document_starts(idx, doc_token, self.positions, previous)
         self.cache.doc_start.copy_(starts[:, -1])

@@ -1,20 +1,34 @@
-"""Which decoding step runs: eager, compiled, or by default the automatic one
-(sampling/auto_step.py), kept with the model between generations; a run that never compiles loads
-none of the compiler's code. docs/sampling.md, "What runs by default".
+"""Which decoding step runs: eager (--no-compile), compiled now (--compile), or by default
+`AutoStep`: compiled whenever the disk holds it; on a CPU that misses, eager while a background
+process builds it, switching when it lands; elsewhere compiled when the tokens left pay. The step is
+kept with the model between generations. The compiler's code (sampling/compiled.py) is imported only
+where a step is compiled or loaded, the background build's (sampling/background.py) only in its own
+process. docs/sampling.md, "What runs by default".
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import json
 import os
+import platform
+import subprocess
+import sys
+import time
 import weakref
 from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 
+from common import json_text
 from common.errors import UserError
-from common.threads import PINNED
+from common.files import atomic_write, cache_folder
+from common.threads import DEFAULT_THREADS, PINNED
 from sampling.kv_cache import EagerStep, KVCache, Step
 
 SETTINGS = {"auto": None, "always": True, "never": False}  # TINYGPT_COMPILE's values
@@ -50,8 +64,6 @@ def decoder(
         cache = KVCache.for_model(model, batch)
         yield cache, eager(model, cache)
         return
-    from sampling.auto_step import AutoStep, compile_step  # a step that may be compiled
-
     kept = _kept.setdefault(model, {})
     cache, step = kept.pop((batch, compile), None) or (None, None)
     if cache is None:
@@ -67,18 +79,6 @@ def decoder(
         kept[batch, compile] = cache, step
         if one_thread:
             torch.set_num_threads(threads)
-
-
-def kept_on_disk(model: nn.Module, batch: int) -> bool:
-    """Whether the setting allows the compiled step and the disk holds it for `model` at `batch`:
-    asked by a caller that must not start a background build beside its own work (a training run's
-    samples)."""
-    if compile_setting(None) is False or next(model.parameters()).device.type != "cpu":
-        return False
-    from sampling.compiled import DecodeStep, on_disk, step_keys
-
-    step = DecodeStep(model, KVCache.for_model(model, batch))
-    return on_disk(step_keys(step, step.tensors()))
 
 
 def building(step: Step) -> bool:
@@ -97,3 +97,274 @@ def how_decoded(model: nn.Module, batch: int, compile: bool | None = None) -> st
         return f"compiled ({asked})" if setting else f"eager ({asked})"
     _, step = _kept.get(model, {}).get((batch, None), (None, None))
     return getattr(step, "how", "eager")
+
+
+# -- the disk cache: a CPU's compiled step, one library per thread count, kept by what it depends on
+
+
+def decode_folder() -> Path:
+    """Where compiled decoding steps, their builds' claims, logs and failures, and compile times are
+    kept."""
+    return cache_folder() / "decode"
+
+
+def library_path(key: str) -> Path:
+    return decode_folder() / f"{key}.pt2"
+
+
+def thread_counts() -> list[int]:
+    """The thread counts a compiled step is built for, one library each: one, and torch's default. A
+    library's threads are fixed when it is built, and the thread tuner moves between these two (one
+    beside a busy process: two threads there decode at a tenth of their quiet speed,
+    BENCHMARKS.md)."""
+    return sorted({1, DEFAULT_THREADS})
+
+
+@functools.cache
+def code_hash() -> str:
+    """The source of model/ and sampling/, which the compiled step was traced from (a hacked
+    gpt.py compiles anew)."""
+    root = Path(__file__).resolve().parent.parent
+    files = sorted([*root.glob("model/*.py"), *root.glob("sampling/*.py")])
+    return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
+
+
+def step_keys(model: nn.Module, cache: KVCache) -> list[str]:
+    """What each of the step's libraries (`thread_counts`) depends on, hashed: shapes, options,
+    code, torch, this CPU and its threads."""
+    tensors = [
+        *model.named_parameters("model", remove_duplicate=False),
+        *model.named_buffers("model", remove_duplicate=False),
+        *cache.named_buffers("cache", remove_duplicate=False),
+    ]
+    parts = {
+        "config": asdict(model.config),
+        "tensors": [(n, list(t.shape), str(t.dtype)) for n, t in tensors],
+        "modules": [type(m).__qualname__ for m in (*model.modules(), cache)],
+        "code": code_hash(),
+        "torch": torch.__version__,
+        "cpu": [platform.machine(), torch.backends.cpu.get_cpu_capability()],
+    }
+    texts = [
+        json_text.dumps(parts | {"threads": n}, sort_keys=True, default=str)
+        for n in thread_counts()
+    ]
+    return [hashlib.sha256(text.encode()).hexdigest()[:24] for text in texts]
+
+
+def on_disk(keys: list[str]) -> bool:
+    return all(library_path(key).exists() for key in keys)
+
+
+def kept_on_disk(model: nn.Module, batch: int) -> bool:
+    """Whether the setting allows the compiled step and the disk holds it for `model` at `batch`:
+    asked by a caller that must not start a background build beside its own work (a training run's
+    samples)."""
+    if compile_setting(None) is False or next(model.parameters()).device.type != "cpu":
+        return False
+    return on_disk(step_keys(model, KVCache.for_model(model, batch)))
+
+
+def compile_seconds() -> dict[str, float]:
+    """How long compiles took on this machine: a library's build by its key, torch.compile by device
+    type."""
+    try:
+        return json.loads((decode_folder() / "compile-seconds.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def record_compile_seconds(what: str, seconds: float) -> None:
+    """Note a compile's time (a record another process writes meanwhile may be lost: it is only a
+    guide)."""
+    path = decode_folder() / "compile-seconds.json"
+    with contextlib.suppress(OSError, UserError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json_text.dumps(compile_seconds() | {what: round(seconds, 2)}))
+
+
+def ahead_of_time(model: nn.Module, cache: KVCache) -> Step:
+    """The CPU's compiled step (sampling/compiled.py's `load_step`): its libraries from the disk
+    cache, those missing built and kept there first."""
+    from sampling.compiled import DecodeStep, build_library, load_step  # a compiled step only
+
+    step = DecodeStep(model, cache)
+    libraries = {n: library_path(key) for n, key in zip(thread_counts(), step_keys(model, cache))}
+    for threads, path in libraries.items():
+        if not path.exists():
+            start = time.perf_counter()
+            build_library(step, path, threads)
+            record_compile_seconds(path.stem, time.perf_counter() - start)
+    return load_step(step, libraries)
+
+
+def compile_step(model: nn.Module, cache: KVCache) -> Step:
+    """The decoding step for `model` and `cache`, compiled now (--compile): ahead of time on a CPU,
+    else by torch.compile."""
+    from sampling.compiled import DecodeStep, just_in_time  # a compiled step only
+
+    device = next(model.parameters()).device
+    if device.type == "cpu":
+        try:
+            return ahead_of_time(model, cache)
+        # an older torch without AOTInductor's options: the JIT route still works
+        except Exception as e:
+            note = (
+                f"the decoding step could not be compiled ahead of time ({type(e).__name__}: {e})"
+            )
+            print(f"{note.splitlines()[0]}; using torch.compile", file=sys.stderr)
+    return just_in_time(DecodeStep(model, cache), device)
+
+
+# -- the automatic step
+
+# eager steps between looks for the library a background build writes (a stat: ~2 us)
+LOOK_EVERY = 32
+JUDGED_AFTER = 16  # eager steps timed before a device without a background build judges a compile
+SPEEDUP = 3.0  # what compiling gains a small model's step (BENCHMARKS.md): the judgement's estimate
+FIRST_COMPILE_S = 60.0  # the judgement's compile time before one has been timed on this machine
+
+
+class AutoStep:
+    """The default step (`compile=None`). Compiled when the disk holds it for this model (a CPU's
+    library, loaded in milliseconds). Else eager, and: on a CPU a background process builds the
+    library (once per shape) and the step switches to it when it lands; elsewhere, after
+    JUDGED_AFTER eager steps, it compiles if the steps left would pay for the compile. `how` says
+    which ran, in words, for the user's line."""
+
+    def __init__(self, model: nn.Module, cache: KVCache, eager: EagerStep, background=None):
+        self.model = model
+        self.cache = cache
+        self.device = cache.doc_start.device
+        # a library kept
+        self.background = self.device.type == "cpu" if background is None else background
+        self.eager: Step = eager(model, cache)
+        self.compiled: Step | None = None
+        self.calls = 0
+        self.steps = 0
+        self.started = 0.0
+        # a background build of this step runs: decode on one thread meanwhile
+        self.building = False
+        if not self.background:
+            self.how = "eager (compiled once the tokens left pay for the compile)"
+            return
+        self.keys = step_keys(model, cache)
+        self.key = self.keys[-1]  # the pair's name: its build's claim, log and failure
+        if on_disk(self.keys):
+            built = sum(compile_seconds().get(key, 0.0) for key in self.keys)
+            self.how = "compiled (loaded from the cache" + (
+                f"; built in {built:.1f} s)" if built else ")"
+            )
+            self.compiled = ahead_of_time(model, cache)
+        else:
+            self.how, self.building = build_in_background(model, cache, self.key)
+
+    def expect(self, steps: int) -> bool:
+        """A generation of `steps` steps begins; returns whether a background build of the step
+        runs."""
+        self.calls = 0
+        self.steps = steps
+        return self.building
+
+    def __call__(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        if self.compiled is not None:
+            return self.compiled(token, position)
+        self.calls += 1
+        if self.background:
+            if self.calls % LOOK_EVERY == 0 and on_disk(self.keys):  # the build landed
+                self._switch(ahead_of_time(self.model, self.cache), "built in the background")
+        elif self.calls in (1, JUDGED_AFTER) and self._judge():
+            return self._first_compiled(token, position)
+        return self.eager(token, position)
+
+    def _switch(self, compiled: Step, why: str) -> None:
+        self.compiled = compiled
+        self.building = False
+        self.how = f"eager, then compiled from step {self.calls:,} ({why})"
+
+    def _judge(self) -> bool:
+        """Time the first JUDGED_AFTER eager steps; switch to a compiled step if the steps left
+        would repay its compile. Returns whether it switched."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if self.calls == 1:
+            self.started = time.perf_counter()
+            return False
+        step_s = (time.perf_counter() - self.started) / (JUDGED_AFTER - 1)
+        compile_s = compile_seconds().get(self.device.type, FIRST_COMPILE_S)
+        if not compile_pays(step_s, self.steps - self.calls, compile_s):
+            return False
+        from sampling.compiled import DecodeStep, just_in_time  # a compiled step only
+
+        step = just_in_time(DecodeStep(self.model, self.cache), self.device)
+        self._switch(step, "the tokens left paid")
+        return True
+
+    def _first_compiled(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """torch.compile compiles at its first call: this one, timed for the next judgement."""
+        start = time.perf_counter()
+        logits = self.compiled(token, position)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        record_compile_seconds(self.device.type, time.perf_counter() - start)
+        return logits
+
+
+def compile_pays(
+    step_s: float, steps_left: int, compile_s: float, speedup: float = SPEEDUP
+) -> bool:
+    """Whether compiling now saves time: the steps left, each `step_s` eager and 1/speedup of it
+    compiled, against the compile's seconds."""
+    return steps_left * step_s * (1 - 1 / speedup) > compile_s
+
+
+# -- the background build: started here, run by sampling/background.py in a process of its own
+
+# the checkout the background process imports model/ and sampling/ from
+ROOT = Path(__file__).resolve().parent.parent
+STALE_S = 600  # a build claimed this long ago and not done has died: another process may claim it
+# The build runs only on a core nothing else wants (Linux's SCHED_IDLE; elsewhere the lowest nice),
+# set before it imports torch. Even so, a decoding step on two threads beside it stalls (a tenth of
+# its speed, BENCHMARKS.md): while it runs, the caller decodes on one thread (`decoder`).
+LOWEST_PRIORITY = (
+    "import os; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)) if hasattr(os, "
+    "'SCHED_IDLE') else os.nice(19)"
+)
+
+
+def build_in_background(model: nn.Module, cache: KVCache, key: str) -> tuple[str, bool]:
+    """Start a process of the lowest priority that builds the step's library (for this generation's
+    switch and the next call's load), unless one is building it or a build failed. Returns what runs
+    meanwhile, in words, and whether a build is under way."""
+    folder = decode_folder()
+    failed = folder / f"{key}.failed"
+    if failed.exists():
+        return (
+            f"eager (the compiled step's background build failed: {failed}; --compile shows why)",
+            False,
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    claim = folder / f"{key}.building"
+    with contextlib.suppress(FileNotFoundError):
+        if time.time() - claim.stat().st_mtime > STALE_S:
+            claim.unlink()
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return "eager, while another process builds the compiled step", True
+    spec = {"key": key, "batch": cache.doc_start.size(0), "config": asdict(model.config)}
+    spec |= {"dtype": str(model.token_emb.weight.dtype).removeprefix("torch.")}
+    spec |= {"int8": any(type(m).__name__ == "Int8Linear" for m in model.modules())}
+    code = f"{LOWEST_PRIORITY}; import sys; sys.path.insert(0, {str(ROOT)!r})"
+    code += "; import sampling.background as b"
+    # its words go to a file, not between the user's tokens
+    with open(folder / f"{key}.log", "w") as log:
+        subprocess.Popen(
+            [sys.executable, "-c", f"{code}; b.build_for_later()", json_text.dumps(spec)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C of this command does not stop the build
+            env=os.environ | {"TORCHINDUCTOR_COMPILE_THREADS": "1"},  # one core: the other decodes
+        )
+    return "eager, while the compiled step is built in the background (once for this shape)", True

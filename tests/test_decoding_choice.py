@@ -14,12 +14,11 @@ import torch
 from conftest import run_script
 from test_model import tiny
 
-from sampling import auto_step, background, compiled
+from sampling import compiled
 from sampling import steps as choice
-from sampling.auto_step import AutoStep, compile_pays
 from sampling.generate import decode_step, eager_step, generate
 from sampling.kv_cache import KVCache
-from sampling.steps import decoder, how_decoded
+from sampling.steps import AutoStep, compile_pays, decoder, how_decoded
 
 
 @pytest.fixture
@@ -71,7 +70,7 @@ def test_sample_decodes_eagerly_while_the_step_builds_then_loads_it_the_next_cal
         second.stderr.splitlines()[0],
     )
     assert second.stdout == first.stdout  # greedy: the compiled step picks the eager step's tokens
-    assert len(list(auto.glob("*.pt2"))) == len(compiled.thread_counts())  # nothing built again
+    assert len(list(auto.glob("*.pt2"))) == len(choice.thread_counts())  # nothing built again
 
     never = run_script(*args, "--no-compile", env=env, check=True)
     assert never.stderr.splitlines()[0].endswith("decoding step: eager (--no-compile)")
@@ -84,26 +83,26 @@ def test_a_generation_switches_to_the_compiled_step_when_its_build_lands(auto: P
     model, prompt = tiny().float(), torch.tensor([[1, 2, 3]])
     reference = torch.stack(list(generate(model, prompt, 100, temperature=0, compile=False)), 1)
     monkeypatch.setattr(
-        auto_step, "build_in_background", lambda step, key: ("eager, while built", True)
+        choice, "build_in_background", lambda model, cache, key: ("eager, while built", True)
     )
     with decoder(model, 1, None, 100, eager_step) as (cache, step):
         assert isinstance(step, AutoStep) and step.building and torch.get_num_threads() == 1
-        auto_step.compile_step(model, cache)  # the build lands: the library is on disk now
+        choice.compile_step(model, cache)  # the build lands: the library is on disk now
     tokens = torch.stack(list(generate(model, prompt, 100, temperature=0)), 1)
     assert torch.equal(tokens, reference)
     # the eager step's oneDNN switch is its own: training keeps it
     assert torch.backends.mkldnn.enabled
     assert how_decoded(model, 1) == (
-        f"eager, then compiled from step {auto_step.LOOK_EVERY} (built in the background)"
+        f"eager, then compiled from step {choice.LOOK_EVERY} (built in the background)"
     )
     # one library per thread count: the thread tuner's choice runs the one built for it
     with decoder(model, 1, None, 0, eager_step) as (cache, step):
         token, position = torch.tensor([4]), torch.tensor([3])
-        for threads in compiled.thread_counts():
+        for threads in choice.thread_counts():
             torch.set_num_threads(threads)
             logits = step.compiled(token, position)
             assert torch.allclose(logits, decode_step(model, token, position, cache), atol=1e-5)
-        assert set(compiled._owners) >= set(step.keys)
+        assert set(compiled._owners) >= {str(choice.library_path(k)) for k in step.keys}
     # a new model of the same shape loads them at once
     fresh = tiny().float()
     assert how_decoded(fresh, 1) == "eager"
@@ -113,7 +112,7 @@ def test_a_generation_switches_to_the_compiled_step_when_its_build_lands(auto: P
 
 def test_a_failed_build_is_not_tried_again_and_a_claimed_one_not_twice(auto: Path, monkeypatch):
     started = []
-    monkeypatch.setattr(background.subprocess, "Popen", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(choice.subprocess, "Popen", lambda *a, **k: started.append(a))
     model = tiny(block_size=12).float()  # a shape no other test compiles
     step = AutoStep(model, KVCache.for_model(model, 1), eager_step)
     assert step.building and len(started) == 1 and (auto / f"{step.key}.building").exists()
@@ -123,7 +122,7 @@ def test_a_failed_build_is_not_tried_again_and_a_claimed_one_not_twice(auto: Pat
     assert len(started) == 1
 
     claim = auto / f"{step.key}.building"  # a claim older than any build: its process died
-    os.utime(claim, (time.time() - background.STALE_S - 1,) * 2)
+    os.utime(claim, (time.time() - choice.STALE_S - 1,) * 2)
     AutoStep(model, KVCache.for_model(model, 1), eager_step)
     assert len(started) == 2
 
@@ -153,19 +152,19 @@ def test_without_a_background_build_the_step_compiles_when_the_tokens_left_pay(
             super().__init__(model, cache, eager, background=False)
             steps.append(self)
 
-    monkeypatch.setattr(auto_step, "AutoStep", WithoutBackground)
+    monkeypatch.setattr(choice, "AutoStep", WithoutBackground)
     for recorded, compiles in ((1e9, False), (1e-9, True)):
-        compiled.record_compile_seconds("cpu", recorded)
+        choice.record_compile_seconds("cpu", recorded)
         choice._kept.pop(model, None)
         tokens = torch.stack(list(generate(model, prompt, 30, temperature=0)), 1)
         assert torch.equal(tokens, reference)
         assert (steps[-1].compiled is not None) == compiles, steps[-1].how
     assert (
         steps[-1].how
-        == f"eager, then compiled from step {auto_step.JUDGED_AFTER} (the tokens left paid)"
+        == f"eager, then compiled from step {choice.JUDGED_AFTER} (the tokens left paid)"
     )
     # the compile's own time, for the next judgement
-    assert compiled.compile_seconds()["cpu"] > 1e-6
+    assert choice.compile_seconds()["cpu"] > 1e-6
 
 
 def test_compiling_pays_when_the_tokens_left_save_more_than_the_compile_takes():
