@@ -18,21 +18,37 @@ from common.errors import ConfigError, cli  # first: a Ctrl-C while torch loads 
 import textwrap
 
 from runs.config import CONFIG_DIR, Request, from_arguments, shipped_configs
-from runs.config_schema import to_yaml
+from runs.config_schema import Config, to_yaml
 from training import distributed
 from training.plan import plan_run, run_dataset
-from training.run import start_run, train
+from training.run import Callback, start_run, train
 
 
 def main(argv: list[str]) -> int:
     request = parse_command_line(argv)
     if request is None:
         return 0
-    run = start_run(plan_run(request, run_dataset(request)))
+    plan = plan_run(request, run_dataset(request))
+    run = start_run(plan, plugged_in(plan.cfg))
     try:
         return train(run, argv)
     finally:
         distributed.shutdown(run.rt)
+
+
+def plugged_in(cfg: Config) -> list[Callback]:
+    """The extras the config asks for, plugged into the training loop: the core never names them,
+    and a run without them never loads them."""
+    callbacks: list[Callback] = []
+    if cfg.log.head_scores:
+        from interp.circuit_training import HeadScores
+
+        callbacks.append(HeadScores())
+    if cfg.log.circuits:  # after HeadScores: it reuses the eval's scores
+        from interp.circuit_training import Circuits
+
+        callbacks.append(Circuits())
+    return callbacks
 
 
 def parse_command_line(argv: list[str]) -> Request | None:

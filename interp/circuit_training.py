@@ -1,6 +1,7 @@
-"""Circuits through training (log.circuits): at each eval, the numbers of the phase change in which
-induction heads form (Olsson et al. 2022); at the end, the circuit the finished model uses and how
-much of each earlier checkpoint's behaviour that circuit carried.
+"""Head scores and circuits through training (log.head_scores, log.circuits): the callbacks train.py
+plugs into the loop (training/run.py's Callback). Circuits: at each eval, the numbers of the phase
+change in which induction heads form (Olsson et al. 2022); at the end, the circuit the finished
+model uses and how much of each earlier checkpoint's behaviour that circuit carried.
 
 Each eval records the best previous-token and induction scores, the in-context learning score (loss
 late in the context minus early; interp/scores.py), the strongest K-composition between two heads
@@ -22,13 +23,16 @@ from typing import Optional
 
 import torch
 
+from common.json_text import read_metrics
 from interp.circuits import all_composition_scores, composition_baseline
 from interp.discovery import discovered_circuit
 from interp.faithfulness import interval, metric_values, normalise, prepare
-from interp.scores import head_name, score_heads, strongest
+from interp.scores import flat_scores, head_name, score_heads, strongest, strongest_heads
 from interp.tasks import repeat_task
 from interp.weights import head_weights
 from model import GPT
+from training.run import Callback, Run, runs_extra_forwards
+from training.tracking import Tracker
 
 SNAPSHOT_BYTES = 1 << 30  # the evals' weights kept in memory for the end's measurement, at most
 SEQUENCES = 8  # [R, R] sequences of the induction task (8 keep the end within 5% of a run)
@@ -163,23 +167,50 @@ def write_circuits(found: dict, out_dir: Path) -> list[Path]:
     return [out_dir / "circuits.json", out_dir / "circuits_training.png"]
 
 
-def log_circuits(run, record: dict, last: bool, log) -> None:
-    """log.circuits at an eval of training/run.py's `run`: this eval's numbers into its record (and
-    metrics.jsonl, wandb); at the last eval, the final circuit measured on every eval's weights,
-    written to OUT_DIR (circuits.json, circuits_training.png), and one line saying where each curve
-    changed most."""
-    start = time.perf_counter()
-    if run.circuits is None:
-        run.circuits = CircuitLog(run.model)
-    found = run.circuits.record(run.model, run.splits["val"], record["iter"], record.get("heads"))
-    record["circuits"] = found
-    run.circuits.evals.append({"iter": record["iter"], "val_loss": record["val_loss"], **found})
-    numbers = {f"circuits/{k}": v for k, v in found.items() if isinstance(v, (int, float))}
-    log.log(record["iter"], numbers)
-    if last:
-        result = run.circuits.finish(run.model)
-        files = write_circuits(result, run.out_dir)
-    run.circuits.seconds += time.perf_counter() - start
-    if last:
-        written = ", ".join(str(f) for f in files)
-        log.write(f"{format_phase_change(result)}; {run.circuits.seconds:.1f} s in all; {written}")
+class HeadScores(Callback):
+    """log.head_scores, plugged into the loop by train.py: every head's role scores at each eval
+    (interp/scores.py) into its record, printed and logged; at the end their curves,
+    OUT_DIR/heads_training.png."""
+
+    def on_eval(self, run: Run, log: Tracker, record: dict, last: bool) -> None:
+        if not runs_extra_forwards(run):  # rank 0 (all ranks under FSDP: collectives)
+            return
+        record["heads"] = score_heads(run.model, run.splits["val"])
+        log.log(record["iter"], flat_scores(record["heads"]))
+        log.write(f"  heads: {strongest_heads(record['heads'])}")
+
+    def on_end(self, run: Run, log: Tracker) -> None:
+        if run.rt.is_main:
+            from interp.plots import plot_training_curves  # matplotlib only when plotting
+
+            plot_training_curves(read_metrics(log.metrics_path), run.out_dir / "heads_training.png")
+
+
+class Circuits(Callback):
+    """log.circuits, plugged into the loop by train.py (after HeadScores, whose scores it reuses):
+    each eval's numbers into its record (and metrics.jsonl, wandb); at the last eval, the final
+    circuit measured on every eval's weights, written to OUT_DIR (circuits.json,
+    circuits_training.png), and one line saying where each curve changed most."""
+
+    def __init__(self):
+        self.kept: Optional[CircuitLog] = None  # made at the first eval, from the model's size
+
+    def on_eval(self, run: Run, log: Tracker, record: dict, last: bool) -> None:
+        if not run.rt.is_main or run.cfg.train.parallel == "fsdp":
+            return
+        start = time.perf_counter()
+        if self.kept is None:
+            self.kept = CircuitLog(run.model)
+        kept = self.kept
+        found = kept.record(run.model, run.splits["val"], record["iter"], record.get("heads"))
+        record["circuits"] = found
+        kept.evals.append({"iter": record["iter"], "val_loss": record["val_loss"], **found})
+        numbers = {f"circuits/{k}": v for k, v in found.items() if isinstance(v, (int, float))}
+        log.log(record["iter"], numbers)
+        if last:
+            result = kept.finish(run.model)
+            files = write_circuits(result, run.out_dir)
+        kept.seconds += time.perf_counter() - start
+        if last:
+            written = ", ".join(str(f) for f in files)
+            log.write(f"{format_phase_change(result)}; {kept.seconds:.1f} s in all; {written}")

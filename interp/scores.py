@@ -1,15 +1,14 @@
-"""Attention-head roles: scores that say what each head attends to, and the hooks train.py calls at
-each eval.
+"""Attention-head roles: scores that say what each head attends to, in a model and through training.
 
 A role score is a head's mean attention weight on the role's key over chosen queries, so it lies in
 [0, 1]: previous-, first- and current-token on real text (validation windows), duplicate-token and
 induction (Olsson et al. 2022) on repeated random tokens [R, R] (`repeated_tokens`); beside them,
 per model, the repeated-sequence loss of each half and the in-context learning score. docs/heads.md
 ("The scores") defines each one and how to read it; the functions below say which queries and keys
-they take. heads.py calls `score_heads`; train.py, with log.head_scores: true, calls it at each
-eval, prints `strongest_heads`, logs `flat_scores` and draws `interp.plots.plot_training_curves` at
-the end. Attention weights are materialised a chunk of windows at a time (ATTENTION_BYTES), so a
-GPT-2-sized model can be scored too. `head_name` is every head's label (L1H0).
+they take. heads.py calls `score_heads`; with log.head_scores: true, interp/circuit_training.py's
+HeadScores calls it at each eval of a training run, prints `strongest_heads`, logs `flat_scores`.
+Attention weights are materialised a chunk of windows at a time (ATTENTION_BYTES), so a GPT-2-sized
+model can be scored too. `head_name` is every head's label (L1H0).
 """
 
 from __future__ import annotations

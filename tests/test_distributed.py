@@ -276,7 +276,8 @@ def test_slow_preparation_uneven_fsdp_evaluation_and_a_stopped_rank(data_dir: Pa
 
     request = load_config("shakespeare_char", [f"data.dir={data_dir}", *overrides])
     # one process, the same 3 batches
-    reference = estimate_loss(start_run(plan_run(request, run_dataset(request))))
+    run = start_run(plan_run(request, run_dataset(request)))
+    reference = estimate_loss(run.forward, run.splits, run.cfg, run.rt, run.byte_lengths)
     first = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["iter"] == 0
     assert (

@@ -59,7 +59,11 @@ def default_run(data_dir: Path, tmp_path_factory) -> Path:
     return out
 
 
-def test_the_default_run_loads_at_most_40_of_our_modules(data_dir: Path, tmp_path: Path):
+def test_the_default_run_loads_no_extra_and_at_most_30_of_our_modules(
+    data_dir: Path, tmp_path: Path
+):
+    """The core (issue 51): a default run loads no extra (interp, hf, gguf_export: the scripts plug
+    them in where a run asks), nor what only some runs need."""
     names, lines = loaded(
         "train.py",
         f"data.dir={data_dir}",
@@ -70,16 +74,20 @@ def test_the_default_run_loads_at_most_40_of_our_modules(data_dir: Path, tmp_pat
         # as the default config runs: evals, checkpoints, loss.png, the exact eval at the end; no
         # samples
     )
-    assert len(names) <= 40 and lines <= 6000, (len(names), lines, names)
+    assert len(names) <= 30 and lines <= 5600, (len(names), lines, names)
     for unused in (
+        "interp",
         "hf",
+        "gguf_export",
         "model.lora",
+        "model.local_attention",
         "training.muon",
         "training.estimate",
+        "training.torchrun",
         "data.repeats",
-        "interp.scores",
+        "data.prepare",
     ):
-        assert unused not in names, unused
+        assert not any(n == unused or n.startswith(unused + ".") for n in names), unused
 
 
 def test_plot_loads_at_most_12_of_our_modules(default_run: Path, tmp_path: Path):

@@ -1,6 +1,7 @@
-"""The code's layers go one way: common <- model <- sampling <- data <- interp <- hf <- gguf_export
-<- runs <- training <- scripts, one name means one thing, and no module or function grows past what
-a reader takes in at once.
+"""The code's layers go one way: the core, common <- model <- sampling <- data <- runs <- training,
+then the extras that import it, interp, hf <- gguf_export, then the scripts; one name means one
+thing, and no module or function grows past what a reader takes in at once. The core never names an
+extra: the scripts plug them in (training/run.py's Callback, runs/pretrained.py's loaders).
 
 Every import of every module (lazy ones inside functions included) is read from the source with
 `ast`: a package may import only from itself and the packages below it, scripts (the top-level .py
@@ -15,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # bottom first; scripts sit on top
-LAYERS = ["common", "model", "sampling", "data", "interp", "hf", "gguf_export", "runs", "training"]
+LAYERS = ["common", "model", "sampling", "data", "runs", "training", "interp", "hf", "gguf_export"]
 
 
 def modules() -> dict[str, Path]:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from common.errors import UserError
 from common.threads import ThreadTuner
+from data.loader import TokenWindows
 from data.shards import TokenFiles
 from data.tokenizers import Tokenizer, bits_per_byte
 from runs.config_schema import Config
@@ -59,37 +60,40 @@ class TokenLoss:
 
 
 @torch.no_grad()
-def estimate_loss(run) -> dict[str, float]:
-    """A training run's (training/run.py) mean loss over the same train.eval_iters batches of each
-    split at every eval, shared across ranks: {"train": loss, "val": loss, "train_bpb": bits per
-    byte, "val_bpb": ...} (bpb: where byte_lengths is known). Every rank runs the same number of
-    forward passes (under FSDP each is a collective): where eval_iters is not a multiple of the
-    number of ranks, the ranks short of a batch run one more that counts for nothing."""
-    cfg = run.cfg
-    rt = run.rt
-    run.forward.eval()
+def estimate_loss(
+    forward: torch.nn.Module,
+    splits: dict[str, TokenWindows],
+    cfg: Config,
+    rt: Runtime,
+    byte_lengths: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """A training run's mean loss over the same train.eval_iters batches of each split at every
+    eval, shared across ranks: {"train": loss, "val": loss, "train_bpb": bits per byte, "val_bpb":
+    ...} (bpb: where `byte_lengths`, the UTF-8 bytes of each token id, is known). Every rank runs
+    the same number of forward passes (under FSDP each is a collective): where eval_iters is not a
+    multiple of the number of ranks, the ranks short of a batch run one more that counts for
+    nothing."""
+    forward.eval()
     out = {}
     tuner = rt.thread_tuner()
     per_rank = -(-cfg.train.eval_iters // rt.world_size)
-    for name, data in run.splits.items():
+    for name, data in splits.items():
         # sum of batch losses, batches, sum of bytes per token
         total = torch.zeros(3, device=rt.device)
         for key in range(rt.rank, per_rank * rt.world_size, rt.world_size):
             x, y = data.batch(key, cfg.train.batch_size, stream=1)
             with tuner.timed(), rt.autocast():
-                _, loss = run.forward(x, y)
+                _, loss = forward(x, y)
             # past it, a forward only keeps FSDP's collectives in step
             if key < cfg.train.eval_iters:
                 one = torch.ones((), device=rt.device)
-                n_bytes = (
-                    run.byte_lengths[y].sum().float() if run.byte_lengths is not None else 0 * one
-                )
+                n_bytes = byte_lengths[y].sum().float() if byte_lengths is not None else 0 * one
                 total += torch.stack([loss.float(), one, n_bytes / y.numel()])
         loss_sum, count, bytes_per_token = distributed.all_sum(total, rt).tolist()
         out[name] = loss_sum / count
         if bytes_per_token:  # every batch has the same number of tokens
             out[f"{name}_bpb"] = bits_per_byte(loss_sum, bytes_per_token)
-    run.forward.train()
+    forward.train()
     return out
 
 

@@ -55,8 +55,8 @@ class Run:
     unread: list = field(default_factory=list)
     # a resumed run: what its config changes (training/resume.py's `resumed`), in words
     changed: str = ""
-    # log.circuits: what the evals keep for the end (interp/circuit_training.py's CircuitLog)
-    circuits: object = None
+    # what the script plugged in (train.py: head scores, circuits through training), called in order
+    callbacks: list[Callback] = field(default_factory=list)
 
     @property
     def out_dir(self) -> Path:
@@ -71,6 +71,19 @@ class Run:
         return hasattr(self.forward, "_orig_mod")  # torch.compile's wrapper
 
 
+class Callback:
+    """What a script plugs into the loop, as Lightning's callbacks: the core names none (train.py
+    plugs in interp/'s head scores and circuits through training when the config asks). Each
+    method does nothing unless a subclass overrides it; `log` shows and records (tracking.py)."""
+
+    def on_eval(self, run: Run, log: Tracker, record: dict, last: bool) -> None:
+        """After a finite eval's losses are printed, before its sample: add to `record` (its
+        metrics.jsonl line), write lines, log to wandb."""
+
+    def on_end(self, run: Run, log: Tracker) -> None:
+        """After the last step and its eval, before the line that says how the run ended."""
+
+
 # --- the loop ---
 
 
@@ -80,8 +93,8 @@ def train(run: Run, argv: list[str]) -> int:
     t = run.cfg.train
     p = run.progress
     check_before_training(run)
-    describe_run(run)
-    log = Tracker(run)
+    describe_run(cfg, run.rt, run.model, run.dataset.meta, p, run.compiled, run.changed)
+    log = Tracker(cfg, run.rt, p)
     clock = Clock(p.elapsed_s)
     # Ctrl-C and the other signals that end a job, and the clock, the same on every rank
     stop = StopRequest(verbose=run.rt.is_main)
@@ -121,7 +134,9 @@ def train(run: Run, argv: list[str]) -> int:
             run.unread.append((p.iter, timed_step(run, log, clock)))
             p.iter += 1
             log.step()
-        log.finish()
+        for callback in run.callbacks:
+            callback.on_end(run, log)
+        log.finish(run.dataset.meta.val_tokens)
         return 0
     finally:
         log.close()
@@ -130,8 +145,9 @@ def train(run: Run, argv: list[str]) -> int:
 # --- building the run ---
 
 
-def start_run(plan: Plan) -> Run:
-    """Everything a run needs, built from its plan (see the module docstring)."""
+def start_run(plan: Plan, callbacks: list[Callback] | None = None) -> Run:
+    """Everything a run needs, built from its plan (see the module docstring), with the callbacks
+    a script plugs in."""
     cfg = plan.cfg
     rt = plan.rt
     t = plan.cfg.train
@@ -158,6 +174,7 @@ def start_run(plan: Plan) -> Run:
     run = Run(
         cfg, rt, plan.dataset, splits, model, forward, optimizers, scaler, Progress(), lengths, base
     )
+    run.callbacks = list(callbacks or [])
     # optimizer and scaler state, progress and random generators (state.pt)
     if plan.resume is not None:
         # resumed runs only: what changed, the schedule over a new budget
@@ -299,7 +316,8 @@ def read_back(run: Run, log: Tracker, elapsed: float) -> None:
     its, values = zip(*run.unread)
     run.unread = []
     rows = torch.stack(values)
-    log.losses(its[-1] + 1, distributed.all_sum(rows[:, 0].sum(), run.rt).item(), len(its), elapsed)
+    loss_sum = distributed.all_sum(rows[:, 0].sum(), run.rt).item()
+    log.losses(its[-1] + 1, loss_sum, len(its), elapsed, run.optimizers[0].param_groups[0]["lr"])
     p = run.progress
     allowed = run.cfg.train.skip_nonfinite
     for it, (loss, grad_norm, counted) in zip(its, rows.tolist()):
@@ -346,13 +364,13 @@ def last_good(run: Run) -> str:
 
 
 def evaluate(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:
-    """This eval, printed and recorded: the loss estimate, head scores (log.head_scores), a sample
-    (log.sample_every), at the end the exact val loss (train.final_eval); whether val improved
+    """This eval, printed and recorded: the loss estimate, at the end the exact val loss
+    (train.final_eval), what the callbacks add, a sample (log.sample_every); whether val improved
     (best/) and whether the losses are finite (if not, the model diverged: nothing more, and no
     checkpoint)."""
     cfg = run.cfg
     p = run.progress
-    losses = estimate_loss(run)
+    losses = estimate_loss(run.forward, run.splits, cfg, run.rt, run.byte_lengths)
     finite = math.isfinite(losses["train"]) and math.isfinite(losses["val"])
     improved = finite and losses["val"] <= p.best_val_loss
     p.evaluated_at = p.iter
@@ -367,11 +385,6 @@ def evaluate(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:
         "tokens": p.iter * cfg.tokens_per_iter,
         "elapsed_s": round(p.elapsed_s, 3),
     }
-    if finite and cfg.log.head_scores and runs_extra_forwards(run):
-        from interp.scores import flat_scores, score_heads  # runs that score their heads only
-
-        record["heads"] = score_heads(run.model, run.splits["val"])
-        log.log(p.iter, flat_scores(record["heads"]))
     if finite and last and final_eval_wanted(cfg.train.final_eval, run.dataset.meta.val_tokens):
         record |= exact_val_loss(run)
     bpb = f", val bpb {record['val_bpb']:.3f}" if "val_bpb" in record else ""
@@ -381,14 +394,8 @@ def evaluate(run: Run, log: Tracker, last: bool) -> tuple[dict, bool, bool]:
     log.write(
         f"iter {p.iter}: train loss {train_loss:.4f}, val loss {val_loss:.4f}{bpb} ({at:.1f}s)"
     )
-    if "heads" in record:
-        from interp.scores import strongest_heads
-
-        log.write(f"  heads: {strongest_heads(record['heads'])}")
-    if finite and cfg.log.circuits and run.rt.is_main and cfg.train.parallel != "fsdp":
-        from interp.circuit_training import log_circuits  # runs that log their circuits only
-
-        log_circuits(run, record, last, log)
+    for callback in run.callbacks if finite else []:
+        callback.on_eval(run, log, record, last)
     sampling = cfg.log.sample_every and p.iter > 0 and (last or p.iter % cfg.log.sample_every == 0)
     if finite and sampling and runs_extra_forwards(run):
         record["sample"] = draw_sample(run.model, run.dataset.tokenizer, cfg, run.rt)

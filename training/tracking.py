@@ -26,8 +26,12 @@ from common import json_text
 from common.errors import UserError
 from common.files import append_line, atomic_write
 from common.json_text import metrics_rows, read_metrics  # plot.py reads them without training/
+from data.dataset import Meta
+from runs.checkpoint import Progress
 from runs.config import to_dict
+from runs.config_schema import Config
 from runs.out_dir import METRICS
+from runs.runtime import Runtime
 from training.evaluation import final_eval_wanted
 from training.optim import schedule_warning
 
@@ -35,10 +39,13 @@ PLOT_SHARE = 0.01  # the most of a run's wall time that redrawing loss.png may t
 
 
 class Tracker:
-    def __init__(self, run):  # training/run.py's Run (which imports this module)
-        self.run = run
-        self.main = run.rt.is_main
-        self.metrics_path = run.out_dir / METRICS
+    def __init__(self, cfg: Config, rt: Runtime, progress: Progress):
+        self.cfg = cfg
+        self.rt = rt
+        self.progress = progress  # the run's, as its loop advances it
+        self.out_dir = Path(cfg.train.out_dir)
+        self.main = rt.is_main
+        self.metrics_path = self.out_dir / METRICS
         self.wandb = None
         self.last_record: dict[str, Any] = {}
         self.samples: list[list] = []  # [iteration, text] of each sample, for a wandb table
@@ -48,11 +55,11 @@ class Tracker:
         # the losses read back since the last log step
         self.loss_sum = 0.0
         self.loss_steps = 0
-        self.last_log = (run.progress.iter, run.progress.elapsed_s)  # (iteration, training seconds)
+        self.last_log = (progress.iter, progress.elapsed_s)  # (iteration, training seconds)
         self.first = self.last_log  # where this process started (a resumed run: where it resumed)
         self.bar = tqdm(
-            total=run.cfg.train.max_iters,
-            initial=run.progress.iter,
+            total=cfg.train.max_iters,
+            initial=progress.iter,
             disable=None if self.main else True,
             dynamic_ncols=True,
             unit="it",
@@ -60,26 +67,26 @@ class Tracker:
         self.plot_failed = False
         if not self.main:
             return
-        if not run.cfg.train.resume:
+        if not cfg.train.resume:
             self.metrics_path.unlink(missing_ok=True)
         elif self.metrics_path.is_file() and (
-            repaired := repair_metrics(self.metrics_path, run.progress.iter)
+            repaired := repair_metrics(self.metrics_path, progress.iter)
         ):
             self.write(repaired, sys.stderr)
-        log = run.cfg.log
+        log = cfg.log
         if log.wandb:
             import wandb
 
-            wandb_id = run.progress.wandb_id
+            wandb_id = progress.wandb_id
             self.wandb = wandb.init(
                 project=log.wandb_project,
                 name=log.wandb_run_name,
-                config=to_dict(run.cfg),
-                dir=str(run.out_dir),
+                config=to_dict(cfg),
+                dir=str(self.out_dir),
                 id=wandb_id,
                 resume="allow" if wandb_id else None,
             )
-            run.progress.wandb_id = self.wandb.id
+            progress.wandb_id = self.wandb.id
 
     def wall(self) -> float:
         """Seconds since the run started training (this process)."""
@@ -93,27 +100,26 @@ class Tracker:
         """One more iteration done."""
         self.bar.update(1)
 
-    def losses(self, it: int, loss_sum: float, steps: int, elapsed: float) -> None:
+    def losses(self, it: int, loss_sum: float, steps: int, elapsed: float, lr: float) -> None:
         """The summed mean losses of `steps` more iterations, up to iteration `it` (read back by the
         run, all ranks summed); every log.interval iterations (and at max_iters) show and log their
         mean."""
         self.loss_sum, self.loss_steps = self.loss_sum + loss_sum, self.loss_steps + steps
-        if it % self.run.cfg.log.interval and it != self.run.cfg.train.max_iters:
+        if it % self.cfg.log.interval and it != self.cfg.train.max_iters:
             return
         last_it, last_elapsed = self.last_log
-        mean_loss = self.loss_sum / (self.run.rt.world_size * self.loss_steps)
-        lr = self.run.optimizers[0].param_groups[0]["lr"]
-        tok_s = self.run.cfg.tokens_per_iter * (it - last_it) / max(elapsed - last_elapsed, 1e-9)
+        mean_loss = self.loss_sum / (self.rt.world_size * self.loss_steps)
+        tok_s = self.cfg.tokens_per_iter * (it - last_it) / max(elapsed - last_elapsed, 1e-9)
         self.bar.set_postfix(
             loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False
         )
         # no terminal (a batch job's log, a pipe): one line per log step instead
         if self.bar.disable:
-            total = self.run.cfg.train.max_iters
+            total = self.cfg.train.max_iters
             self.write(
                 f"iteration {it}/{total}: loss {mean_loss:.4f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s"
             )
-        tokens = it * self.run.cfg.tokens_per_iter
+        tokens = it * self.cfg.tokens_per_iter
         self.log(it, {"train/loss": mean_loss, "lr": lr, "tokens_per_s": tok_s, "tokens": tokens})
         self.loss_sum = 0.0
         self.loss_steps = 0
@@ -148,7 +154,7 @@ class Tracker:
         wall = time.perf_counter() - self.started
         if (
             not self.main
-            or not self.run.cfg.log.plot
+            or not self.cfg.log.plot
             or (not final and self.plot_seconds + (self.plot_cost or 1.0) > PLOT_SHARE * wall)
         ):
             return
@@ -159,7 +165,7 @@ class Tracker:
         from training.curves import plot_run  # matplotlib only once a run draws
 
         try:
-            plot_run(records, self.run.out_dir / "loss.png", title=str(self.run.out_dir))
+            plot_run(records, self.out_dir / "loss.png", title=str(self.out_dir))
         except UserError as e:  # a picture never stops training
             if not self.plot_failed:
                 self.write(f"warning: {e} (training goes on without it)", sys.stderr)
@@ -167,36 +173,28 @@ class Tracker:
         self.plot_cost = time.perf_counter() - start
         self.plot_seconds += self.plot_cost
 
-    def finish(self) -> None:
-        """The curves of the head scores (log.head_scores) and the line that says how the run
-        ended."""
-        run = self.run
+    def finish(self, n_val: int) -> None:
+        """The line that says how the run ended (`n_val`: the val split's tokens)."""
+        cfg = self.cfg
         last = self.last_record
-        p = run.progress
-        out_dir = run.out_dir
+        p = self.progress
+        out_dir = self.out_dir
         if not self.main:
             return
-        if run.cfg.log.head_scores:
-            from interp.plots import plot_training_curves  # matplotlib only when plotting
-
-            plot_training_curves(read_metrics(self.metrics_path), out_dir / "heads_training.png")
         exact = ""
-        n_val = run.dataset.meta.val_tokens
         if "final_val_loss" in last:
             bpb = f"; {last['final_val_bpb']:.3f} bits per byte" if "final_val_bpb" in last else ""
             n = last["final_val_tokens"]
             exact = f", final val loss {last['final_val_loss']:.4f} (exact: all {n:,} tokens{bpb})"
-        elif str(run.cfg.train.final_eval).lower() == "auto" and not final_eval_wanted(
-            "auto", n_val
-        ):
+        elif str(cfg.train.final_eval).lower() == "auto" and not final_eval_wanted("auto", n_val):
             self.write(
                 f"the val split has {n_val:,} tokens, too many for an exact eval at the end "
                 f"(train.final_eval=auto); measure it with: python eval.py {out_dir}"
             )
-        where = f"; checkpoints in {out_dir}" if run.cfg.train.save else ""
+        where = f"; checkpoints in {out_dir}" if cfg.train.save else ""
         here, wall = p.iter - self.first[0], f"{self.wall():.1f}s wall"
         # the totals are the run's; what this process did is its part since then
-        if run.cfg.train.resume:
+        if cfg.train.resume:
             since = p.elapsed_s - self.first[1]
             wall = f"resumed at iteration {self.first[0]}: {here} here in {since:.1f}s, {wall}"
         self.write(
@@ -216,16 +214,20 @@ def millions(n: int) -> str:
     return f"{n / 1e6:,.2f}M" if n >= 5_000 else f"{n:,}"
 
 
-def describe_run(run) -> None:
-    """What is about to train: the model, the dataset, the device, the batch; a resumed or LoRA
-    run."""
-    cfg = run.cfg
-    rt = run.rt
-    model = run.model
+def describe_run(
+    cfg: Config,
+    rt: Runtime,
+    model: torch.nn.Module,
+    meta: Meta,
+    progress: Progress,
+    compiled: bool,
+    changed: str,
+) -> None:
+    """What is about to train: the model, the dataset, the device, the batch; a resumed run (what
+    its config `changed`, in words) or a LoRA run."""
     if not rt.is_main:
         return
     mc = cfg.model
-    meta = run.dataset.meta
     every = model.num_params(non_embedding=False)  # as --dry-run counts
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(
@@ -233,9 +235,9 @@ def describe_run(run) -> None:
         f"{meta.train_tokens:,} train / {meta.val_tokens:,} val tokens"
     )
     print(
-        f"device {rt.device}, precision {rt.precision}, compile {'on' if run.compiled else 'off'}, "
+        f"device {rt.device}, precision {rt.precision}, compile {'on' if compiled else 'off'}, "
         f"{torch.get_num_threads()} threads; batch {cfg.train.batch_size} x {mc.block_size} tokens "
-        f"x {run.micro_steps} micro-step(s) x {rt.world_size} process(es) = "
+        f"x {cfg.train.grad_accum // rt.world_size} micro-step(s) x {rt.world_size} process(es) = "
         f"{cfg.tokens_per_iter:,} tokens/iteration"
     )
     warning = schedule_warning(cfg.optim, cfg.train)
@@ -244,11 +246,11 @@ def describe_run(run) -> None:
     if cfg.train.init_from and not cfg.train.resume:
         print(f"starting from the weights of {cfg.train.init_from} (fresh optimizer, iteration 0)")
     if cfg.train.resume:
-        p = run.progress
+        p = progress
         print(
             f"resuming at iteration {p.iter:,} of {cfg.train.max_iters:,} from "
-            f"{run.out_dir / 'last'} ({p.elapsed_s:.1f}s of training so far, best val loss "
-            f"{p.best_val_loss:.4f}){run.changed}"
+            f"{Path(cfg.train.out_dir) / 'last'} ({p.elapsed_s:.1f}s of training so far, best val "
+            f"loss {p.best_val_loss:.4f}){changed}"
         )
     if cfg.lora is not None:
         lc = cfg.lora
