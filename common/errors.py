@@ -1,14 +1,18 @@
-"""Errors meant for people: one line that says what is wrong and how to fix it, exit code 2.
+"""What a script says to a person: errors in one line that says what is wrong and how to fix it
+(exit code 2), and output that outlives its reader.
 
 Code anywhere raises `UserError("what is wrong; how to fix it")`; every script runs its `main` under
 `cli`, which prints `error: ...` and exits 2 (`--debug` or TINYGPT_DEBUG=1: the traceback).
 Importing this module makes a Ctrl-C during the seconds of imports one line (exit 130), which is why
-every script imports it first.
+every script imports it first. A closed pipe (`train.py | head -3`) or terminal: `guard` points the
+descriptor at os.devnull, and the program carries on without output (`keep_going`: training still
+writes its checkpoints) or `cli` ends it quietly with 141, as a process killed by SIGPIPE reports.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import importlib
 import os
@@ -16,8 +20,6 @@ import re
 import signal
 import sys
 from collections.abc import Callable
-
-from common.streams import OutputClosed, guard
 
 
 class UserError(Exception):
@@ -115,7 +117,7 @@ def cli(
 ) -> None:
     """Run main(argv) and exit with its code; a UserError becomes one line on stderr and exit 2,
     Ctrl-C the line `interrupted` and exit 130; a closed stdout exits 141 quietly, or with
-    `keep_going` only costs the output (common/streams.py)."""
+    `keep_going` only costs the output (`guard`)."""
     argv = sys.argv[1:] if argv is None else argv
     debug = debug_enabled(argv)
     argv = [a for a in argv if a != "--debug"]
@@ -139,3 +141,63 @@ def cli(
     except OutputClosed:
         sys.exit(141)
     sys.exit(code or 0)
+
+
+# --- output whose reader went away ---
+
+# the reader has gone: a pipe, a terminal, a socket
+GONE = {errno.EPIPE, errno.EIO, errno.ECONNRESET}
+
+
+class OutputClosed(BaseException):
+    """stdout or stderr lost its reader (`guard`)."""
+
+
+class GuardedStream:
+    """A text stream whose writes survive the loss of its reader (`guard`)."""
+
+    def __init__(self, stream, keep_going: bool):
+        self._stream = stream
+        self._keep_going = keep_going
+        self._gone = False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except OSError as e:
+                self._lost(e)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except OSError as e:
+                self._lost(e)
+
+    def _lost(self, e: OSError) -> None:
+        if e.errno not in GONE and not self._keep_going:
+            raise e
+        self._gone = True
+        # Python ignores SIGPIPE, so a closed pipe is an EPIPE here; restoring SIGPIPE's default
+        # would kill the process on any closed socket too. Pointed at os.devnull, every later
+        # write, Python's own flush at exit and native code's writes go nowhere.
+        # no descriptor (a test's capture)
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        if not self._keep_going:
+            raise OutputClosed from None
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding, ... of the stream itself
+        return getattr(self._stream, name)
+
+
+def guard(keep_going: bool) -> None:
+    """Wrap sys.stdout and sys.stderr (once) as `GuardedStream`s."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, GuardedStream):
+            setattr(sys, name, GuardedStream(stream, keep_going))

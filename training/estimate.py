@@ -7,7 +7,7 @@ Chinchilla's ~20, predicted peak training memory (training/memory.py), checkpoin
 of a few real steps on this machine (training/measure.py) projected over the run (or, for a CUDA
 config on a machine without one, the time on common GPUs from FLOPs at a stated MFU). The run is
 planned as training does it (`plan_dry_run`, with training/plan.py's functions), on the dataset
-data/recipes.py's `dataset_for_dry_run` gives and on the device and in the precision
+`dataset_for_dry_run` gives and on the device and in the precision
 runs/runtime.py chooses, and `check_as_the_run_does` first makes the real run's checks with its
 functions, so that what the run would refuse the dry run refuses in the same line. The memory is
 training's and the final exact eval's, the larger the run's peak. `_estimate` works the figures
@@ -16,17 +16,21 @@ out, training/dry_run_report.py writes them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from common import locks
 from common.errors import UserError
 from common.files import check_not_links
-from data.dataset import Dataset, dataset_folder
-from data.recipes import dataset_for_dry_run, recipe_vocab_size
+from data.dataset import LOCK, META_FILE, Dataset, dataset_folder, recipe_vocab_size, recipes
 from model.local_attention import block_layout
 from runs.checkpoint import OUT_DIR_ADVICE, Checkpoint
 from runs.config import Config, Request
@@ -57,7 +61,7 @@ from training.tracking import check_wandb_login
 
 
 def dry_run(request: Request) -> str:
-    """The dry run's report: nothing is trained or written (data/recipes.py's `dataset_for_dry_run`,
+    """The dry run's report: nothing is trained or written (`dataset_for_dry_run`,
     then `plan_dry_run`)."""
     data = requested_config(request).data  # a resume's: its checkpoint's
     with dataset_for_dry_run(data.dataset, data.dir) as dataset:
@@ -239,7 +243,7 @@ class DryRunPlan:
     cfg: Config  # final where the dataset is prepared (else model.vocab_size must be set)
     # the device and precision runs/runtime.py chooses (`planned`: taken where it is here)
     rt: Runtime
-    # data/recipes.py's `dataset_for_dry_run`: None when not prepared and from the hub
+    # `dataset_for_dry_run`: None when not prepared and from the hub
     dataset: Dataset | None
     pretrained: Pretrained | None  # train.init_from's model, read
     present: bool  # the device is here (a CUDA config on a machine without a GPU: False)
@@ -247,7 +251,7 @@ class DryRunPlan:
 
 
 def plan_dry_run(request: Request, dataset: Dataset | None) -> DryRunPlan:
-    """The run `request` asks for, on `dataset` (data/recipes.py's `dataset_for_dry_run`), planned
+    """The run `request` asks for, on `dataset` (`dataset_for_dry_run`), planned
     on the device runs/runtime.py chooses for it, where it is here: nothing is written. A resume
     is planned from its checkpoint's config and checked as the real run checks it
     (`starting_point`), then costed as a run from its start (the estimate is for the whole run)."""
@@ -292,3 +296,30 @@ def _fit_for_dry_run(
     if cfg.model.doc_mask and cfg.model.doc_token is None:  # its id changes no cost: any will do
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_token=0))
     return cfg
+
+
+@contextlib.contextmanager
+def dataset_for_dry_run(name: str, data_dir: str | Path | None = None) -> Iterator[Dataset | None]:
+    """The dry run's `ready_dataset`, which writes nothing where the user looks: the prepared
+    dataset; else, when its text is here (seconds), one prepared in a temporary folder deleted when
+    the block ends (its `Dataset.folder` is then not `dataset_folder`'s: the caller says so); None
+    when it is not prepared and would stream from the hub (hours: train.py prepares it on first use)
+    or is not known."""
+    if (dataset_folder(name, data_dir) / META_FILE).is_file():
+        yield Dataset.open(name, data_dir)
+        return
+    from data.prepare import prepare_dataset
+    from data.sources import HFText
+
+    recipe = recipes().get(name)
+    if recipe is None or isinstance(recipe.source, HFText):
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="tinygpt-dry-run-") as temporary:
+        print(f"preparing dataset {name} in a temporary folder for the dry run", file=sys.stderr)
+        prepare_dataset(Path(temporary) / name, recipe)
+        try:
+            yield Dataset.open(name, temporary)
+        finally:
+            # the reader's lock, held for the process otherwise
+            locks.release(Path(temporary) / name / LOCK)

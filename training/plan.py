@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import ConfigError, UserError
-from data.dataset import META_FILE, Dataset
-from data.recipes import FirstUse, ready_dataset
+from data.dataset import META_FILE, Dataset, FirstUse, ready_dataset
 from data.tokenizers import describe, same
 from model import GPTConfig
 from model.config import model_problem
@@ -188,7 +187,7 @@ def with_vocabulary(cfg: Config, vocab_size: int) -> Config:
 
 
 def _first_use_per_machine(ranks: Ranks) -> FirstUse:
-    """How a run prepares a known dataset on first use (data/recipes.py's `ready_dataset`): under
+    """How a run prepares a known dataset on first use (data/dataset.py's `ready_dataset`): under
     torchrun by local rank 0 of the machine while its other ranks wait for the files, before the
     process group starts (preparing FineWeb-Edu takes hours, longer than any collective should
     wait). With several machines it must be prepared beforehand: two machines sharing a filesystem
