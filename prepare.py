@@ -1,6 +1,6 @@
 """Prepare a dataset: text -> token ids in data/NAME (train and val, in shards), and meta.json.
 
-    python prepare.py shakespeare_char                 # a known dataset (data/dataset.py)
+    python prepare.py shakespeare_char                 # a known dataset (data/recipes.py)
     python prepare.py NAME --text-file notes.txt [--tokenizer char|gpt2|bpe:N]
     python prepare.py NAME --text-file notes.txt --tokenizer-from data/OTHER|out/RUN
                            [--drop-unknown]
@@ -23,7 +23,7 @@ import dataclasses
 from common.arguments import ScriptParser
 from data import DATA_DIR
 from data.bpe import BPETokenizer
-from data.dataset import META_FILE, dataset_folder, recipes
+from data.dataset import META_FILE, dataset_folder
 from data.prepare import (
     BPE_TRAIN_CHARS,
     SHARD_TOKENS,
@@ -32,6 +32,7 @@ from data.prepare import (
     prepare_dataset,
     tokenizer_from,
 )
+from data.recipes import recipes
 from data.sources import HFText, TextFile
 from data.tokenizers import parse_spec
 

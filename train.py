@@ -76,7 +76,7 @@ def parse_command_line(argv: list[str]) -> Request | None:
         print(to_yaml(cfg), end="")
         return None
     if "--dry-run" in flags:
-        from training.estimate import dry_run  # the dry run's estimates: only when asked
+        from dry_run.estimate import dry_run  # the dry run's estimates: only when asked
 
         print(dry_run(request))
         return None

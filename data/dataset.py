@@ -1,9 +1,4 @@
-"""A dataset: the known ones by name, and a prepared one, opened: its folder, found in one place;
-its metadata, typed and checked; its splits.
-
-`recipes()` names where each known dataset's text comes from and which tokenizer makes its ids.
-`ready_dataset` is the one way a run or a script opens a dataset, preparing a known one first
-(seconds for Shakespeare; TinyStories and FineWeb-Edu stream from the hub).
+"""A prepared dataset: its folder, found in one place; its metadata, typed and checked; its splits.
 
 A dataset NAME lives in DATA_DIR/NAME (or in `data.dir`): each split's token ids (data/shards.py)
 and meta.json, written last, so a folder without it is not prepared. Everything that reads a
@@ -18,11 +13,8 @@ from __future__ import annotations
 import functools
 import json
 import shlex
-import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,10 +24,7 @@ from common.errors import UserError
 from data import DATA_DIR, shards
 from data.loader import TokenWindows
 from data.shards import CHECKED_TOKENS, SPLITS, TokenFiles
-from data.tokenizers import Tokenizer, check_meta, from_meta, parse_spec, same
-
-if TYPE_CHECKING:
-    from data.prepare import Recipe
+from data.tokenizers import Tokenizer, check_meta, from_meta, same
 
 META_FILE = "meta.json"
 DTYPES = ("uint16", "uint32")
@@ -205,7 +194,7 @@ class Dataset:
     @classmethod
     def open(cls, name: str, data_dir: str | Path | None = None) -> Dataset:
         """The prepared dataset `name` in data_dir (None: data/); not prepared is one line saying
-        how. The one way to open one (`ready_dataset` prepares it first where
+        how. The one way to open one (data/recipes.py's `ready_dataset` prepares it first where
         needed)."""
         folder = dataset_folder(name, data_dir)
         if not (folder / META_FILE).is_file():
@@ -264,97 +253,3 @@ class Dataset:
                 f"the dataset in {self.folder} has another tokenizer than {what}; point --data-dir "
                 "at the data the model was trained on"
             )
-
-
-# --- the known datasets, and opening one ---
-
-SHAKESPEARE = str(DATA_DIR / "tinyshakespeare.txt")  # shipped, so the default run needs no download
-
-
-@functools.cache
-def recipes() -> dict[str, Recipe]:
-    """The known datasets by name: each one's text and tokenizer. Made on first call, so that
-    opening a prepared dataset imports nothing of the preparation."""
-    from data.prepare import Recipe
-    from data.repeats import Repeats
-    from data.sources import HFText, TextFile
-
-    return {
-        "shakespeare_char": Recipe(
-            TextFile(SHAKESPEARE), "char", "tiny Shakespeare (1.1M chars), one token per character"
-        ),
-        "shakespeare": Recipe(TextFile(SHAKESPEARE), "gpt2", "tiny Shakespeare with the GPT-2 BPE"),
-        "shakespeare_bpe1024": Recipe(
-            TextFile(SHAKESPEARE), "bpe:1024", "tiny Shakespeare with its own 1,024-token BPE"
-        ),
-        "tinystories": Recipe(
-            HFText("roneneldan/TinyStories", val_split="validation", streaming=True),
-            "bpe:4096",
-            "TinyStories (Eldan & Li 2023, ~2.1M short stories), streamed from the hub, own "
-            "4,096-token BPE",
-        ),
-        "fineweb_edu": Recipe(
-            HFText("HuggingFaceFW/fineweb-edu", name="sample-10BT", streaming=True, val_every=2000),
-            "gpt2",
-            "FineWeb-Edu sample-10BT (~10B GPT-2 tokens, ~20 GB of bins), streamed from the hub",
-        ),
-        "repeats": Recipe(
-            Repeats(), "char", "synthetic random segments that repeat (induction-head study)"
-        ),
-    }
-
-
-def recipe_vocab_size(name: str) -> int | None:
-    """The vocabulary known dataset `name` will have before it is prepared: its bpe:N's N (at most:
-    a text that runs out of pairs to merge gives fewer), GPT-2's; None for char (the text's
-    characters) or a name that is not known."""
-    recipe = recipes().get(name)
-    if recipe is None:
-        return None
-    kind, size = parse_spec(recipe.tokenizer)
-    if kind == "char":
-        return None
-    if kind == "trained_bpe":
-        return size
-    from data.bpe import BPETokenizer  # GPT-2's BPE: its vocabulary from tiktoken
-
-    return BPETokenizer(kind).vocab_size
-
-
-# how a first use prepares: called with the dataset's folder and the preparation, it runs the
-# preparation (training: once per machine under torchrun, training/plan.py's `run_dataset`)
-FirstUse = Callable[[Path, Callable[[], object]], None]
-
-
-def ready_dataset(
-    name: str,
-    data_dir: str | Path | None = None,
-    tokenizer_meta: dict | None = None,
-    first_use: FirstUse | None = None,
-) -> Dataset:
-    """Dataset `name` in data_dir (None: data/), opened; a known dataset not prepared yet is
-    prepared first (by `first_use`, where given). With `tokenizer_meta` (a checkpoint's), refused
-    when it was tokenised otherwise."""
-    folder = dataset_folder(name, data_dir)
-    if not (folder / META_FILE).is_file():
-        if name not in recipes():
-            raise UserError(
-                f"dataset {name!r} is not prepared in {folder} and is not a known dataset "
-                f"({', '.join(sorted(recipes()))}); prepare it with: {prepare_command(folder)}"
-            )
-        recipe = recipes()[name]
-
-        def prepare() -> None:
-            from data.prepare import prepare_dataset  # the preparation: only when there is one
-
-            print(f"preparing dataset {name} in {folder} (first use)", file=sys.stderr)
-            prepare_dataset(folder, recipe)
-
-        if first_use is None:
-            prepare()
-        else:
-            first_use(folder, prepare)
-    dataset = Dataset.open(name, data_dir)
-    if tokenizer_meta is not None:
-        dataset.check_tokenizer(tokenizer_meta, "the checkpoint")
-    return dataset

@@ -1,6 +1,6 @@
 """Prepare a dataset: text -> tokenizer -> shards of ids -> meta.json. The one preparation path.
 
-prepare.py is its command line; data/dataset.py runs it for a known dataset on first use.
+prepare.py is its command line; data/recipes.py runs it for a known dataset on first use.
 `prepare_dataset` holds the folder's lock exclusive (data/dataset.py: no preparation under a run
 that reads the dataset, nor beside another), makes or continues the preparation, and takes away a
 folder it made when it fails before a shard is complete; data/shard_writer.py writes the shards,
@@ -53,7 +53,7 @@ SHARD_TOKENS = 100_000_000
 
 @dataclass(frozen=True)
 class Recipe:
-    """A dataset's text and the tokenizer to make (the known ones are in data/dataset.py)."""
+    """A dataset's text and the tokenizer to make (the known ones are in data/recipes.py)."""
 
     source: Union[TextFile, HFText, Repeats]
     tokenizer: str  # "char", "bpe:N", or a tiktoken encoding ("gpt2")

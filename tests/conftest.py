@@ -100,8 +100,8 @@ def one_line_error(result: subprocess.CompletedProcess, message: str) -> None:
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
     """A data folder with shakespeare_char prepared (shared by the tests that train)."""
-    from data.dataset import recipes
     from data.prepare import prepare_dataset
+    from data.recipes import recipes
 
     d = tmp_path_factory.mktemp("data")
     prepare_dataset(d / "shakespeare_char", recipes()["shakespeare_char"], workers=1)

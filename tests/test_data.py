@@ -15,9 +15,10 @@ from conftest import ROOT, run_script
 
 from common.errors import UserError
 from data.bpe import BPETokenizer
-from data.dataset import ready_dataset, recipes, token_dtype
+from data.dataset import token_dtype
 from data.loader import TokenWindows
 from data.prepare import Recipe, prepare_dataset
+from data.recipes import ready_dataset, recipes
 from data.shards import TokenFiles
 from data.sources import HFText, TextFile
 from data.tokenizers import CharTokenizer, UnknownCharacters, from_meta
@@ -139,7 +140,7 @@ import resource, sys, dataclasses
 from pathlib import Path
 sys.path.insert(0, {str(ROOT)!r})
 from data.prepare import prepare_dataset
-from data.dataset import recipes
+from data.recipes import recipes
 recipe = recipes()["fineweb_edu"]
 def peak_after(name, files):
     source = dataclasses.replace(

@@ -14,10 +14,10 @@ import torch
 from conftest import TINY, run_script, train
 
 from common.errors import UserError
+from dry_run import estimate, measure, memory
 from model import GPT, GPTConfig
 from runs.config import load_config
 from runs.runtime import planned
-from training import estimate, measure, memory
 from training.evaluation import default_batch_size
 from training.plan import with_vocabulary
 

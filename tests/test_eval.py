@@ -23,8 +23,8 @@ from conftest import TINY, train
 
 from common.errors import UserError
 from data.bpe import BPETokenizer
-from data.dataset import SHAKESPEARE
 from data.evalsets import read_choices
+from data.recipes import SHAKESPEARE
 from data.tokenizers import CharTokenizer, from_meta
 from eval import score_choices
 from model import GPT, GPTConfig

@@ -221,7 +221,7 @@ def test_the_dry_run_predicts_the_precision_training_chooses_on_a_gpu_without_na
 ):
     """The dry run used to choose the precision itself, counting emulated bf16 as supported: on a T4
     or a V100 it predicted a bf16 run where training runs in fp16. Both ask runs/runtime.py now."""
-    from training import estimate
+    from dry_run import estimate
 
     cuda = fake_gpu(monkeypatch, (7, 5))  # a T4
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (15 * 2**30, 16 * 2**30))
@@ -270,7 +270,7 @@ def test_bench_memory_where_there_is_no_proc_is_not_measured(data_dir: Path, mon
     reported."""
     import builtins
 
-    from training import measure
+    from dry_run import measure
 
     real_open = builtins.open
 
@@ -302,7 +302,7 @@ def test_bench_memory_where_there_is_no_proc_is_not_measured(data_dir: Path, mon
     ],
 )
 def test_gpu_peaks_are_matched_by_exact_product_name(name, precision, tflops):
-    from training.hardware import gpu_peak_flops
+    from dry_run.hardware import gpu_peak_flops
 
     assert gpu_peak_flops(name, precision) == (tflops * 1e12 if tflops else None)
 

@@ -15,9 +15,9 @@ import eval as eval_script
 import heads as heads_script
 import sample as sample_script
 from common.errors import as_flags
+from dry_run import estimate
 from model import GPTConfig
 from runs.config import load_config
-from training import estimate
 
 SCRIPTS = {
     "sample.py": sample_script.main,

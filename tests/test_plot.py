@@ -95,7 +95,10 @@ def test_plot_draws_what_it_can_and_refuses_the_rest_in_one_line(tmp_path: Path,
     )
 
 
-OURS = ("common", "model", "data", "runs", "training", "interp", "hf", "gguf_export")
+OURS = (
+    *("common", "model", "sampling", "data", "runs", "training"),
+    *("dry_run", "interp", "hf", "gguf_export"),
+)
 COUNT = f"""
 import sys
 import plot

@@ -139,7 +139,7 @@ def test_a_run_made_with_overrides_resumes_without_typing_them_again(
     then its n_layer, were refused one at a time, and every override had to be typed again): the
     command line's overrides alone are applied, those a resume must keep named all at once; its
     dry run describes the checkpoint's model and checks the same."""
-    from training import estimate
+    from dry_run import estimate
 
     out = tmp_path / "out"
     shape = ("model.n_layer=1", "model.pos_emb=rope", "model.norm=rmsnorm")

@@ -116,8 +116,8 @@ def test_a_dry_run_writes_nothing(tmp_path: Path):
     """The issue's example: --dry-run prepared (wrote) the dataset while its first line said nothing
     is written. It still measures steps, on a copy prepared in a temporary folder, and says where
     train.py will prepare it."""
+    from dry_run import estimate
     from runs.config import load_config
-    from training import estimate
 
     shape = ["model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=16"]
     data, out = tmp_path / "data", tmp_path / "out"

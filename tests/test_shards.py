@@ -23,8 +23,9 @@ from conftest import ROOT, TINY, run_script, train_here
 from common.errors import UserError
 from common.files import size_text
 from data import shard_writer
-from data.dataset import SHAKESPEARE, Dataset
+from data.dataset import Dataset
 from data.prepare import Recipe, prepare_dataset
+from data.recipes import SHAKESPEARE
 from data.repeats import Repeats
 from data.sources import Documents, HFText, TextFile
 from model import GPT, GPTConfig

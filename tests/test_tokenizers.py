@@ -18,8 +18,8 @@ from conftest import ROOT, TINY, run_script
 
 from data.bpe import BPETokenizer, TrainedBPE
 from data.byte_level import EOT, byte_alphabet, split_losslessly
-from data.dataset import SHAKESPEARE, recipes
 from data.prepare import Recipe, prepare_dataset, tokenizer_from
+from data.recipes import SHAKESPEARE, recipes
 from data.sources import TextFile
 from data.tokenizers import CharTokenizer, bits_per_byte, from_meta
 

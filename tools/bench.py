@@ -32,14 +32,14 @@ import torch
 from common import json_text
 from common.errors import UserError, cli
 from common.threads import busy_neighbour
+from dry_run.hardware import peak_flops
+from dry_run.measure import measure_training_memory
 from model.gpt import attend
 from model.local_attention import LocalSpan, attend_locally, band_mask
 from runs.config import Config, from_arguments
 from runs.runtime import Runtime, setup
 from sampling.generate import generate, sample_next
 from sampling.quantize import quantize_int8
-from training.hardware import peak_flops
-from training.measure import measure_training_memory
 from training.plan import plan_run, run_dataset
 from training.run import Run, start_run, train_step
 

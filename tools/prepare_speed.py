@@ -32,7 +32,7 @@ import data.prepare as prep
 from common import json_text
 from data import encode, shard_writer
 from data.bpe import BPETokenizer, TrainedBPE
-from data.dataset import SHAKESPEARE
+from data.recipes import SHAKESPEARE
 from data.sources import TextFile
 from data.tokenizers import CharTokenizer, from_meta, parse_spec
 

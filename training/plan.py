@@ -4,7 +4,7 @@
 `plan_run` settles what the command line's config leaves open, in the order the code reads: the
 checkpoint to resume or the pretrained model to start from (whose shape the model section follows),
 the runtime and the process group, the vocabulary, and the checks that the model fits the data.
-training/run.py builds the run from the `Plan`; training/estimate.py's `plan_dry_run` plans one for
+training/run.py builds the run from the `Plan`; dry_run/estimate.py's `plan_dry_run` plans one for
 the dry run.
 """
 
@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import ConfigError, UserError
-from data.dataset import META_FILE, Dataset, FirstUse, ready_dataset
+from data.dataset import META_FILE, Dataset
+from data.recipes import FirstUse, ready_dataset
 from data.tokenizers import describe, same
 from model import GPTConfig
 from model.config import model_problem
@@ -187,7 +188,7 @@ def with_vocabulary(cfg: Config, vocab_size: int) -> Config:
 
 
 def _first_use_per_machine(ranks: Ranks) -> FirstUse:
-    """How a run prepares a known dataset on first use (data/dataset.py's `ready_dataset`): under
+    """How a run prepares a known dataset on first use (data/recipes.py's `ready_dataset`): under
     torchrun by local rank 0 of the machine while its other ranks wait for the files, before the
     process group starts (preparing FineWeb-Edu takes hours, longer than any collective should
     wait). With several machines it must be prepared beforehand: two machines sharing a filesystem

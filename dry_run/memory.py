@@ -5,7 +5,7 @@ inputs, attention inputs and output, the MLP's hidden activations, dropout masks
 documents' blocks, model/local_attention.py) and the head's log-softmax; under autocast the 2-byte
 copies and cast weights. On top: fp32 weights, the gradients and optimizer state of what trains, and
 the backward pass's working set. The counts were read off autograd's saved tensors
-(saved_tensors_hooks); tests/test_estimate.py keeps checking them against training/measure.py's
+(saved_tensors_hooks); tests/test_estimate.py keeps checking them against dry_run/measure.py's
 measurement. `final_eval_memory` counts the exact val eval at the end of a run: its forwards keep
 nothing for backward but take many windows at once (`forward_peak`, read off the tensors a forward
 holds). What is counted, and what is not measured (the GPU, torch.compile's savings, LoRA), is in

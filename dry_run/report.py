@@ -1,4 +1,4 @@
-"""The dry run's report (training/estimate.py works its figures out): an `Estimate`, every figure
+"""The dry run's report (dry_run/estimate.py works its figures out): an `Estimate`, every figure
 of a planned run, written as the lines `python train.py CONFIG --dry-run` prints: the model, its
 compute, the tokens, the memory (training's and the final eval's), the checkpoint, the time, and the
 warnings the real run would give.
@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from common.files import size_text
 from data.dataset import Meta
+from dry_run.hardware import PROJECTION_MFU, projected_seconds
+from dry_run.measure import Timing
+from dry_run.memory import Memory, Params
 from runs.config import Config
-from training.hardware import PROJECTION_MFU, projected_seconds
-from training.measure import Timing
-from training.memory import Memory, Params
 from training.optim import schedule_warning
 from training.run import NONFINITE_FIX
 from training.tracking import millions
@@ -22,7 +22,7 @@ from training.tracking import millions
 CHINCHILLA_TOKENS_PER_PARAM = 20
 SMALLER_BATCH = "lower train.batch_size (raise train.grad_accum)"  # memory that does not fit
 INDENT = " " * 12  # the report's values start in this column
-# PyTorch code the first steps page in on a CPU (training/measure.py)
+# PyTorch code the first steps page in on a CPU (dry_run/measure.py)
 CPU_RUNTIME_BYTES = 15 * 2**20
 
 
@@ -293,7 +293,7 @@ def _time_lines(e: Estimate) -> list[str]:
 
 
 def _gpu_line(e: Estimate) -> str:
-    """The run's time on common GPUs (training/hardware.py's `projected_seconds`)."""
+    """The run's time on common GPUs (dry_run/hardware.py's `projected_seconds`)."""
     # activation checkpointing computes the blocks' forward again: time the MFU does not count
     flops = e.iterations * e.cfg.tokens_per_iter * e.params.flops_per_token * (1 + e.recompute)
     projected = [f"{gpu} {_duration(s)}" for gpu, s in projected_seconds(flops).items()]

@@ -3,15 +3,15 @@ time.
 
 `python train.py CONFIG --dry-run` prints `dry_run(cfg)`: parameters (embedding and the rest),
 training FLOPs per token, tokens per iteration and in all, epochs, tokens per parameter against
-Chinchilla's ~20, predicted peak training memory (training/memory.py), checkpoint size, and the time
-of a few real steps on this machine (training/measure.py) projected over the run (or, for a CUDA
+Chinchilla's ~20, predicted peak training memory (dry_run/memory.py), checkpoint size, and the time
+of a few real steps on this machine (dry_run/measure.py) projected over the run (or, for a CUDA
 config on a machine without one, the time on common GPUs from FLOPs at a stated MFU). The run is
 planned as training does it (`plan_dry_run`, with training/plan.py's functions), on the dataset
 `dataset_for_dry_run` gives and on the device and in the precision
 runs/runtime.py chooses, and `check_as_the_run_does` first makes the real run's checks with its
 functions, so that what the run would refuse the dry run refuses in the same line. The memory is
 training's and the final exact eval's, the larger the run's peak. `_estimate` works the figures
-out, training/dry_run_report.py writes them.
+out, dry_run/report.py writes them.
 """
 
 from __future__ import annotations
@@ -30,17 +30,10 @@ import torch
 from common import locks
 from common.errors import UserError
 from common.files import check_not_links
-from data.dataset import LOCK, META_FILE, Dataset, dataset_folder, recipe_vocab_size, recipes
-from model.local_attention import block_layout
-from runs.checkpoint import OUT_DIR_ADVICE, Checkpoint
-from runs.config import Config, Request
-from runs.out_dir import check_room, held, held_advice, holds_run
-from runs.pretrained import Pretrained
-from runs.runtime import Runtime, compile_enabled, planned
-from training.dry_run_report import Estimate, report_lines
-from training.evaluation import default_batch_size, final_eval_wanted, sample_prompt
-from training.measure import Timing, time_steps
-from training.memory import (
+from data.dataset import LOCK, META_FILE, Dataset, dataset_folder
+from data.recipes import recipe_vocab_size, recipes
+from dry_run.measure import Timing, time_steps
+from dry_run.memory import (
     checkpoint_bytes,
     count_params,
     final_eval_memory,
@@ -48,6 +41,14 @@ from training.memory import (
     recompute_share,
     saved_params,
 )
+from dry_run.report import Estimate, report_lines
+from model.local_attention import block_layout
+from runs.checkpoint import OUT_DIR_ADVICE, Checkpoint
+from runs.config import Config, Request
+from runs.out_dir import check_room, held, held_advice, holds_run
+from runs.pretrained import Pretrained
+from runs.runtime import Runtime, compile_enabled, planned
+from training.evaluation import default_batch_size, final_eval_wanted, sample_prompt
 from training.plan import (
     Plan,
     fit_to_data,
