@@ -19,7 +19,6 @@ from torch.utils.checkpoint import checkpoint
 
 from model.config import GPTConfig
 from model.hooks import HookPoint, run_with_cache, speed_up_hook_points
-from model.local_attention import LocalSpan, attend_locally, attention_span, document_starts
 
 
 class CausalSelfAttention(nn.Module):
@@ -55,21 +54,39 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         if kv_cache is not None:  # generation: the keys and values cached so far join this step's
             k, v = kv_cache.update(self.layer_idx, k, v)  # (B, H_kv, S, d): S keys in all
-        y = self.attend(q, k, v, mask)  # (B, H, T, d)
+        dropout = self.dropout if self.training else 0.0
+        if self.hook_pattern.fns is None:  # nothing reads the weights: a kernel computes the same
+            y = attend_fast(q, k, v, mask, dropout)  # (B, H, T, d)
+        else:
+            y = attend(q, k, v, mask, dropout, self.hook_pattern)
         y = self.hook_z(y.transpose(1, 2))  # (B, T, H, d): each head's output
         y = y.contiguous().view(B, T, C)  # the heads side by side again
         return self.resid_dropout(self.W_O(y))
 
-    def attend(self, q, k, v, mask):
-        """Each query's softmax-weighted mix of the values, by the fastest path that computes it."""
-        dropout = self.dropout if self.training else 0.0
-        if self.hook_pattern.fns is not None:  # a hook reads the weights: write them down
-            return attend_explicitly(q, k, v, mask, dropout, self.hook_pattern)
-        # a sliding window or documents: in blocks, at a cost linear in T (model/local_attention.py)
-        attention = attend_locally if isinstance(mask, LocalSpan) else attend
-        if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-            return in_fp32(attention, q, k, v, mask, dropout)
-        return attention(q, k, v, mask, dropout)
+
+def attend(q, k, v, mask=None, dropout=0.0, hook_pattern=None):
+    """softmax(q k^T / sqrt(d) + mask) v: each query's weighted mix of the values, for q
+    (B, H, T, d) over k, v (B, H_kv, S, d) (grouped-query attention: each key/value head serves
+    H / H_kv query heads).
+
+    `mask` None: causal, the T queries being the last T of the S keys; a boolean tensor, True where
+    a query may look, (T, S) or (B, 1, T, S); or a LocalSpan (a window, documents). `hook_pattern`
+    may read or replace the weights (B, H, T, S). `attend_fast` computes the same without them.
+    """
+    T, S = q.size(2), k.size(2)
+    if mask is None:  # causal: the queries are the last T keys
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+    elif not isinstance(mask, torch.Tensor):  # a LocalSpan
+        mask = mask.dense(T, q.device)
+    group = q.size(1) // k.size(1)  # query heads per key/value head
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, T, S)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    weights = weights.type_as(q)
+    if hook_pattern is not None:
+        weights = hook_pattern(weights)
+    return F.dropout(weights, dropout) @ v
 
 
 class MLP(nn.Module):
@@ -202,9 +219,11 @@ class GPT(nn.Module):
         cfg = self.config
         if kv_cache is not None:  # which of its slots each token may see is the cache's to say
             return kv_cache.mask(idx, cfg)
-        starts = document_starts(idx, cfg.doc_token, pos) if cfg.doc_mask else None
-        if cfg.window is None and starts is None:
+        if cfg.window is None and not cfg.doc_mask:
             return None
+        from model.local_attention import LocalSpan, document_starts  # windows and documents only
+
+        starts = document_starts(idx, cfg.doc_token, pos) if cfg.doc_mask else None
         return LocalSpan(cfg.window, starts)
 
     @torch.no_grad()
@@ -254,55 +273,44 @@ class GPT(nn.Module):
         frozen = sum(
             p.numel() for p in self.parameters() if not p.requires_grad and id(p) not in lookups
         )
+        from model.local_attention import attention_span
+
         attention = 12 * cfg.n_layer * cfg.n_embd * attention_span(seq_len, cfg.window)
         return 6 * self.num_params(non_embedding=True) - 2 * frozen + attention
 
 
-# --- attention ---
+# --- attention's fast paths: `attend`'s numbers, the weights never written down ---
 
 
-def attend(q, k, v, mask=None, dropout=0.0):
-    """softmax(q k^T / sqrt(d) + mask) v for q (B, H, T, d) over k, v (B, H_kv, S, d), through
-    F.scaled_dot_product_attention, which picks a flash kernel.
+def attend_fast(q, k, v, mask, dropout):
+    """`attend` by the fastest path that computes it: SDPA's fused kernel (`attend_fused`), or for a
+    window or documents (a LocalSpan) model/local_attention.py's blocks, at a cost linear in T; bf16
+    on a CPU takes the detour through fp32 (`attend_in_fp32`)."""
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        return attend_in_fp32(q, k, v, mask, dropout)
+    if mask is None or isinstance(mask, torch.Tensor):
+        return attend_fused(q, k, v, mask, dropout)
+    from model.local_attention import attend_locally  # only models with a window or documents
 
-    `mask` None: causal, the T queries being the last T of the S keys (as many keys as queries, or
-    one query that sees every key); else boolean, True where a query may look, (T, S) or
-    (B, 1, T, S). Keys and values may have fewer heads than the queries (grouped-query attention):
-    each serves its group of query heads, uncopied (`enable_gqa`).
-    """
-    causal = mask is None and q.size(2) > 1
+    return attend_locally(q, k, v, mask, dropout)
+
+
+def attend_fused(q, k, v, mask, dropout):
+    """`attend` (mask None or a boolean tensor) through F.scaled_dot_product_attention, which picks
+    a flash kernel; grouped key/value heads serve their query heads uncopied (`enable_gqa`)."""
+    causal = mask is None and q.size(2) > 1  # a single query (a step) sees every key
     gqa = k.size(1) != q.size(1)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, enable_gqa=gqa
     )
 
 
-def attend_explicitly(q, k, v, mask, dropout=0.0, hook_pattern=None):
-    """The same as `attend` (or, for a LocalSpan, `attend_locally`), written out: the weights
-    (B, H, T, S) go through `hook_pattern`, which may read or replace them, before they weight the
-    values."""
-    T, S = q.size(2), k.size(2)
-    if mask is None:  # causal: the queries are the last T keys
-        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-    elif isinstance(mask, LocalSpan):
-        mask = mask.dense(T, q.device)
-    group = q.size(1) // k.size(1)  # query heads per key/value head
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, T, S)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
-    weights = weights.type_as(q)
-    if hook_pattern is not None:
-        weights = hook_pattern(weights)
-    return F.dropout(weights, dropout) @ v
-
-
-def in_fp32(attention, q, k, v, mask, dropout):
-    """`attention` computed in fp32 outside autocast, its output in q's dtype: PyTorch's CPU flash
-    kernel is several times slower in bf16 (BENCHMARKS.md, "Attention in fp32 under CPU
+def attend_in_fp32(q, k, v, mask, dropout):
+    """bf16 on a CPU: `attend_fast` in fp32 outside autocast, the output in bf16: PyTorch's CPU
+    flash kernel is several times slower in bf16 (BENCHMARKS.md, "Attention in fp32 under CPU
     autocast")."""
     with torch.autocast("cpu", enabled=False):
-        return attention(q.float(), k.float(), v.float(), mask, dropout).to(q.dtype)
+        return attend_fast(q.float(), k.float(), v.float(), mask, dropout).to(q.dtype)
 
 
 # --- rotary positions, norms, dropout ---

@@ -12,7 +12,7 @@ import torch
 
 from common.errors import UserError
 from data.dataset import Dataset, Meta
-from model import GPT, GPTConfig, gpt
+from model import GPT, GPTConfig, gpt, local_attention
 from model.local_attention import (
     LocalSpan,
     attend_locally,
@@ -61,9 +61,7 @@ def test_windowed_attention_equals_the_explicit_masked_one_forward_and_backward(
     ours = outputs_and_gradients(
         lambda q, k, v: attend_locally(q, k, v, LocalSpan(window), 0.0), inputs
     )
-    theirs = outputs_and_gradients(
-        lambda q, k, v: gpt.attend_explicitly(q, k, v, mask, 0.0), inputs
-    )
+    theirs = outputs_and_gradients(lambda q, k, v: gpt.attend(q, k, v, mask, 0.0), inputs)
     assert_all_close(ours, theirs)
 
 
@@ -96,13 +94,13 @@ def test_document_mask_equals_an_explicit_mask(window):
     span = LocalSpan(window, starts)
     ours = outputs_and_gradients(lambda q, k, v: attend_locally(q, k, v, span, 0.0), inputs)
     theirs = outputs_and_gradients(
-        lambda q, k, v: gpt.attend_explicitly(q, k, v, allowed[:, None], 0.0), inputs
+        lambda q, k, v: gpt.attend(q, k, v, allowed[:, None], 0.0), inputs
     )
     assert_all_close(ours, theirs)
 
 
 def explicit_attention(q, k, v, mask, dropout):
-    return gpt.attend_explicitly(q, k, v, mask, dropout)
+    return gpt.attend(q, k, v, mask, dropout)
 
 
 @pytest.mark.parametrize("doc_mask", [False, True])
@@ -133,7 +131,7 @@ def test_a_windowed_model_learns_the_same_through_the_blocks_as_through_the_expl
         return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
 
     ours = loss_and_gradients()
-    monkeypatch.setattr(gpt, "attend_locally", explicit_attention)
+    monkeypatch.setattr(local_attention, "attend_locally", explicit_attention)
     assert_all_close(ours, loss_and_gradients())
 
 
