@@ -58,29 +58,14 @@ def head_edits(heads: Heads, kind: str, means: Optional[list[torch.Tensor]], T: 
     return [Edit("z", layer, means[layer][:T, head], head=head) for layer, head in heads]
 
 
-def _text_metrics(model: GPT, x, y, interventions) -> np.ndarray:
-    """(1 + interventions, B, 2): each window's val loss and ICL score, intact and under each
-    intervention."""
-    values = np.zeros((1 + len(interventions), x.size(0), 2))
-    for which, rows, logits in passes(model, x, interventions):
+def _metrics(model: GPT, idx, targets, interventions, measure) -> np.ndarray:
+    """(1 + interventions, B, 2): measure(logits (G B, T, V), targets (G B, T)), two values per
+    row, of each row of idx, intact and under each intervention."""
+    values = np.zeros((1 + len(interventions), idx.size(0), 2))
+    for which, rows, logits in passes(model, idx, interventions):
         G, B, T, V = logits.shape
-        flat = logits.reshape(G * B, T, V)
-        targets = y[rows].repeat(G, 1)
-        loss = token_losses(flat, targets).mean(dim=1).view(G, B)
-        icl = icl_differences(flat, targets).view(G, B)
-        values[which, rows] = torch.stack([loss, icl], dim=2).double().cpu().numpy()
-    return values
-
-
-def _repeat_metrics(model: GPT, tokens, n: int, interventions) -> np.ndarray:
-    """(1 + interventions, B, 2): each sequence's first- and second-half loss on [R, R], intact
-    and under each intervention."""
-    values = np.zeros((1 + len(interventions), tokens.size(0), 2))
-    for which, rows, logits in passes(model, tokens, interventions):
-        G, B, T, V = logits.shape
-        first, second = repeat_losses(logits.reshape(G * B, T, V), tokens[rows].repeat(G, 1), n)
-        halves = torch.stack([first.view(G, B), second.view(G, B)], dim=2)
-        values[which, rows] = halves.double().cpu().numpy()
+        pair = measure(logits.reshape(G * B, T, V), targets[rows].repeat(G, 1))
+        values[which, rows] = torch.stack([p.reshape(G, B) for p in pair], dim=2).double().cpu()
     return values
 
 
@@ -120,8 +105,21 @@ def ablate(
             if kind == "mean"
             else None
         )
-        text = _text_metrics(model, x, y, [head_edits(g, kind, means, x.size(1)) for g in groups])
-        rep = _repeat_metrics(model, tokens, n, [head_edits(g, kind, means, 2 * n) for g in groups])
+        # each window's val loss and ICL score; each sequence's first- and second-half loss
+        text = _metrics(
+            model,
+            x,
+            y,
+            [head_edits(g, kind, means, x.size(1)) for g in groups],
+            lambda logits, y: (token_losses(logits, y).mean(dim=1), icl_differences(logits, y)),
+        )
+        rep = _metrics(
+            model,
+            tokens,
+            tokens,
+            [head_edits(g, kind, means, 2 * n) for g in groups],
+            lambda logits, targets: repeat_losses(logits, targets, n),
+        )
     # in the order of METRICS, each the mean over its inputs
     text_mean = text.mean(axis=1)
     rep_mean = rep.mean(axis=1)

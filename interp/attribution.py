@@ -88,19 +88,12 @@ def agreement(estimated, real) -> dict[str, float]:
     x = np.ravel(np.asarray(real, dtype=float))
     y = np.ravel(np.asarray(estimated, dtype=float))
     slope = float((x * y).sum() / (x * x).sum()) if (x * x).sum() > 0 else float("nan")
+    constant = x.std() == 0 or y.std() == 0
     return {
-        "correlation": round(correlation(x, y), 4),
+        "correlation": round(float("nan") if constant else float(np.corrcoef(x, y)[0, 1]), 4),
         "slope": round(slope, 4),
         "mean_error": round(float((y - x).mean()), 4),
     }
-
-
-def correlation(a, b) -> float:
-    """Pearson's correlation of two tables' values (nan when either is constant)."""
-    x, y = np.ravel(np.asarray(a, dtype=float)), np.ravel(np.asarray(b, dtype=float))
-    if x.std() == 0 or y.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(x, y)[0, 1])
 
 
 def compare(

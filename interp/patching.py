@@ -90,14 +90,6 @@ def row_effects(
     return (values[1:] - base) / (source - base)
 
 
-def effects(
-    model: GPT, task: Task, interventions: Sequence[Sequence[Edit]], ends: tuple[float, float]
-):
-    """Each intervention's effect on the task's base run, the mean of its rows' `row_effects`,
-    (len(interventions),)."""
-    return row_effects(model, task, interventions, ends).mean(dim=1)
-
-
 def metric_ends(model: GPT, task: Task) -> tuple[float, float]:
     """The task's metric on its base run and on its source run."""
     with torch.no_grad():
@@ -115,7 +107,7 @@ def patch_task(model: GPT, task: Task, tables: Sequence[str] = ("heads", *POSITI
         ends = metric_ends(model, task)
         out = task.ends(*ends)
         for table, interventions in patch_edits(model, cache, tables).items():
-            values = effects(model, task, interventions, ends)
+            values = row_effects(model, task, interventions, ends).mean(dim=1)
             shape = (cfg.n_layer, cfg.n_head) if table == "heads" else (cfg.n_layer, -1)
             if table == "head_positions":
                 shape = (cfg.n_layer, cfg.n_head, -1)

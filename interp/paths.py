@@ -23,7 +23,7 @@ from typing import Optional, Union
 import torch
 
 from interp.graph import EMBEDDINGS
-from interp.interventions import Edit, intervene
+from interp.interventions import Edit, intervene, rows_per_pass
 from interp.patching import metric_ends, row_effects
 from interp.scores import evaluating
 from interp.tasks import Task
@@ -32,7 +32,6 @@ from model.hooks import run_with_cache
 
 RECEIVER_KINDS = ("q", "k", "v", "mlp", "logits")
 Sender = Union[tuple[int, int], str]  # (layer, head), EMBEDDINGS or an MLP's name (MLP0)
-SENDER_BATCH_BYTES = 1 << 29  # activations of the sender runs held at once, roughly
 
 
 @dataclass(frozen=True)
@@ -87,20 +86,13 @@ def sender_runs(model: GPT, task: Task, senders: Sequence[Sequence[Sender]], poi
     return {name: x[1:] for name, x in cache.items()}
 
 
-def _sets_per_batch(model: GPT, task: Task) -> int:
-    """How many sender sets one batched sender run may hold."""
-    cfg = model.config
-    (B, T) = task.base.shape
-    per_set = 4 * B * T * (cfg.vocab_size + 16 * cfg.n_embd)
-    return max(1, SENDER_BATCH_BYTES // per_set)
-
-
 @torch.no_grad()
 def receiver_edits(model: GPT, task: Task, paths: Sequence[Path]) -> list[list[Edit]]:
     """Step 2's edits of each path: its receivers' inputs from its sender run (run here, in
     batches)."""
     interventions = []
-    step = _sets_per_batch(model, task)
+    (B, T) = task.base.shape
+    step = max(1, rows_per_pass(model, T) // B - 1)  # sender sets per run, beside the base rows
     with evaluating(model):
         for start in range(0, len(paths), step):
             chunk = paths[start : start + step]
