@@ -1,10 +1,9 @@
 """Where raw text comes from: a local text file, a Hugging Face dataset (hub or local files), or a
-generator.
+generator. A source yields a split's text ("train" or "val") lazily, as documents or as consecutive
+pieces of one text (`separate_documents`), so a corpus larger than memory streams through.
 
-A source yields a split's text ("train" or "val") lazily, as documents or as consecutive pieces of
-one text (`separate_documents`), so a corpus larger than memory streams through. `documents(split,
-start)` returns `Documents`, which say where the source stands after the last one (`position()`,
-JSON-able) and start from such a position: what lets a stopped preparation continue
+`documents(split, start)` returns `Documents`, which say where the source stands after the last one
+(`position()`, JSON-able) and start from such a position: what lets a stopped preparation continue
 (data/shard_writer.py).
 - `TextFile`: one UTF-8 file, read as common/user_text.py reads every text a person gives; its first
   (1 - val_fraction) of bytes are train, the rest val (as nanoGPT splits it); positions: byte
@@ -12,8 +11,7 @@ JSON-able) and start from such a position: what lets a stopped preparation conti
 - `HFText`: `datasets.load_dataset(...)`, one document per row; every `val_every`-th goes to val (or
   `val_split`); streaming, its position is the iterator's own `state_dict()`: a resume skips nothing
   twice.
-- `repeats` (data/repeats.py): synthetic sequences with repeated segments, for the induction-head
-  study.
+- `repeats` (data/repeats.py): synthetic sequences with repeated segments, for the induction study.
 """
 
 from __future__ import annotations

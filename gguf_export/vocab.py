@@ -6,12 +6,10 @@ names, merges by rank and looks the pieces up. For each kind the ids are exactly
 - GPT-2 BPE: GPT-2's vocabulary and merges (hf/tokenizer_files.py), pre-tokenizer "gpt-2";
   <|endoftext|> (50256) is a control token, so a literal "<|endoftext|>" in text stays text, as in
   ours.
-- bpe:N: its own vocabulary and merges, from the `tokenizers` JSON it carries; <|endoftext|> is id
-  0.
-- char: each character one token, its UTF-8 bytes joined by merges; the list ends with a merge that
-  never applies (two 0xFF bytes), since llama.cpp refuses a BPE with no merges. The GGUF adds
-  <|endoftext|> after our ids, as llama.cpp needs an end-of-text token (gguf_export/writer.py gives
-  it a row).
+- bpe:N: its own vocabulary and merges, from the `tokenizers` JSON it carries; <|endoftext|> is 0.
+- char: each character one token, its UTF-8 bytes joined by merges, and a last merge that never
+  applies (`NEVER`: llama.cpp refuses a BPE with no merges). The GGUF adds <|endoftext|> after our
+  ids, as llama.cpp needs an end-of-text token (gguf_export/writer.py gives it a row).
 Rows past the tokenizer's (a padded embedding) are unused "[PADn]" tokens. The others:
 docs/hugging-face.md.
 """

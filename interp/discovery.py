@@ -10,10 +10,9 @@ Scores, each the fraction of the task's effect (m(model) - m(none)) one edge car
   backward passes however many edges, the default for larger graphs;
 - plain edge attribution (EAP, Syed et al. 2023), the gradient at the clean run alone, for
   comparison: it misses edges whose effect a softmax saturates (docs/heads.md). `--scores both` runs
-  exact and EAP-IG and prints their rank agreement (Spearman's rho, and the ROC AUC of EAP-IG's
-  scores at finding the exact circuit's edges). The circuit: the strongest k edges by score, the
-  smallest k whose faithfulness reaches the target (the curve of f against k, on a grid and bisected
-  where it crosses), without the edges off every path from the embeddings to the logits."""
+  exact and EAP-IG and prints their `rank_agreement`. The circuit: the smallest k whose strongest k
+  edges reach the target (`curve`), without the edges off every path from the embeddings to the
+  logits."""
 
 from __future__ import annotations
 

@@ -1,21 +1,18 @@
 """The forward pass with any set of the graph's edges kept (interp/graph.py), many sets at once.
 
 The clean input runs once per mask (a "copy"); each reader's input is rebuilt from the writers'
-outputs a_w and their ablated outputs c_w:
+outputs a_w and their ablated outputs c_w (the attention output biases alike in every run):
     input_r = sum_w c_w + biases + sum_w keep[w, r] (a_w - c_w)
-(the attention output biases are in every run alike). Copies run as one batch that splits off at
-layer `start`: before it, every mask keeps every edge, and one copy serves them all. Two ways to
-build a reader:
-- sparse, for masks that differ from the model in a few edges (exact edge patching: one each): a
-  reader is built only in the copies that remove an edge into it, as the pass's own stream minus the
-  removed changes, or from the ablated input plus the few kept ones, whichever adds fewer terms;
-  only the changes some reader reads are kept;
-- dense, for circuits: every reader of a layer in every copy, as one batched product of the masks
-  and the changes; it is differentiable in the masks and keeps each reader's input (`inputs`), for
-  gradients. The model is called as model(idx) under hook points (model/hooks.py): resid_pre (the
-  embeddings, where the copies split), attn.q/k/v (the built readers' rows replaced, before QK-norm
-  and rotary positions), attn.z (each head's output through its slice of W_O), resid_mid and mlp_out
-  (an MLP recomputed from its built input), and the last resid_post (the logits' input)."""
+Copies run as one batch that splits off at layer `start`: before it every mask keeps every edge,
+and one copy serves them all. A reader is built
+- sparse, for masks that differ from the model in a few edges (exact edge patching: one each): only
+  in the copies that remove an edge into it, by whichever adds fewer terms (`EdgeRun._plan`); only
+  the changes some reader reads are kept;
+- dense, for circuits: every reader of a layer in every copy, one batched product of the masks and
+  the changes, differentiable in the masks, each reader's input kept (`inputs`) for gradients.
+Hook points (model/hooks.py): resid_pre (the embeddings, where copies split), attn.q/k/v (built
+rows, before QK-norm and rotary), attn.z (each head through its slice of W_O), resid_mid and mlp_out
+(an MLP recomputed from its built input), the last resid_post (the logits' input)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,17 @@
-"""How much of a task's behaviour a circuit carries, what it leaves out, and whether a smaller one
-would do.
+"""How much of a task's behaviour a circuit carries, what it leaves out, whether a smaller one does.
 
 A circuit is a set of the graph's edges (interp/graph.py); the rest carry the ablated run (resample
 by default). For the task's metric m (interp/tasks.py: the answer's log-probability, or a logit
 difference; `--metric kl`: minus the KL divergence of the run's next-token distribution from the
-clean one, where the metric reads), each row of the task gives m(C), m(model) (every edge) and
-m(none) (no edge), and
+clean one, where the metric reads), each row gives m(C), m(model) (every edge), m(none) (no edge):
 - faithfulness f(C) = (m(C) - m(none)) / (m(model) - m(none)), the means over the rows, with a 90%
   bootstrap interval over them; 1: the circuit does all the model does, 0: nothing;
-- incompleteness (Wang et al. 2022): the largest |m(C - K) - m(model - K)| over subsets K of C,
-  normalised the same way, from random subsets and a greedy search (a complete circuit loses what
-  the model loses);
+- incompleteness (Wang et al. 2022): the largest |m(C - K) - m(model - K)| over subsets K of C
+  (`incompleteness`), normalised the same way: a complete circuit loses what the model loses;
 - minimality: the share of C's edges whose removal alone lowers f by at least MINIMAL_DROP;
-- the left-out edges that carry most: f(C + e) - f(C) for each edge e outside C. Every number
-  depends on the ablation: a circuit faithful under resample ablation need not be under mean or zero
-  ablation, whose "none" is a different run. `assess` reports them all, JSON-ready."""
+- the left-out edges that carry most: f(C + e) - f(C) for each edge e outside C.
+Every number depends on the ablation: a circuit faithful under resample ablation need not be under
+mean or zero ablation, whose "none" is another run. `assess` reports them all, JSON-ready."""
 
 from __future__ import annotations
 
