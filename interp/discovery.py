@@ -29,13 +29,14 @@ from interp.faithfulness import (
     assess,
     connected,
     faithfulness,
-    interval,
+    interval_or_reason,
     metric_values,
     noise,
     normalise,
 )
 from interp.graph import ABLATION_WORDS, writer_outputs
 from interp.scores import evaluating
+from interp.task_circuit import MIN_CHANGE
 from model.hooks import hooked
 
 EXACT_EDGES = (
@@ -44,6 +45,42 @@ EXACT_EDGES = (
 IG_STEPS = 5
 METHODS = ("auto", "exact", "eap-ig", "eap", "both")
 GRID = 24  # curve points before the bisection
+KL_WORDS = "minus the KL divergence of the run's next-token predictions from the clean run's"
+# discovered.json's fields, written into it ("fields") and docs/heads.md
+FIELDS = {
+    "task": "the task: its inputs and its own metric",
+    "ablation": "what a removed edge carries: resample (its output on the corrupted input), mean "
+    "or zero",
+    "metric": f"what f reads: task (the task's own metric) or kl ({KL_WORDS})",
+    "metric_model": "the metric with every edge kept (the model), the mean over the rows",
+    "metric_none": "the metric with no edge kept (the ablated run), the mean over the rows",
+    "gap": "metric_model - metric_none: what the model does on the task; f is a share of it",
+    "noise": "the gap's standard error over the rows",
+    "rows": "the task's rows (sequences, windows or lines)",
+    "method": "how the edges were scored: exact (patching), eap-ig, eap, or exact+eap-ig",
+    "seconds": "the time each scoring took",
+    "target": "the f the circuit had to reach (--target)",
+    "reached": "whether the strongest k edges reach the target for some k (else all are kept)",
+    "prefix": "k: the strongest edges the circuit was cut at (all of them where the target is not "
+    "reached), before the edges off every path from the embeddings to the logits are dropped",
+    "curve": "f of the strongest k edges, for each k measured",
+    "area": "the area under the curve, against the share of the edges kept",
+    "size": "the circuit's edges",
+    "faithfulness": "f = (m(circuit) - metric_none) / gap: the share of the gap the circuit "
+    "carries (1: all the model does, 0: none of it)",
+    "interval": "f's 90% bootstrap interval over the rows",
+    "incompleteness": "the most f that removing a set K of its edges costs the circuit and the "
+    "model differently (K: `removed`)",
+    "minimality": "the share of its edges (at most 64 tried) whose removal alone lowers f by at "
+    "least 0.01, and the least needed ones",
+    "left_out": "the edges outside that raise f most when added alone: [from, to, kind, gain]",
+    "held_out": "f measured again on other rows (a built-in task's next seed)",
+    "agreement": "with --scores both: EAP-IG's ranking against exact patching's (Spearman's rho, "
+    "ROC AUC at finding the exact circuit's edges)",
+    "edges": "every edge: from, to, kind (q, k, v, mlp or logits), score (the share of the gap "
+    "the edge carries alone: the metric's fall when it alone is removed, over the gap), kept",
+    "missing": "the numbers that could not be given, each with why",
+}
 
 
 @torch.no_grad()
@@ -107,17 +144,24 @@ def ranks(x: np.ndarray) -> np.ndarray:
 
 def rank_agreement(scores: np.ndarray, reference: np.ndarray, positives: np.ndarray) -> dict:
     """Spearman's rho of two edge scorings, and the ROC AUC of `scores` at telling the `positives`
-    (a boolean per edge: the reference circuit's edges) from the others."""
-    rho = float(np.corrcoef(ranks(scores), ranks(reference))[0, 1])
+    (a boolean per edge: the reference circuit's edges) from the others; where one has no value,
+    "missing" says why."""
+    out: dict = {}
+    missing = {}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = float(np.corrcoef(ranks(scores), ranks(reference))[0, 1])
+    if np.isfinite(rho):
+        out["spearman"] = round(rho, 4)
+    else:
+        missing["spearman"] = "one of the scorings gives every edge the same score"
     pos = scores[positives]
     neg = scores[~positives]
     if len(pos) == 0 or len(neg) == 0:
-        auc = float("nan")
+        missing["roc_auc"] = "the circuit holds every edge or none: nothing to tell apart"
     else:
-        auc = float(
-            (pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean()
-        )
-    return {"spearman": round(rho, 4), "roc_auc": round(auc, 4)}
+        auc = (pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean()
+        out["roc_auc"] = round(float(auc), 4)
+    return out | ({"missing": missing} if missing else {})
 
 
 def prefix_masks(order: list[int], sizes: list[int], n: int) -> torch.Tensor:
@@ -173,6 +217,7 @@ def score_edges(setup: TaskGraph, method: str) -> dict[str, torch.Tensor]:
 
 def summary(setup: TaskGraph) -> dict:
     """The task, the ablation and the metric's two ends, for a report."""
+    spread = noise(setup)
     return {
         "task": setup.task.description,
         "ablation": setup.ablation.kind,
@@ -180,7 +225,7 @@ def summary(setup: TaskGraph) -> dict:
         "metric_model": round(float(setup.full.mean()), 4),
         "metric_none": round(float(setup.none.mean()), 4),
         "gap": round(setup.gap, 4),
-        "noise": round(noise(setup), 4),
+        **({"noise": round(spread, 4)} if spread is not None else {}),
         "rows": len(setup.full),
     }
 
@@ -208,36 +253,49 @@ def discover(setup: TaskGraph, method: str = "auto", target: float = 0.9, seed: 
     scores = found["scores"]
     keep, k, points = cut(setup, scores, target)
     assessed = assess(setup, keep, seed, limit=16)
+    del assessed["interval"]  # where there is one
+    bounds = interval_or_reason(setup, metric_values(setup, keep[None])[0], seed)
+    missing = bounds.pop("missing", {})
     result = {
         **summary(setup),
         "method": "+".join(scores),
         "seconds": found["seconds"],
         "target": target,
         "reached": k is not None,
-        "prefix": k,
+        "prefix": k if k is not None else len(setup.graph),
         "curve": {str(n): round(v, 4) for n, v in points.items()},
         "area": area(points),
         **assessed,
+        **bounds,
     }
     if len(scores) == 2:
         positives = keep.numpy() > 0
         result["agreement"] = rank_agreement(
             scores["eap-ig"].numpy(), scores["exact"].numpy(), positives
         )
+        missing |= result["agreement"].pop("missing", {})
+    if "noise" not in result:
+        missing["noise"] = "one row, whose gap has no spread (a standard error needs two or more)"
+    if missing:
+        result["missing"] = missing
     result["edges"] = edge_list(setup, scores, keep)
+    result["fields"] = FIELDS
     return result
 
 
 def held_out(setup: TaskGraph, keep: torch.Tensor, seed: int) -> dict:
-    """The circuit's faithfulness measured again on another task's rows (`setup`'s)."""
+    """The circuit's faithfulness measured again on another task's rows (`setup`'s); none where
+    their gap is under MIN_CHANGE ("missing" says so)."""
     values = metric_values(setup, keep[None])[0]
-    f = float(normalise(setup, values))
-    return {
-        "seed": seed,
-        "rows": len(values),
-        "faithfulness": round(f, 4),
-        "interval": interval(setup, values),
-    }
+    out = {"seed": seed, "rows": len(values), "gap": round(setup.gap, 4)}
+    if not setup.gap >= MIN_CHANGE:
+        why = f"the gap on these rows is {setup.gap:.3f}, under {MIN_CHANGE}: too little to share"
+        return out | {"missing": {"faithfulness": why}}
+    return (
+        out
+        | {"faithfulness": round(float(normalise(setup, values)), 4)}
+        | interval_or_reason(setup, values)
+    )
 
 
 def kept_mask(setup: TaskGraph, edges: list[dict]) -> torch.Tensor:
@@ -285,14 +343,20 @@ def format_discovery(found: dict) -> str:
     """--discover's report for people: the task and its gap, the curve, the circuit and its
     measures, the rank agreement, the strongest kept edges."""
     n = len(found["edges"])
+    task = f"task: {found['task']}"
+    if found["metric"] == "kl":  # the task's own metric is not the one measured
+        task += f"; measured instead by --metric kl: {KL_WORDS}, where the task reads"
+    if "noise" in found:
+        spread = f" ± {found['noise']:.3f} (standard error over the {found['rows']} rows)"
+    else:
+        spread = f" (no standard error: {found['missing']['noise']})"
     lines = [
-        f"task: {found['task']}",
+        task,
         f"  metric ({found['metric']}) {found['metric_model']:+.3f} with every edge, "
-        f"{found['metric_none']:+.3f} with none: a gap of {found['gap']:.3f} "
-        f"± {found['noise']:.3f} (standard error over the {found['rows']} rows); "
+        f"{found['metric_none']:+.3f} with none: a gap of {found['gap']:.3f}{spread}; "
         f"{found['ablation']} ablation: {ABLATION_WORDS[found['ablation']]}",
     ]
-    if found["rows"] > 1 and found["gap"] < 2 * found["noise"]:
+    if "noise" in found and found["gap"] < 2 * found["noise"]:
         lines.append("  warning: the gap is within twice its standard error: f is a share of noise")
     seconds = ", ".join(f"{k} {v:.2f} s" for k, v in found["seconds"].items())
     lines += [
@@ -304,39 +368,63 @@ def format_discovery(found: dict) -> str:
     ]
     if "agreement" in found:
         a = found["agreement"]
+        missing = found.get("missing", {})
+        rho = f"{a['spearman']:.3f}" if "spearman" in a else f"none ({missing['spearman']})"
+        auc = f"{a['roc_auc']:.3f}" if "roc_auc" in a else f"none ({missing['roc_auc']})"
         lines.append(
-            f"EAP-IG against exact patching: Spearman {a['spearman']:.3f}; ROC AUC "
-            f"{a['roc_auc']:.3f} at finding the exact circuit's edges"
+            f"EAP-IG against exact patching: Spearman {rho}; ROC AUC {auc} at finding the exact "
+            "circuit's edges"
         )
     kept = [(e["from"], e["to"], e["kind"], e["score"]) for e in found["edges"] if e["kept"]]
     lines.append("strongest kept edges: " + format_edges(kept[:8]))
     return "\n".join(lines)
 
 
+def _bounds(found: dict) -> str:
+    """f's interval, or why there is none."""
+    if "interval" in found:
+        return f"[{found['interval'][0]:.3f}, {found['interval'][1]:.3f}]"
+    return f"(no interval: {found['missing']['interval']})"
+
+
 def _format_cut(found: dict) -> list[str]:
     """The circuit the curve was cut at, and its measures."""
-    low, high = found["interval"]
+    f = f"f = {found['faithfulness']:.3f} {_bounds(found)}"
     if found["reached"]:
         lines = [
-            f"circuit: {found['size']} edges reach f = {found['faithfulness']:.3f} [{low:.3f}, "
-            f"{high:.3f}] (target {found['target']}; the strongest {found['prefix']}, less any "
-            "edge off a path from the embeddings to the logits)"
+            f"circuit: {found['size']} edges reach {f} (target {found['target']}; the strongest "
+            f"{found['prefix']}, less any edge off a path from the embeddings to the logits)"
         ]
     else:
-        lines = [f"circuit: no set of the strongest edges reaches f = {found['target']}; all kept"]
+        lines = [
+            f"circuit: no set of the strongest edges reaches f = {found['target']}; all "
+            f"{found['size']} kept: {f}"
+        ]
     minimal = found["minimality"]
+    share = "none" if minimal["share"] is None else f"{minimal['share']:.2f}"
     lines += [
         f"  f is for {found['ablation']} ablation: another ablation gives another f (--ablation)",
         f"  incompleteness {found['incompleteness']['value']:.3f} (the most f that removing a set "
         "of its edges costs the circuit and the model differently)",
-        f"  minimality {minimal['share']:.2f} of {minimal['edges']} edges each lower f by at least "
+        f"  minimality {share} of {minimal['edges']} edges each lower f by at least "
         f"{MINIMAL_DROP} when removed alone",
         f"  left out, the most: {format_edges(found['left_out'])}",
     ]
     if "held_out" in found:
-        h = found["held_out"]
+        lines += _format_held_out(found["held_out"], found["target"])
+    return lines
+
+
+def _format_held_out(h: dict, target: float) -> list[str]:
+    """The circuit's f on other rows, and a remark where it falls below the target."""
+    where = f"  on {h['rows']} other rows (seed {h['seed']}):"
+    if "faithfulness" not in h:
+        return [f"{where} no f ({h['missing']['faithfulness']})"]
+    lines = [f"{where} f = {h['faithfulness']:.3f} {_bounds(h)}"]
+    if h["faithfulness"] < target:
         lines.append(
-            f"  on {h['rows']} other rows (seed {h['seed']}): f = {h['faithfulness']:.3f} "
-            f"[{h['interval'][0]:.3f}, {h['interval'][1]:.3f}]"
+            f"  below the target {target} there: the circuit was cut to reach it on the rows it "
+            "was found on and carries less of the task on others; one found on more rows "
+            "(--sequences) or for a higher --target may hold better"
         )
     return lines

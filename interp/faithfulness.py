@@ -131,21 +131,46 @@ def faithfulness(setup: TaskGraph, keep: torch.Tensor) -> torch.Tensor:
     return normalise(setup, metric_values(setup, keep))
 
 
-def interval(setup: TaskGraph, values: torch.Tensor, seed: int = 0) -> tuple[float, float]:
-    """f's 90% bootstrap interval over the rows, from one mask's metric values (B,)."""
+def _resampled(setup: TaskGraph, values: torch.Tensor, seed: int) -> np.ndarray:
+    """f on BOOTSTRAP resamples of the rows, less those whose gap is 0 (f a share of nothing)."""
     gen = np.random.default_rng(seed)
     rows = torch.from_numpy(gen.integers(0, len(values), size=(BOOTSTRAP, len(values))))
     full = setup.full[rows].mean(dim=1)
     none = setup.none[rows].mean(dim=1)
-    f = (values[rows].mean(dim=1) - none) / (full - none)
-    low, high = np.quantile(f.numpy(), [0.05, 0.95])
+    f = ((values[rows].mean(dim=1) - none) / (full - none)).numpy()
+    return f[np.isfinite(f)]
+
+
+def interval(setup: TaskGraph, values: torch.Tensor, seed: int = 0) -> tuple[float, float]:
+    """f's 90% bootstrap interval over the rows, from one mask's metric values (B,); (nan, nan)
+    where no resample has a gap (`interval_or_reason` says why)."""
+    f = _resampled(setup, values, seed)
+    if len(f) == 0:
+        return float("nan"), float("nan")
+    low, high = np.quantile(f, [0.05, 0.95])
     return round(float(low), 4), round(float(high), 4)
 
 
-def noise(setup: TaskGraph) -> float:
-    """The standard error of the clean-corrupted gap over the rows."""
+def interval_or_reason(setup: TaskGraph, values: torch.Tensor, seed: int = 0) -> dict:
+    """{"interval": [low, high]}, or {"missing": {"interval": why there is none}}: one row (every
+    resample is that row), or resamples of the rows whose gap is 0."""
+    if len(values) < 2:
+        why = "one row, which every resample of the rows repeats (an interval needs two or more)"
+        return {"missing": {"interval": why}}
+    f = _resampled(setup, values, seed)
+    if len(f) < 0.9 * BOOTSTRAP:
+        why = (
+            f"{BOOTSTRAP - len(f)} of {BOOTSTRAP} resamples of the rows have no gap between every "
+            "edge and none: rows with a gap of 0 carry no share"
+        )
+        return {"missing": {"interval": why}}
+    return {"interval": list(interval(setup, values, seed))}
+
+
+def noise(setup: TaskGraph) -> Optional[float]:
+    """The standard error of the clean-corrupted gap over the rows (None for one row: no spread)."""
     diff = setup.full - setup.none
-    return float(diff.std() / max(1, len(diff)) ** 0.5) if len(diff) > 1 else float("inf")
+    return float(diff.std() / len(diff) ** 0.5) if len(diff) > 1 else None
 
 
 def connected(graph: Graph, keep: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from common import json_text
+from common.errors import UserError
 from common.files import atomic_write
 from interp.attribution import attribute, compare, format_attribution
 from interp.circuit_picture import plot_circuit
@@ -165,11 +166,31 @@ def write_discovery(model, task, options: dict, out: Path, ckpt: Path, other=Non
     from interp.faithfulness import prepare
 
     setup = prepare(model, task, options["ablation"], options["metric"])
+    _check_gap(setup)
     found = discover(setup, options["scores"], options["target"], options["seed"])
     if other is not None:
         again = prepare(model, other, options["ablation"], options["metric"])
         found["held_out"] = held_out(again, kept_mask(setup, found["edges"]), options["seed"] + 1)
     print(format_discovery(found))
+    written = write_json(out / "discovered.json", ckpt, found)
+    # the picture and the page draw an interval: where there is none, f alone (the JSON says why)
+    found = {"interval": [found["faithfulness"]] * 2, **found}
     cfg = model.config
     plot_discovered(found, cfg.n_layer, cfg.n_head, cfg.mlp, out / "discovered.png")
-    return found, [write_json(out / "discovered.json", ckpt, found), out / "discovered.png"]
+    return found, [written, out / "discovered.png"]
+
+
+def _check_gap(setup) -> None:
+    """f is a share of the gap between every edge and none: refused (before any edge is scored)
+    where the gap is under MIN_CHANGE, which the ablation or --metric kl can make it."""
+    from interp.task_circuit import MIN_CHANGE
+
+    if setup.gap >= MIN_CHANGE:
+        return
+    full, none = float(setup.full.mean()), float(setup.none.mean())
+    fix = "try --ablation resample" if setup.ablation.kind != "resample" else "give a task it does"
+    raise UserError(
+        f"--discover: the {setup.metric} metric is {full:+.3f} with every edge and {none:+.3f} "
+        f"with none ({setup.ablation.kind} ablation), a gap of {setup.gap:.3f}; f is a share of "
+        f"that gap, which must be at least {MIN_CHANGE} (every edge above none); {fix}"
+    )

@@ -46,6 +46,21 @@ def _token(text: str, tokenizer, what: str) -> int:
     return ids[0]
 
 
+def _no_gap(same_prompts: bool, same_answers: bool, at: str) -> None:
+    """Refused: a line that cannot tell the clean run from the corrupted one (it has no gap, and f's
+    interval divides by 0 on resamples of it alone)."""
+    if same_prompts:
+        raise UserError(
+            f"{at} the clean and the corrupted prompt are the same tokens: a line with no "
+            "difference has no gap to share; change the corrupted prompt"
+        )
+    if same_answers:
+        raise UserError(
+            f"{at} answer and wrong are the same token: their logit difference is 0 on every run; "
+            "give a wrong answer that differs"
+        )
+
+
 def read_task_file(path: str, tokenizer, context: int | None) -> tuple[list, list[dict]]:
     """The lines of a task file, checked, with their ids: ([(clean, corrupted, answer, wrong or
     None)], the lines as read)."""
@@ -80,6 +95,7 @@ def read_task_file(path: str, tokenizer, context: int | None) -> tuple[list, lis
         wrong = (
             _token(line["wrong"], tokenizer, f"{at} the wrong answer") if "wrong" in line else None
         )
+        _no_gap(clean == corrupted, answer == wrong, f"{path}:{number}:")
         rows.append((clean, corrupted, answer, wrong))
         lines.append(line)
     if not rows:

@@ -11,10 +11,10 @@ from pathlib import Path
 from common.errors import UserError
 from common.user_text import user_text
 from data.prompts import encode_prompt
-from interp.patching import predictions
+from interp.patching import metric_ends, predictions
 from interp.plots import token_labels
 from interp.scores import HEAD_NAME, head_name
-from interp.task_circuit import check_task
+from interp.task_circuit import MIN_CHANGE
 from interp.task_file import file_task
 from interp.tasks import previous_token_task, prompt_pair, repeat_task
 
@@ -72,17 +72,37 @@ def circuit_task(model, args: argparse.Namespace, prompts, tokenizer):
     corrupted; a prompt pair's metric names its tokens."""
     if prompts:
         task = prompt_pair(model, *prompts, name=lambda i: f"“{token_labels([i], tokenizer)[0]}”")
+        fix = "give another prompt pair"
     else:
         task = repeat_task(model, args.sequences or 16, args.seed)
-    try:
-        return check_task(model, task)
-    except ValueError as e:
-        fix = (
-            "give another prompt pair"
-            if prompts
-            else "give --circuit CLEAN CORRUPTED for a task it does"
+        fix = "give --circuit CLEAN CORRUPTED for a task it does"
+    check_rows(task, "--circuit", "the random draws matched; give another --seed")
+    return check_effect(model, task, "--circuit", fix)
+
+
+def check_rows(task, option: str, fix: str) -> None:
+    """Refused: a row whose clean and corrupted inputs are the same (it has no gap: f's interval
+    divides by 0 on resamples of it alone)."""
+    same = (task.clean == task.corrupted).all(dim=1).nonzero()[:, 0].tolist()
+    if same:
+        raise UserError(
+            f"{option}: row {same[0] + 1} of {len(task.clean)} has the same clean and corrupted "
+            f"input, so no gap to share; {fix}"
         )
-        raise UserError(f"--circuit: {e}; {fix}") from None
+
+
+def check_effect(model, task, option: str, fix: str):
+    """The task, refused unless the model's metric on the clean input beats the corrupted one's by
+    MIN_CHANGE: else there is no circuit to find."""
+    clean, corrupted = metric_ends(model, task.noised())
+    if clean - corrupted >= MIN_CHANGE:
+        return task
+    raise UserError(
+        f"{option}: the model does the task too little to find a circuit: its metric is "
+        f"{clean:+.3f} on the clean input and {corrupted:+.3f} on the corrupted one, "
+        f"{clean - corrupted:+.3f}, where the clean must beat the corrupted by at least "
+        f"{MIN_CHANGE}; {fix}"
+    )
 
 
 def discover_tasks(model, args: argparse.Namespace, val, tokenizer):
@@ -98,10 +118,13 @@ def discover_tasks(model, args: argparse.Namespace, val, tokenizer):
         discovery_task(model, args.discover, val, tokenizer, args.sequences, args.seed + k)
         for k in range(2 if args.discover in BUILT_IN else 1)
     ]
-    try:
-        check_task(model, made[0])
-    except ValueError as e:
-        raise UserError(f"--discover: {e}; give a task the model does") from None
+    fix = {
+        "induction": "the random draws matched; give another --seed",
+        "previous-token": "no window has another token before the last; give more --sequences",
+    }
+    for task in made:  # a task file's lines are checked as it is read
+        check_rows(task, f"--discover {args.discover}", fix.get(args.discover, ""))
+    check_effect(model, made[0], "--discover", "give a task the model does")
     return made[0], made[1] if len(made) > 1 else None
 
 

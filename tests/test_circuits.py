@@ -558,7 +558,10 @@ def test_heads_command_on_hugging_face_folders(data_dir: Path, tmp_path: Path, c
     fresh.mkdir()
     folders.write_model(fresh, cfg.model, checkpoint.model_weights(GPT(cfg.model)), chars)
     script_error(
-        capsys, command.main, [str(fresh), "--circuit", *sizes], "no better on the clean input"
+        capsys,
+        command.main,
+        [str(fresh), "--circuit", *sizes],
+        "the model does the task too little to find a circuit",
     )
 
 
