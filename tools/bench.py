@@ -34,7 +34,7 @@ from common.errors import UserError, cli
 from common.threads import busy_neighbour
 from dry_run.hardware import peak_flops
 from dry_run.measure import measure_training_memory
-from model.gpt import attend
+from model.gpt import attend_fused
 from model.local_attention import LocalSpan, attend_locally, band_mask
 from runs.config import Config, from_arguments
 from runs.runtime import Runtime, setup
@@ -278,10 +278,10 @@ def attention_paths(window: int) -> dict:
 
     def dense(q, k, v):
         T = q.size(2)
-        return attend(q, k, v, band_mask(T, T, 0, window, q.device), 0.0)
+        return attend_fused(q, k, v, band_mask(T, T, 0, window, q.device), 0.0)
 
     return {
-        "full causal": (lambda q, k, v: attend(q, k, v, None, 0.0), math.inf),
+        "full causal": (lambda q, k, v: attend_fused(q, k, v, None, 0.0), math.inf),
         f"window {window}": (
             lambda q, k, v: attend_locally(q, k, v, LocalSpan(window), 0.0),
             math.inf,
