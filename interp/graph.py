@@ -90,19 +90,27 @@ class Graph:
         w, r = self.edges[e]
         return self.writers[w], self.readers[r].node, self.readers[r].kind
 
+    def reader(self, target: str, kind: str) -> Reader:
+        """Node `target`'s input `kind` (a query head's name for its key or value: its group's
+        reader); KeyError if there is none."""
+        head = HEAD_NAME.fullmatch(target)
+        if head and kind in ("k", "v"):
+            group = self.n_head // self.kv_heads
+            layer, h = int(head.group(1)), int(head.group(2))
+            target = kv_name(layer, h // group, self.n_head, self.kv_heads)
+        for reader in self.readers:
+            if (reader.node, reader.kind) == (target, kind):
+                return reader
+        raise KeyError(f"no reader {target} ({kind}) in this model's graph")
+
     def find(self, source: str, target: str, kind: str) -> int:
         """The index of the edge source -> target through `kind` (a query head's name for its key
         or value: its group's reader); KeyError if there is none."""
-        head = HEAD_NAME.fullmatch(target)
-        if head and kind in ("k", "v"):
-            layer = int(head.group(1))
-            h = int(head.group(2))
-            group = self.n_head // self.kv_heads
-            target = kv_name(layer, h // group, self.n_head, self.kv_heads)
-        for e in range(len(self.edges)):
-            if self.edge_names(e) == (source, target, kind):
-                return e
-        raise KeyError(f"no edge {source} -> {target} ({kind}) in this model's graph")
+        try:
+            edge = self.writers.index(source), self.readers.index(self.reader(target, kind))
+            return self.edge_index[edge]
+        except (KeyError, ValueError):
+            raise KeyError(f"no edge {source} -> {target} ({kind}) in this model's graph") from None
 
 
 def build_graph(n_layer: int, n_head: int, kv_heads: int, mlp: bool) -> Graph:

@@ -5,13 +5,13 @@ path-patching effect), the nodes that write the answer, and how much of the task
 On a task of interp/tasks.py (by default [R, R] against [R', R]), in the noising direction (what
 breaks when one thing alone is corrupted): nodes are the heads and MLPs whose patch
 (interp/patching.py) moves the metric at least NODE_THRESHOLD of the way (at most MAX_NODES); edges
-are the paths from the embeddings and each node into a later node (a head's q, k or v, an MLP's
-input) and into the logits (its direct effect), whose path-patching effect (interp/paths.py)
-reaches EDGE_THRESHOLD, head to head with its composition score (interp/circuits.py); the heads'
-direct logit attribution (interp/lens.py). Each number is a fraction of the clean-to-corrupted
-change of the metric (but the attribution: logits), with its standard error over the task's rows.
-The circuit's edges, those into the logits included, are a set of the graph's (interp/graph.py):
-its faithfulness, incompleteness and minimality are interp/faithfulness.py's. The induction model's
+are the graph's (interp/graph.py) from the embeddings and each node into a later node (a head's q,
+k or v, an MLP's input) and into the logits (its direct effect), each scored by path patching
+(interp/paths.py), those reaching EDGE_THRESHOLD kept, head to head with its composition score
+(interp/circuits.py); the heads' direct logit attribution (interp/lens.py). Each number is a
+fraction of the clean-to-corrupted change of the metric (but the attribution: logits), with its
+standard error over the task's rows. The kept edges' faithfulness, incompleteness and minimality
+are interp/faithfulness.py's. The induction model's
 circuit: docs/heads.md.
 """
 
@@ -25,11 +25,11 @@ import torch
 
 from interp.circuits import KINDS, all_composition_scores, composition_baseline, copying_scores
 from interp.faithfulness import assess, prepare
-from interp.graph import EMBEDDINGS, LOGITS, mlp_name
+from interp.graph import EMBEDDINGS, LOGITS, Graph, mlp_name, model_graph
 from interp.interventions import Edit
 from interp.lens import direct_attribution, head_attributions
 from interp.patching import cached_points, metric_ends, patch_edits, row_effects
-from interp.paths import Receiver, path_effects
+from interp.paths import path_effects
 from interp.scores import HEAD_NAME, THRESHOLD, evaluating, head_name, head_roles
 from interp.tasks import Task
 from interp.weights import head_weights
@@ -67,31 +67,6 @@ def answer_attribution(model: GPT, task: Task) -> np.ndarray:
     return total
 
 
-def stage(node: str) -> int:
-    """Where a node writes and reads in the forward pass: 2 L for a head of layer L, 2 L + 1 for its
-    MLP (as interp/graph.py orders them); -1 for the embeddings."""
-    if node == EMBEDDINGS:
-        return -1
-    if node.startswith("MLP"):
-        return 2 * int(node[3:]) + 1
-    return 2 * int(node[1 : node.index("H")])
-
-
-def sender(node: str):
-    """A node as interp/paths.py names a sender: a head's (layer, head), else its name (the
-    embeddings, an MLP)."""
-    head = HEAD_NAME.fullmatch(node)
-    return (int(head.group(1)), int(head.group(2))) if head else node
-
-
-def receivers(node: str) -> list[tuple[str, Receiver]]:
-    """The inputs of a node a path can end in: a head's q, k and v, an MLP's input."""
-    if node.startswith("MLP"):
-        return [("mlp", Receiver("mlp", int(node[3:])))]
-    layer, head = sender(node)
-    return [(kind, Receiver(kind, layer, head)) for kind in KINDS]
-
-
 def node_effects(model: GPT, noised: Task) -> tuple[list[str], torch.Tensor]:
     """Every head's and MLP's effect on each row when its output alone is patched:
     (names, (N, B))."""
@@ -111,14 +86,14 @@ def node_effects(model: GPT, noised: Task) -> tuple[list[str], torch.Tensor]:
     return names + [mlp_name(layer) for layer in range(cfg.n_layer) if cfg.mlp], found
 
 
-def select_nodes(names: list[str], effects: list[float]) -> list[str]:
+def select_nodes(names: list[str], effects: list[float], stage: dict[str, int]) -> list[str]:
     """The nodes whose patch goes at least NODE_THRESHOLD of the way (at most MAX_NODES, the
-    strongest), in the order of the forward pass."""
+    strongest), in the order of the forward pass (`stage`: each writer's, interp/graph.py's)."""
     strong = sorted(
         ((abs(e), n) for n, e in zip(names, effects) if abs(e) >= NODE_THRESHOLD), reverse=True
     )
     kept = [n for _, n in strong[:MAX_NODES]]
-    return sorted(kept, key=lambda n: (stage(n), n))
+    return sorted(kept, key=lambda n: (stage[n], n))
 
 
 def _role(
@@ -148,24 +123,33 @@ def _mean_se(rows: torch.Tensor) -> tuple[float, float]:
     return round(float(rows.mean()), 4), round(se, 4)
 
 
-def measure_edges(model: GPT, noised: Task, nodes: list[str], composition: dict) -> list[dict]:
-    """Every path from the embeddings or a node into a later node, and from a node into the logits,
-    path-patched: JSON-ready edges, the strongest first."""
+def head_of(node: str) -> Optional[tuple[int, int]]:
+    """A head's (layer, head), None for another node."""
+    head = HEAD_NAME.fullmatch(node)
+    return (int(head.group(1)), int(head.group(2))) if head else None
+
+
+def measure_edges(
+    model: GPT, noised: Task, graph: Graph, nodes: list[str], composition: dict
+) -> list[dict]:
+    """The graph's edges from the embeddings or a node into a later node, and from a node into the
+    logits, path-patched: JSON-ready edges, the strongest first."""
     n_head = model.config.n_head
+    stage = dict(zip(graph.writers, graph.writer_stage))
     pairs = [
-        (s, r, kind, receiver)
+        (s, r, kind)
         for s in [EMBEDDINGS, *nodes]
         for r in nodes
-        if stage(s) < stage(r)
-        for kind, receiver in receivers(r)
-    ] + [(s, LOGITS, LOGITS, Receiver(LOGITS)) for s in nodes]
-    paths = [([sender(s)], [receiver]) for s, _, _, receiver in pairs]
+        if stage[s] < stage[r]
+        for kind in (("mlp",) if r.startswith("MLP") else KINDS)
+    ] + [(s, LOGITS, LOGITS) for s in nodes]
+    paths = [([s], [graph.reader(r, kind)]) for s, r, kind in pairs]
     found = path_effects(model, noised, paths, rows=True)
     edges = []
-    for (s, r, kind, _), rows in zip(pairs, found):
+    for (s, r, kind), rows in zip(pairs, found):
         edge = {"from": s, "to": r, "kind": kind}
-        heads = [sender(n) for n in (s, r)]
-        if all(isinstance(h, tuple) for h in heads):  # two heads: their weights' composition
+        heads = [head_of(n) for n in (s, r)]
+        if all(heads):  # two heads: their weights' composition
             (a, b), (c, d) = heads
             score = composition[kind][a * n_head + b, c * n_head + d]
             edge["composition"] = round(float(score), 4)
@@ -187,8 +171,9 @@ def find_circuit(
     baseline = composition_baseline(weights)
     names, rows = node_effects(model, noised)
     means = rows.mean(dim=1).tolist()
-    nodes = select_nodes(names, means)
-    edges = measure_edges(model, noised, nodes, all_composition_scores(weights))
+    graph = model_graph(model)
+    nodes = select_nodes(names, means, dict(zip(graph.writers, graph.writer_stage)))
+    edges = measure_edges(model, noised, graph, nodes, all_composition_scores(weights))
     kept = [e for e in edges if abs(e["effect"]) >= EDGE_THRESHOLD]
     circuit = {
         "task": task.description,
@@ -253,7 +238,7 @@ def _nodes(model, task, nodes, names, rows, edges, scores, weights) -> list[dict
         if name.startswith("MLP"):
             out.append({**node, "layer": int(name[3:]), "head": None, "role": None})
             continue
-        layer, head = sender(name)
+        layer, head = head_of(name)
         role, role_score = _role(roles, layer, head)
         node |= {"layer": layer, "head": head, "role": role, "role_score": role_score}
         node["direct_logit_attribution"] = round(float(attribution[layer, head]), 4)

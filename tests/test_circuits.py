@@ -26,9 +26,10 @@ from interp.circuits import (
     positional_qk_pattern,
 )
 from interp.factored import Factored, composition_scores
+from interp.graph import model_graph
 from interp.interventions import Edit, intervene, passes
 from interp.patching import TABLES
-from interp.paths import EMBEDDINGS, Receiver, path_effects, receiver_edits
+from interp.paths import path_effects, receiver_edits
 from interp.scores import THRESHOLD
 from interp.task_circuit import EDGE_THRESHOLD, check_task, find_circuit
 from interp.tasks import prompt_pair, repeat_task
@@ -288,41 +289,19 @@ def test_attribution_runs_on_every_option_and_both_directions(name):
 # --- path patching ---
 
 
-def every_receiver(model: GPT) -> list[Receiver]:
-    cfg = model.config
-    heads = [
-        Receiver(kind, layer, head)
-        for layer in range(cfg.n_layer)
-        for head in range(cfg.n_head)
-        for kind in "qkv"
-    ]
-    return [
-        *heads,
-        *(Receiver("mlp", layer) for layer in range(cfg.n_layer) if cfg.mlp),
-        Receiver("logits"),
-    ]
-
-
 @pytest.mark.parametrize("name", OPTIONS)
 def test_every_path_clean_is_the_clean_run_and_every_path_corrupted_the_corrupted_run(name):
     model = model_with(OPTIONS[name])
     task = prompt_pair(model, *pair(model)).noised()  # base: clean; the senders' values: corrupted
-    cfg = model.config
-    everyone = [
-        EMBEDDINGS,
-        *((layer, head) for layer in range(cfg.n_layer) for head in range(cfg.n_head)),
-    ]
-    edits = receiver_edits(
-        model, task, [([], every_receiver(model)), (everyone, every_receiver(model))]
-    )
+    graph = model_graph(model)
+    everyone = [w for w in graph.writers if not w.startswith("MLP")]  # the MLPs are recomputed
+    edits = receiver_edits(model, task, [([], graph.readers), (everyone, graph.readers)])
     logits = intervene(model, task.clean, edits)
     with torch.no_grad():
         clean, corrupted = model(task.clean)[0], model(task.corrupted)[0]
     torch.testing.assert_close(logits[1], clean, rtol=0, atol=1e-4)
     torch.testing.assert_close(logits[2], corrupted, rtol=0, atol=1e-4)
-    effects = path_effects(
-        model, task, [([], every_receiver(model)), (everyone, every_receiver(model))]
-    )
+    effects = path_effects(model, task, [([], graph.readers), (everyone, graph.readers)])
     assert effects.tolist() == pytest.approx([0.0, 1.0], abs=1e-3)
 
 
@@ -353,7 +332,7 @@ def test_a_path_through_the_keys_alone_is_the_hand_computed_one():
             return k
 
         expected = run_with_hooks(model, task.clean, {"blocks.1.attn.k": put})[0]
-    [edits] = receiver_edits(model, task, [([(0, 1)], [Receiver("k", 1, 2)])])
+    [edits] = receiver_edits(model, task, [(["L0H1"], [model_graph(model).reader("L1H2", "k")])])
     torch.testing.assert_close(
         intervene(model, task.clean, [edits])[1], expected, rtol=0, atol=1e-5
     )
