@@ -88,7 +88,8 @@ class Loaded:
         (--data-dir), else where its run recorded it (data.dir: absolute; an older version's
         relative one is taken from the folder the command runs in, as it was then). A known dataset
         not prepared is prepared there."""
-        from data.dataset import META_FILE, dataset_folder, prepare_command, ready_dataset, recipes
+        from data.dataset import META_FILE, dataset_folder, prepare_command
+        from data.recipes import ready_dataset, recipes
 
         name = self.config.data.dataset
         recorded = self.config.data.dir

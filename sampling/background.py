@@ -17,16 +17,10 @@ import torch
 from common.files import atomic_write
 from model.config import GPTConfig
 from model.gpt import GPT
-from sampling.compiled import DecodeStep, build_library
+from sampling.compiled import DecodeStep, build_library, record_compile_seconds
 from sampling.kv_cache import KVCache
 from sampling.quantize import quantize_int8
-from sampling.steps import (
-    decode_folder,
-    library_path,
-    record_compile_seconds,
-    step_keys,
-    thread_counts,
-)
+from sampling.steps import decode_folder, library_path, step_keys, thread_counts
 
 
 def build_for_later() -> None:

@@ -11,7 +11,10 @@ sums first (sampling/loops.py). Which step runs: sampling/steps.py.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import sys
+import time
 import warnings
 import weakref
 from collections.abc import Callable
@@ -20,7 +23,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from common.files import atomic_file
+from common import json_text
+from common.errors import UserError
+from common.files import atomic_file, atomic_write, cache_folder
 from sampling.kv_cache import KVCache, Step
 
 
@@ -50,6 +55,28 @@ class DecodeStep(nn.Module):
         """Every weight and buffer by name, tied ones under each of their names."""
         named = self.named_parameters(remove_duplicate=False)
         return {n: t.detach() for n, t in named} | dict(self.named_buffers(remove_duplicate=False))
+
+
+# how long compiles took on this machine, in the disk cache's folder (sampling/steps.py's
+# `decode_folder`): a library's build by its key, torch.compile by device type
+TIMES = Path("decode") / "compile-seconds.json"
+
+
+def compile_seconds() -> dict[str, float]:
+    """How long compiles took on this machine (`TIMES`)."""
+    try:
+        return json.loads((cache_folder() / TIMES).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def record_compile_seconds(what: str, seconds: float) -> None:
+    """Note a compile's time (a record another process writes meanwhile may be lost: it is only a
+    guide)."""
+    path = cache_folder() / TIMES
+    with contextlib.suppress(OSError, UserError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json_text.dumps(compile_seconds() | {what: round(seconds, 2)}))
 
 
 _libraries: dict[str, object] = {}  # the compiled steps loaded in this process, by file
@@ -169,3 +196,72 @@ def just_in_time(step: DecodeStep, device: torch.device) -> Step:
         return compiled(model(), token, position, cache)
 
     return call
+
+
+JUDGED_AFTER = 16  # eager steps timed before the judgement
+SPEEDUP = 3.0  # what compiling gains a small model's step (BENCHMARKS.md): the judgement's estimate
+FIRST_COMPILE_S = 60.0  # the judgement's compile time before one has been timed on this machine
+
+
+class PayingStep:
+    """The default step where no library is kept on disk (a GPU; sampling/steps.py's
+    `automatic_step`): eager, and after JUDGED_AFTER eager steps compiled by torch.compile if the
+    steps left would pay for the compile. `how` says which ran, in words, for the user's line."""
+
+    def __init__(self, model: nn.Module, cache: KVCache, eager):
+        self.model = model
+        self.cache = cache
+        self.device = cache.doc_start.device
+        self.eager: Step = eager(model, cache)
+        self.compiled: Step | None = None
+        self.calls = 0
+        self.steps = 0
+        self.started = 0.0
+        self.how = "eager (compiled once the tokens left pay for the compile)"
+
+    def expect(self, steps: int) -> bool:
+        """A generation of `steps` steps begins; no background build runs beside it."""
+        self.calls = 0
+        self.steps = steps
+        return False
+
+    def __call__(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        if self.compiled is not None:
+            return self.compiled(token, position)
+        self.calls += 1
+        if self.calls in (1, JUDGED_AFTER) and self._judge():
+            return self._first_compiled(token, position)
+        return self.eager(token, position)
+
+    def _judge(self) -> bool:
+        """Time the first JUDGED_AFTER eager steps; switch to a compiled step if the steps left
+        would repay its compile. Returns whether it switched."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if self.calls == 1:
+            self.started = time.perf_counter()
+            return False
+        step_s = (time.perf_counter() - self.started) / (JUDGED_AFTER - 1)
+        compile_s = compile_seconds().get(self.device.type, FIRST_COMPILE_S)
+        if not compile_pays(step_s, self.steps - self.calls, compile_s):
+            return False
+        self.compiled = just_in_time(DecodeStep(self.model, self.cache), self.device)
+        self.how = f"eager, then compiled from step {self.calls:,} (the tokens left paid)"
+        return True
+
+    def _first_compiled(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """torch.compile compiles at its first call: this one, timed for the next judgement."""
+        start = time.perf_counter()
+        logits = self.compiled(token, position)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        record_compile_seconds(self.device.type, time.perf_counter() - start)
+        return logits
+
+
+def compile_pays(
+    step_s: float, steps_left: int, compile_s: float, speedup: float = SPEEDUP
+) -> bool:
+    """Whether compiling now saves time: the steps left, each `step_s` eager and 1/speedup of it
+    compiled, against the compile's seconds."""
+    return steps_left * step_s * (1 - 1 / speedup) > compile_s

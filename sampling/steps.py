@@ -1,9 +1,9 @@
 """Which decoding step runs: eager (--no-compile), compiled now (--compile), or by default
-`AutoStep`: compiled whenever the disk holds it; on a CPU that misses, eager while a background
-process builds it, switching when it lands; elsewhere compiled when the tokens left pay. The step is
-kept with the model between generations. The compiler's code (sampling/compiled.py) is imported only
-where a step is compiled or loaded, the background build's (sampling/background.py) only in its own
-process. docs/sampling.md, "What runs by default".
+`AutoStep` on a CPU: compiled whenever the disk holds it, else eager while a background process
+builds it, switching when it lands (elsewhere sampling/compiled.py's `PayingStep`: compiled when the
+tokens left pay). The step is kept with the model between generations. The compiler's code
+(sampling/compiled.py) is imported only where a step is compiled or loaded, the background build's
+(sampling/background.py) only in its own process. docs/sampling.md, "What runs by default".
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import json
 import os
 import platform
 import subprocess
@@ -27,7 +26,7 @@ import torch.nn as nn
 
 from common import json_text
 from common.errors import UserError
-from common.files import atomic_write, cache_folder
+from common.files import cache_folder
 from common.threads import DEFAULT_THREADS, PINNED
 from sampling.kv_cache import EagerStep, KVCache, Step
 
@@ -54,8 +53,8 @@ def decoder(
     model: nn.Module, batch: int, compile: bool | None, tokens: int, eager: EagerStep
 ) -> Iterator[tuple[KVCache, Step]]:
     """A KV cache for `batch` sequences and the step that decodes into it: `eager(model, cache)`
-    (`compile` False), compiled now (True), or by default (None: TINYGPT_COMPILE, else `AutoStep`
-    for `tokens` steps).
+    (`compile` False), compiled now (True), or by default (None: TINYGPT_COMPILE, else
+    `automatic_step` for `tokens` steps).
     A compiled or automatic step is kept with the model for its next generation (slots a new prompt
     has not overwritten are masked, so nothing is cleared) and lent to one generation at a time: a
     second one running meanwhile gets its own."""
@@ -68,9 +67,9 @@ def decoder(
     cache, step = kept.pop((batch, compile), None) or (None, None)
     if cache is None:
         cache = KVCache.for_model(model, batch)
-        step = compile_step(model, cache) if compile else AutoStep(model, cache, eager)
+        step = compile_step(model, cache) if compile else automatic_step(model, cache, eager)
     threads = torch.get_num_threads()
-    one_thread = isinstance(step, AutoStep) and step.expect(tokens) and not PINNED
+    one_thread = compile is None and step.expect(tokens) and not PINNED
     if one_thread:  # see LOWEST_PRIORITY; a thread tuner created now starts at one
         torch.set_num_threads(1)
     try:
@@ -165,28 +164,11 @@ def kept_on_disk(model: nn.Module, batch: int) -> bool:
     return on_disk(step_keys(model, KVCache.for_model(model, batch)))
 
 
-def compile_seconds() -> dict[str, float]:
-    """How long compiles took on this machine: a library's build by its key, torch.compile by device
-    type."""
-    try:
-        return json.loads((decode_folder() / "compile-seconds.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def record_compile_seconds(what: str, seconds: float) -> None:
-    """Note a compile's time (a record another process writes meanwhile may be lost: it is only a
-    guide)."""
-    path = decode_folder() / "compile-seconds.json"
-    with contextlib.suppress(OSError, UserError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json_text.dumps(compile_seconds() | {what: round(seconds, 2)}))
-
-
 def ahead_of_time(model: nn.Module, cache: KVCache) -> Step:
     """The CPU's compiled step (sampling/compiled.py's `load_step`): its libraries from the disk
     cache, those missing built and kept there first."""
-    from sampling.compiled import DecodeStep, build_library, load_step  # a compiled step only
+    # a compiled step only
+    from sampling.compiled import DecodeStep, build_library, load_step, record_compile_seconds
 
     step = DecodeStep(model, cache)
     libraries = {n: library_path(key) for n, key in zip(thread_counts(), step_keys(model, cache))}
@@ -220,42 +202,41 @@ def compile_step(model: nn.Module, cache: KVCache) -> Step:
 
 # eager steps between looks for the library a background build writes (a stat: ~2 us)
 LOOK_EVERY = 32
-JUDGED_AFTER = 16  # eager steps timed before a device without a background build judges a compile
-SPEEDUP = 3.0  # what compiling gains a small model's step (BENCHMARKS.md): the judgement's estimate
-FIRST_COMPILE_S = 60.0  # the judgement's compile time before one has been timed on this machine
+
+
+def automatic_step(model: nn.Module, cache: KVCache, eager: EagerStep) -> Step:
+    """The default step: `AutoStep` on a CPU; elsewhere sampling/compiled.py's `PayingStep`."""
+    if cache.doc_start.device.type == "cpu":
+        return AutoStep(model, cache, eager)
+    from sampling.compiled import PayingStep  # a GPU's
+
+    return PayingStep(model, cache, eager)
 
 
 class AutoStep:
-    """The default step (`compile=None`). Compiled when the disk holds it for this model (a CPU's
-    library, loaded in milliseconds). Else eager, and: on a CPU a background process builds the
-    library (once per shape) and the step switches to it when it lands; elsewhere, after
-    JUDGED_AFTER eager steps, it compiles if the steps left would pay for the compile. `how` says
-    which ran, in words, for the user's line."""
+    """A CPU's default step (`compile=None`): compiled when the disk holds it for this model (its
+    library, loaded in milliseconds); else eager while a background process builds the library
+    (once per shape), switching to it when it lands. `how` says which ran, in words, for the user's
+    line."""
 
-    def __init__(self, model: nn.Module, cache: KVCache, eager: EagerStep, background=None):
+    def __init__(self, model: nn.Module, cache: KVCache, eager: EagerStep):
         self.model = model
         self.cache = cache
-        self.device = cache.doc_start.device
-        # a library kept
-        self.background = self.device.type == "cpu" if background is None else background
         self.eager: Step = eager(model, cache)
         self.compiled: Step | None = None
         self.calls = 0
-        self.steps = 0
-        self.started = 0.0
-        # a background build of this step runs: decode on one thread meanwhile
-        self.building = False
-        if not self.background:
-            self.how = "eager (compiled once the tokens left pay for the compile)"
-            return
         self.keys = step_keys(model, cache)
         self.key = self.keys[-1]  # the pair's name: its build's claim, log and failure
+        # a background build of this step runs: decode on one thread meanwhile
+        self.building = False
         if on_disk(self.keys):
+            self.compiled = ahead_of_time(model, cache)
+            from sampling.compiled import compile_seconds  # loaded with the step
+
             built = sum(compile_seconds().get(key, 0.0) for key in self.keys)
             self.how = "compiled (loaded from the cache" + (
                 f"; built in {built:.1f} s)" if built else ")"
             )
-            self.compiled = ahead_of_time(model, cache)
         else:
             self.how, self.building = build_in_background(model, cache, self.key)
 
@@ -263,59 +244,17 @@ class AutoStep:
         """A generation of `steps` steps begins; returns whether a background build of the step
         runs."""
         self.calls = 0
-        self.steps = steps
         return self.building
 
     def __call__(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         if self.compiled is not None:
             return self.compiled(token, position)
         self.calls += 1
-        if self.background:
-            if self.calls % LOOK_EVERY == 0 and on_disk(self.keys):  # the build landed
-                self._switch(ahead_of_time(self.model, self.cache), "built in the background")
-        elif self.calls in (1, JUDGED_AFTER) and self._judge():
-            return self._first_compiled(token, position)
+        if self.calls % LOOK_EVERY == 0 and on_disk(self.keys):  # the build landed
+            self.compiled = ahead_of_time(self.model, self.cache)
+            self.building = False
+            self.how = f"eager, then compiled from step {self.calls:,} (built in the background)"
         return self.eager(token, position)
-
-    def _switch(self, compiled: Step, why: str) -> None:
-        self.compiled = compiled
-        self.building = False
-        self.how = f"eager, then compiled from step {self.calls:,} ({why})"
-
-    def _judge(self) -> bool:
-        """Time the first JUDGED_AFTER eager steps; switch to a compiled step if the steps left
-        would repay its compile. Returns whether it switched."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        if self.calls == 1:
-            self.started = time.perf_counter()
-            return False
-        step_s = (time.perf_counter() - self.started) / (JUDGED_AFTER - 1)
-        compile_s = compile_seconds().get(self.device.type, FIRST_COMPILE_S)
-        if not compile_pays(step_s, self.steps - self.calls, compile_s):
-            return False
-        from sampling.compiled import DecodeStep, just_in_time  # a compiled step only
-
-        step = just_in_time(DecodeStep(self.model, self.cache), self.device)
-        self._switch(step, "the tokens left paid")
-        return True
-
-    def _first_compiled(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """torch.compile compiles at its first call: this one, timed for the next judgement."""
-        start = time.perf_counter()
-        logits = self.compiled(token, position)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        record_compile_seconds(self.device.type, time.perf_counter() - start)
-        return logits
-
-
-def compile_pays(
-    step_s: float, steps_left: int, compile_s: float, speedup: float = SPEEDUP
-) -> bool:
-    """Whether compiling now saves time: the steps left, each `step_s` eager and 1/speedup of it
-    compiled, against the compile's seconds."""
-    return steps_left * step_s * (1 - 1 / speedup) > compile_s
 
 
 # -- the background build: started here, run by sampling/background.py in a process of its own

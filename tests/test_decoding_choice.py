@@ -1,6 +1,7 @@
 """Which decoding step runs by default (sampling/steps.py's `AutoStep`): the compiled one whenever
 the disk holds it; else eager while a background process builds it, switching when it lands; never
-twice the same build, never again after a failed one; and one line on stderr saying which ran."""
+twice the same build, never again after a failed one; and one line on stderr saying which ran.
+Without a library on disk (a GPU), sampling/compiled.py's `PayingStep`: compiled when it pays."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from test_model import tiny
 
 from sampling import compiled
 from sampling import steps as choice
+from sampling.compiled import compile_pays
 from sampling.generate import decode_step, eager_step, generate
 from sampling.kv_cache import KVCache
-from sampling.steps import AutoStep, compile_pays, decoder, how_decoded
+from sampling.steps import AutoStep, decoder, how_decoded
 
 
 @pytest.fixture
@@ -147,24 +149,23 @@ def test_without_a_background_build_the_step_compiles_when_the_tokens_left_pay(
     reference = torch.stack(list(generate(model, prompt, 30, temperature=0, compile=False)), 1)
     steps = []
 
-    class WithoutBackground(AutoStep):
-        def __init__(self, model, cache, eager):
-            super().__init__(model, cache, eager, background=False)
-            steps.append(self)
+    def paying(model, cache, eager) -> compiled.PayingStep:
+        steps.append(compiled.PayingStep(model, cache, eager))
+        return steps[-1]
 
-    monkeypatch.setattr(choice, "AutoStep", WithoutBackground)
+    monkeypatch.setattr(choice, "automatic_step", paying)
     for recorded, compiles in ((1e9, False), (1e-9, True)):
-        choice.record_compile_seconds("cpu", recorded)
+        compiled.record_compile_seconds("cpu", recorded)
         choice._kept.pop(model, None)
         tokens = torch.stack(list(generate(model, prompt, 30, temperature=0)), 1)
         assert torch.equal(tokens, reference)
         assert (steps[-1].compiled is not None) == compiles, steps[-1].how
     assert (
         steps[-1].how
-        == f"eager, then compiled from step {choice.JUDGED_AFTER} (the tokens left paid)"
+        == f"eager, then compiled from step {compiled.JUDGED_AFTER} (the tokens left paid)"
     )
     # the compile's own time, for the next judgement
-    assert choice.compile_seconds()["cpu"] > 1e-6
+    assert compiled.compile_seconds()["cpu"] > 1e-6
 
 
 def test_compiling_pays_when_the_tokens_left_save_more_than_the_compile_takes():

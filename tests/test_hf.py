@@ -42,8 +42,8 @@ import export as export_script
 import heads as heads_script
 import sample as sample_script
 import train as train_script
-from data.dataset import SHAKESPEARE, recipes
 from data.prepare import prepare_dataset
+from data.recipes import SHAKESPEARE, recipes
 from data.tokenizers import from_meta
 from hf import folders
 from model import GPT
