@@ -16,6 +16,7 @@ from common.errors import ConfigError, cli  # first: a Ctrl-C while torch loads 
 
 # isort: split
 import textwrap
+from typing import TYPE_CHECKING
 
 from runs.config import CONFIG_DIR, Request, from_arguments, shipped_configs
 from runs.config_schema import Config, to_yaml
@@ -23,17 +24,28 @@ from training import distributed
 from training.plan import plan_run, run_dataset
 from training.run import Callback, start_run, train
 
+if TYPE_CHECKING:
+    from runs.pretrained import Pretrained
+
 
 def main(argv: list[str]) -> int:
     request = parse_command_line(argv)
     if request is None:
         return 0
-    plan = plan_run(request, run_dataset(request))
+    plan = plan_run(request, run_dataset(request), read_other_format)
     run = start_run(plan, plugged_in(plan.cfg))
     try:
         return train(run, argv)
     finally:
         distributed.shutdown(run.rt)
+
+
+def read_other_format(name: str) -> Pretrained | None:
+    """A model train.init_from names that is not ours: a Hugging Face folder, or a hub name (gpt2)
+    fetched first (hf/, loaded only by a run that starts from one)."""
+    from hf.folders import read_or_download
+
+    return read_or_download(name)
 
 
 def plugged_in(cfg: Config) -> list[Callback]:
@@ -78,7 +90,7 @@ def parse_command_line(argv: list[str]) -> Request | None:
     if "--dry-run" in flags:
         from dry_run.estimate import dry_run  # the dry run's estimates: only when asked
 
-        print(dry_run(request))
+        print(dry_run(request, read_other_format))
         return None
     if cfg.log.wandb:
         from training.tracking import check_wandb_login

@@ -46,7 +46,7 @@ from model.local_attention import block_layout
 from runs.checkpoint import OUT_DIR_ADVICE, Checkpoint
 from runs.config import Config, Request
 from runs.out_dir import check_room, held, held_advice, holds_run
-from runs.pretrained import Pretrained
+from runs.pretrained import OtherFormat, Pretrained
 from runs.runtime import Runtime, compile_enabled, planned
 from training.evaluation import default_batch_size, final_eval_wanted, sample_prompt
 from training.plan import (
@@ -61,12 +61,12 @@ from training.run import start_run
 from training.tracking import check_wandb_login
 
 
-def dry_run(request: Request) -> str:
+def dry_run(request: Request, other_format: OtherFormat | None = None) -> str:
     """The dry run's report: nothing is trained or written (`dataset_for_dry_run`,
-    then `plan_dry_run`)."""
+    then `plan_dry_run`; `other_format` as training/plan.py's `plan_run` takes it)."""
     data = requested_config(request).data  # a resume's: its checkpoint's
     with dataset_for_dry_run(data.dataset, data.dir) as dataset:
-        plan = plan_dry_run(request, dataset)
+        plan = plan_dry_run(request, dataset, other_format)
         check_as_the_run_does(plan)
         return "\n".join(report_lines(_estimate(request, plan)))
 
@@ -251,7 +251,9 @@ class DryRunPlan:
     compiled: bool  # torch.compile on (train.compile on this device)
 
 
-def plan_dry_run(request: Request, dataset: Dataset | None) -> DryRunPlan:
+def plan_dry_run(
+    request: Request, dataset: Dataset | None, other_format: OtherFormat | None = None
+) -> DryRunPlan:
     """The run `request` asks for, on `dataset` (`dataset_for_dry_run`), planned
     on the device runs/runtime.py chooses for it, where it is here: nothing is written. A resume
     is planned from its checkpoint's config and checked as the real run checks it
@@ -259,7 +261,7 @@ def plan_dry_run(request: Request, dataset: Dataset | None) -> DryRunPlan:
     resume = request.cfg.train.resume and holds_run(Path(request.cfg.train.out_dir))
     # no checkpoint to resume: costed afresh (the dry run says the real run will refuse it)
     planned_as = request if resume else _fresh(request)
-    cfg, ckpt, pretrained, _ = starting_point(planned_as)
+    cfg, ckpt, pretrained, _ = starting_point(planned_as, other_format)
     cfg = _fit_for_dry_run(cfg, dataset, pretrained, ckpt)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume=False))
     t = cfg.train

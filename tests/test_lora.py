@@ -37,6 +37,7 @@ import train as train_script
 from common.files import size_text
 from data.dataset import Dataset
 from data.tokenizers import from_meta
+from hf.folders import read_pretrained
 from model import GPT, GPTConfig
 from model.config import TARGETS, LoRAConfig
 from model.lora import LoRALinear, adapter_weights, add_lora, merge, parts
@@ -196,7 +197,7 @@ def test_the_layer_is_the_low_rank_update_it_stands_for():
 
 def test_only_the_adapters_train(bases, hamlet: Path, config: Path, tmp_path: Path):
     request = from_arguments(lora_args(config, bases["gpt2"], hamlet, tmp_path / "out", ALL))
-    run = start_run(plan_run(request, run_dataset(request)))
+    run = start_run(plan_run(request, run_dataset(request), read_pretrained))
     frozen = {n: p.detach().clone() for n, p in run.model.named_parameters() if not p.requires_grad}
     adapters = {n: p.detach().clone() for n, p in run.model.named_parameters() if p.requires_grad}
     assert set(adapters) == set(adapter_weights(adapters)) and len(adapters) == 2 * 4 * 2
@@ -207,7 +208,7 @@ def test_only_the_adapters_train(bases, hamlet: Path, config: Path, tmp_path: Pa
     now = dict(run.model.named_parameters())
     assert all(torch.equal(now[n], t) for n, t in frozen.items())  # bit for bit
     assert all(not torch.equal(now[n], t) for n, t in adapters.items() if n.endswith("lora_B"))
-    base = pretrained.load_pretrained(bases["gpt2"]).weights
+    base = pretrained.load_pretrained(bases["gpt2"], other_format=read_pretrained).weights
     assert all(torch.equal(frozen[n], base[n]) for n in base)
 
 
@@ -229,7 +230,7 @@ def test_a_lora_finetune_trains_and_its_checkpoint_holds_the_adapters(tuned, bas
         with safe_open(str(run / "last" / "adapters.safetensors"), "pt") as f:
             names, recorded = set(f.keys()), f.metadata()
         assert names == set(adapter_weights(dict.fromkeys(names))) and len(names) == 2 * 4 * 2
-        base = pretrained.load_pretrained(bases[name])
+        base = pretrained.load_pretrained(bases[name], other_format=read_pretrained)
         assert (
             recorded["base"] == str(Path(base.where).resolve())
             and recorded["base_sha256"] == base.fingerprint
@@ -253,7 +254,9 @@ def test_resuming_a_lora_run_is_exact(tuned, bases, hamlet: Path, config: Path, 
 @pytest.mark.slow
 def test_sample_eval_and_heads_read_a_lora_checkpoint(tuned, hamlet: Path, tmp_path: Path, capsys):
     run = tuned["llama"]
-    loaded = pretrained.load_model(run, merge=False)  # the adapter model, unmerged
+    loaded = pretrained.load_model(
+        run, merge=False, other_format=read_pretrained
+    )  # the adapter model, unmerged
     model, tokenizer_meta = loaded.model, loaded.tokenizer_meta
     assert isinstance(model.blocks[1].mlp.W_out, LoRALinear)
     tokenizer = from_meta(tokenizer_meta)
@@ -290,8 +293,8 @@ def test_merged_export_and_peft_adapter_give_the_adapter_models_logits(
     name, tuned, bases, tmp_path, capsys
 ):
     run = tuned[name]
-    model = pretrained.load_model(run, merge=False).model
-    base_model = pretrained.load_model(bases[name]).model
+    model = pretrained.load_model(run, merge=False, other_format=read_pretrained).model
+    base_model = pretrained.load_model(bases[name], other_format=read_pretrained).model
     idx = torch.randint(
         0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3)
     )
@@ -330,7 +333,7 @@ def test_a_lora_run_exports_to_gguf_with_its_adapters_merged(name, tuned, tmp_pa
     """The GGUF path reads the same merged weights: llama.cpp gives the adapter model's logits."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     run = tuned[name]
-    model = pretrained.load_model(run, merge=False).model
+    model = pretrained.load_model(run, merge=False, other_format=read_pretrained).model
     out = script(capsys, export_script.main, str(run), str(tmp_path / "merged.gguf"))
     assert "LoRA adapters merged into the weights of" in out
     f32 = llama_cpp.GGML_TYPE_F32

@@ -29,7 +29,7 @@ from runs.runtime import Ranks, Runtime, compile_enabled, setup, torchrun_ranks
 from training import distributed
 
 if TYPE_CHECKING:  # a run from pretrained weights imports it where it reads them
-    from runs.pretrained import Pretrained
+    from runs.pretrained import OtherFormat, Pretrained
 
 
 @dataclass
@@ -63,10 +63,11 @@ def requested_config(request: Request) -> Config:
     return resume_config(request, find_last(t.out_dir))
 
 
-def plan_run(request: Request, dataset: Dataset) -> Plan:
+def plan_run(request: Request, dataset: Dataset, other_format: OtherFormat | None = None) -> Plan:
     """The final config of a run on `dataset` (`run_dataset`'s) and what it needs before anything is
-    built (see the module docstring)."""
-    cfg, resume, pretrained, changed = starting_point(request)
+    built (see the module docstring); `other_format` reads the models train.init_from may name that
+    are not ours (train.py hands in hf/'s)."""
+    cfg, resume, pretrained, changed = starting_point(request, other_format)
     t = cfg.train  # a resume's: its checkpoint's, with the command line's overrides
     rt = one_count_when_compiled(setup(t.device, t.precision, cfg.model.n_embd, t.threads), t)
     # once the dataset is there: its preparation outlasts any collective
@@ -91,7 +92,7 @@ def one_count_when_compiled(rt: Runtime, t: TrainConfig) -> Runtime:
 
 
 def starting_point(
-    request: Request,
+    request: Request, other_format: OtherFormat | None = None
 ) -> tuple[Config, Checkpoint | None, Pretrained | None, list[tuple[str, Any, Any]]]:
     """(config, the checkpoint it resumes, the pretrained model it starts from, what the config
     changes of the checkpoint's: `resume_changes`): train.resume's OUT_DIR/last, else
@@ -108,10 +109,9 @@ def starting_point(
     changed = []
     # a fresh run: shape and weights of a pretrained model
     if cfg.train.init_from and resume is None:
-        # Hugging Face folders: only runs that start from one
-        from runs.pretrained import load_pretrained
+        from runs.pretrained import load_pretrained  # only runs that start from a model
 
-        pretrained = load_pretrained(cfg.train.init_from, hub=True)
+        pretrained = load_pretrained(cfg.train.init_from, other_format=other_format)
         cfg = follow_model(
             cfg, pretrained.model, request.origins, f"train.init_from {pretrained.where}"
         )
@@ -124,7 +124,7 @@ def starting_point(
         if resume is not None:  # the base of the adapters: from where they were trained, checked
             from runs.pretrained import base_of
 
-            pretrained = base_of(resume)
+            pretrained = base_of(resume, other_format)
     return cfg, resume, pretrained, changed
 
 
