@@ -104,18 +104,6 @@ def _role(
     return roles[layer][head]["role"], roles[layer][head]["score"]
 
 
-def check_task(model: GPT, task: Task) -> Task:
-    """The task, or ValueError when the model does it no better on the clean input than on the
-    corrupted one (by MIN_CHANGE): then there is no circuit to find."""
-    clean, corrupted = metric_ends(model, task.noised())
-    if clean - corrupted < MIN_CHANGE:
-        raise ValueError(
-            "the model does the task no better on the clean input than on the corrupted one "
-            f"(metric {clean:+.3f} against {corrupted:+.3f}): there is no circuit to find"
-        )
-    return task
-
-
 def _mean_se(rows: torch.Tensor) -> tuple[float, float]:
     """A row effect's mean and its standard error over the rows."""
     n = rows.numel()
@@ -165,8 +153,9 @@ def find_circuit(
     circuit, those into the logits included) and "weaker_edges" (measured, below EDGE_THRESHOLD),
     what fell below the cut, the task's gap, the composition baseline and the circuit's
     faithfulness under `ablation`. `scores`: interp.scores.score_heads' result, to name each head's
-    role. ValueError from `check_task`."""
-    noised = check_task(model, task).noised()
+    role. ValueError from `gap_of`."""
+    gap = gap_of(model, task)
+    noised = task.noised()
     weights = head_weights(model)
     baseline = composition_baseline(weights)
     names, rows = node_effects(model, noised)
@@ -177,7 +166,7 @@ def find_circuit(
     kept = [e for e in edges if abs(e["effect"]) >= EDGE_THRESHOLD]
     circuit = {
         "task": task.description,
-        **gap_of(model, task),
+        **gap,
         "direction": noised.direction,
         "thresholds": {"node": NODE_THRESHOLD, "edge": EDGE_THRESHOLD},
         "composition_baseline": {"mean": round(baseline[0], 4), "std": round(baseline[1], 4)},
@@ -209,18 +198,21 @@ def _faithfulness(model: GPT, task: Task, kept: list[dict], ablation: str) -> di
 @torch.no_grad()
 def gap_of(model: GPT, task: Task) -> dict:
     """The metric on the clean and the corrupted input, their gap and its standard error over the
-    rows (a single row: 0, nothing to sample)."""
+    rows (a single row: 0, nothing to sample). ValueError when the gap is under MIN_CHANGE: the
+    model does the task no better on the clean input, and there is no circuit to find."""
     with evaluating(model):
         ends = [
             task.metric(model(idx)[0], slice(None)).double() for idx in (task.clean, task.corrupted)
         ]
-    diff = ends[0] - ends[1]
-    se = float(diff.std() / len(diff) ** 0.5) if len(diff) > 1 else 0.0
-    return {
-        "metric_clean": round(float(ends[0].mean()), 4),
-        "metric_corrupted": round(float(ends[1].mean()), 4),
-        "gap": {"value": round(float(diff.mean()), 4), "se": round(se, 4), "rows": len(diff)},
-    }
+    clean, corrupted = (round(float(end.mean()), 4) for end in ends)
+    if float((ends[0] - ends[1]).mean()) < MIN_CHANGE:
+        raise ValueError(
+            "the model does the task no better on the clean input than on the corrupted one "
+            f"(metric {clean:+.3f} against {corrupted:+.3f}): there is no circuit to find"
+        )
+    value, se = _mean_se(ends[0] - ends[1])
+    gap = {"value": value, "se": se, "rows": len(ends[0])}
+    return {"metric_clean": clean, "metric_corrupted": corrupted, "gap": gap}
 
 
 def _nodes(model, task, nodes, names, rows, edges, scores, weights) -> list[dict]:

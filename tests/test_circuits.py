@@ -31,7 +31,7 @@ from interp.interventions import Edit, intervene, passes
 from interp.patching import TABLES
 from interp.paths import path_effects, receiver_edits
 from interp.scores import THRESHOLD
-from interp.task_circuit import EDGE_THRESHOLD, check_task, find_circuit
+from interp.task_circuit import EDGE_THRESHOLD, find_circuit, gap_of
 from interp.tasks import prompt_pair, repeat_task
 from interp.weights import head_weights
 from model import GPT
@@ -354,7 +354,7 @@ def test_the_circuit_and_the_composition_table_on_every_option(name):
     json.dumps(circuit)  # plain data
     fresh = GPT(model.config).eval()  # as initialised: it copies nothing
     with pytest.raises(ValueError, match="no better on the clean input"):
-        check_task(fresh, repeat_task(fresh, 2))
+        gap_of(fresh, repeat_task(fresh, 2))
 
 
 # --- the circuit of the induction model ---
