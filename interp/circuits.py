@@ -106,10 +106,6 @@ def composition_baseline(
     return float(scores.mean()), float(scores.std())
 
 
-def head_names(n_layer: int, n_head: int) -> list[str]:
-    return [head_name(layer, head) for layer in range(n_layer) for head in range(n_head)]
-
-
 def composition_table(model: GPT) -> dict:
     """heads.py --composition's data: "heads" (L0H0, L0H1, ...), "q", "k", "v" (lists indexed
     [writer][reader] in that order, 0 where the reader is not in a later layer), the random
@@ -120,7 +116,7 @@ def composition_table(model: GPT) -> dict:
     mean, std = composition_baseline(w)
     rounded = lambda t: t.round(decimals=4).tolist()  # noqa: E731
     return {
-        "heads": head_names(w.n_layer, w.n_head),
+        "heads": [head_name(i, h) for i in range(w.n_layer) for h in range(w.n_head)],
         **{kind: rounded(scores[kind]) for kind in KINDS},
         "baseline": round(mean, 4),
         "baseline_std": round(std, 4),
