@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from runs.config import CONFIG_DIR, Request, from_arguments, shipped_configs
 from runs.config_schema import Config, to_yaml
-from training import distributed
 from training.plan import plan_run, run_dataset
 from training.run import Callback, start_run, train
 
@@ -37,7 +36,22 @@ def main(argv: list[str]) -> int:
     try:
         return train(run, argv)
     finally:
-        distributed.shutdown(run.rt)
+        run.rt.shutdown()  # leave torchrun's process group (alone: nothing to leave)
+
+
+def main_explaining_hangs(argv: list[str]) -> int:
+    """`main`, with a torchrun collective that timed out or lost its peer (a rank's process or its
+    machine killed) made one line naming it (training/torchrun.py's `hang_error`, loaded only
+    then)."""
+    try:
+        return main(argv)
+    except RuntimeError as e:
+        from training.torchrun import hang_error  # a failed collective only
+
+        error = hang_error(e)
+        if error is None:
+            raise
+        raise error from None
 
 
 def read_other_format(name: str) -> Pretrained | None:
@@ -137,4 +151,4 @@ options:
 
 if __name__ == "__main__":
     interrupted = "interrupted before training began; no checkpoint was written or changed"
-    cli(distributed.explain_hangs(main), interrupted=interrupted, keep_going=True)
+    cli(main_explaining_hangs, interrupted=interrupted, keep_going=True)

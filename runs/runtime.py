@@ -1,20 +1,32 @@
 """Where and how a run computes: device, precision, threads, compile, and this process's torchrun
-rank; chosen here alone (training through `setup`, the dry run through `planned`).
+rank; chosen here alone (training through `setup`, the dry run through `planned`). Under torchrun,
+the Runtime also holds the process group and the collectives that keep the ranks in step (DDP or
+FSDP2); with one process each is a no-op or a plain call, so the training code reads the same.
 
 `auto` picks CUDA (cuda:LOCAL_RANK under torchrun), else Apple MPS, else the CPU; bf16 autocast on
 GPUs with bf16 tensor cores, fp16 with a GradScaler on older ones, fp32 on MPS, and on a CPU bf16
 only where bf16 matrix units pay for the casts (`cpu_auto_precision`).
+
+A dataset is prepared before the process group starts (training/plan.py), so no collective's timeout
+has to outlast it. A rank that stops, hangs or dies becomes an error on the others within
+`train.dist_timeout`, one line naming the collective and our caller (training/torchrun.py's
+`hang_error`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import os
+import signal
+import threading
+import time
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import torch
+import torch.distributed as dist
 
 from common.errors import UserError
 from common.threads import ThreadTuner
@@ -60,6 +72,92 @@ class Runtime:
             torch.cuda.synchronize(self.device)
         elif self.device.type == "mps":
             torch.mps.synchronize()
+
+    # --- torchrun's process group and its collectives: with one process, no-ops or plain calls ---
+
+    def join(self, timeout_minutes: float) -> None:
+        """Join torchrun's process group (NCCL on CUDA, else gloo); every collective then fails
+        after waiting `timeout_minutes` instead of hanging. Under torchrun, stop with the launcher
+        (`_follow_launcher`)."""
+        if os.environ.get("TORCHELASTIC_RUN_ID"):
+            _follow_launcher()
+        if self.distributed and not dist.is_initialized():
+            dist.init_process_group(
+                backend="nccl" if self.device.type == "cuda" else "gloo",
+                timeout=datetime.timedelta(minutes=timeout_minutes),
+            )
+
+    def shutdown(self) -> None:
+        """Leave the process group."""
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
+        if self.distributed:
+            dist.barrier()
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` summed over all ranks (a new tensor: `t` is left as it is)."""
+        if self.distributed:
+            t = t.clone()
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def agree(self, values: list[float]) -> list[float]:
+        """The largest of each value over all ranks (one small all-reduce), so that every rank
+        takes the same decisions: stop on a signal any rank received, follow the slowest rank's
+        clock."""
+        if not self.distributed:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def on_every_rank(self, flag: torch.Tensor) -> torch.Tensor:
+        """A boolean tensor, true where it is true on every rank; stays on the device (nothing
+        read back)."""
+        if not self.distributed:
+            return flag
+        t = flag.float()
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return t.bool()
+
+    def all_finite(self, tensors) -> bool:
+        """Whether every tensor (parameters, FSDP shards too) is finite, on every rank (one
+        read-back)."""
+        local = [w.to_local() if hasattr(w, "to_local") else w for w in tensors]
+        flag = torch.stack([w.detach().isfinite().all() for w in local]).all()
+        return bool(self.on_every_rank(flag).item())
+
+    def sync_gradients(self, forward: torch.nn.Module, sync: bool):
+        """Context for one micro-step's forward and backward through `forward` (what
+        training/torchrun.py's `wrap` returned, compiled or not): all-reduce the gradients only
+        when `sync`."""
+        model = getattr(forward, "_orig_mod", forward)  # compiled: the module torch.compile wraps
+        if not self.distributed or sync:
+            if self.distributed and hasattr(model, "set_requires_gradient_sync"):
+                model.set_requires_gradient_sync(True)
+            return contextlib.nullcontext()
+        if hasattr(model, "no_sync"):  # DDP
+            return model.no_sync()
+        model.set_requires_gradient_sync(False)  # FSDP2
+        return contextlib.nullcontext()
+
+
+def _follow_launcher() -> None:
+    """When the torchrun that started this process dies without stopping it (kill -9, an OOM kill),
+    send this process SIGTERM, as torchrun itself would have: the run stops at its next log step
+    with a checkpoint (training/run.py), on every rank, instead of training on as an orphan nobody
+    can stop."""
+    launcher = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="follow-launcher", daemon=True).start()
 
 
 def pick_device(setting: str, local_rank: int = 0) -> torch.device:

@@ -291,7 +291,7 @@ import datetime, os, sys, time
 sys.path.insert(0, {root!r})
 import torch, torch.distributed as dist
 from common.errors import cli
-from training.distributed import explain_hangs
+from training.torchrun import hang_error
 
 def main(argv):
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=2))
@@ -299,9 +299,15 @@ def main(argv):
     # stalls before its backward: rank 0's gradient all-reduce waits for it
     if dist.get_rank() == 1:
         time.sleep(30)
-    model(torch.randn(2, 4)).sum().backward()
+    try:
+        model(torch.randn(2, 4)).sum().backward()
+    except RuntimeError as e:  # as train.py's main_explaining_hangs
+        error = hang_error(e)
+        if error is None:
+            raise
+        raise error from None
 
-cli(explain_hangs(main))
+cli(main)
 """
 
 

@@ -17,7 +17,7 @@ from common.errors import ConfigError, UserError
 from runs import checkpoint, runtime
 from runs.config import load_config
 from runs.runtime import Runtime
-from training import distributed, resume, torchrun
+from training import resume, torchrun
 from training.plan import plan_run, run_dataset
 from training.run import start_run, train_step
 from training.stopping import Clock, StopRequest, SyncedStop
@@ -149,7 +149,7 @@ def test_torchrun_ranks_agree_on_stopping_at_log_steps_only(data_dir: Path, monk
     # as under torchrun: every agreement is an all-reduce that waits for the other rank
     run.rt.world_size = 2
     calls = []
-    monkeypatch.setattr(distributed, "agree", lambda values, rt: calls.append(values) or values)
+    monkeypatch.setattr(run.rt, "agree", lambda values: calls.append(values) or values)
     stop, clock = StopRequest(verbose=False), Clock()
     try:
         agreed = SyncedStop(run.rt, stop, clock, sync_every=(10, 25))

@@ -26,7 +26,6 @@ from data.shards import TokenFiles
 from data.tokenizers import Tokenizer, bits_per_byte
 from runs.config_schema import Config
 from runs.runtime import Runtime
-from training import distributed
 
 # train.final_eval=auto: the exact eval at the end up to this many val tokens
 FINAL_EVAL_AUTO_TOKENS = 4_000_000
@@ -89,7 +88,7 @@ def estimate_loss(
                 one = torch.ones((), device=rt.device)
                 n_bytes = byte_lengths[y].sum().float() if byte_lengths is not None else 0 * one
                 total += torch.stack([loss.float(), one, n_bytes / y.numel()])
-        loss_sum, count, bytes_per_token = distributed.all_sum(total, rt).tolist()
+        loss_sum, count, bytes_per_token = rt.all_sum(total).tolist()  # over the ranks
         out[name] = loss_sum / count
         if bytes_per_token:  # every batch has the same number of tokens
             out[f"{name}_bpb"] = bits_per_byte(loss_sum, bytes_per_token)
@@ -206,7 +205,7 @@ def evaluate_tokens(
             progress(int(counted[0]))
     model.train(was_training)
     if rt is not None:
-        sums = distributed.all_sum(sums, rt)
+        sums = rt.all_sum(sums)  # over the ranks
     tokens_done, nats_sum, bytes_sum = sums.tolist()
     return TokenLoss(int(tokens_done), nats_sum, int(bytes_sum), time.perf_counter() - start_time)
 

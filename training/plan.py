@@ -26,7 +26,6 @@ from runs.checkpoint import Checkpoint, find_last
 from runs.config import Config, Request, TrainConfig
 from runs.out_dir import holds_run
 from runs.runtime import Ranks, Runtime, compile_enabled, setup, torchrun_ranks
-from training import distributed
 
 if TYPE_CHECKING:  # a run from pretrained weights imports it where it reads them
     from runs.pretrained import OtherFormat, Pretrained
@@ -71,7 +70,7 @@ def plan_run(request: Request, dataset: Dataset, other_format: OtherFormat | Non
     t = cfg.train  # a resume's: its checkpoint's, with the command line's overrides
     rt = one_count_when_compiled(setup(t.device, t.precision, cfg.model.n_embd, t.threads), t)
     # once the dataset is there: its preparation outlasts any collective
-    distributed.join(rt, t.dist_timeout)
+    rt.join(t.dist_timeout)  # torchrun's process group (alone: nothing to join)
     return Plan(
         fit_to_data(cfg, dataset, resume, pretrained), rt, dataset, resume, pretrained, changed
     )

@@ -27,7 +27,6 @@ from runs import checkpoint
 from runs.checkpoint import Progress
 from runs.config import Config
 from runs.runtime import Runtime, compile_enabled
-from training import distributed
 from training.evaluation import draw_sample, estimate_loss, final_eval_wanted, sample_prompt
 from training.optim import lr_factor, make_optimizers, schedule_progress, set_lr, step_unless
 from training.plan import Plan
@@ -194,7 +193,7 @@ def check_before_training(run: Run) -> None:
     if run.rt.is_main:
         trained = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
         check_out_dir(run.out_dir, run.cfg, trained)
-    distributed.barrier(run.rt)
+    run.rt.barrier()  # the other ranks wait for rank 0's check
     # a prompt the vocabulary cannot encode stops here, not at the first sample
     if run.cfg.log.sample_every:
         sample_prompt(run.cfg, run.dataset.tokenizer)
@@ -250,7 +249,8 @@ def train_step(run: Run, it: int) -> torch.Tensor:
         key = it * cfg.train.grad_accum + micro * rt.world_size + rt.rank
         x, y = run.splits["train"].batch(key, cfg.train.batch_size)
         with (
-            distributed.sync_gradients(run.forward, micro == run.micro_steps - 1, rt),
+            # gradients all-reduced over the ranks in the last micro-step's backward only
+            rt.sync_gradients(run.forward, sync=micro == run.micro_steps - 1),
             rt.autocast(),
         ):
             loss = run.forward(x, y)[1] / run.micro_steps  # logits not kept: freed before backward
@@ -263,8 +263,9 @@ def train_step(run: Run, it: int) -> torch.Tensor:
     )
     # FSDP: a DTensor
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    # gradients are the same on all
-    loss_finite = distributed.on_every_rank(torch.isfinite(loss_sum), rt)
+    # each rank's loss is its own (the gradients, all-reduced, are the same on all): applied on
+    # every rank or on none
+    loss_finite = rt.on_every_rank(torch.isfinite(loss_sum))
     apply = loss_finite & torch.isfinite(grad_norm)
     for opt in run.optimizers:
         step_unless(opt, ~apply)
@@ -316,7 +317,7 @@ def read_back(run: Run, log: Tracker, elapsed: float) -> None:
     its, values = zip(*run.unread)
     run.unread = []
     rows = torch.stack(values)
-    loss_sum = distributed.all_sum(rows[:, 0].sum(), run.rt).item()
+    loss_sum = run.rt.all_sum(rows[:, 0].sum()).item()  # over the ranks
     log.losses(its[-1] + 1, loss_sum, len(its), elapsed, run.optimizers[0].param_groups[0]["lr"])
     p = run.progress
     allowed = run.cfg.train.skip_nonfinite
@@ -447,7 +448,7 @@ def save_checkpoint(run: Run, improved: bool) -> Path:
         keep=run.progress.iter in run.cfg.train.keep_iters,
         writer=run.rt.is_main,
     )
-    distributed.barrier(run.rt)
+    run.rt.barrier()  # no rank goes on before rank 0 has written it
     return path
 
 
@@ -457,7 +458,7 @@ def save_checkpoint(run: Run, improved: bool) -> Path:
 def stop_with_checkpoint(run: Run, log: Tracker, clock: Clock, argv: list[str], signum: int) -> int:
     """A stop signal: write OUT_DIR/last (unless the weights diverged since the last eval), say how
     to resume, exit with 128 + the signal's number."""
-    if not distributed.all_finite(run.model.parameters(), run.rt):
+    if not run.rt.all_finite(run.model.parameters()):
         log.write(
             f"stopped at iteration {run.progress.iter}; the weights are no longer finite (the run "
             "diverged since its last eval), so no checkpoint was written. Last good checkpoint: "

@@ -15,7 +15,6 @@ import sys
 import time
 
 from runs.runtime import Runtime
-from training import distributed
 
 STOP_SIGNALS = tuple(  # "end now, or soon", which would otherwise kill the run without a checkpoint
     getattr(signal, name)
@@ -89,7 +88,8 @@ class SyncedStop:
         """(signal number or 0, training seconds) at the start of iteration `it`."""
         host_syncs = any(it % n == 0 for n in self.sync_every)
         if self.values is None or not self.rt.distributed or host_syncs:
-            signum, elapsed = distributed.agree([self.stop.signum, self.clock.elapsed()], self.rt)
+            # each the largest over the ranks: a signal any rank got, the slowest rank's clock
+            signum, elapsed = self.rt.agree([self.stop.signum, self.clock.elapsed()])
             self.values = (int(signum), elapsed)
         return self.values
 

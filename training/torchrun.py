@@ -1,6 +1,7 @@
 """What only a torchrun job needs: a dataset prepared once per machine before the process group
 starts, the model wrapped for DDP or sharded by FSDP2, and a collective that failed explained in one
-line. A run of one process never imports this module (training/distributed.py has its no-ops).
+line. A run of one process never imports this module (runs/runtime.py's collectives are no-ops
+there).
 """
 
 from __future__ import annotations
@@ -149,11 +150,9 @@ def _failed_collective(e: RuntimeError) -> tuple[str, bool] | None:
 
 
 def _explaining(filename: str) -> bool:
-    """A frame of the explanation itself: training/distributed.py's `explain_hangs`, or this one."""
-    return Path(filename).resolve() in (
-        Path(__file__).resolve(),
-        ROOT / "training" / "distributed.py",
-    )
+    """A frame between our caller and torch: a collective of runs/runtime.py's Runtime, or this
+    module's (DDP's wrapping)."""
+    return Path(filename).resolve() in (Path(__file__).resolve(), ROOT / "runs" / "runtime.py")
 
 
 def _ours(filename: str) -> bool:
