@@ -171,11 +171,13 @@ def write_batch(model, tokenizer, ids: list[int], n: int, args, generator, timin
     columns = []
     timing.start(n * len(ids))
     settings = (args.temperature, args.top_k, args.top_p, generator)
-    for token in generate(model, prompt, args.max_new_tokens, *settings, compile=args.compile):
-        columns.append(token.tolist())  # the one wait for the device per step
-        timing.token(n)
-        sys.stdout.write(stream(columns[-1][:1]))
-        sys.stdout.flush()
+    # the batch's decoding step, got ready by `ready_steps`
+    with decoder(model, n, args.compile, args.max_new_tokens, eager_step) as step:
+        for token in generate(model, prompt, args.max_new_tokens, *settings, step=step):
+            columns.append(token.tolist())  # the one wait for the device per step
+            timing.token(n)
+            sys.stdout.write(stream(columns[-1][:1]))
+            sys.stdout.flush()
     for row in range(1, n):
         sys.stdout.write(SEPARATOR + tokenizer.stream_decoder()(shown + [c[row] for c in columns]))
 

@@ -12,6 +12,7 @@ docs/sampling.md ("How decoding works") says why, and what the batch size and th
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from functools import partial
 from typing import Optional
@@ -19,7 +20,7 @@ from typing import Optional
 import torch
 
 from common.threads import ThreadTuner
-from sampling.kv_cache import KVCache
+from sampling.kv_cache import KVCache, Step
 from sampling.steps import building, decoder
 
 
@@ -64,12 +65,14 @@ def generate(
     use_cache: bool = True,
     compile: Optional[bool] = None,
     tuner: Optional[ThreadTuner] = None,
+    step: Optional[tuple[KVCache, Step]] = None,
 ) -> Iterator[torch.Tensor]:
     """Continue idx (B, T) token ids, yielding each new column of tokens (B,) as soon as it is
     chosen.
 
-    The tokens stay on the model's device; `compile` True compiles the decoding step, False keeps it
-    eager, None chooses (sampling/steps.py's `decoder`).
+    The tokens stay on the model's device. `step` is the KV cache and the decoding step into it, as
+    the caller chose them (sample.py: sampling/steps.py's `decoder`); without it `compile` chooses:
+    True compiles the step, False keeps it eager, None the default (`decoder` too).
     `tuner` picks the CPU's thread count (default: the cores other processes leave free, one beside
     a background build; a run's runtime gives one that keeps its train.threads).
     """
@@ -83,7 +86,11 @@ def generate(
     if not use_cache:
         yield from _recompute(model, context, max_new_tokens, temperature, top_k, top_p, generator)
         return
-    with decoder(model, B, compile, max_new_tokens, eager_step) as (cache, step):
+    if step is None:  # chosen here
+        chosen = decoder(model, B, compile, max_new_tokens, eager_step)
+    else:
+        chosen = contextlib.nullcontext(step)
+    with chosen as (cache, step):
         slot = torch.tensor([n], device=idx.device)  # where the next token goes in the cache
         # the cores other processes leave free; one beside a build (sampling/steps.py)
         if tuner is None:

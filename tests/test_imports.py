@@ -95,7 +95,7 @@ def test_plot_loads_at_most_12_of_our_modules(default_run: Path, tmp_path: Path)
     assert len(names) <= 12, (len(names), names)
 
 
-def test_sample_loads_at_most_24_of_our_modules_and_4100_lines(default_run: Path, tmp_path: Path):
+def test_sample_loads_at_most_24_of_our_modules_and_4150_lines(default_run: Path, tmp_path: Path):
     """Sampling as a user runs it (no TINYGPT_COMPILE, the automatic step on a fresh disk cache)
     reads a checkpoint, runs the model and the decoding loop: not the training code, the datasets,
     the extras (hf: only for a Hugging Face folder), the compiler's code (only where a compiled step
@@ -120,7 +120,7 @@ def test_sample_loads_at_most_24_of_our_modules_and_4100_lines(default_run: Path
         "sample.py", str(default_run), "--max-new-tokens", "3", "--seed", "1", env=env
     )
     assert not list(decode.glob("*.log")), "a background build started: the key did not match"
-    assert len(names) <= 24 and lines <= 4100, (len(names), lines, names)
+    assert len(names) <= 24 and lines <= 4150, (len(names), lines, names)
     unused = ("training", "data.dataset", "data.bpe", "runs.config", "hf", "interp", "gguf_export")
     only_some = ("sampling.compiled", "sampling.background", "model.lora", "model.local_attention")
     for name in (*unused, "dry_run", *only_some):
