@@ -8,7 +8,9 @@ unedited and under G interventions in one forward pass whose batch grows layer b
 layer a copy of the unedited rows joins for every intervention that starts changing things there, so
 the layers before its first edit run once, shared. Removing each of a 6 x 6 model's 36 heads costs
 about 21 forward passes' worth of layers, not 36 per window. `passes` cuts the work into passes that
-fit ACTIVATION_BYTES (the logits of a big vocabulary dominate).
+fit ACTIVATION_BYTES (the logits of a big vocabulary dominate). Ablation, activation patching and
+path patching (whose sender runs `capture` activations) all run here; interp/edge_run.py runs the
+graph's edge masks, which rebuild each reader's input and are no edit of a hook point.
 """
 
 from __future__ import annotations
