@@ -1,6 +1,6 @@
 """A prepared dataset: its folder, found in one place; its metadata, typed and checked; its splits.
 
-A dataset NAME lives in DATA_DIR/NAME (or in `data.dir`): each split's token ids (data/shards.py)
+A dataset NAME lives in DATA_DIR/NAME (or in `data.dir`): each split's token ids (data/loader.py)
 and meta.json, written last, so a folder without it is not prepared. Everything that reads a
 dataset goes through `Dataset.open`: a damaged meta.json is one line naming the fix wherever it is
 met, and the folder's lock is held shared while the process lives (preparing takes it exclusive).
@@ -21,9 +21,8 @@ import torch
 
 from common import json_text, locks
 from common.errors import UserError
-from data import DATA_DIR, shards
-from data.loader import TokenWindows
-from data.shards import CHECKED_TOKENS, SPLITS, TokenFiles
+from data import DATA_DIR, loader
+from data.loader import CHECKED_TOKENS, SPLITS, TokenFiles, TokenWindows
 from data.tokenizers import Tokenizer, check_meta, from_meta, same
 
 META_FILE = "meta.json"
@@ -79,7 +78,7 @@ class Meta:
     def files(self, split: str) -> list[tuple[str, int]]:
         """The split's files in order, with the ids each holds."""
         if not self.shards:
-            return [(shards.single_name(split), self.tokens(split))]
+            return [(loader.single_name(split), self.tokens(split))]
         return [(name, count) for name, count in self.shards[split]]
 
     def to_json(self) -> str:
@@ -156,7 +155,7 @@ def _shards_problem(listed, data: dict) -> str | None:
                 isinstance(f, list)
                 and len(f) == 2
                 and isinstance(f[0], str)
-                and shards.SHARD_NAME.match(f[0])
+                and loader.SHARD_NAME.match(f[0])
                 and isinstance(f[1], int)
                 and not isinstance(f[1], bool)
                 and f[1] >= 0
@@ -214,7 +213,7 @@ class Dataset:
         meta.json and the vocabulary."""
         names, counts = zip(*self.meta.files(split))
         files = TokenFiles.of([self.folder / n for n in names], self.meta.dtype)
-        shards.check(files, counts, self.meta.vocab_size)
+        loader.check(files, counts, self.meta.vocab_size)
         return files
 
     @functools.cached_property

@@ -31,9 +31,9 @@ from common.errors import UserError
 from common.files import write_failed
 from data.bpe import BPETokenizer, TrainedBPE
 from data.dataset import LOCK, META_FILE, Meta, token_dtype
+from data.loader import SPLITS
 from data.repeats import Repeats
 from data.shard_writer import Preparation, continued, kept_shards, write_split
-from data.shards import SPLITS
 from data.sources import HFText, TextFile
 from data.tokenizers import (
     METADATA_FILE,

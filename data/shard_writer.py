@@ -1,7 +1,7 @@
 """A preparation's files: its shards written whole, progress.json to continue from, meta.json at the
 end.
 
-The one owner of what a preparation leaves in its folder. A shard (data/shards.py names it) is
+The one owner of what a preparation leaves in its folder. A shard (data/loader.py names it) is
 written to a temporary file, flushed to the disk and renamed into place; only then does
 progress.json record it, with the source's position after its last document (`end`). A rerun of the
 same command (progress.json's `command` must match) keeps the listed shards whose files are whole,
@@ -31,7 +31,7 @@ from common.files import atomic_write, size_text, write_failed
 from data.bpe import TrainedBPE
 from data.dataset import META_FILE, Meta
 from data.encode import Encoded, encode_stream
-from data.shards import SHARD_NAME, shard_name, single_name
+from data.loader import SHARD_NAME, shard_name, single_name
 from data.tokenizers import TOKENIZER_JSON, CharTokenizer, Tokenizer
 
 PROGRESS_FILE = "progress.json"

@@ -16,10 +16,9 @@ from conftest import ROOT, run_script
 from common.errors import UserError
 from data.bpe import BPETokenizer
 from data.dataset import token_dtype
-from data.loader import TokenWindows
+from data.loader import TokenFiles, TokenWindows
 from data.prepare import Recipe, prepare_dataset
 from data.recipes import ready_dataset, recipes
-from data.shards import TokenFiles
 from data.sources import HFText, TextFile
 from data.tokenizers import CharTokenizer, UnknownCharacters, from_meta
 
@@ -259,8 +258,7 @@ def test_batches_do_not_grow_resident_memory(tmp_path: Path):
     script = f"""
 import sys, torch
 sys.path.insert(0, {str(ROOT)!r})
-from data.loader import TokenWindows
-from data.shards import TokenFiles
+from data.loader import TokenFiles, TokenWindows
 def rss_mb():
     return int(open('/proc/self/statm').read().split()[1]) * 4096 / 2**20
 tw = TokenWindows(TokenFiles.of({str(path)!r}, "uint16"), 1024, torch.device("cpu"), 0, "train")

@@ -785,8 +785,7 @@ def test_heads_refuses_ids_past_the_vocabulary(run: Path, tampered: Path, tmp_pa
 
 
 def test_windows_of_a_split_too_large_to_check_check_each_batch(tmp_path: Path):
-    from data.loader import TokenWindows
-    from data.shards import TokenFiles
+    from data.loader import TokenFiles, TokenWindows
 
     path = tmp_path / "x.bin"
     torch.arange(100, dtype=torch.int16).numpy().astype("uint16").tofile(path)

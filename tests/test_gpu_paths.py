@@ -312,8 +312,7 @@ def test_a_cuda_batch_is_one_pinned_buffer_copied_once(data_dir: Path, monkeypat
     their strides and sent each through a pageable copy. Now the whole array is pinned, copied once,
     sliced on the device. The CUDA calls are recorded (CI has no GPU), the values checked against
     the CPU's."""
-    from data.loader import TokenWindows
-    from data.shards import TokenFiles
+    from data.loader import TokenFiles, TokenWindows
 
     path, cuda = (
         TokenFiles.of(data_dir / "shakespeare_char" / "train.bin", "uint16"),

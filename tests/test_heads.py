@@ -15,9 +15,8 @@ from conftest import run_script, train_induction
 
 from common.errors import UserError
 from common.json_text import read_metrics
-from data.loader import TokenWindows
+from data.loader import TokenFiles, TokenWindows
 from data.repeats import Repeats
-from data.shards import TokenFiles
 from interp.plots import plot_training_curves
 from interp.scores import (
     ROLES,

@@ -17,8 +17,7 @@ from conftest import OPTIONS, model_with, noisy, replay, run_script
 
 from common.errors import cli
 from data.dataset import Dataset
-from data.loader import TokenWindows
-from data.shards import TokenFiles
+from data.loader import TokenFiles, TokenWindows
 from hf import folders
 from interp.ablation import METRICS, ablate, ablate_heads, head_means
 from interp.interventions import Edit, intervene, passes

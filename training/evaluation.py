@@ -21,8 +21,7 @@ import torch.nn.functional as F
 
 from common.errors import UserError
 from common.threads import ThreadTuner
-from data.loader import TokenWindows
-from data.shards import TokenFiles
+from data.loader import TokenFiles, TokenWindows
 from data.tokenizers import Tokenizer, bits_per_byte
 from runs.config_schema import Config
 from runs.runtime import Runtime
