@@ -123,10 +123,14 @@ def load_pretrained(
     weights (read with `other_format` too) with the adapters merged in, or with `merge` False,
     apart."""
     path = Path(name)
-    if other_format is not None and not is_ours(path):
-        found = other_format(str(name))
+    if not is_ours(path):
+        found = other_format(str(name)) if other_format is not None else None
         if found is not None:
             return found
+        if other_format is None and (path / "config.json").is_file():  # no reader handed in
+            raise UserError(
+                f"{path} is a Hugging Face model folder: this command reads our checkpoints only"
+            )
     try:
         ckpt = find(path)
     except UserError:
