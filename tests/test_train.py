@@ -57,6 +57,28 @@ def test_a_kept_iterations_checkpoint_is_the_model_there(run: Path):
     assert pretrained.load_model(kept).where == kept
 
 
+@pytest.mark.slow
+def test_a_kept_checkpoint_is_said_and_one_past_max_iters_warned(data_dir: Path, tmp_path: Path):
+    """Issue 52: each kept checkpoint is one line at the eval that writes it; a train.keep_iters
+    entry past train.max_iters is a warning before training, not an error: the run resumed with a
+    higher train.max_iters keeps it."""
+    out = tmp_path / "out"
+    keep = ["train.eval_interval=10", "train.keep_iters=[10,30]"]
+    first = train(data_dir, out, "train.max_iters=20", *keep)
+    assert first.stdout.count("kept checkpoint") == 1
+    assert f"kept checkpoint {out / 'iter_10'} (train.keep_iters)\n" in first.stdout
+    assert (
+        "warning: train.keep_iters holds 30, past train.max_iters=20: this run keeps no checkpoint "
+        "there unless it is resumed with a higher train.max_iters\n"
+    ) in first.stderr
+    assert sorted(p.name for p in out.glob("iter_*")) == ["iter_10"]
+    resumed = train(data_dir, out, "train.max_iters=30", *keep, "train.resume=true")
+    assert "warning: train.keep_iters" not in resumed.stderr
+    assert resumed.stdout.count("kept checkpoint") == 1
+    assert f"kept checkpoint {out / 'iter_30'} (train.keep_iters)\n" in resumed.stdout
+    assert torch.load(out / "iter_30" / "state.pt", weights_only=True)["iter"] == 30
+
+
 def test_checkpoint_load_gives_the_same_model(run: Path):
     loaded = pretrained.load_model(run / "last")
     model, cfg, tokenizer_meta, ckpt = (

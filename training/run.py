@@ -120,7 +120,7 @@ def train(run: Run, argv: list[str]) -> int:
                     if not finite:  # a diverged model never replaces a checkpoint
                         count_nonfinite_eval(run, log, record, last)
                     elif t.save:
-                        save_checkpoint(run, improved)
+                        save_checkpoint(run, log, improved)
                     log.plot(last)
 
             # a signal (Ctrl-C, SIGTERM): write a checkpoint, say how to resume, stop
@@ -429,12 +429,13 @@ def exact_val_loss(run: Run) -> dict:
 # --- a checkpoint ---
 
 
-def save_checkpoint(run: Run, improved: bool) -> Path:
+def save_checkpoint(run: Run, log: Tracker, improved: bool) -> Path:
     """Write OUT_DIR/last with everything needed to resume, OUT_DIR/best when `improved`, and
-    OUT_DIR/iter_N at an iteration of train.keep_iters (runs/checkpoint.py). Every rank calls it;
-    rank 0 writes while the others wait."""
+    OUT_DIR/iter_N at an iteration of train.keep_iters (runs/checkpoint.py), saying so. Every rank
+    calls it; rank 0 writes while the others wait."""
     # a resumed run goes on at the thread count the steps ran at
     run.progress.threads = run.tuner.count if run.tuner.enabled else 0
+    keep = run.progress.iter in run.cfg.train.keep_iters
     path = checkpoint.save(
         run.out_dir,
         run.cfg,
@@ -445,10 +446,13 @@ def save_checkpoint(run: Run, improved: bool) -> Path:
         run.progress,
         lora_base=run.lora_base,
         best=improved,
-        keep=run.progress.iter in run.cfg.train.keep_iters,
+        keep=keep,
         writer=run.rt.is_main,
     )
     run.rt.barrier()  # no rank goes on before rank 0 has written it
+    if keep:
+        kept = run.out_dir / f"{checkpoint.KEPT}{run.progress.iter}"
+        log.write(f"kept checkpoint {kept} (train.keep_iters)")
     return path
 
 
@@ -468,7 +472,7 @@ def stop_with_checkpoint(run: Run, log: Tracker, clock: Clock, argv: list[str], 
         return 128 + signum
     with clock.paused():
         run.progress.elapsed_s = clock.elapsed()
-        path = save_checkpoint(run, improved=False)
+        path = save_checkpoint(run, log, improved=False)
     log.write(f"stopped at iteration {run.progress.iter}; checkpoint in {path}", sys.stderr)
     log.write(f"resume with: {resume_command(argv, run.rt)}", sys.stderr)
     return 128 + signum

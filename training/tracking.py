@@ -243,6 +243,14 @@ def describe_run(
     warning = schedule_warning(cfg.optim, cfg.train)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
+    past = [str(i) for i in cfg.train.keep_iters if i > cfg.train.max_iters]
+    if past:  # not refused: a resumed run may raise train.max_iters and reach them
+        print(
+            f"warning: train.keep_iters holds {', '.join(past)}, past train.max_iters="
+            f"{cfg.train.max_iters}: this run keeps no checkpoint there unless it is resumed with "
+            "a higher train.max_iters",
+            file=sys.stderr,
+        )
     if cfg.train.init_from and not cfg.train.resume:
         print(f"starting from the weights of {cfg.train.init_from} (fresh optimizer, iteration 0)")
     if cfg.train.resume:
