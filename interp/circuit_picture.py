@@ -245,8 +245,12 @@ def plot_discovered(found: dict, n_layer: int, n_head: int, mlp: bool, path: Pat
 
 
 def _curve(ax, found: dict) -> None:
+    """f of the strongest k edges against k / n, the share of the n edges kept, from 0 to 1 on a
+    linear axis: the axis the printed area is taken over (interp/discovery.py's area)."""
+    n = len(found["edges"])
     ks = [int(k) for k in found["curve"]]
-    ax.plot(ks, list(found["curve"].values()), "o-", color="#333333", markersize=3)
+    fs = list(found["curve"].values())
+    ax.plot([k / n for k in ks], fs, "o-", color="#333333", markersize=3)
     ax.axhline(
         found["target"],
         color="#b2182b",
@@ -256,18 +260,24 @@ def _curve(ax, found: dict) -> None:
     )
     if found["reached"]:
         ax.axvline(
-            found["prefix"], color="#2166ac", linewidth=1, label=f"the strongest {found['prefix']}"
+            found["prefix"] / n,
+            color="#2166ac",
+            linewidth=1,
+            label=f"the strongest {found['prefix']}",
         )
-    if max(ks) > 200:
-        ax.set_xscale("symlog", linthresh=10)
-        ax.set_xlim(left=0)
+    if max(fs) > 1:
+        ax.axhline(1, color="#888888", linewidth=0.8, linestyle=":", label="f = 1, the whole model")
     ax.set(
-        xlabel="edges kept (the strongest k)",
+        xlabel=f"share of the {n} edges kept (the strongest k / {n})",
         ylabel="faithfulness f",
-        ylim=(min(-0.1, *found["curve"].values()), 1.15),
+        xlim=(0, 1),
+        ylim=(min(-0.1, *fs), max(1.15, max(fs) + 0.05)),
     )
     ax.legend(fontsize=8, loc="lower right")
-    ax.set_title(f"area under the curve {found['area']:.3f}", fontsize=9)
+    title = f"area under the curve {found['area']:.3f}"
+    if max(fs) > 1:
+        title += "\n(above f = 1: those edges carry more than the model)"
+    ax.set_title(title, fontsize=9)
 
 
 def plot_circuits_training(found: dict, path: Path) -> None:

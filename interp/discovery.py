@@ -64,7 +64,9 @@ FIELDS = {
     "prefix": "k: the strongest edges the circuit was cut at (all of them where the target is not "
     "reached), before the edges off every path from the embeddings to the logits are dropped",
     "curve": "f of the strongest k edges, for each k measured",
-    "area": "the area under the curve, against the share of the edges kept",
+    "area": "the area under the curve against the share of the edges kept (x from 0 to 1, "
+    "linear, as discovered.png draws it); above 1 where sets of the strongest edges carry more "
+    "than the whole model (f > 1: edges left out there work against the task)",
     "size": "the circuit's edges",
     "faithfulness": "f = (m(circuit) - metric_none) / gap: the share of the gap the circuit "
     "carries (1: all the model does, 0: none of it)",
@@ -195,7 +197,11 @@ def curve(
 
 
 def area(f: dict[int, float]) -> float:
-    """The area under f against the share of edges kept (trapezoids between the measured points)."""
+    """The area under f against the share of edges kept, k / n from 0 to 1 on a linear axis, as
+    discovered.png and the explorer page draw it (trapezoids between the measured points). Not
+    bounded by 1: where the strongest k edges carry more than the whole model (f > 1, the edges
+    left out working against the task) the curve rises above 1, and so can the area (1.026 on
+    docs/heads/words.jsonl); `area_words` says so where it happens."""
     k = np.array(list(f)) / max(f)
     return round(float(np.trapezoid(list(f.values()), k)), 4)
 
@@ -363,7 +369,7 @@ def format_discovery(found: dict) -> str:
         f"  scored {n} edges by {found['method']} ({seconds})",
         "faithfulness f of the strongest k edges (1: all the model does, 0: none of it):",
         *format_curve(found["curve"]),
-        f"  area under the curve {found['area']:.3f} (x: the share of the {n} edges kept)",
+        *area_words(found),
         *_format_cut(found),
     ]
     if "agreement" in found:
@@ -378,6 +384,23 @@ def format_discovery(found: dict) -> str:
     kept = [(e["from"], e["to"], e["kind"], e["score"]) for e in found["edges"] if e["kept"]]
     lines.append("strongest kept edges: " + format_edges(kept[:8]))
     return "\n".join(lines)
+
+
+def area_words(found: dict) -> list[str]:
+    """The area's line, and where the curve overshoots 1, what an area (or an f) above 1 means."""
+    n = len(found["edges"])
+    lines = [
+        f"  area under the curve {found['area']:.3f} (x: the share of the {n} edges kept, 0 to 1 "
+        "on a linear axis, as discovered.png draws it)"
+    ]
+    top, k = max(((f, int(k)) for k, f in found["curve"].items()), key=lambda p: (p[0], -p[1]))
+    if top > 1:
+        lines.append(
+            f"  the curve rises above 1 (f = {top:.3f} with the strongest {k}): those edges carry "
+            "more than the whole model, the ones left out working against the task; so f, and the "
+            "area, can exceed 1"
+        )
+    return lines
 
 
 def _bounds(found: dict) -> str:

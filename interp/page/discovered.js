@@ -54,13 +54,14 @@ function discoveredArrow(where, e, strongest) {
   return group;
 }
 
-// The curve: f of the strongest k edges against k (a log scale past 200 edges), the target and the cut.
+// The curve: f of the strongest k edges against k / n, the share of the n edges kept, 0 to 1 on a linear
+// axis (the axis the area is taken over, interp/discovery.py's area), the target and the cut.
 function discoveredCurve(d) {
   const [width, height, pad] = [420, 220, 36];
   const ks = Object.keys(d.curve).map(Number);
   const fs = ks.map((k) => d.curve[k]);
-  const log = Math.max(...ks) > 200;
-  const sx = (k) => pad + (width - 2 * pad) * (log ? Math.log1p(k) / Math.log1p(Math.max(...ks)) : k / Math.max(...ks));
+  const n = Math.max(...ks);
+  const sx = (k) => pad + ((width - 2 * pad) * k) / n;
   const [low, high] = [Math.min(0, ...fs), Math.max(1.05, ...fs)];
   const sy = (f) => height - pad - ((height - 2 * pad) * (f - low)) / (high - low);
   const box = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, id: "discovered-curve" });
@@ -76,9 +77,10 @@ function discoveredCurve(d) {
     box.append(dot);
   }
   for (const f of [0, 0.5, 1]) box.append(svg("text", { x: 6, y: sy(f) + 4 }, f.toFixed(1)));
-  for (const k of [0, Math.max(...ks)]) box.append(svg("text", { x: sx(k) - 4, y: height - pad + 14 }, k));
-  box.append(svg("text", { x: pad, y: height - 4 }, `edges kept (the strongest k${log ? ", log scale" : ""})`));
-  box.append(svg("text", { x: 4, y: 14 }, `f (target ${d.target}; area ${d.area.toFixed(3)})`));
+  for (const k of [0, n]) box.append(svg("text", { x: sx(k) - 4, y: height - pad + 14 }, k ? "1" : "0"));
+  box.append(svg("text", { x: pad, y: height - 4 }, `share of the ${n} edges kept (the strongest k / ${n})`));
+  const over = Math.max(...fs) > 1 ? "; above 1: those edges carry more than the model" : "";
+  box.append(svg("text", { x: 4, y: 14 }, `f (target ${d.target}; area ${d.area.toFixed(3)}${over})`));
   return box;
 }
 
