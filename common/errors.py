@@ -72,6 +72,68 @@ def debug_enabled(argv: list[str] | None = None) -> bool:
     return "--debug" in argv or os.environ.get("TINYGPT_DEBUG", "") not in ("", "0")
 
 
+# --- output whose reader went away ---
+
+# the reader has gone: a pipe, a terminal, a socket
+GONE = {errno.EPIPE, errno.EIO, errno.ECONNRESET}
+
+
+class OutputClosed(BaseException):
+    """stdout or stderr lost its reader (`guard`)."""
+
+
+class GuardedStream:
+    """A text stream whose writes survive the loss of its reader (`guard`)."""
+
+    def __init__(self, stream, keep_going: bool):
+        self._stream = stream
+        self._keep_going = keep_going
+        self._gone = False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except OSError as e:
+                self._lost(e)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except OSError as e:
+                self._lost(e)
+
+    def _lost(self, e: OSError) -> None:
+        if e.errno not in GONE and not self._keep_going:
+            raise e
+        self._gone = True
+        # Python ignores SIGPIPE, so a closed pipe is an EPIPE here; restoring SIGPIPE's default
+        # would kill the process on any closed socket too. Pointed at os.devnull, every later
+        # write, Python's own flush at exit and native code's writes go nowhere.
+        # no descriptor (a test's capture)
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        if not self._keep_going:
+            raise OutputClosed from None
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding, ... of the stream itself
+        return getattr(self._stream, name)
+
+
+def guard(keep_going: bool) -> None:
+    """Wrap sys.stdout and sys.stderr (once) as `GuardedStream`s."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, GuardedStream):
+            setattr(sys, name, GuardedStream(stream, keep_going))
+
+
+# --- Ctrl-C while the script starts, and cli ---
+
 INTERRUPTED = "interrupted; nothing was written"
 
 
@@ -141,63 +203,3 @@ def cli(
     except OutputClosed:
         sys.exit(141)
     sys.exit(code or 0)
-
-
-# --- output whose reader went away ---
-
-# the reader has gone: a pipe, a terminal, a socket
-GONE = {errno.EPIPE, errno.EIO, errno.ECONNRESET}
-
-
-class OutputClosed(BaseException):
-    """stdout or stderr lost its reader (`guard`)."""
-
-
-class GuardedStream:
-    """A text stream whose writes survive the loss of its reader (`guard`)."""
-
-    def __init__(self, stream, keep_going: bool):
-        self._stream = stream
-        self._keep_going = keep_going
-        self._gone = False
-
-    def write(self, text: str) -> int:
-        if not self._gone:
-            try:
-                return self._stream.write(text)
-            except OSError as e:
-                self._lost(e)
-        return len(text)
-
-    def flush(self) -> None:
-        if not self._gone:
-            try:
-                self._stream.flush()
-            except OSError as e:
-                self._lost(e)
-
-    def _lost(self, e: OSError) -> None:
-        if e.errno not in GONE and not self._keep_going:
-            raise e
-        self._gone = True
-        # Python ignores SIGPIPE, so a closed pipe is an EPIPE here; restoring SIGPIPE's default
-        # would kill the process on any closed socket too. Pointed at os.devnull, every later
-        # write, Python's own flush at exit and native code's writes go nowhere.
-        # no descriptor (a test's capture)
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())
-            os.close(devnull)
-        if not self._keep_going:
-            raise OutputClosed from None
-
-    def __getattr__(self, name: str):  # isatty, fileno, encoding, ... of the stream itself
-        return getattr(self._stream, name)
-
-
-def guard(keep_going: bool) -> None:
-    """Wrap sys.stdout and sys.stderr (once) as `GuardedStream`s."""
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if stream is not None and not isinstance(stream, GuardedStream):
-            setattr(sys, name, GuardedStream(stream, keep_going))
