@@ -280,39 +280,67 @@ def _curve(ax, found: dict) -> None:
     ax.set_title(title, fontsize=9)
 
 
+# circuits_training.png: the scales of its curves. Scores and shares have a natural range and are
+# drawn on it; a curve in nats spans at least MIN_NATS, so that a change of a tenth of a nat fills
+# a tenth of its panel, not all of it (the one-layer control's in-context score moves 0.33 in all)
+FIXED = {"scores": (0.0, 1.0), "faithfulness": (0.0, 1.1)}
+MIN_NATS = 1.0
+
+
+def _nats_scale(ax, values: list[float]) -> None:
+    """The panel's y-axis: the values' range, widened about its middle to at least MIN_NATS."""
+    low, high = min(values), max(values)
+    middle = (low + high) / 2
+    half = max(high - low, MIN_NATS) / 2 * 1.1
+    ax.set_ylim(middle - half, middle + half)
+
+
 def plot_circuits_training(found: dict, path: Path) -> None:
     """circuits_training.png: the loss, the role scores, K-composition, the in-context learning
     score, and what the final circuit carries (and its faithfulness, on its own axis) against
-    iteration; the steepest change of each shaded."""
+    iteration. Scores on 0 to 1, f on 0 to 1.1, nats over at least MIN_NATS; each curve's range
+    in its label; a curve's steepest change shaded only where it is steep (STEEP, with the
+    threshold's reasons, in interp/circuit_training.py)."""
     evals = found["evals"]
     its = [e["iter"] for e in evals]
     fig = Figure(figsize=(8.5, 8.0), layout="constrained")
     axes = fig.subplots(4, 1, sharex=True)
     panels = [
-        (axes[0], [("val_loss", "val loss", "#333333")]),
-        (axes[1], [("previous_token", "best previous-token score", "#9467bd"),
-                   ("induction", "best induction score", "#d62728"),
-                   ("k_composition", "strongest K-composition", "#ff7f0e")]),
-        (axes[2], [("icl_score", "in-context learning score", "#2ca02c")]),
-        (axes[3], [("carried", "what the final circuit carries (nats)", "#1f77b4")]),
-        (axes[3].twinx(), [("faithfulness", "its faithfulness f (right)", "#8c8c8c")]),
+        (axes[0], "nats", [("val_loss", "val loss", "#333333")]),
+        (axes[1], "scores", [("previous_token", "best previous-token score", "#9467bd"),
+                             ("induction", "best induction score", "#d62728"),
+                             ("k_composition", "strongest K-composition", "#ff7f0e")]),
+        (axes[2], "nats", [("icl_score", "in-context learning score (nats)", "#2ca02c")]),
+        (axes[3], "nats", [("carried", "what the final circuit carries (nats)", "#1f77b4")]),
+        (axes[3].twinx(), "faithfulness", [("faithfulness", "its faithfulness f (right)",
+                                            "#8c8c8c")]),
     ]  # fmt: skip
-    for ax, curves in panels:
+    for ax, scale, curves in panels:
+        drawn = []
         for key, label, colour in curves:
-            values = [e.get(key) for e in evals]
-            if all(v is None for v in values):
+            points = [(i, e[key]) for i, e in zip(its, evals) if e.get(key) is not None]
+            if not points:
                 continue
-            points = [(i, v) for i, v in zip(its, values) if v is not None]
-            ax.plot(*zip(*points), "o-", color=colour, markersize=3, label=label)
+            values = [v for _, v in points]
+            drawn += values
+            label += f": {min(values):+.2f} to {max(values):+.2f}"
             change = found["phase_change"].get(key)
-            if change:
+            if change and change.get("steep", True):
                 ax.axvspan(change["from"], change["to"], color=colour, alpha=0.12)
-        ax.legend(fontsize=8, loc="best")
+                label += f", steepest {change['from']}-{change['to']} (shaded)"
+            elif change:
+                label += ", no steep change"
+            ax.plot(*zip(*points), "o-", color=colour, markersize=3, label=label)
+        if scale == "nats" and drawn:
+            _nats_scale(ax, drawn)
+        elif scale in FIXED:
+            low, high = FIXED[scale]
+            ax.set_ylim(min([low, *drawn]), max([high, *drawn]) + 0.02)
+        ax.legend(fontsize=7, loc="best")
     base = next((e["k_baseline"] for e in evals if "k_baseline" in e), None)
     if base is not None:
         axes[1].axhline(base, color="#ff7f0e", linestyle=":", linewidth=1)
-    panels[-1][0].set_ylim(0, 1.1)
-    panels[-1][0].legend(fontsize=8, loc="center right")
+    panels[-1][0].legend(fontsize=7, loc="center right")
     axes[3].set_xlabel("iteration")
     fig.suptitle(
         f"circuits through training: {len(found['circuit'])} edges of the final circuit, "

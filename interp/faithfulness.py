@@ -153,7 +153,8 @@ def interval(setup: TaskGraph, values: torch.Tensor, seed: int = 0) -> tuple[flo
 
 def interval_or_reason(setup: TaskGraph, values: torch.Tensor, seed: int = 0) -> dict:
     """{"interval": [low, high]}, or {"missing": {"interval": why there is none}}: one row (every
-    resample is that row), or resamples of the rows whose gap is 0."""
+    resample is that row), resamples of the rows whose gap is 0, or every resample giving the same
+    f (a circuit whose left-out edges change nothing: f = 1 on every row)."""
     if len(values) < 2:
         why = "one row, which every resample of the rows repeats (an interval needs two or more)"
         return {"missing": {"interval": why}}
@@ -163,6 +164,16 @@ def interval_or_reason(setup: TaskGraph, values: torch.Tensor, seed: int = 0) ->
             f"{BOOTSTRAP - len(f)} of {BOOTSTRAP} resamples of the rows have no gap between every "
             "edge and none: rows with a gap of 0 carry no share"
         )
+        return {"missing": {"interval": why}}
+    # an interval of no width: say why rather than print [f, f]
+    if torch.equal(values, setup.full):
+        why = (
+            "the circuit's metric equals the model's on every row (each edge left out changes "
+            "nothing: it scores exactly 0), so every resample of the rows gives f = 1"
+        )
+        return {"missing": {"interval": why}}
+    if np.ptp(f) < 1e-6:  # the same up to float rounding
+        why = f"every resample of the rows gives the same f, {f[0]:.3f}: an interval of no width"
         return {"missing": {"interval": why}}
     return {"interval": list(interval(setup, values, seed))}
 

@@ -1,14 +1,22 @@
 """Issue 52: what the pictures of a circuit draw agrees with what is printed. The faithfulness
 curve is drawn on the axis its area is taken over (the share of the edges kept, 0 to 1, linear),
-and an area above 1 is explained where it is printed and drawn."""
+and an area above 1 is explained where it is printed and drawn; a control without a phase change
+(configs/induction_1layer.yaml) is drawn on fixed scales with nothing shaded, and a circuit that is
+the model on every row says why its f has no interval."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import torch
 
 from interp import circuit_picture
+from interp.circuit_picture import MIN_NATS
+from interp.circuit_training import format_phase_change, phase_change
 from interp.discovery import area, format_discovery
+from interp.faithfulness import interval_or_reason
 
 
 def discovered(**changes) -> dict:
@@ -78,3 +86,48 @@ def test_an_area_above_1_is_explained_in_the_report_and_the_picture(drawn, tmp_p
     assert "above f = 1" in drawn[0].axes[1].get_title()
     below = discovered(curve={"0": 0.0, "2": 0.9, "4": 1.0})
     assert "rises above 1" not in format_discovery(below)
+
+
+def test_a_circuit_that_is_the_model_on_every_row_says_why_it_has_no_interval():
+    # the one-layer control: the 5 edges left out score exactly 0, so every resample gives f = 1
+    setup = SimpleNamespace(full=torch.tensor([-0.3, -0.4, -0.5]), none=torch.tensor([-4.0] * 3))
+    found = interval_or_reason(setup, setup.full.clone())
+    assert "interval" not in found, found
+    assert "each edge left out changes nothing" in found["missing"]["interval"]
+    same = SimpleNamespace(full=torch.tensor([-0.3, -0.4]), none=torch.tensor([-4.3, -4.4]))
+    found = interval_or_reason(same, torch.tensor([-2.3, -2.4]))  # f = 0.5 on each row
+    assert "every resample of the rows gives the same f, 0.500" in found["missing"]["interval"]
+
+
+def evals(icl: list[float], carried: list[float]) -> list[dict]:
+    """circuits.json's evals, one layer: no K-composition."""
+    return [
+        {"iter": 50 * i, "val_loss": 3.9 - 0.02 * i, "previous_token": 0.05, "induction": 0.03,
+         "icl_score": c, "carried": k, "faithfulness": 1.0}
+        for i, (c, k) in enumerate(zip(icl, carried))
+    ]  # fmt: skip
+
+
+def test_a_control_without_a_phase_change_is_drawn_without_one(drawn, tmp_path):
+    control = evals([0.02, -0.01, -0.1, -0.2, -0.33], [0.0, 0.1, 0.3, 0.5, 0.7])
+    found = {"evals": control, "phase_change": phase_change(control), "circuit": [[1]] * 12,
+             "ablation": "resample", "task": "a task"}  # fmt: skip
+    assert not any(c["steep"] for c in found["phase_change"].values() if c)
+    line = format_phase_change(found)
+    assert "(+0.13 nats, under 0.5: no phase change)" in line, line
+    circuit_picture.plot_circuits_training(found, tmp_path / "c.png")
+    scores, icl = drawn[0].axes[1:3]
+    assert not any(ax.patches for ax in drawn[0].axes)  # nothing shaded
+    assert scores.get_ylim()[0] == 0 and scores.get_ylim()[1] >= 1
+    low, high = icl.get_ylim()
+    assert high - low >= MIN_NATS  # 0.35 nats fill a third of the panel, not all of it
+    label = icl.get_legend().get_texts()[0].get_text()
+    assert "-0.33 to +0.02, no steep change" in label, label
+    # the two-layer model's phase change: steep, shaded
+    steep = evals([0.0, -0.05, -0.7, -2.4, -2.6], [0.0, 0.1, 0.5, 3.4, 4.3])
+    found |= {"evals": steep, "phase_change": phase_change(steep)}
+    assert found["phase_change"]["icl_score"] == {"from": 100, "to": 150, "by": 1.7, "steep": True}
+    circuit_picture.plot_circuits_training(found, tmp_path / "c.png")
+    assert drawn[1].axes[2].patches and "steepest 100-150 (shaded)" in (
+        drawn[1].axes[2].get_legend().get_texts()[0].get_text()
+    )
