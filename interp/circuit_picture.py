@@ -85,6 +85,8 @@ def arrow(
 
 
 METRIC_WORDS = {"task": "the task's metric", "kl": "minus the KL divergence"}
+# where f has no interval (the JSON's "missing" says why: one row, or every resample alike)
+NO_INTERVAL = "(no interval: see the JSON's missing)"
 MAX_ARROWS = 60  # the strongest kept edges a discovered circuit draws; the JSON has them all
 
 
@@ -174,11 +176,11 @@ def legend_text(circuit: dict, rows: int = 16) -> str:
             lines.append(f"{node['name']:>10}  {dla:+.2f} (effect {node['direct_effect']:+.2f})")
     f = circuit.get("faithfulness")
     if f:
-        low, high = f["interval"]
+        bounds = "[{:.2f}, {:.2f}]".format(*f["interval"]) if "interval" in f else NO_INTERVAL
         lines += [
             "",
             f"the whole: {f['size']} edges, faithfulness",
-            f"{f['faithfulness']:.2f} [{low:.2f}, {high:.2f}] ({f['ablation']} ablation)",
+            f"{f['faithfulness']:.2f} {bounds} ({f['ablation']} ablation)",
         ]
     return "\n".join(lines)
 

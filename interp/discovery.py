@@ -259,9 +259,8 @@ def discover(setup: TaskGraph, method: str = "auto", target: float = 0.9, seed: 
     scores = found["scores"]
     keep, k, points = cut(setup, scores, target)
     assessed = assess(setup, keep, seed, limit=16)
-    del assessed["interval"]  # where there is one
-    bounds = interval_or_reason(setup, metric_values(setup, keep[None])[0], seed)
-    missing = bounds.pop("missing", {})
+    bounds = {"interval": assessed.pop("interval")} if "interval" in assessed else {}
+    missing = assessed.pop("missing", {})
     result = {
         **summary(setup),
         "method": "+".join(scores),

@@ -289,13 +289,14 @@ def left_out(setup: TaskGraph, keep: torch.Tensor, f: float, limit: Optional[int
 def assess(
     setup: TaskGraph, keep: torch.Tensor, seed: int = 0, limit: Optional[int] = None
 ) -> dict:
-    """Every measure of the circuit `keep` (n_edges,), JSON-ready."""
+    """Every measure of the circuit `keep` (n_edges,), JSON-ready: f's interval where there is one,
+    else "missing" saying why (interval_or_reason)."""
     values = metric_values(setup, keep[None])[0]
     f = float(normalise(setup, values))
     return {
         "size": int(keep.sum()),
         "faithfulness": round(f, 4),
-        "interval": interval(setup, values, seed),
+        **interval_or_reason(setup, values, seed),  # "interval", or "missing" saying why none
         "incompleteness": incompleteness(setup, keep, seed),
         "minimality": minimality(setup, keep, f, seed),
         "left_out": left_out(setup, keep, f, limit),

@@ -41,6 +41,8 @@ EDGE_THRESHOLD = 0.05  # an edge is in the circuit when its path alone goes this
 MAX_NODES = 12  # the strongest nodes kept (edges cost three path patches per pair)
 # the clean run's metric must beat the corrupted run's by this much (nats or logits)
 MIN_CHANGE = 0.1
+# why one row (--circuit CLEAN CORRUPTED, --sequences 1) gives no standard error, in circuit.json
+ONE_ROW = "one row, which has no spread (a standard error needs two or more)"
 
 
 def answer_attribution(model: GPT, task: Task) -> np.ndarray:
@@ -104,11 +106,23 @@ def _role(
     return roles[layer][head]["role"], roles[layer][head]["score"]
 
 
-def _mean_se(rows: torch.Tensor) -> tuple[float, float]:
-    """A row effect's mean and its standard error over the rows."""
+def _mean_se(rows: torch.Tensor) -> tuple[float, Optional[float]]:
+    """A row effect's mean and its standard error over the rows (None for one row: no spread)."""
     n = rows.numel()
-    se = float(rows.std() / n**0.5) if n > 1 else 0.0
-    return round(float(rows.mean()), 4), round(se, 4)
+    se = round(float(rows.std() / n**0.5), 4) if n > 1 else None
+    return round(float(rows.mean()), 4), se
+
+
+def _with_se(out: dict, key: str, rows: torch.Tensor) -> dict:
+    """out with out[key] the rows' mean and out[key_se] its standard error, where there is one."""
+    out[key], se = _mean_se(rows)
+    return out if se is None else out | {f"{key}_se": se}
+
+
+def _pm(item: dict, key: str) -> str:
+    """ " ± item[key_se]" for a figure with a standard error, "" for one without (one row)."""
+    se = item.get(f"{key}_se")
+    return "" if se is None else f" ± {se:.2f}"
 
 
 def head_of(node: str) -> Optional[tuple[int, int]]:
@@ -141,8 +155,7 @@ def measure_edges(
             (a, b), (c, d) = heads
             score = composition[kind][a * n_head + b, c * n_head + d]
             edge["composition"] = round(float(score), 4)
-        edge["effect"], edge["effect_se"] = _mean_se(rows)
-        edges.append(edge)
+        edges.append(_with_se(edge, "effect", rows))
     return sorted(edges, key=lambda e: -abs(e["effect"]))
 
 
@@ -183,6 +196,8 @@ def find_circuit(
         )[:5],
     }
     circuit.update(_faithfulness(model, task, kept, ablation))
+    if "se" not in gap["gap"]:
+        circuit["missing"] = {"standard_errors": ONE_ROW}
     return circuit
 
 
@@ -198,7 +213,7 @@ def _faithfulness(model: GPT, task: Task, kept: list[dict], ablation: str) -> di
 @torch.no_grad()
 def gap_of(model: GPT, task: Task) -> dict:
     """The metric on the clean and the corrupted input, their gap and its standard error over the
-    rows (a single row: 0, nothing to sample). ValueError when the gap is under MIN_CHANGE: the
+    rows (a single row: none, nothing to sample). ValueError when the gap is under MIN_CHANGE: the
     model does the task no better on the clean input, and there is no circuit to find."""
     with evaluating(model):
         ends = [
@@ -211,7 +226,7 @@ def gap_of(model: GPT, task: Task) -> dict:
             f"(metric {clean:+.3f} against {corrupted:+.3f}): there is no circuit to find"
         )
     value, se = _mean_se(ends[0] - ends[1])
-    gap = {"value": value, "se": se, "rows": len(ends[0])}
+    gap = {"value": value, **({"se": se} if se is not None else {}), "rows": len(ends[0])}
     return {"metric_clean": clean, "metric_corrupted": corrupted, "gap": gap}
 
 
@@ -223,10 +238,10 @@ def _nodes(model, task, nodes, names, rows, edges, scores, weights) -> list[dict
     direct = {e["from"]: e for e in edges if e["kind"] == LOGITS}
     out = []
     for name in nodes:
-        effect, se = _mean_se(rows[names.index(name)])
-        node = {"name": name, "effect": effect, "effect_se": se}
+        node = _with_se({"name": name}, "effect", rows[names.index(name)])
         node["direct_effect"] = direct[name]["effect"]
-        node["direct_effect_se"] = direct[name]["effect_se"]
+        if "effect_se" in direct[name]:
+            node["direct_effect_se"] = direct[name]["effect_se"]
         if name.startswith("MLP"):
             out.append({**node, "layer": int(name[3:]), "head": None, "role": None})
             continue
@@ -239,20 +254,25 @@ def _nodes(model, task, nodes, names, rows, edges, scores, weights) -> list[dict
 
 
 def within_noise(gap: dict) -> bool:
-    """Whether a task's gap (gap_of's) is less than twice its standard error."""
-    return gap["rows"] > 1 and gap["value"] < 2 * gap["se"]
+    """Whether a task's gap (gap_of's) is less than twice its standard error (one row has none)."""
+    return gap["rows"] > 1 and gap.get("se") is not None and gap["value"] < 2 * gap["se"]
 
 
 def format_circuit(circuit: dict) -> str:
     """The gap, the nodes (and what fell below the cut), the edges (and why one can exceed its
     receiver) and the circuit's faithfulness, for people."""
     gap = circuit["gap"]
+    if "se" in gap:
+        spread = f" ± {gap['se']:.3f} (standard error over {gap['rows']} rows)"
+        each = ", ± its standard error"
+    else:
+        spread = f" (no standard errors: {circuit['missing']['standard_errors']})"
+        each = ""
     lines = [
         f"circuit of the task: {circuit['task']}",
         f"  metric {circuit['metric_clean']:+.3f} clean, {circuit['metric_corrupted']:+.3f} "
-        f"corrupted: a gap of {gap['value']:.3f} ± {gap['se']:.3f} (standard error over "
-        f"{gap['rows']} rows); each number below is the fraction of that gap one patch makes, "
-        f"{circuit['direction']}, ± its standard error",
+        f"corrupted: a gap of {gap['value']:.3f}{spread}; each number below is the fraction of "
+        f"that gap one patch makes, {circuit['direction']}{each}",
     ]
     if within_noise(gap):
         lines.append(
@@ -263,7 +283,7 @@ def format_circuit(circuit: dict) -> str:
     noisy = [
         f"{n['name']} {n['effect']:+.2f} ± {n['effect_se']:.2f}"
         for n in circuit["nodes"]
-        if abs(n["effect"]) < 2 * n["effect_se"]
+        if "effect_se" in n and abs(n["effect"]) < 2 * n["effect_se"]
     ]
     if noisy:
         lines.append(
@@ -273,11 +293,14 @@ def format_circuit(circuit: dict) -> str:
         )
     lines += _format_nodes(circuit) + _format_edges(circuit)
     f = circuit["faithfulness"]
-    low, high = f["interval"]
+    if "interval" in f:
+        bounds = f"[{f['interval'][0]:.3f}, {f['interval'][1]:.3f}]"
+    else:
+        bounds = f"(no interval: {f['missing']['interval']})"
     left_out = ", ".join(f"{a} -> {b} {k.upper()} {g:+.3f}" for a, b, k, g in f["left_out"])
     lines += [
         f"the circuit as {f['size']} edges of the graph (those into the logits included): "
-        f"faithfulness {f['faithfulness']:.3f} [{low:.3f}, {high:.3f}] under {f['ablation']} "
+        f"faithfulness {f['faithfulness']:.3f} {bounds} under {f['ablation']} "
         "ablation (another ablation gives another f: --ablation)",
         f"  incompleteness {f['incompleteness']['value']:.3f}; minimality "
         f"{f['minimality']['share'] or 0:.2f} of its edges lower f by at least 0.01 alone; left "
@@ -297,8 +320,8 @@ def _format_nodes(circuit: dict) -> list[str]:
         dla = node.get("direct_logit_attribution")
         attribution = f", direct logit attribution {dla:+.2f}" if dla is not None else ""
         lines.append(
-            f"  {node['name']}{role}: {node['effect']:+.2f} ± {node['effect_se']:.2f}; directly "
-            f"to the answer {node['direct_effect']:+.2f} ± {node['direct_effect_se']:.2f}"
+            f"  {node['name']}{role}: {node['effect']:+.2f}{_pm(node, 'effect')}; directly "
+            f"to the answer {node['direct_effect']:+.2f}{_pm(node, 'direct_effect')}"
             f"{attribution}"
         )
     if not circuit["nodes"]:
@@ -321,8 +344,8 @@ def _format_edges(circuit: dict) -> list[str]:
         score = f", composition {edge['composition']:.3f}" if "composition" in edge else ""
         into = "directly" if edge["kind"] == LOGITS else f"through its {edge['kind'].upper()}"
         lines.append(
-            f"  {edge['from']} -> {edge['to']} {into}: {edge['effect']:+.2f} ± "
-            f"{edge['effect_se']:.2f}{score}"
+            f"  {edge['from']} -> {edge['to']} {into}: {edge['effect']:+.2f}"
+            f"{_pm(edge, 'effect')}{score}"
         )
         if edge["to"] in effects and edge["effect"] > effects[edge["to"]]:
             larger.append(f"{edge['from']} -> {edge['to']} {edge['kind'].upper()}")

@@ -357,6 +357,26 @@ def test_the_circuit_and_the_composition_table_on_every_option(name):
         gap_of(fresh, repeat_task(fresh, 2))
 
 
+def test_one_prompt_pair_gives_no_interval_and_no_standard_error_and_says_why(tmp_path: Path):
+    """--circuit CLEAN CORRUPTED is one row: no bootstrap interval of f, no standard error of any
+    effect (never an interval of no width or a ± 0.00), and the output says why."""
+    from interp.circuit_picture import legend_text
+    from interp.task_circuit import ONE_ROW, _mean_se, format_circuit
+
+    assert _mean_se(torch.tensor([0.7])) == (0.7, None)
+    model = model_with(OPTIONS["gpt2"])
+    circuit = find_circuit(model, prompt_pair(model, *pair(model)))
+    f = circuit["faithfulness"]
+    assert "interval" not in f and "one row" in f["missing"]["interval"], f
+    assert "se" not in circuit["gap"] and circuit["missing"] == {"standard_errors": ONE_ROW}
+    text = json.dumps(circuit)
+    assert "_se" not in text and "NaN" not in text
+    printed = format_circuit(circuit)
+    assert "± 0.00" not in printed and "(no standard errors: one row" in printed, printed
+    assert "(no interval: one row" in printed and "± its standard error" not in printed
+    assert "no interval" in legend_text(circuit)
+
+
 # --- the circuit of the induction model ---
 
 

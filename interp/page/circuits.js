@@ -186,7 +186,7 @@ function arrowHeads() {
 
 const edgeText = (e) =>
   `${e.from} → ${e.to} ${e.kind === "mlp" ? "into its input" : `through its ${KINDS[e.kind]}`}: ` +
-  `effect ${signed(e.effect)} ± ${e.effect_se.toFixed(2)}` +
+  `effect ${signed(e.effect)}${e.effect_se === undefined ? "" : ` ± ${e.effect_se.toFixed(2)}`}` +
   (e.composition === undefined ? "" : `, ${KINDS[e.kind]}-composition ${e.composition.toFixed(3)}`);
 const directText = (n) =>
   `${n.name} → the answer, directly: effect ${signed(n.direct_effect)}` +
