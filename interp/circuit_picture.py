@@ -14,6 +14,7 @@ Drawn with matplotlib's object API (no display needed).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -87,6 +88,21 @@ def arrow(
 METRIC_WORDS = {"task": "the task's metric", "kl": "minus the KL divergence"}
 # where f has no interval (the JSON's "missing" says why: one row, or every resample alike)
 NO_INTERVAL = "(no interval: see the JSON's missing)"
+
+
+def bounds(found: dict, digits: int = 2) -> str:
+    """f's interval as "[low, high]", or where there is none "(no interval: why)", why in short (the
+    JSON's "missing" up to its first comma, colon or bracket: "one row")."""
+    if "interval" in found:
+        low, high = found["interval"]
+        return f"[{low:.{digits}f}, {high:.{digits}f}]"
+    why = found.get("missing", {}).get("interval")
+    if why is None:
+        return NO_INTERVAL
+    short = re.split(r",|:| \(", why)[0]
+    return f"(no interval: {short})"
+
+
 MAX_ARROWS = 60  # the strongest kept edges a discovered circuit draws; the JSON has them all
 
 
@@ -176,11 +192,10 @@ def legend_text(circuit: dict, rows: int = 16) -> str:
             lines.append(f"{node['name']:>10}  {dla:+.2f} (effect {node['direct_effect']:+.2f})")
     f = circuit.get("faithfulness")
     if f:
-        bounds = "[{:.2f}, {:.2f}]".format(*f["interval"]) if "interval" in f else NO_INTERVAL
         lines += [
             "",
             f"the whole: {f['size']} edges, faithfulness",
-            f"{f['faithfulness']:.2f} {bounds} ({f['ablation']} ablation)",
+            f"{f['faithfulness']:.2f} {bounds(f)} ({f['ablation']} ablation)",
         ]
     return "\n".join(lines)
 
@@ -237,9 +252,8 @@ def plot_discovered(found: dict, n_layer: int, n_head: int, mlp: bool, path: Pat
             ax.plot([], [], color=colour, linewidth=3, label=KIND_NAMES[kind])
     ax.legend(loc="upper left", fontsize=8, frameon=False, title="an arrow", title_fontsize=8)
     _curve(side, found)
-    low, high = found["interval"]
     fig.suptitle(
-        f"{found['size']} edges, f = {found['faithfulness']:.2f} [{low:.2f}, {high:.2f}] under "
+        f"{found['size']} edges, f = {found['faithfulness']:.2f} {bounds(found)} under "
         f"{found['ablation']} ablation ({METRIC_WORDS[found['metric']]})\n{found['task']}",
         fontsize=9,
     )

@@ -169,9 +169,13 @@ def page_data(
 def discovered_view(model: GPT, found: dict) -> dict:
     """What the page shows of a discovered circuit (interp/discovery.py's): its kept edges, its
     numbers and its curve."""
-    shown = ("task", "ablation", "metric", "faithfulness", "interval", "size", "target", "reached")
+    shown = ("task", "ablation", "metric", "faithfulness", "size", "target", "reached")
+    # f's interval where there is one, else why none (the page says so: never f twice)
+    interval = found.get("interval")
+    why = found.get("missing", {}).get("interval")
     return {
         **{k: found[k] for k in shown},
+        **({"interval": interval} if interval is not None else {"no_interval": why}),
         **{k: found[k] for k in ("prefix", "curve", "area", "incompleteness", "minimality")},
         "mlp": model.config.mlp,
         "edges": [e for e in found["edges"] if e["kept"]],

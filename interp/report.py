@@ -173,9 +173,6 @@ def write_discovery(model, task, options: dict, out: Path, ckpt: Path, other=Non
         found["held_out"] = held_out(again, kept_mask(setup, found["edges"]), options["seed"] + 1)
     print(format_discovery(found))
     written = write_json(out / "discovered.json", ckpt, found)
-    if "interval" not in found:  # the picture and the page draw one: f alone, and the task says so
-        task = f"{found['task']}; no interval, f twice (discovered.json says why)"
-        found = found | {"interval": [found["faithfulness"]] * 2, "task": task}
     cfg = model.config
     plot_discovered(found, cfg.n_layer, cfg.n_head, cfg.mlp, out / "discovered.png")
     return found, [written, out / "discovered.png"]

@@ -131,3 +131,15 @@ def test_a_control_without_a_phase_change_is_drawn_without_one(drawn, tmp_path):
     assert drawn[1].axes[2].patches and "steepest 100-150 (shaded)" in (
         drawn[1].axes[2].get_legend().get_texts()[0].get_text()
     )
+
+
+def test_a_discovered_circuit_of_one_row_is_drawn_with_no_interval_and_why(drawn, tmp_path):
+    found = discovered(missing={"interval": "one row, which every resample of the rows repeats"})
+    del found["interval"]
+    circuit_picture.plot_discovered(found, 2, 2, False, tmp_path / "d.png")
+    title = drawn[0].get_suptitle()
+    assert "f = 1.20 (no interval: one row) under resample" in title, title
+    assert "[1.20, 1.20]" not in title and "f twice" not in title
+    circuit = {"faithfulness": {"size": 3, "faithfulness": 0.86, "ablation": "resample",
+               "missing": {"interval": "one row, which ..."}}}  # fmt: skip
+    assert circuit_picture.bounds(circuit["faithfulness"]) == "(no interval: one row)"

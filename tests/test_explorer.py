@@ -479,6 +479,9 @@ def check_discovered(page, folder: Path) -> None:
     assert page.locator("#discovered-svg .edge").count() == len(kept) == found["size"]
     assert f"f = {found['faithfulness']:.3f}" in page.inner_text("#discovered-note")
     assert f"under {found['ablation']} ablation" in page.inner_text("#discovered-note")
+    if "interval" in found:
+        low, high = found["interval"]
+        assert f"[{low:.3f}, {high:.3f}]" in page.inner_text("#discovered-note")
     assert page.locator("#discovered-curve circle").count() == len(found["curve"])
     e = kept[0]
     at = f'[data-from="{e["from"]}"][data-to="{e["to"]}"][data-kind="{e["kind"]}"]'
@@ -511,3 +514,24 @@ def test_the_browser_says_when_the_prompt_is_cut_and_shows_its_text_as_text(
         )
         assert labels == token_labels(ids[:40], tokenizer)  # "<b>" shown, not parsed
         assert page.locator("#tokens b").count() == 0
+
+
+def test_the_page_says_a_discovered_circuit_of_one_row_has_no_interval(browser, tmp_path: Path):
+    """discovered.json with "missing": {"interval": ...} (one row): the page writes f once and why
+    there is no interval, not f twice as an interval of no width."""
+    from test_discovery_pictures import discovered
+
+    found = discovered(missing={"interval": "one row, which every resample of the rows repeats"})
+    del found["interval"]
+    view = interp.explorer.discovered_view(tiny_model(), found)
+    assert "interval" not in view and view["no_interval"].startswith("one row")
+    tokenizer = CharTokenizer(CHARS)
+    ids = tokenizer.encode("abcabc").tolist()
+    path = write_page(
+        tmp_path / "one.html", tiny_model(), ids, tokenizer, fake_scores(2, 3), "one row",
+        discovered=found,
+    )  # fmt: skip
+    with opened(browser, path) as page:
+        note = page.inner_text("#discovered-note")
+        assert "f = 1.200 (no interval: one row) of what the model does" in note, note
+        assert "[1.200, 1.200]" not in note

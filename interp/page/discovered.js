@@ -88,9 +88,12 @@ function buildDiscovered() {
   const d = DATA.discovered;
   $("discovered-section").hidden = !d;
   if (!d) return;
-  const [low, high] = d.interval;
+  // f's interval, or where there is none (one row) why, in short: never f twice
+  const bounds = d.interval
+    ? `[${d.interval[0].toFixed(3)}, ${d.interval[1].toFixed(3)}]`
+    : `(no interval: ${(d.no_interval || "see discovered.json").split(/,|:| \(/)[0]})`;
   $("discovered-note").textContent =
-    `${d.task}. ${d.size} edges keep f = ${d.faithfulness.toFixed(3)} [${low.toFixed(3)}, ${high.toFixed(3)}] ` +
+    `${d.task}. ${d.size} edges keep f = ${d.faithfulness.toFixed(3)} ${bounds} ` +
     `of what the model does, under ${d.ablation} ablation (another ablation gives another number); ` +
     `incompleteness ${d.incompleteness.value.toFixed(3)}, minimality ${d.minimality.share.toFixed(2)}.`;
   const { width, height, where } = discoveredLayout();
