@@ -7,5 +7,6 @@ heatmaps and training curves; explorer.py writes the attention explorer, one HTM
 template, script and styles are in page/). How heads work together: tasks.py (a clean and a
 corrupted input and a metric), attribution.py (attribution patching), paths.py (path patching),
 weights.py, factored.py and circuits.py (circuits and composition scores from the weights),
-task_circuit.py (the circuit behind a task) and diagram.py (its picture). The hook points they use
-are model/hooks.py's."""
+task_circuit.py (the circuit behind a task), graph.py, faithfulness.py and discovery.py (circuits
+of edges, measured and found), circuit_training.py (circuits through training) and
+circuit_picture.py (their pictures). The hook points they use are model/hooks.py's."""

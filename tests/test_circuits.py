@@ -570,3 +570,19 @@ def test_a_gap_within_its_noise_is_a_warning():
     assert within_noise({"value": 0.19, "se": 0.12, "rows": 16})
     assert not within_noise({"value": 4.39, "se": 0.05, "rows": 16})
     assert not within_noise({"value": 0.19, "se": 0.0, "rows": 1})  # one prompt pair: no sampling
+
+
+def test_the_package_doc_and_docs_heads_name_only_files_and_functions_that_exist():
+    import re
+
+    import interp
+    import interp.circuits
+
+    root = Path(__file__).resolve().parent.parent
+    for name in re.findall(r"([\w/]+)\.py", interp.__doc__):
+        where = root / f"{name}.py" if "/" in name else root / "interp" / f"{name}.py"
+        assert where.exists(), f"interp/__init__.py names {name}.py, which does not exist"
+    docs = (root / "docs" / "heads.md").read_text(encoding="utf-8")
+    for listed in re.findall(r"\(`interp/circuits\.py`: ([^)]*)\)", docs):
+        for function in re.findall(r"`(\w+)`", listed):
+            assert hasattr(interp.circuits, function), f"docs/heads.md names {function}"
