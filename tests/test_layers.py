@@ -165,6 +165,26 @@ def test_no_module_over_500_lines_and_no_function_over_60():
     )
 
 
+MAX_DOCSTRING_LINES = 15  # a module's opening: what it is for; the detail sits beside its code
+
+
+def long_docstrings(paths: dict[str, Path]) -> list[str]:
+    """The modules whose docstring runs past MAX_DOCSTRING_LINES, with its length."""
+    found = []
+    for name, path in paths.items():
+        text = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False) or ""
+        if len(text.splitlines()) > MAX_DOCSTRING_LINES:
+            found.append(f"{name} ({len(text.splitlines())} lines)")
+    return found
+
+
+def test_no_module_opens_with_more_than_15_lines_of_docstring(tmp_path: Path):
+    found = long_docstrings(package_modules_and_scripts())
+    assert not found, f"module docstrings over {MAX_DOCSTRING_LINES} lines: {found}"
+    (tmp_path / "m.py").write_text('"""' + "a\n" * MAX_DOCSTRING_LINES + 'b"""\n')
+    assert long_docstrings({"m": tmp_path / "m.py"}) == [f"m ({MAX_DOCSTRING_LINES + 1} lines)"]
+
+
 def test_no_tool_function_over_60():
     """tools/ keeps the function rule too (not yet the module one: tools/bench.py is one command,
     and a tool may not import another)."""
