@@ -27,7 +27,7 @@ import torch
 from common.json_text import read_metrics
 from interp.circuits import all_composition_scores, composition_baseline
 from interp.discovery import discovered_circuit
-from interp.faithfulness import interval, metric_values, normalise, prepare
+from interp.faithfulness import interval, interval_or_reason, metric_values, normalise, prepare
 from interp.scores import flat_scores, head_name, score_heads, strongest, strongest_heads
 from interp.tasks import repeat_task
 from interp.weights import head_weights
@@ -118,12 +118,13 @@ def carried(model: GPT, task, keep: torch.Tensor) -> dict:
     setup = prepare(model, task)
     values = metric_values(setup, keep[None])[0]
     f = float(normalise(setup, values))
-    low, high = interval(setup, values)
+    low, high = interval(setup, values)  # nan where no resample has a gap: not real
     real = setup.gap > MIN_GAP and high - low <= MAX_WIDTH
     return {
         "gap": round(setup.gap, 4),
         "faithfulness": round(f, 4) if real else None,
-        "interval": [low, high],
+        # recorded as --discover gives it: none of no width (f = 1 on every resample), with why
+        **interval_or_reason(setup, values),
         "carried": round(float(values.mean() - setup.none.mean()), 4),
     }
 

@@ -143,3 +143,16 @@ def test_a_discovered_circuit_of_one_row_is_drawn_with_no_interval_and_why(drawn
     circuit = {"faithfulness": {"size": 3, "faithfulness": 0.86, "ablation": "resample",
                "missing": {"interval": "one row, which ..."}}}  # fmt: skip
     assert circuit_picture.bounds(circuit["faithfulness"]) == "(no interval: one row)"
+
+
+def test_circuits_through_training_record_no_interval_of_no_width():
+    from conftest import OPTIONS, model_with
+
+    from interp.circuit_training import carried
+    from interp.graph import model_graph
+    from interp.tasks import repeat_task
+
+    model = model_with(OPTIONS["gpt2"])
+    keep = torch.ones(len(model_graph(model)))  # every edge: the model on every row
+    found = carried(model, repeat_task(model, 4), keep)
+    assert "interval" not in found and "changes nothing" in found["missing"]["interval"], found
