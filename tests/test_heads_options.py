@@ -160,9 +160,11 @@ def test_defaults_are_filled_in_after_the_check():
 
 
 def documented_commands() -> list[str]:
-    """Every `python heads.py ...` command in the guides and the README, as one line."""
+    """Every `python heads.py ...` command in the guides, the README and the script that regenerates
+    their figures (tools/heads_figures.sh), as one line."""
     found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    guides = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for path in [*guides, ROOT / "tools" / "heads_figures.sh"]:
         text = path.read_text(encoding="utf-8").replace("\\\n", " ")
         for line in text.splitlines():
             for command in re.findall(r"python heads\.py ([^`#\n]*)", line):
