@@ -12,6 +12,9 @@ ONEDNN_MAX_CPU_ISA=AVX2 (BENCHMARKS.md, "Where a training step's time goes").
 
 from __future__ import annotations
 
+from common.errors import cli  # first: a Ctrl-C while torch loads is one line
+
+# isort: split
 import argparse
 import statistics
 import time
@@ -34,8 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main() -> None:
-    a = parse_args()
+def main(argv: list[str]) -> int:
+    a = parse_args(argv)
     config = a.args[0] if a.args and "=" not in a.args[0] else None
     overrides = [x for x in a.args if "=" in x]
     request = load_config(config, ["train.out_dir=/tmp/tinygpt-step-profile", *overrides])
@@ -66,7 +69,8 @@ def main() -> None:
         f"step for {gflop:.2f} GFLOP ({gflop / seconds:.0f} GFLOP/s); the step: "
         f"{gflop / step:.0f} GFLOP/s"
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)
