@@ -181,7 +181,10 @@ def pick_device(setting: str, local_rank: int = 0) -> torch.device:
 
 @functools.cache
 def cpu_has_bf16_matmul() -> bool:
-    """True on CPUs with bf16 matrix instructions (Intel AMX, AVX512-BF16)."""
+    """True on CPUs with bf16 matrix instructions (Intel AMX, AVX512-BF16) that torch's kernels may
+    use: ATEN_CPU_CAPABILITY=avx2 (an AVX2-only CPU emulated on a newer one) gives them up."""
+    if torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2"):
+        return False
     try:
         with open("/proc/cpuinfo") as f:
             flags = f.read()
@@ -265,6 +268,17 @@ def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int
         torch.set_num_threads(threads)
     precision = pick_precision(precision_setting, device, n_embd)
     return Runtime(device, precision, rank, local_rank, world, local_world, threads)
+
+
+def inductor_cache_per_cpu_kind() -> None:
+    """Give CPU kernels built for an emulated older CPU (ATEN_CPU_CAPABILITY=avx2) a cache of their
+    own: Inductor's cache does not tell them from native ones, and a native run that reuses them
+    crashes (torch 2.13: "free(): invalid pointer"). TORCHINDUCTOR_CACHE_DIR, if set, is kept."""
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if capability and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability.lower()}"
 
 
 def compile_enabled(setting: str, device: torch.device) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -20,6 +22,29 @@ def test_cpu_precision_auto_follows_the_measured_crossover(monkeypatch):
     assert runtime.pick_precision("bf16", cpu, 64) == "bf16"  # an explicit choice is kept
     with pytest.raises(UserError, match="fp16 is for GPUs"):
         runtime.pick_precision("fp16", cpu, 64)
+
+
+def test_an_emulated_avx2_cpu_has_no_bf16_and_its_own_kernel_cache(monkeypatch):
+    """ATEN_CPU_CAPABILITY=avx2 (BENCHMARKS.md's AVX2-only emulation): precision auto is fp32 as on
+    a real AVX2 CPU, and Inductor's kernels for it go to a cache of their own (reused natively, they
+    crashed: free(): invalid pointer); a cache the user names is kept."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    runtime.cpu_has_bf16_matmul.cache_clear()
+    try:
+        assert not runtime.cpu_has_bf16_matmul()
+    finally:
+        runtime.cpu_has_bf16_matmul.cache_clear()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    runtime.inductor_cache_per_cpu_kind()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("_avx2")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/mine")
+    runtime.inductor_cache_per_cpu_kind()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/mine"
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    runtime.inductor_cache_per_cpu_kind()
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
 
 
 def test_explicit_devices_that_are_missing_are_reported(monkeypatch):

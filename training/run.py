@@ -26,7 +26,7 @@ from model import GPT
 from runs import checkpoint
 from runs.checkpoint import Progress
 from runs.config import Config
-from runs.runtime import Runtime, compile_enabled
+from runs.runtime import Runtime, compile_enabled, inductor_cache_per_cpu_kind
 from training.evaluation import draw_sample, estimate_loss, final_eval_wanted, sample_prompt
 from training.optim import lr_factor, make_optimizers, schedule_progress, set_lr, step_unless
 from training.plan import Plan
@@ -151,6 +151,7 @@ def start_run(plan: Plan, callbacks: list[Callback] | None = None) -> Run:
     rt = plan.rt
     t = plan.cfg.train
     torch.manual_seed(t.seed)
+    inductor_cache_per_cpu_kind()  # before torch's optimizers import the compiler, which reads it
     model = build_model(plan)
     base = None
     if cfg.lora is not None:  # what its checkpoints record of the base
