@@ -356,3 +356,26 @@ def test_activation_checkpointing_gives_the_same_gradients_and_keeps_no_block_ac
     B, T = idx.shape
     # two more layers: their inputs x, in fp32
     assert kept[4] - kept[2] == 2 * B * T * 32 * 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_relu_squared_is_autograds_relu_square_to_the_bit(dtype):
+    """model/gpt.py's ReLUSquared (the relu2 activation, a backward of two passes) against
+    F.relu(x).square() through autograd: the same outputs and gradients, bit for bit, zeros and
+    negatives included; a second derivative is refused rather than wrong."""
+    from model.gpt import ReLUSquared
+
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(4, 64, 96, generator=gen) * 3).to(dtype)
+    x[0, 0, :4] = torch.tensor([0.0, -0.0, 1e-30, -1e-30])
+    grad = torch.randn(x.shape, generator=gen).to(dtype)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours, theirs = ReLUSquared.apply(a), torch.nn.functional.relu(b).square()
+    assert torch.equal(ours, theirs)
+    ours.backward(grad)
+    theirs.backward(grad)
+    assert torch.equal(a.grad, b.grad)
+    c = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(ReLUSquared.apply(c).sum(), c, create_graph=True)
+    with pytest.raises(RuntimeError):
+        g.sum().backward()
