@@ -84,3 +84,43 @@ def test_attention_cost_grows_linearly_with_a_window_and_quadratically_with_a_de
         < peak[2048, "window 64, dense mask"]
     )
     assert all(r["ms"] > 0 for r in rows) and picture.stat().st_size > 10_000
+
+
+# nanoGPT's model.py interface (GPTConfig, GPT, configure_optimizers, get_num_params) over our own
+# model: what tools/vs_nanogpt.py calls of a nanoGPT checkout, for a test without one
+STAND_IN = """
+from dataclasses import dataclass
+import torch
+from model import GPT as Ours, GPTConfig as OursConfig
+
+@dataclass
+class GPTConfig:
+    block_size: int; vocab_size: int; n_layer: int; n_head: int; n_embd: int
+    dropout: float; bias: bool
+
+class GPT(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.inner = Ours(OursConfig(block_size=c.block_size, vocab_size=c.vocab_size,
+                                     n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd))
+    def forward(self, idx, targets):
+        return self.inner(idx, targets)
+    def get_num_params(self):
+        return sum(p.numel() for p in self.parameters())
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        return torch.optim.AdamW(self.parameters(), lr=learning_rate, betas=betas)
+"""
+
+
+def test_vs_nanogpt_times_both_sides_alternating(data_dir: Path, tmp_path: Path):
+    """tools/vs_nanogpt.py against a stand-in for a nanoGPT checkout (its model.py interface): both
+    sides timed, the ratio and the MFUs printed; a folder without model.py is one line, exit 2."""
+    checkout = tmp_path / "nanoGPT"
+    checkout.mkdir()
+    (checkout / "model.py").write_text(STAND_IN)
+    common = [f"data.dir={data_dir}", f"train.out_dir={tmp_path / 'out'}", "--pairs", "3"]
+    result = run_script("-m", "tools.vs_nanogpt", str(checkout), *common, check=True)
+    assert "nanoGPT: " in result.stdout and "tinygpt: " in result.stdout
+    assert "MFU" in result.stdout and "tinygpt's tokens/s against nanoGPT's: " in result.stdout
+    result = run_script("-m", "tools.vs_nanogpt", str(tmp_path), *common)
+    assert result.returncode == 2 and "has no model.py" in result.stderr.strip().splitlines()[-1]
