@@ -3,10 +3,10 @@
 Muon (Jordan et al. 2024) replaces each 2-D weight's momentum update by its nearest semi-orthogonal
 matrix (five Newton-Schulz iterations; bf16, or fp32 on a CPU without bf16 matrix instructions).
 torch.optim.Muon runs them matrix by matrix, a long chain of tiny products for a small GPT; this one
-orthogonalises all the matrices that share their short side in one batched chain (each turned short
-side first and zero-padded on its long side: zero columns change nothing), the same update, in about
-half the time (BENCHMARKS.md, "Muon"). Like torch's fused AdamW it reads a `found_inf` 0-d tensor
-when set: where it is 1 the step changes nothing, decided on the device without reading it back.
+orthogonalises all the matrices of one shape (each turned short side first) in one batched chain,
+the same update, in about half the time (BENCHMARKS.md, "Muon"). Like torch's fused AdamW it reads
+a `found_inf` 0-d tensor when set: where it is 1 the step changes nothing, decided on the device
+without reading it back.
 """
 
 from __future__ import annotations
@@ -93,23 +93,22 @@ class Muon(torch.optim.Optimizer):
                 if group["nesterov"]
                 else bufs
             )
-            by_short_side: dict[tuple, list[int]] = {}
+            # one chain per shape: padding a shape to a longer one's side (as this did) cost a
+            # fifth more products on the 4 x 128 model, and its copies (BENCHMARKS.md, "Muon")
+            by_shape: dict[tuple, list[int]] = {}
             for i, p in enumerate(params):
-                by_short_side.setdefault((min(p.shape), p.device), []).append(i)
-            for (short, device), members in by_short_side.items():
-                long = max(max(params[i].shape) for i in members)
-                batch = torch.zeros(
-                    len(members), short, long, device=device, dtype=iteration_dtype(device)
-                )
-                for row, i in enumerate(members):
-                    u = updates[i] if updates[i].size(0) <= updates[i].size(1) else updates[i].mT
-                    batch[row, :, : u.size(1)] = u
-                ortho = newton_schulz(batch, group["ns_steps"])
+                by_shape.setdefault((min(p.shape), max(p.shape), p.device), []).append(i)
+            for (_, _, device), members in by_shape.items():
+                dtype = iteration_dtype(device)
+                turned = [
+                    updates[i] if updates[i].size(0) <= updates[i].size(1) else updates[i].mT
+                    for i in members
+                ]
+                ortho = newton_schulz(torch.stack(turned).to(dtype), group["ns_steps"])
                 for row, i in enumerate(members):
                     p = params[i]
                     rows, cols = p.shape
-                    o = ortho[row, :, : max(rows, cols)]
-                    o = o if rows <= cols else o.mT
+                    o = ortho[row] if rows <= cols else ortho[row].mT
                     if group["weight_decay"]:
                         p.mul_(1 - lr * group["weight_decay"])
                     p.sub_(o.to(p.dtype) * (lr * math.sqrt(max(1.0, rows / cols))))
