@@ -81,12 +81,16 @@ def fp32_peak() -> float:
     return 2 * 1024**3 / statistics.median(times)
 
 
-def main(argv: list[str]) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("nanogpt", type=Path, help="the folder of a nanoGPT checkout")
     p.add_argument("overrides", nargs="*", help="section.key=value for tinygpt's side")
     p.add_argument("--pairs", type=int, default=150, help="steps timed on each side")
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    a = parse_args(argv)
     request = load_config(None, ["train.out_dir=/tmp/tinygpt-vs-nanogpt", *a.overrides])
     plan = plan_run(request, run_dataset(request))
     run = start_run(plan)
