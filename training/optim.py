@@ -121,18 +121,6 @@ def set_lr(optimizers: list[torch.optim.Optimizer], factor: float) -> None:
             group["lr"] = group["base_lr"] * factor
 
 
-def clip_gradients(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
-    """torch's clip_grad_norm_: the gradients' total norm, and the gradients scaled down to
-    `max_norm` where it is larger. On a CPU, where reading the norm costs nothing, the scaling is
-    left out where it would multiply by exactly 1 (a step below the limit): the same bits."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads)
-    if norm.device.type == "cpu" and type(norm) is torch.Tensor and max_norm / (norm + 1e-6) >= 1:
-        return norm
-    torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm)
-    return norm
-
-
 def step_unless(opt: torch.optim.Optimizer, skip: torch.Tensor) -> None:
     """opt.step(), or nothing at all (parameters, moments and step counts unchanged) where the 0-d
     tensor `skip` is true, without reading it back where the optimizer can take it as

@@ -28,14 +28,7 @@ from runs.checkpoint import Progress
 from runs.config import Config
 from runs.runtime import Runtime, compile_enabled, inductor_cache_per_cpu_kind
 from training.evaluation import draw_sample, estimate_loss, final_eval_wanted, sample_prompt
-from training.optim import (
-    clip_gradients,
-    lr_factor,
-    make_optimizers,
-    schedule_progress,
-    set_lr,
-    step_unless,
-)
+from training.optim import lr_factor, make_optimizers, schedule_progress, set_lr, step_unless
 from training.plan import Plan
 from training.stopping import Clock, StopRequest, SyncedStop, resume_command
 from training.tracking import Tracker, describe_run
@@ -266,7 +259,9 @@ def train_step(run: Run, it: int) -> torch.Tensor:
         loss_sum += loss.detach()
     for opt in run.optimizers:
         scaler.unscale_(opt)
-    grad_norm = clip_gradients(run.model, cfg.optim.grad_clip or math.inf)
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        run.model.parameters(), cfg.optim.grad_clip or math.inf
+    )
     # FSDP: a DTensor
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     # each rank's loss is its own (the gradients, all-reduced, are the same on all): applied on
