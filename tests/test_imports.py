@@ -77,7 +77,9 @@ def test_the_default_run_loads_no_extra_and_at_most_29_of_our_modules(
         # as the default config runs: evals, checkpoints, loss.png, the exact eval at the end; no
         # samples
     )
-    assert len(names) <= 29 and lines <= 5700, (len(names), lines, names)
+    # 5,692 lines after issue 51; issue 53 added relu2's two-pass backward (model/gpt.py) and the
+    # emulated CPU's own kernel cache (runs/runtime.py)
+    assert len(names) <= 29 and lines <= 5730, (len(names), lines, names)
     for unused in (
         "interp",
         "hf",
