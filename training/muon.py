@@ -93,8 +93,8 @@ class Muon(torch.optim.Optimizer):
                 if group["nesterov"]
                 else bufs
             )
-            # one chain per shape: padding a shape to a longer one's side (as this did) cost a
-            # fifth more products on the 4 x 128 model, and its copies (BENCHMARKS.md, "Muon")
+            # one chain per shape: padding shapes to a common long side would cost products (a
+            # fifth more on the 4 x 128 model) and the copies to pad (BENCHMARKS.md, "Muon")
             by_shape: dict[tuple, list[int]] = {}
             for i, p in enumerate(params):
                 by_shape.setdefault((min(p.shape), max(p.shape), p.device), []).append(i)
