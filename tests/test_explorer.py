@@ -535,3 +535,26 @@ def test_the_page_says_a_discovered_circuit_of_one_row_has_no_interval(browser, 
         note = page.inner_text("#discovered-note")
         assert "f = 1.200 (no interval: one row) of what the model does" in note, note
         assert "[1.200, 1.200]" not in note
+
+
+def test_the_page_shows_a_discovered_circuit_of_no_edges(browser, tmp_path: Path):
+    """A circuit with no edges left (its strongest edges all off a path from the embeddings to the
+    logits): discovered.json's minimality has no share; the page says so, as discover prints it,
+    and draws no arrow."""
+    from test_discovery_pictures import discovered
+
+    found = discovered(size=0, faithfulness=0.0, reached=False, interval=[0.0, 0.0])
+    found["edges"] = [e | {"kept": False} for e in found["edges"]]
+    found["incompleteness"] = {"value": 0.0, "removed": []}
+    found["minimality"] = {"share": None, "edges": 0, "weakest": []}
+    tokenizer = CharTokenizer(CHARS)
+    ids = tokenizer.encode("abcabc").tolist()
+    path = write_page(
+        tmp_path / "none.html", tiny_model(), ids, tokenizer, fake_scores(2, 3), "no edges",
+        discovered=found,
+    )  # fmt: skip
+    with opened(browser, path) as page:
+        note = page.inner_text("#discovered-note")
+        assert "0 edges keep f = 0.000" in note and "minimality none (no edges)." in note, note
+        assert page.locator("#discovered-svg .edge").count() == 0
+        assert page.locator("#discovered-curve circle").count() == len(found["curve"])

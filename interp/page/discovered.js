@@ -92,10 +92,12 @@ function buildDiscovered() {
   const bounds = d.interval
     ? `[${d.interval[0].toFixed(3)}, ${d.interval[1].toFixed(3)}]`
     : `(no interval: ${(d.no_interval || "see discovered.json").split(/,|:| \(/)[0]})`;
+  // a circuit left with no edges has no share of them to measure (discovery.py prints "none")
+  const minimality = d.minimality.share === null ? "none (no edges)" : d.minimality.share.toFixed(2);
   $("discovered-note").textContent =
     `${d.task}. ${d.size} edges keep f = ${d.faithfulness.toFixed(3)} ${bounds} ` +
     `of what the model does, under ${d.ablation} ablation (another ablation gives another number); ` +
-    `incompleteness ${d.incompleteness.value.toFixed(3)}, minimality ${d.minimality.share.toFixed(2)}.`;
+    `incompleteness ${d.incompleteness.value.toFixed(3)}, minimality ${minimality}.`;
   const { width, height, where } = discoveredLayout();
   const box = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, id: "discovered-svg" });
   box.append(edgeHeads());
