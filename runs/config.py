@@ -1,11 +1,10 @@
 """Training configs: typed YAML with sections, `base:` inheritance and `section.key=value`
 overrides, loaded as a `Request` (training/plan.py settles it into the final config).
 
-An unknown key or a value of the wrong type is caught when a file or override is merged in, and the
-error names the key, the closest valid one, and where it came from. A checkpoint's config.yaml is
-data, not a config file: `config_from_data` builds it field by field, without OmegaConf, so
-`${...}` in it stays text (OmegaConf would interpolate it, `${oc.env:HOME}` reading the
-environment).
+The files and overrides are merged as YAML data, in order, then typed by the schema's
+`config_from_data`, the one reader of config data (a checkpoint's config.yaml too): no `${...}`
+interpolation anywhere. An unknown key or a value of the wrong type names the key, the closest
+valid one, and the file or override that set it.
 """
 
 from __future__ import annotations
@@ -18,11 +17,9 @@ import re
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from common.errors import ConfigError
 from data import DATA_DIR
@@ -30,10 +27,10 @@ from data import DATA_DIR
 # the schema's classes, imported from here as before
 from runs.config_schema import Config as Config
 from runs.config_schema import DataConfig as DataConfig
+from runs.config_schema import FieldError, config_from_data, problems
 from runs.config_schema import LogConfig as LogConfig
 from runs.config_schema import OptimConfig as OptimConfig
 from runs.config_schema import TrainConfig as TrainConfig
-from runs.config_schema import problems
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "shakespeare_char.yaml"
@@ -76,23 +73,47 @@ def _keys_under(schema: type, dotted: str) -> list[str]:
     return [f.name for f in fields(node)]
 
 
-def _explain(e: OmegaConfBaseException, source: str) -> ConfigError:
-    key = getattr(e, "full_key", None) or "?"
-    if isinstance(e, ConfigKeyError):
-        valid = _keys_under(Config, key)
-        close = difflib.get_close_matches(key.split(".")[-1], valid, n=1, cutoff=0.6)
-        hint = (
-            f"did you mean {'.'.join(key.split('.')[:-1] + close[:1])}?"
-            if close
-            else f"valid keys here: {', '.join(valid)}"
-        )
-        return ConfigError(f"unknown config key {key} (in {source}); {hint}")
-    if isinstance(e, ValidationError):
-        msg = getattr(e, "msg", str(e)).splitlines()[0]
-        if "is not a ListConfig" in msg:
-            msg = "must be a list ([A,B] on the command line)"
-        return ConfigError(f"{key}: {msg} (in {source})")
-    return ConfigError(f"{key}: {str(e).splitlines()[0]} (in {source})")
+def _check_keys(data: dict, source: str) -> None:
+    """Every key of `data` (a file's or an override's) one the schema has, else one line naming the
+    first unknown part, the closest valid key and `source`; no `${...}` in a value."""
+    for dotted in _flatten(data):
+        parts = dotted.split(".")
+        for depth in range(1, len(parts) + 1):
+            if _kind(".".join(parts[:depth])) is None:
+                key = ".".join(parts[:depth])
+                valid = _keys_under(Config, key)
+                close = difflib.get_close_matches(parts[depth - 1], valid, n=1, cutoff=0.6)
+                hint = (
+                    f"did you mean {'.'.join(parts[: depth - 1] + close[:1])}?"
+                    if close
+                    else f"valid keys here: {', '.join(valid) or 'none, it takes a value'}"
+                )
+                raise ConfigError(f"unknown config key {key} (in {source}); {hint}")
+        value = functools.reduce(lambda d, k: d[k], parts, data)
+        if isinstance(value, str) and "${" in value:
+            raise ConfigError(
+                f"{dotted}: {value!r} is no interpolation here: configs hold plain values (in "
+                f"{source}); write the value itself"
+            )
+
+
+def _merge(into: dict, data: dict) -> dict:
+    """`data` over `into`, section by section; a value or list replaces what was there."""
+    out = dict(into)
+    for key, value in data.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merge(out[key], value) if both else value
+    return out
+
+
+def _typed(merged: dict, origins: dict[str, str]) -> Config:
+    """The merged data as a Config (runs/config_schema.py's `config_from_data`); a value it refuses
+    is one line naming the key and what set it."""
+    try:
+        return config_from_data(merged)
+    except FieldError as e:
+        where = origins.get(e.key.split("[")[0]) or "the defaults"
+        raise ConfigError(f"{e} (in {where})") from None
 
 
 def resolve_path(name: str) -> Path:
@@ -126,8 +147,7 @@ def _read_yaml(path: Path) -> dict:
 
 def _check_layout(path: Path, data: Any) -> None:
     """Indentation mistakes said as such: a section's key at the top of the file (`train:` then its
-    keys not indented), a section with nothing under it. OmegaConf would say "field 'train' is not
-    Optional"."""
+    keys not indented), a section with nothing under it."""
     if not isinstance(data, dict):
         return
     sections = typing.get_type_hints(Config)
@@ -164,37 +184,7 @@ def _file_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, dict
                 f"shipped configs in {CONFIG_DIR})"
             )
         chain = _file_chain(base_path, seen + (path,))
-    return [*chain, (str(path), _integral(data))]
-
-
-def _integral(data: Any, schema: type = Config) -> Any:
-    """`data` with integral numbers written as floats (1e3, 5.0e3, '5e3') made ints where the schema
-    wants an int, as people write iteration counts (1.5 stays a float, for the type check to
-    refuse), and true and false as that text where it wants text (train.compile)."""
-    if not isinstance(data, dict) or not is_dataclass(schema):
-        return data
-    hints = typing.get_type_hints(schema)
-    out = {}
-    for key, value in data.items():
-        kind = _unwrap(hints.get(key))
-        if is_dataclass(kind):
-            value = _integral(value, kind)
-        elif (
-            kind in (int, Optional[int])
-            and isinstance(value, (float, str))
-            and not isinstance(value, bool)
-        ):
-            try:
-                number = float(value)
-            except ValueError:
-                number = None
-            if number is not None and number.is_integer():
-                value = int(number)
-        # `compile: true` is the text true, not 'True'
-        elif kind is str and isinstance(value, bool):
-            value = str(value).lower()
-        out[key] = value
-    return out
+    return [*chain, (str(path), data)]
 
 
 def parse_override(item: str) -> dict:
@@ -202,18 +192,15 @@ def parse_override(item: str) -> dict:
         raise ConfigError(
             f"override {item!r} must look like section.key=value (e.g. train.max_iters=100)"
         )
-    try:
-        data = _integral(OmegaConf.to_container(OmegaConf.from_dotlist([item])))
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"override {item!r} cannot be parsed: {str(e).splitlines()[0]}") from None
     key, text = item.split("=", 1)
-    value = functools.reduce(
-        lambda d, k: d.get(k) if isinstance(d, dict) else None, key.split("."), data
-    )
-    # log.sample_prompt=ROMEO: is text, not YAML
-    if isinstance(value, (dict, list)) and _kind(key) is str:
-        data = functools.reduce(lambda inner, k: {k: inner}, reversed(key.split(".")), text)
-    return data
+    try:
+        value = yaml.safe_load(text)  # typed later, by the schema (1e-3 is text to YAML 1.1)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"override {item!r} cannot be parsed: {problem}") from None
+    if isinstance(value, (dict, list)) and _kind(key) is str:  # log.sample_prompt=ROMEO: is text
+        value = text
+    return functools.reduce(lambda inner, k: {k: inner}, reversed(key.split(".")), value)
 
 
 def _kind(dotted: str) -> Any:
@@ -230,16 +217,14 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Request:
     name = str(path) if path is not None else "the default config"
     path = resolve_path(str(path)) if path is not None else DEFAULT_CONFIG
     sources = _file_chain(path) + [(f"override {item}", parse_override(item)) for item in overrides]
-    merged = OmegaConf.structured(Config)
+    merged: dict = {}
     origins: dict[str, str] = {}
     for source, data in sources:
-        try:
-            merged = OmegaConf.merge(merged, data)
-        except OmegaConfBaseException as e:
-            raise _explain(e, source) from None
+        _check_keys(data, source)
+        merged = _merge(merged, data)
         origins.update(dict.fromkeys(_flatten(data), source))
     _check_required(sources)
-    cfg: Config = resolve_paths(OmegaConf.to_object(merged))
+    cfg = resolve_paths(_typed(merged, origins))
     found = problems(cfg)
     if found:
         key, msg = found[0]
@@ -251,20 +236,17 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Request:
 
 def with_overrides(base: Config, overrides: tuple[str, ...], where: str) -> Config:
     """base (a checkpoint's config) with the overrides' keys set as load_config sets them, checked
-    as it checks them. The overrides are typed on the schema's defaults alone: base's values never
-    pass through OmegaConf (config.yaml is data: `${...}` in it stays text)."""
-    typed = OmegaConf.structured(Config)
-    keys: list[str] = []
+    as it checks them. The overrides are typed on the schema's defaults alone."""
+    merged: dict = {}
+    origins: dict[str, str] = {}
     for item in overrides:
         data = parse_override(item)
-        try:
-            typed = OmegaConf.merge(typed, data)
-        except OmegaConfBaseException as e:
-            raise _explain(e, f"override {item}") from None
-        keys += _flatten(data)
-    given: Config = resolve_paths(OmegaConf.to_object(typed))
+        _check_keys(data, f"override {item}")
+        merged = _merge(merged, data)
+        origins.update(dict.fromkeys(_flatten(data), f"override {item}"))
+    given = resolve_paths(_typed(merged, origins))
     cfg = base
-    for key in dict.fromkeys(keys):
+    for key in origins:
         section, name = key.split(".", 1)
         # a section the checkpoint has not (lora on a full run): the schema's, as a fresh run has it
         ours = getattr(cfg, section) or getattr(given, section)
@@ -302,8 +284,7 @@ REQUIRED_EXAMPLES = {
 
 def _check_required(sources: list[tuple[str, dict]]) -> None:
     """A key a config file leaves for the command line (`???`, as finetune_shakespeare's weights)
-    must be given by a later file or override: merging `???` keeps the schema's default, so
-    OmegaConf cannot tell."""
+    must be given by a later file or override."""
     left: dict[str, str] = {}  # key -> the file that left it
     for source, data in sources:
         for key in _flatten(data):
@@ -361,4 +342,4 @@ def first_sentence(yaml_text: str) -> str:
 
 
 def to_dict(cfg: Config) -> dict:
-    return OmegaConf.to_container(OmegaConf.structured(cfg))
+    return dataclasses.asdict(cfg)

@@ -1,9 +1,9 @@
 """The training config's schema: its sections (model, data, train, optim, log, lora) as dataclasses,
 each key with its type, its default and a comment saying what it does.
 
-These are the keys a config file, an override or --print-config names; runs/config.py loads them
-(OmegaConf checks the types as files merge), `problems` below checks their values, and a
-checkpoint's config.yaml holds them resolved.
+These are the keys a config file, an override or --print-config names; runs/config.py merges them,
+`config_from_data` below types them (as it types a checkpoint's config.yaml, which holds them
+resolved) and `problems` checks their values.
 """
 
 from __future__ import annotations
@@ -132,46 +132,67 @@ def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
 
 
+class FieldError(ValueError):
+    """A value the schema refuses, or a key it does not have: `key` (dotted) and what is wrong."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+
+
+def _number(value: Any) -> float | None:
+    """A number written in a file or on the command line: 5e3 and 1e-3 are text to YAML 1.1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
 def _field_value(kind: Any, value: Any, key: str) -> Any:
-    """`value` as the schema's type `kind` wants it (ints may stand for floats), else a
-    ValueError."""
+    """`value` as the schema's type `kind` wants it, as people write it (an int key takes 5e3 and
+    250.0, a float key 1e-3, a text key true or 5 as that text), else a FieldError."""
     if is_dataclass(kind):
         return config_from_data(value, kind, f"{key}.")
     options = typing.get_args(kind)
     if typing.get_origin(kind) is typing.Union:  # Optional[X]
-        return (
-            None
-            if value is None
-            else _field_value(next(o for o in options if o is not type(None)), value, key)
-        )
-    if typing.get_origin(kind) is list:  # lora.targets
+        inner = next(o for o in options if o is not type(None))
+        return None if value is None else _field_value(inner, value, key)
+    if typing.get_origin(kind) is list:  # train.keep_iters, lora.targets
         if not isinstance(value, list):
-            raise ValueError(f"{key} is {value!r}, not a list")
+            raise FieldError(key, "must be a list ([A,B] on the command line)")
         return [_field_value(options[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
     if typing.get_origin(kind) is Literal:
         if value not in options:
-            raise ValueError(f"{key} is {value!r}, not one of {', '.join(map(str, options))}")
+            raise FieldError(key, f"must be one of {', '.join(options)}, got {value!r}")
         return value
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind is str and isinstance(value, (bool, int, float)):  # as OmegaConf reads `compile: true`
+    if kind is str and not isinstance(value, (dict, list)) and value is not None:
+        # as written: `compile: true` is the text true, `out_dir: 2026-12-05` YAML's date as text
         return str(value).lower() if isinstance(value, bool) else str(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ValueError(f"{key} is {value!r}, not a {kind.__name__}")
+    if kind in (int, float):
+        number = _number(value)
+        if number is None or (kind is int and not number.is_integer()):
+            raise FieldError(key, f"must be a {'whole ' * (kind is int)}number, got {value!r}")
+        return int(number) if kind is int else number
+    if not isinstance(value, kind):
+        wanted = "true or false" if kind is bool else kind.__name__
+        raise FieldError(key, f"must be {wanted}, got {value!r}")
     return value
 
 
 def config_from_data(data: Any, schema: type = Config, prefix: str = "") -> Any:
     """A config (or one of its sections) built from parsed YAML, typed by the schema, no
-    interpolation; an unknown key or a value of the wrong type is a ValueError naming the key."""
+    interpolation: a config file's merged keys, a checkpoint's config.yaml. A key the schema does
+    not have, or a value it refuses, is a FieldError naming the key."""
     if not isinstance(data, dict):
-        raise ValueError(
-            f"{prefix[:-1] or 'the file'} holds a {type(data).__name__}, not a mapping"
-        )
+        if prefix:
+            raise FieldError(prefix[:-1], f"is a section: give its keys under it, not {data!r}")
+        raise FieldError("the file", f"holds a {type(data).__name__}, not a mapping")
     hints = typing.get_type_hints(schema)
     unknown = sorted(set(map(str, data)) - set(hints))
     if unknown:
-        raise ValueError(f"unknown key {prefix}{unknown[0]}")
+        raise FieldError(f"{prefix}{unknown[0]}", "is no key of the config")
     return schema(**{k: _field_value(hints[k], v, f"{prefix}{k}") for k, v in data.items()})
 
 

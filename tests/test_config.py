@@ -102,11 +102,13 @@ def test_configs_are_found_by_name():
         ),
         (
             ["train.batch_size=abc"],
-            "train.batch_size: Value 'abc' of type 'str' could not be converted to Integer",
+            "train.batch_size: must be a whole number, got 'abc' (in override "
+            "train.batch_size=abc)",
         ),
         (
             ["train.device=tpu"],
-            "train.device: Invalid value 'tpu', expected one of ['auto', 'cpu', 'cuda', 'mps']",
+            "train.device: must be one of auto, cpu, cuda, mps, got 'tpu' (in override "
+            "train.device=tpu)",
         ),
         (["model.n_embd=100", "model.n_head=3"], "model.n_embd: 100 is not divisible by n_head=3"),
         (
@@ -174,7 +176,7 @@ def test_missing_file_and_cycles(tmp_path: Path):
         (["train.max_iter=5"], "did you mean train.max_iters?"),
         (
             ["model.n_layer=two"],
-            "model.n_layer: Value 'two' of type 'str' could not be converted to Integer",
+            "model.n_layer: must be a whole number, got 'two' (in override model.n_layer=two)",
         ),
         (["model.n_embd=100", "model.n_head=3"], "model.n_embd: 100 is not divisible by n_head=3"),
         (["configs/missing.yaml"], "config file configs/missing.yaml not found"),
@@ -203,7 +205,7 @@ def test_integral_floats_are_accepted_for_integer_keys(tmp_path: Path):
     assert (cfg.train.max_iters, cfg.train.eval_interval, cfg.train.batch_size) == (5000, 250, 16)
     assert cfg.optim.lr == 0.001
     with pytest.raises(
-        UserError, match=r"train.max_iters: Value '1.5' of type 'float' could not be converted"
+        UserError, match=r"train.max_iters: must be a whole number, got 1.5 \(in override"
     ):
         load_config(None, ["train.max_iters=1.5"])
 
@@ -341,3 +343,27 @@ def test_the_start_line_counts_the_parameters_the_dry_run_counts(
     assert count == "0.81M"  # 0.80M without the position embedding, which the start line counted
     start = script(capsys, train_script.main, *args, "log.plot=false", "train.final_eval=false")
     assert f"model: {count} parameters" in start
+
+
+def test_configs_hold_plain_values_typed_by_the_schema_as_a_checkpoint_is(tmp_path: Path):
+    """Files and overrides are merged as YAML, then typed by runs/config_schema.py's
+    config_from_data, the reader of a checkpoint's config.yaml too: numbers as people write them,
+    a later file's good value over a base's bad one, and `${...}` refused, not left as text."""
+    (tmp_path / "base.yaml").write_text("base: shakespeare_char\ntrain:\n  max_iters: lots\n")
+    (tmp_path / "mine.yaml").write_text(
+        "base: base.yaml\ntrain:\n  max_iters: 3e2\n  out_dir: 2026-12-05\noptim:\n  lr: 1e-3\n"
+    )
+    cfg = load_config(tmp_path / "mine.yaml", ["train.compile=true", "log.sample_prompt=5"]).cfg
+    assert (cfg.train.max_iters, cfg.train.out_dir, cfg.optim.lr) == (300, "2026-12-05", 0.001)
+    assert (cfg.train.compile, cfg.log.sample_prompt, cfg.model.n_layer) == ("true", "5", 4)
+    (tmp_path / "bad.yaml").write_text("train:\n  out_dir: out/${data.dataset}\n")
+    with pytest.raises(
+        ConfigError,
+        match=r"^train.out_dir: 'out/\$\{data.dataset\}' is no interpolation here: configs hold "
+        r"plain values \(in .*bad.yaml\); write the value itself$",
+    ):
+        load_config(tmp_path / "bad.yaml")
+    with pytest.raises(ConfigError, match=r"^unknown config key model.n_layer.x \(in override"):
+        load_config(None, ["model.n_layer.x=1"])
+    with pytest.raises(ConfigError, match=r"^model.bias: must be true or false, got 3 \(in over"):
+        load_config(None, ["model.bias=3"])

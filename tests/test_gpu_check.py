@@ -79,4 +79,4 @@ def test_versions_names_the_machine_and_every_package(capsys):
     assert out.startswith("python 3.") and "\ntorch 2." in out and "\ncpu: " in out
     packages = out.split("packages: ", 1)[1].splitlines()[0].split(", ")
     assert [p.split()[0] for p in packages] == list(versions.PACKAGES)
-    assert "omegaconf missing" not in packages  # installed here: a version
+    assert "pyyaml missing" not in packages  # installed here: a version

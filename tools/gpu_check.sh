@@ -1,19 +1,17 @@
 #!/bin/bash
 # The GPU check: one run of at most 5 minutes on one GPU (an H200 lent by the minute, compilation included),
-# prepared on a machine with pip's registries and rehearsed on the CPU.
+# prepared here and rehearsed on the CPU.
 #
-#   bash tools/gpu_check.sh prepare                 # here, with pip's registries: what the GPU machine lacks
+#   bash tools/gpu_check.sh prepare                 # here: what the GPU machine lacks
 #   bash tools/gpu_check.sh                         # there: the check; figures in $OUT (bench/gpu_check)
 #   GPU_CHECK_DEVICE=cpu bash tools/gpu_check.sh    # the rehearsal: the same steps on the CPU, small sizes
 #   bash tools/gpu_check.sh --dry-run               # each step's command and time budget, nothing run
 #   bash tools/gpu_check.sh --help                  # this text
 #
-# prepare writes three git-ignored folders (about 2 MB), then prints what would travel with them and the list
-# to take along (a `carry` list):
+# prepare writes two git-ignored folders (about 2 MB), then prints what would travel with them and the list
+# to take along (a `carry` list); datasets and wandb, which a bare image lacks, are imported only where used:
 #   data/shakespeare/  tiny Shakespeare as GPT-2 BPE tokens, standing in for FineWeb-Edu (speed does not
 #                      depend on the text): gpt2.yaml trains on it with data.dataset=shakespeare
-#   wheels/            what a bare image lacks: omegaconf 2.4 (it carries its own antlr4 runtime; its one
-#                      requirement, PyYAML, is there); datasets and wandb are imported only where used
 #   tiktoken-cache/    GPT-2's BPE ranks (tiktoken's r50k_base), for a machine that cannot download them
 #
 # The check's steps, the most valuable first. Each prints its command (copy it to run the step alone) and
@@ -33,16 +31,13 @@
 # Environment: GPU_CHECK_DEVICE (cuda, or cpu for the rehearsal), GPU_CHECK_SECONDS (the deadline: 285 on a
 # GPU, 840 on the CPU), OUT (default bench/gpu_check), PYTHON (default python3). The rehearsal passes under a
 # Python that has only what the GPU image has (torch, numpy, tiktoken, tokenizers, safetensors, pyyaml,
-# matplotlib, tqdm, pytest; no omegaconf, datasets or wandb): docs/gpu.md says how to run it.
+# matplotlib, tqdm, pytest; no datasets or wandb): docs/gpu.md says how to run it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 DATA=data/shakespeare
-WHEELS=wheels
 VOCAB=tiktoken-cache
-CARRY=("$DATA" "$WHEELS" "$VOCAB")
-OMEGACONF=omegaconf==2.4.0  # pyproject.toml asks for >= 2.4
-GPU_PYTHON=3.12             # the GPU image's Python, which the wheels are for
+CARRY=("$DATA" "$VOCAB")
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
@@ -54,15 +49,10 @@ show() {  # a command as one line to copy: arguments quoted only where the shell
     echo "\$ ${out[*]}"
 }
 
-# --- prepare: on a machine with pip's registries ---
+# --- prepare: here, where the corpus and GPT-2's BPE ranks are at hand ---
 
 prepare() {
     set -e
-    echo "== wheels for Python $GPU_PYTHON into $WHEELS/"
-    rm -rf "$WHEELS" && mkdir -p "$WHEELS"
-    $PY -m pip download --quiet --no-deps --only-binary=:all: --python-version "$GPU_PYTHON" -d "$WHEELS" \
-        "$OMEGACONF"
-    ls "$WHEELS"
     echo "== GPT-2's BPE ranks into $VOCAB/"
     mkdir -p "$VOCAB"
     local have=${TIKTOKEN_CACHE_DIR:-../shared/tiktoken-cache}  # a cache at hand (the project's shared one)
@@ -89,20 +79,6 @@ prepare() {
 }
 
 # --- the check ---
-
-use_wheels() {  # omegaconf from wheels/ where the Python lacks it, installed beside it (not into it)
-    $PY -c "import omegaconf" 2>/dev/null && return 0
-    local site=${TMPDIR:-/tmp}/tinygpt_gpu_check_site
-    if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
-        echo "error: $PY has no omegaconf and $WHEELS/ holds no wheels: run" \
-            "'bash tools/gpu_check.sh prepare' on a machine with pip's registries and take $WHEELS/ along" >&2
-        exit 2
-    fi
-    rm -rf "$site"
-    $PY -m pip install --quiet --no-index --no-deps --no-compile --target "$site" "$WHEELS"/*.whl || exit 2
-    export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
-    echo "omegaconf from $WHEELS/, installed in $site (PYTHONPATH)"
-}
 
 SUMMARY=()
 FAILED=0
@@ -243,7 +219,7 @@ check() {
     {
         echo "tinygpt GPU check on $DEVICE, $(date -u '+%Y-%m-%d %H:%M UTC'), commit" \
             "$(git rev-parse --short HEAD 2>/dev/null || echo unknown); deadline $DEADLINE s"
-        use_wheels && steps
+        steps
     } 2>&1 | tee "$OUT/log.txt"  # every line also in $OUT/log.txt as it comes
     return "${PIPESTATUS[0]}"
 }

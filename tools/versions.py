@@ -23,7 +23,6 @@ import torch
 # the distributions tinygpt imports (pyproject.toml's dependencies and extras), and the compiler's
 PACKAGES = (
     "numpy",
-    "omegaconf",
     "pyyaml",
     "safetensors",
     "tiktoken",
