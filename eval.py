@@ -252,16 +252,6 @@ def ending_losses(
     return nats.double().sum(dim=1).cpu(), (y >= 0).sum(dim=1).cpu()
 
 
-def choice_losses(
-    model: torch.nn.Module, tokenizer: Tokenizer, item: Choice, autocast=None
-) -> torch.Tensor:
-    """The total loss in nats of each ending of `item` given its context (float64, on the CPU):
-    minus lm-eval's loglikelihood of it."""
-    encoded = encode_choice(item, tokenizer, model.config.block_size)
-    total, _ = ending_losses(model, encoded, autocast)
-    return total
-
-
 def score_choices(
     model: torch.nn.Module,
     tokenizer: Tokenizer,

@@ -2,7 +2,7 @@
 models: char, bpe:512 and GPT-2 BPE, each GPT-2 and Llama type).
 
 - lm-evaluation-harness (`--model hf`, a local multiple-choice task in its YAML format): its
-  loglikelihood of every ending is minus our total loss (`choice_losses`, what eval.py --choices
+  loglikelihood of every ending is minus our total loss (`ending_losses`, what eval.py --choices
   scores) within 1e-4 (or 1e-5 of it: these random weights make endings cost ~60 nats, and float32
   rounds that), and its acc, acc_norm and acc_bytes are eval.py's acc, acc_per_char and
   acc_per_byte.
@@ -24,7 +24,7 @@ from conftest import MIXED, script
 import eval as eval_script
 import export as export_script
 import sample as sample_script
-from data.evalsets import read_choices
+from data.evalsets import encode_choice, read_choices
 from data.tokenizers import from_meta
 from runs import pretrained
 
@@ -115,7 +115,8 @@ def test_lm_eval_agrees_with_eval_choices(
     tokenizer, items = from_meta(meta), read_choices(task / "choices.jsonl")
     for sample in result["samples"]["tinygpt_choices"]:
         theirs = torch.tensor([r[0][0] for r in sample["resps"]], dtype=torch.float64)
-        ours = -eval_script.choice_losses(model, tokenizer, items[sample["doc_id"]])
+        encoded = encode_choice(items[sample["doc_id"]], tokenizer, model.config.block_size)
+        ours = -eval_script.ending_losses(model, encoded)[0]  # as score_choices scores them
         # 1e-4, or float32's rounding of the ~60 nats an ending costs under these random weights
         torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-4)
     ours = json.loads(
