@@ -339,7 +339,3 @@ def first_sentence(yaml_text: str) -> str:
     text = " ".join(prose)
     end = re.search(r"(?<!e\.g)(?<!i\.e)\.(\s|$)", text)
     return text[: end.start() + 1] if end else text
-
-
-def to_dict(cfg: Config) -> dict:
-    return dataclasses.asdict(cfg)

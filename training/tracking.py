@@ -10,6 +10,7 @@ row that cannot be appended (a full disk) is one line; a picture that cannot be 
 from __future__ import annotations
 
 import configparser
+import dataclasses
 import importlib.util
 import netrc
 import os
@@ -28,7 +29,6 @@ from common.files import append_line, atomic_write
 from common.json_text import metrics_rows, read_metrics  # plot.py reads them without training/
 from data.dataset import Meta
 from runs.checkpoint import Progress
-from runs.config import to_dict
 from runs.config_schema import Config
 from runs.out_dir import METRICS
 from runs.runtime import Runtime
@@ -81,7 +81,7 @@ class Tracker:
             self.wandb = wandb.init(
                 project=log.wandb_project,
                 name=log.wandb_run_name,
-                config=to_dict(cfg),
+                config=dataclasses.asdict(cfg),
                 dir=str(self.out_dir),
                 id=wandb_id,
                 resume="allow" if wandb_id else None,
