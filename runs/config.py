@@ -193,12 +193,15 @@ def parse_override(item: str) -> dict:
             f"override {item!r} must look like section.key=value (e.g. train.max_iters=100)"
         )
     key, text = item.split("=", 1)
+    text_key = _kind(key) is str
     try:
         value = yaml.safe_load(text)  # typed later, by the schema (1e-3 is text to YAML 1.1)
     except yaml.YAMLError as e:
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"override {item!r} cannot be parsed: {problem}") from None
-    if isinstance(value, (dict, list)) and _kind(key) is str:  # log.sample_prompt=ROMEO: is text
+        if not text_key:
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"override {item!r} cannot be parsed: {problem}") from None
+        value = text
+    if isinstance(value, (dict, list)) and text_key:  # log.sample_prompt=ROMEO: is text
         value = text
     return functools.reduce(lambda inner, k: {k: inner}, reversed(key.split(".")), value)
 

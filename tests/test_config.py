@@ -354,6 +354,9 @@ def test_configs_hold_plain_values_typed_by_the_schema_as_a_checkpoint_is(tmp_pa
         "base: base.yaml\ntrain:\n  max_iters: 3e2\n  out_dir: 2026-12-05\noptim:\n  lr: 1e-3\n"
     )
     cfg = load_config(tmp_path / "mine.yaml", ["train.compile=true", "log.sample_prompt=5"]).cfg
+    # text as typed where YAML would read another thing or nothing
+    for prompt in ("ROMEO:", "[Enter", "a: b", "{x"):
+        assert load_config(None, [f"log.sample_prompt={prompt}"]).cfg.log.sample_prompt == prompt
     assert (cfg.train.max_iters, cfg.train.out_dir, cfg.optim.lr) == (300, "2026-12-05", 0.001)
     assert (cfg.train.compile, cfg.log.sample_prompt, cfg.model.n_layer) == ("true", "5", 4)
     (tmp_path / "bad.yaml").write_text("train:\n  out_dir: out/${data.dataset}\n")
