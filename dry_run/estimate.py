@@ -47,10 +47,11 @@ from runs.checkpoint import OUT_DIR_ADVICE, Checkpoint
 from runs.config import Config, Request
 from runs.out_dir import check_room, held, held_advice, holds_run
 from runs.pretrained import OtherFormat, Pretrained
-from runs.runtime import Runtime, compile_enabled, planned
+from runs.runtime import Runtime, planned
 from training.evaluation import default_batch_size, final_eval_wanted, sample_prompt
 from training.plan import (
     Plan,
+    compile_enabled,
     fit_to_data,
     one_count_when_compiled,
     requested_config,

@@ -1,5 +1,5 @@
-"""Where and how a run computes: device, precision, threads, compile, and this process's torchrun
-rank; chosen here alone (training through `setup`, the dry run through `planned`). Under torchrun,
+"""Where and how a run computes: device, precision, threads, and this process's torchrun rank;
+chosen here alone (training through `setup`, the dry run through `planned`). Under torchrun,
 the Runtime also holds the process group and the collectives that keep the ranks in step (DDP or
 FSDP2); with one process each is a no-op or a plain call, so the training code reads the same.
 
@@ -268,41 +268,3 @@ def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int
         torch.set_num_threads(threads)
     precision = pick_precision(precision_setting, device, n_embd)
     return Runtime(device, precision, rank, local_rank, world, local_world, threads)
-
-
-def inductor_cache_per_cpu_kind() -> None:
-    """Give CPU kernels built for an emulated older CPU (ATEN_CPU_CAPABILITY=avx2) a cache of their
-    own: Inductor's cache does not tell them from native ones, and a native run that reuses them
-    crashes (torch 2.13: "free(): invalid pointer"). TORCHINDUCTOR_CACHE_DIR, if set, is kept."""
-    capability = os.environ.get("ATEN_CPU_CAPABILITY")
-    if capability and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability.lower()}"
-
-
-def compile_enabled(setting: str, device: torch.device) -> bool:
-    """train.compile: auto turns torch.compile on for CUDA where Triton works (on a CPU it gained
-    little next to its compile time: BENCHMARKS.md, "CPU precision and kernels"); true without
-    Triton is refused."""
-    setting = str(setting).lower()
-    if device.type != "cuda":
-        return setting == "true"
-    if setting == "false":
-        return False
-    if not triton_works():
-        if setting == "true":
-            raise UserError(
-                "train.compile=true needs Triton, which does not work here (not installed, native "
-                "Windows, or a GPU older than compute capability 7.0); set train.compile=false"
-            )
-        return False
-    return True
-
-
-def triton_works() -> bool:
-    """Whether torch.compile can generate GPU kernels here (the check torch's inductor itself
-    makes)."""
-    import torch.utils._triton
-
-    return torch.utils._triton.has_triton()

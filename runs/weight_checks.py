@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from common.errors import UserError, first_line
 from model import GPT, GPTConfig
@@ -20,11 +21,31 @@ from model.config import LoRAConfig
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}  # safetensors' names
 
 
-def expected_weights(cfg: GPTConfig) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Name -> (shape, dtype) of the weights a checkpoint of model `cfg` holds (built on the meta
-    device: no memory; a tied LM head is left out, as checkpoints leave it out)."""
-    with torch.device("meta"):
+class _NoDraws(TorchFunctionMode):
+    """Initialisers draw nothing on the meta device, where a tensor has no values; torch's meta
+    normal_ imports its compiler to say so (a second of every sample.py's start: BENCHMARKS.md)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.nn.init.normal_, torch.Tensor.normal_):
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+def meta_model(cfg: GPTConfig, lora_cfg: LoRAConfig | None = None) -> GPT:
+    """The model of `cfg` (with its LoRA adapters) on the meta device: shapes, no memory."""
+    with torch.device("meta"), _NoDraws():
         model = GPT(cfg)
+        if lora_cfg is not None:
+            from model.lora import add_lora  # LoRA checkpoints only
+
+            add_lora(model, lora_cfg)
+    return model
+
+
+def expected_weights(cfg: GPTConfig) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name -> (shape, dtype) of the weights a checkpoint of model `cfg` holds (a tied LM head is
+    left out, as checkpoints leave it out)."""
+    model = meta_model(cfg)
     out = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
     if cfg.tie_embeddings:
         out.pop("lm_head.weight", None)
@@ -88,13 +109,10 @@ def check_weights_file(path: Path, cfg: GPTConfig) -> None:
 def check_adapter_shapes(
     adapters: dict[str, torch.Tensor], cfg: GPTConfig, lora_cfg: LoRAConfig, where: Path
 ) -> None:
-    """Refuse LoRA adapters that are not those its config implies (built on the meta device: no
-    memory)."""
-    from model.lora import adapter_weights, add_lora  # LoRA checkpoints only
+    """Refuse LoRA adapters that are not those its config implies."""
+    from model.lora import adapter_weights  # LoRA checkpoints only
 
-    with torch.device("meta"):
-        model = GPT(cfg)
-        add_lora(model, lora_cfg)
+    model = meta_model(cfg, lora_cfg)
     expected = {k: tuple(v.shape) for k, v in adapter_weights(model.state_dict()).items()}
     if {k: tuple(v.shape) for k, v in adapters.items()} != expected:
         raise UserError(

@@ -17,7 +17,7 @@ from common.errors import ConfigError, UserError
 from runs import checkpoint, runtime
 from runs.config import load_config
 from runs.runtime import Runtime
-from training import resume, torchrun
+from training import plan, resume, torchrun
 from training.plan import plan_run, run_dataset
 from training.run import start_run, train_step
 from training.stopping import Clock, StopRequest, SyncedStop
@@ -243,13 +243,13 @@ def test_compile_needs_a_working_triton_on_cuda(monkeypatch):
     # native Windows, GPUs before 7.0
     monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: False)
     # used to turn on, then crash at the first forward
-    assert not runtime.compile_enabled("auto", cuda)
+    assert not plan.compile_enabled("auto", cuda)
     with pytest.raises(UserError, match=r"train\.compile=true needs Triton"):
-        runtime.compile_enabled("true", cuda)
-    assert runtime.compile_enabled("True", cpu)  # the CPU backend generates C++, not Triton
+        plan.compile_enabled("true", cuda)
+    assert plan.compile_enabled("True", cpu)  # the CPU backend generates C++, not Triton
     monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: True)
-    assert runtime.compile_enabled("auto", cuda) and not runtime.compile_enabled("false", cuda)
-    assert not runtime.compile_enabled("auto", cpu)  # slower than eager for small CPU models
+    assert plan.compile_enabled("auto", cuda) and not plan.compile_enabled("false", cuda)
+    assert not plan.compile_enabled("auto", cpu)  # slower than eager for small CPU models
 
 
 def test_cuda_graphs_with_gradient_accumulation_are_refused(monkeypatch):

@@ -10,6 +10,7 @@ import torch
 from common.errors import UserError
 from model import GPT, GPTConfig
 from runs import runtime
+from training import plan
 
 
 def test_cpu_precision_auto_follows_the_measured_crossover(monkeypatch):
@@ -36,14 +37,14 @@ def test_an_emulated_avx2_cpu_has_no_bf16_and_its_own_kernel_cache(monkeypatch):
         runtime.cpu_has_bf16_matmul.cache_clear()
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    runtime.inductor_cache_per_cpu_kind()
+    plan.inductor_cache_per_cpu_kind()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("_avx2")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/mine")
-    runtime.inductor_cache_per_cpu_kind()
+    plan.inductor_cache_per_cpu_kind()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/mine"
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
-    runtime.inductor_cache_per_cpu_kind()
+    plan.inductor_cache_per_cpu_kind()
     assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
 
 

@@ -3,18 +3,21 @@
 `run_dataset` gets the run's dataset ready (prepared on first use, once per machine under torchrun);
 `plan_run` settles what the command line's config leaves open, in the order the code reads: the
 checkpoint to resume or the pretrained model to start from (whose shape the model section follows),
-the runtime and the process group, the vocabulary, and the checks that the model fits the data.
-training/run.py builds the run from the `Plan`; dry_run/estimate.py's `plan_dry_run` plans one for
+the runtime and the process group, the vocabulary, and the checks that the model fits the data;
+`compile_enabled` whether it compiles. training/run.py builds the run from the `Plan`; dry_run/estimate.py's `plan_dry_run` plans one for
 the dry run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from common.errors import ConfigError, UserError
 from data.dataset import META_FILE, Dataset
@@ -25,7 +28,7 @@ from model.config import model_problem
 from runs.checkpoint import Checkpoint, find_last
 from runs.config import Config, Request, TrainConfig
 from runs.out_dir import holds_run
-from runs.runtime import Ranks, Runtime, compile_enabled, setup, torchrun_ranks
+from runs.runtime import Ranks, Runtime, setup, torchrun_ranks
 
 if TYPE_CHECKING:  # a run from pretrained weights imports it where it reads them
     from runs.pretrained import OtherFormat, Pretrained
@@ -239,3 +242,44 @@ def _another_tokenizer(
         "model's tokenizer (for GPT-2: data.dataset=shakespeare, or python prepare.py NAME "
         "--tokenizer gpt2)"
     )
+
+
+# -- compiling: whether the run compiles, and where the compiler keeps a CPU's kernels
+
+
+def inductor_cache_per_cpu_kind() -> None:
+    """Give CPU kernels built for an emulated older CPU (ATEN_CPU_CAPABILITY=avx2) a cache of their
+    own: Inductor's cache does not tell them from native ones, and a native run that reuses them
+    crashes (torch 2.13: "free(): invalid pointer"). TORCHINDUCTOR_CACHE_DIR, if set, is kept."""
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if capability and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability.lower()}"
+
+
+def compile_enabled(setting: str, device: torch.device) -> bool:
+    """train.compile: auto turns torch.compile on for CUDA where Triton works (on a CPU it gained
+    little next to its compile time: BENCHMARKS.md, "CPU precision and kernels"); true without
+    Triton is refused."""
+    setting = str(setting).lower()
+    if device.type != "cuda":
+        return setting == "true"
+    if setting == "false":
+        return False
+    if not triton_works():
+        if setting == "true":
+            raise UserError(
+                "train.compile=true needs Triton, which does not work here (not installed, native "
+                "Windows, or a GPU older than compute capability 7.0); set train.compile=false"
+            )
+        return False
+    return True
+
+
+def triton_works() -> bool:
+    """Whether torch.compile can generate GPU kernels here (the check torch's inductor itself
+    makes)."""
+    import torch.utils._triton
+
+    return torch.utils._triton.has_triton()

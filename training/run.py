@@ -26,10 +26,10 @@ from model import GPT
 from runs import checkpoint
 from runs.checkpoint import Progress
 from runs.config import Config
-from runs.runtime import Runtime, compile_enabled, inductor_cache_per_cpu_kind
+from runs.runtime import Runtime
 from training.evaluation import draw_sample, estimate_loss, final_eval_wanted, sample_prompt
 from training.optim import lr_factor, make_optimizers, schedule_progress, set_lr, step_unless
-from training.plan import Plan
+from training.plan import Plan, compile_enabled, inductor_cache_per_cpu_kind
 from training.stopping import Clock, StopRequest, SyncedStop, resume_command
 from training.tracking import Tracker, describe_run
 
