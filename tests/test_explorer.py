@@ -516,6 +516,14 @@ def test_the_browser_says_when_the_prompt_is_cut_and_shows_its_text_as_text(
         assert page.locator("#tokens b").count() == 0
 
 
+def discovered_page(tmp_path: Path, found: dict) -> Path:
+    """The page of the tiny model on "abcabc" with the discovered circuit `found`."""
+    tokenizer = CharTokenizer(CHARS)
+    ids = tokenizer.encode("abcabc").tolist()
+    page = tmp_path / "discovered.html"
+    return write_page(page, tiny_model(), ids, tokenizer, fake_scores(2, 3), "", discovered=found)
+
+
 def test_the_page_says_a_discovered_circuit_of_one_row_has_no_interval(browser, tmp_path: Path):
     """discovered.json with "missing": {"interval": ...} (one row): the page writes f once and why
     there is no interval, not f twice as an interval of no width."""
@@ -525,13 +533,7 @@ def test_the_page_says_a_discovered_circuit_of_one_row_has_no_interval(browser, 
     del found["interval"]
     view = interp.explorer.discovered_view(tiny_model(), found)
     assert "interval" not in view and view["no_interval"].startswith("one row")
-    tokenizer = CharTokenizer(CHARS)
-    ids = tokenizer.encode("abcabc").tolist()
-    path = write_page(
-        tmp_path / "one.html", tiny_model(), ids, tokenizer, fake_scores(2, 3), "one row",
-        discovered=found,
-    )  # fmt: skip
-    with opened(browser, path) as page:
+    with opened(browser, discovered_page(tmp_path, found)) as page:
         note = page.inner_text("#discovered-note")
         assert "f = 1.200 (no interval: one row) of what the model does" in note, note
         assert "[1.200, 1.200]" not in note
@@ -547,13 +549,7 @@ def test_the_page_shows_a_discovered_circuit_of_no_edges(browser, tmp_path: Path
     found["edges"] = [e | {"kept": False} for e in found["edges"]]
     found["incompleteness"] = {"value": 0.0, "removed": []}
     found["minimality"] = {"share": None, "edges": 0, "weakest": []}
-    tokenizer = CharTokenizer(CHARS)
-    ids = tokenizer.encode("abcabc").tolist()
-    path = write_page(
-        tmp_path / "none.html", tiny_model(), ids, tokenizer, fake_scores(2, 3), "no edges",
-        discovered=found,
-    )  # fmt: skip
-    with opened(browser, path) as page:
+    with opened(browser, discovered_page(tmp_path, found)) as page:
         note = page.inner_text("#discovered-note")
         assert "0 edges keep f = 0.000" in note and "minimality none (no edges)." in note, note
         assert page.locator("#discovered-svg .edge").count() == 0
