@@ -4,8 +4,8 @@
 `plan_run` settles what the command line's config leaves open, in the order the code reads: the
 checkpoint to resume or the pretrained model to start from (whose shape the model section follows),
 the runtime and the process group, the vocabulary, and the checks that the model fits the data;
-`compile_enabled` whether it compiles. training/run.py builds the run from the `Plan`; dry_run/estimate.py's `plan_dry_run` plans one for
-the dry run.
+`compile_enabled` whether it compiles. training/run.py builds the run from the `Plan`;
+dry_run/estimate.py's `plan_dry_run` plans one for the dry run.
 """
 
 from __future__ import annotations
