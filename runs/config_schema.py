@@ -165,7 +165,7 @@ def _field_value(kind: Any, value: Any, key: str) -> Any:
         return [_field_value(options[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
     if typing.get_origin(kind) is Literal:
         if value not in options:
-            raise FieldError(key, f"must be one of {', '.join(options)}, got {value!r}")
+            raise FieldError(key, f"must be one of {', '.join(map(str, options))}, got {value!r}")
         return value
     if kind is str and not isinstance(value, (dict, list)) and value is not None:
         # as written: `compile: true` is the text true, `out_dir: 2026-12-05` YAML's date as text
