@@ -63,14 +63,10 @@ def _unwrap(kind: Any) -> Any:
     return args[0] if typing.get_origin(kind) is typing.Union and len(args) == 1 else kind
 
 
-def _keys_under(schema: type, dotted: str) -> list[str]:
+def _keys_under(dotted: str) -> list[str]:
     """Valid keys of the section that `dotted` points into (for 'did you mean')."""
-    node = schema
-    for part in dotted.split(".")[:-1]:
-        node = _unwrap(typing.get_type_hints(node).get(part)) if is_dataclass(node) else None
-    if node is None or not is_dataclass(node):
-        return []
-    return [f.name for f in fields(node)]
+    section = _kind(dotted.rpartition(".")[0]) if "." in dotted else Config
+    return [f.name for f in fields(section)] if is_dataclass(section) else []
 
 
 def _check_keys(data: dict, source: str) -> None:
@@ -81,7 +77,7 @@ def _check_keys(data: dict, source: str) -> None:
         for depth in range(1, len(parts) + 1):
             if _kind(".".join(parts[:depth])) is None:
                 key = ".".join(parts[:depth])
-                valid = _keys_under(Config, key)
+                valid = _keys_under(key)
                 close = difflib.get_close_matches(parts[depth - 1], valid, n=1, cutoff=0.6)
                 hint = (
                     f"did you mean {'.'.join(parts[: depth - 1] + close[:1])}?"
@@ -152,7 +148,7 @@ def _check_layout(path: Path, data: Any) -> None:
         return
     sections = typing.get_type_hints(Config)
     for key in data:
-        home = next((s for s in sections if key in _keys_under(Config, f"{s}.{key}")), None)
+        home = next((s for s in sections if key in _keys_under(f"{s}.{key}")), None)
         if key not in sections and home:
             raise ConfigError(
                 f"{path}: {key} is a key of the {home} section; indent it under {home}: (two "

@@ -150,6 +150,13 @@ def _number(value: Any) -> float | None:
         return None
 
 
+# what a bool key takes besides true and false, as OmegaConf took it (configs written for it)
+BOOL_WORDS = dict(true=True, yes=True, on=True, false=False, no=False, off=False) | {
+    "1": True,
+    "0": False,
+}
+
+
 def _field_value(kind: Any, value: Any, key: str) -> Any:
     """`value` as the schema's type `kind` wants it, as people write it (an int key takes 5e3 and
     250.0, a float key 1e-3, a text key true or 5 as that text), else a FieldError."""
@@ -175,6 +182,8 @@ def _field_value(kind: Any, value: Any, key: str) -> Any:
         if number is None or (kind is int and not number.is_integer()):
             raise FieldError(key, f"must be a {'whole ' * (kind is int)}number, got {value!r}")
         return int(number) if kind is int else number
+    if kind is bool and isinstance(value, (str, int)) and not isinstance(value, bool):
+        value = BOOL_WORDS.get(str(value).lower(), value)  # "true", 1, "off"
     if not isinstance(value, kind):
         wanted = "true or false" if kind is bool else kind.__name__
         raise FieldError(key, f"must be {wanted}, got {value!r}")

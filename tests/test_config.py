@@ -370,3 +370,6 @@ def test_configs_hold_plain_values_typed_by_the_schema_as_a_checkpoint_is(tmp_pa
         load_config(None, ["model.n_layer.x=1"])
     with pytest.raises(ConfigError, match=r"^model.bias: must be true or false, got 3 \(in over"):
         load_config(None, ["model.bias=3"])
+    # what OmegaConf took for a bool, as configs written for it hold
+    for given, bias in (("'true'", True), ("0", False), ("Off", False)):
+        assert load_config(None, [f"model.bias={given}"]).cfg.model.bias is bias
