@@ -16,10 +16,12 @@ has to outlast it. A rank that stops, hangs or dies becomes an error on the othe
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import functools
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -266,5 +268,24 @@ def setup(device_setting: str, precision_setting: str, n_embd: int, threads: int
         torch.backends.cudnn.allow_tf32 = True
     if threads:  # the user's count: this runtime's tuners leave it
         torch.set_num_threads(threads)
+    if device.type == "cpu":
+        keep_freed_memory()
     precision = pick_precision(precision_setting, device, n_embd)
     return Runtime(device, precision, rank, local_rank, world, local_world, threads)
+
+
+def keep_freed_memory() -> None:
+    """Keep the memory a CPU step frees for the next step, instead of glibc's default: it hands
+    large blocks back to the system, and each page taken again is zeroed at its first touch
+    (2,400-3,500 page faults a step at the default config, a tenth of its time: BENCHMARKS.md,
+    "Where a training step's time goes"), as jemalloc or tcmalloc would. Linux with glibc only;
+    a user's own malloc settings (MALLOC_*, GLIBC_TUNABLES) are kept."""
+    tuned = any(k.startswith(("MALLOC_", "GLIBC_TUNABLES")) for k in os.environ)
+    if sys.platform != "linux" or tuned:
+        return
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # another C library (musl)
+        return
+    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks under 32 MiB from the heap (glibc's largest)
+    mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: the heap's free top kept up to 1 GiB

@@ -80,8 +80,9 @@ def test_the_default_run_loads_no_extra_and_at_most_29_of_our_modules(
     )
     # 5,692 lines after issue 51; issue 53 added relu2's two-pass backward (model/gpt.py) and the
     # emulated CPU's own kernel cache; the schema's reader took OmegaConf's conversions (5e3 as an
-    # int), and whether a run compiles moved from runs/runtime.py to training/plan.py
-    assert len(names) <= 29 and lines <= 5740, (len(names), lines, names)
+    # int), whether a run compiles moved from runs/runtime.py to training/plan.py, and a CPU step
+    # keeps the memory it frees (runs/runtime.py's keep_freed_memory: a tenth of a bf16 step)
+    assert len(names) <= 29 and lines <= 5765, (len(names), lines, names)
     for unused in (
         "interp",
         "hf",
@@ -102,7 +103,7 @@ def test_plot_loads_at_most_12_of_our_modules(default_run: Path, tmp_path: Path)
     assert len(names) <= 12, (len(names), names)
 
 
-def test_sample_loads_at_most_24_of_our_modules_and_4150_lines(default_run: Path, tmp_path: Path):
+def test_sample_loads_at_most_24_of_our_modules_and_4160_lines(default_run: Path, tmp_path: Path):
     """Sampling as a user runs it (no TINYGPT_COMPILE, the automatic step on a fresh disk cache)
     reads a checkpoint, runs the model and the decoding loop: not the training code, the datasets,
     the extras (hf: only for a Hugging Face folder), the compiler's code (only where a compiled step
@@ -130,7 +131,8 @@ def test_sample_loads_at_most_24_of_our_modules_and_4150_lines(default_run: Path
     compiler = every & {"torch._dynamo", "torch._inductor"}
     assert not compiler, compiler
     assert not list(decode.glob("*.log")), "a background build started: the key did not match"
-    assert len(names) <= 24 and lines <= 4150, (len(names), lines, names)
+    # 4,150 until runs/runtime.py took keep_freed_memory (training's, beside the runtime it sets up)
+    assert len(names) <= 24 and lines <= 4160, (len(names), lines, names)
     unused = ("training", "data.dataset", "data.bpe", "runs.config", "hf", "interp", "gguf_export")
     only_some = ("sampling.compiled", "sampling.background", "model.lora", "model.local_attention")
     for name in (*unused, "dry_run", *only_some):

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 
 from common.errors import UserError
 from model import GPT, GPTConfig
@@ -67,3 +71,32 @@ def test_bf16_autocast_on_cpu_matches_fp32_and_keeps_gradients(options):
     assert (out.float() - ref).abs().max() < 0.1 and abs(loss.item() - ref_loss.item()) < 0.02
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+# the default config's training steps in a process of their own: their page faults
+FAULTS = """
+import os, resource, sys
+from runs.config import load_config
+from training.plan import plan_run, run_dataset
+from training.run import start_run, train_step
+request = load_config(None, [f"data.dir={sys.argv[1]}", f"train.out_dir={sys.argv[2]}"])
+run = start_run(plan_run(request, run_dataset(request)))
+for it in range(5):
+    train_step(run, it)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for it in range(5, 25):
+    train_step(run, it)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
+"""
+
+
+@pytest.mark.slow  # starts a process
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_cpu_step_reuses_the_memory_the_last_one_freed(data_dir: Path, tmp_path: Path):
+    """A training step frees and takes again the same large buffers: with glibc's defaults each
+    comes back from the system zeroed page by page, 2,400-3,500 faults a step at the default config
+    (a tenth of its time on a CPU with bf16; BENCHMARKS.md, which also gives the command that
+    compares); runs/runtime.py's keep_freed_memory keeps them."""
+    argv = [sys.executable, "-c", FAULTS, str(data_dir), str(tmp_path / "out")]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    assert float(done.stdout.split()[-1]) < 100, done.stdout
