@@ -151,10 +151,8 @@ def _number(value: Any) -> float | None:
 
 
 # what a bool key takes besides true and false, as OmegaConf took it (configs written for it)
-BOOL_WORDS = dict(true=True, yes=True, on=True, false=False, no=False, off=False) | {
-    "1": True,
-    "0": False,
-}
+BOOL_WORDS = dict.fromkeys(("true", "yes", "on", "1"), True)
+BOOL_WORDS |= dict.fromkeys(("false", "no", "off", "0"), False)
 
 
 def _field_value(kind: Any, value: Any, key: str) -> Any:

@@ -1,7 +1,8 @@
-"""Where and how a run computes: device, precision, threads, and this process's torchrun rank;
-chosen here alone (training through `setup`, the dry run through `planned`). Under torchrun,
-the Runtime also holds the process group and the collectives that keep the ranks in step (DDP or
-FSDP2); with one process each is a no-op or a plain call, so the training code reads the same.
+"""Where and how a run computes: device, precision, threads, the memory a CPU step keeps, and this
+process's torchrun rank; chosen here alone (training through `setup`, the dry run through
+`planned`). Under torchrun, the Runtime also holds the process group and the collectives that keep
+the ranks in step (DDP or FSDP2); with one process each is a no-op or a plain call, so the training
+code reads the same.
 
 `auto` picks CUDA (cuda:LOCAL_RANK under torchrun), else Apple MPS, else the CPU; bf16 autocast on
 GPUs with bf16 tensor cores, fp16 with a GradScaler on older ones, fp32 on MPS, and on a CPU bf16
@@ -278,7 +279,7 @@ def keep_freed_memory() -> None:
     """Keep the memory a CPU step frees for the next step, instead of glibc's default: it hands
     large blocks back to the system, and each page taken again is zeroed at its first touch
     (2,400-3,500 page faults a step at the default config, a tenth of its time: BENCHMARKS.md,
-    "Where a training step's time goes"), as jemalloc or tcmalloc would. Linux with glibc only;
+    "Memory a step keeps"), as jemalloc or tcmalloc would. Linux with glibc only;
     a user's own malloc settings (MALLOC_*, GLIBC_TUNABLES) are kept."""
     tuned = any(k.startswith(("MALLOC_", "GLIBC_TUNABLES")) for k in os.environ)
     if sys.platform != "linux" or tuned:
