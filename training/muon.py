@@ -53,7 +53,7 @@ def gram_newton_schulz(X: torch.Tensor, steps: int) -> torch.Tensor:
             P.diagonal(dim1=-2, dim2=-1).add_(a)  # a I + B
         else:
             P = torch.baddbmm(P, B, P, beta=a)
-    return P @ X
+    return X if P is None else P @ X  # no steps: X as it came
 
 
 def iteration_dtype(device: torch.device) -> torch.dtype:
