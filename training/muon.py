@@ -22,7 +22,7 @@ COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's (Keller Jordan's)
 
 def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
     """Approximately orthogonalise each matrix of G (batch, rows, cols) with rows <= cols, in G's
-    dtype."""
+    dtype (fp32 and at least twice as wide as tall: through the Gram matrix, below)."""
     a, b, c = COEFFICIENTS
     X = G
     X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
@@ -39,9 +39,9 @@ def gram_newton_schulz(X: torch.Tensor, steps: int) -> torch.Tensor:
     """The same iteration for a wide X (cols >= 2 rows, normalised) through its Gram matrix
     S = X X^T. Each iterate is P X with P a polynomial in S (so symmetric, and X X^T = P S P): the
     chain multiplies rows x rows matrices and X only once, at the end, in 0.6-0.7x the time at 3-4x
-    wider. In fp32 it lands within ~1e-5 of the exact result, hundreds of times closer than the bf16
-    chain (BENCHMARKS.md, "Muon"); in bf16 its rounding moves the singular values several times
-    further than the plain chain's, so it is for fp32 only."""
+    wider. In fp32 it lands within a few 1e-5 of the exact result, hundreds of times closer than
+    the bf16 chain (BENCHMARKS.md, "Muon"); in bf16 its rounding moves the singular values several
+    times further than the plain chain's, so it is for fp32 only."""
     a, b, c = COEFFICIENTS
     S = X @ X.mT
     P = None  # the identity, not yet multiplied
