@@ -89,7 +89,9 @@ def test_attention_cost_grows_linearly_with_a_window_and_quadratically_with_a_de
 # nanoGPT's model.py interface (GPTConfig, GPT, configure_optimizers, get_num_params) over our own
 # model: what tools/vs_nanogpt.py calls of a nanoGPT checkout, for a test without one
 STAND_IN = """
+import json
 from dataclasses import dataclass
+from pathlib import Path
 import torch
 from model import GPT as Ours, GPTConfig as OursConfig
 
@@ -101,8 +103,11 @@ class GPTConfig:
 class GPT(torch.nn.Module):
     def __init__(self, c):
         super().__init__()
+        built = dict(c.__dict__, vocab_size=None)  # what the tool asked for, for the test to read
+        (Path(__file__).parent / "built.json").write_text(json.dumps(built))
         self.inner = Ours(OursConfig(block_size=c.block_size, vocab_size=c.vocab_size,
-                                     n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd))
+                                     n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd,
+                                     bias=c.bias))
     def forward(self, idx, targets):
         return self.inner(idx, targets)
     def get_num_params(self):
@@ -122,5 +127,8 @@ def test_vs_nanogpt_times_both_sides_alternating(data_dir: Path, tmp_path: Path)
     result = run_script("-m", "tools.vs_nanogpt", str(checkout), *common, check=True)
     assert "nanoGPT: " in result.stdout and "tinygpt: " in result.stdout
     assert "MFU" in result.stdout and "tinygpt's tokens/s against nanoGPT's: " in result.stdout
+    # nanoGPT's CPU recipe as its README and train.py give it: train.py sets bias = False
+    recipe = dict(block_size=64, vocab_size=None, n_layer=4, n_head=4, n_embd=128, dropout=0.0)
+    assert json.loads((checkout / "built.json").read_text()) == recipe | {"bias": False}
     result = run_script("-m", "tools.vs_nanogpt", str(tmp_path), *common)
     assert result.returncode == 2 and "has no model.py" in result.stderr.strip().splitlines()[-1]

@@ -5,8 +5,9 @@ every step, so that a shared machine's changes of speed fall on both alike.
 
 nanoGPT's side is its train.py loop as it runs on a CPU (fp32, no autocast, its get_batch over
 data/shakespeare_char/train.bin, the AdamW configure_optimizers makes: fused on CUDA only, clipping
-at 1.0), its model.py at the recipe (4 layers x 128, 4 heads, context 64, batch 12, no dropout).
-tinygpt's is training/run.py's train_step on the default config, with the overrides given. Prints
+at 1.0), its model.py at the recipe (4 layers x 128, 4 heads, context 64, batch 12, no dropout, no
+biases: train.py's `bias = False`). tinygpt's is training/run.py's train_step on the default config
+(GPT-2 style: biases), with the overrides given (`model.bias=false`: nanoGPT's network). Prints
 each side's median ms a step, the tokens/s ratio, and each side's MFU: nanoGPT's estimate_mfu count
 (6N + 12 L H Q T a token) against the fp32 matrix-product peak measured between the steps.
 """
@@ -29,7 +30,7 @@ from runs.config import load_config
 from training.plan import plan_run, run_dataset
 from training.run import start_run, train_step
 
-RECIPE = dict(block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0, bias=True)
+RECIPE = dict(block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0, bias=False)
 BATCH = 12
 
 
