@@ -263,7 +263,7 @@ class OtherLoad:
 
 @contextlib.contextmanager
 def busy_neighbour(on: bool = True) -> Iterator[None]:
-    """The standard busy process the measurements of a busy machine use (tools/bench.py --busy, the
+    """The standard busy process the measurements of a busy machine use (tools.bench --busy, the
     tests): a pure-Python loop in a process of its own, as a second run or a browser's tab keeps one
     core busy."""
     if not on:

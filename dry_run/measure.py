@@ -3,7 +3,7 @@
 `measure_training_memory` runs in a fresh process (so nothing the caller allocated counts) and
 reports the resident memory the first training steps add (Linux VmHWM after clear_refs), and how
 much of it is PyTorch's own code paged in on first use (file-backed; not training memory).
-tools/bench.py reports the first number; the tests compare the second against dry_run/memory.py's
+tools.bench reports the first number; the tests compare the second against dry_run/memory.py's
 prediction (with `final_eval`, of the steps and the exact val eval that ends a run). `time_steps`
 times real steps and eval forwards of a run on this device, for the dry run: on a CPU through the
 run's thread tuner, as training runs them.

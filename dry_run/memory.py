@@ -215,7 +215,7 @@ class Memory:
 
     @property
     def training(self) -> float:
-        """Everything but the weights: what the first steps of a run add (tools/bench.py measures
+        """Everything but the weights: what the first steps of a run add (tools.bench measures
         it)."""
         return self.gradients + self.optimizer + self.activations + self.backward
 

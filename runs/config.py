@@ -313,7 +313,7 @@ def resolve_paths(cfg: Config) -> Config:
 
 
 def from_arguments(args: list[str]) -> Request:
-    """`CONFIG [section.key=value ...]` as train.py and tools/bench.py take it: the first argument
+    """`CONFIG [section.key=value ...]` as train.py and tools.bench take it: the first argument
     names a config file unless it is an override."""
     path = args[0] if args and "=" not in args[0] else None
     return load_config(path, args[1:] if path is not None else args)

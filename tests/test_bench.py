@@ -1,4 +1,4 @@
-"""tools/bench.py end to end on a tiny config: its JSON, the ratio of two setups, memory against
+"""tools.bench end to end on a tiny config: its JSON, the ratio of two setups, memory against
 context."""
 
 from __future__ import annotations

@@ -142,12 +142,11 @@ def script_call(argv: list[str]) -> tuple[str, list[str]] | None:
     """(script path relative to the checkout, its arguments) for a command that runs one of ours."""
     if argv[0] in ("python", "python3") and len(argv) > 1:
         if argv[1] == "-m" and len(argv) > 2:
-            module = argv[2]
-            return (
-                None
-                if module.split(".")[0] in NOT_CHECKED_MODULES
-                else (module.replace(".", "/") + ".py", argv[3:])
-            )
+            module = argv[2].replace(".", "/")
+            if argv[2].split(".")[0] in NOT_CHECKED_MODULES:
+                return None
+            # a package runs its __main__.py (tools/bench/)
+            return (module + ("/__main__.py" if (ROOT / module).is_dir() else ".py"), argv[3:])
         if argv[1].endswith(".py"):
             return argv[1], argv[2:]
         return None  # python -c ..., python - <<PY

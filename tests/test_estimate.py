@@ -185,7 +185,7 @@ def pin_malloc(monkeypatch) -> None:
 
 @pytest.mark.slow
 def test_predicted_peak_memory_is_within_30_percent_of_the_measured_one(data_dir: Path):
-    """Two real steps of each config in a fresh process (bench.py's measure: the peak resident
+    """Two real steps of each config in a fresh process (tools.bench's measure: the peak resident
     memory they add), less the file-backed pages of PyTorch's code they page in, against the
     prediction less weights. The 30%: besides the tensors counted, what backward's chains of small
     ops make (rotary, QK-norm, ReLU^2, Muon: up to 21% above, BENCHMARKS.md) and what glibc's malloc

@@ -15,7 +15,8 @@ import pytest
 from conftest import ROOT
 
 from runs.config import from_arguments
-from tools import bench, versions
+from tools import versions
+from tools.bench import __main__ as bench
 
 STEPS = ["versions", "tests", "gpt2", "train.py", "sample", "attention", "eager", "compiled"]
 
